@@ -1,0 +1,140 @@
+// Backend: the only place that knows where tensors live and how ops run.
+//
+// The model's forward pass is written once against this interface. The CPU
+// backend is always built; the CUDA backend is built when the toolkit is
+// found (PD_USE_CUDA, seen only by backend_registry.cpp).
+//
+// Conventions
+//  - Tensors are views {type, ne, data} into backend memory; ne is in ggml
+//    order (ne[0] is the contiguous dimension), rows are ne[1] * ne[2] * ne[3].
+//  - Activations are F32. Weights may be any supported GgmlType.
+//  - Ops may run asynchronously; copy_to_host() and synchronize() wait.
+//  - Host-side index arrays (token ids, positions, slots) are passed as spans
+//    and may be released as soon as the call returns.
+//  - One thread drives a backend at a time (a worker's engine loop).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gguf/ggml_types.h"
+#include "util/status.h"
+
+namespace pd {
+
+struct GgufTensorInfo;
+
+struct Tensor {
+  GgmlType type = GgmlType::kF32;
+  std::array<int64_t, 4> ne{1, 1, 1, 1};
+  void* data = nullptr;  // backend memory (host for CPU, device for CUDA)
+
+  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+  int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }
+  size_t row_bytes() const { return ggml_row_bytes(type, ne[0]); }
+  size_t n_bytes() const { return row_bytes() * static_cast<size_t>(n_rows()); }
+};
+
+// Memory owned by a backend, freed when the buffer is destroyed.
+class BackendBuffer {
+ public:
+  virtual ~BackendBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+};
+
+// Layout of the paged KV cache in backend memory. For layer l, block b:
+//   K: [n_kv_heads][block_size][head_dim]  at  base + ((l * 2 + 0) * num_blocks + b) * block_bytes
+//   V: the same with 1 in place of 0.
+// Each layer's K (and V) blocks are contiguous, so one layer of one sequence
+// is a list of num_blocks-strided pieces (what the KV transport ships).
+struct KvCacheLayout {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;
+  int64_t num_blocks = 0;
+  GgmlType dtype = GgmlType::kF32;  // F32 or F16
+
+  size_t elem_bytes() const { return dtype == GgmlType::kF32 ? 4 : 2; }
+  size_t block_bytes() const {
+    return static_cast<size_t>(n_kv_heads) * block_size * head_dim * elem_bytes();
+  }
+  // Byte offset of (layer, kind 0=K/1=V, block).
+  size_t offset(int layer, int kind, int64_t block) const {
+    return ((static_cast<size_t>(layer) * 2 + kind) * num_blocks + block) * block_bytes();
+  }
+  size_t total_bytes() const { return static_cast<size_t>(n_layers) * 2 * num_blocks * block_bytes(); }
+};
+
+// Per query token: where it sits and which sequence's blocks it attends over.
+struct AttentionToken {
+  int32_t position;  // absolute position in its sequence; attends to [0, position]
+  int32_t seq;       // index into the block-table list
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory
+  virtual Result<std::unique_ptr<BackendBuffer>> alloc(size_t bytes) = 0;
+  // A weight tensor from the GGUF mapping. The CPU backend returns a zero-copy
+  // view (valid while the GgufFile lives); others copy into `storage`.
+  virtual Result<Tensor> load_weight(const GgufTensorInfo& info, std::unique_ptr<BackendBuffer>* storage) = 0;
+  virtual Status copy_to_host(const Tensor& src, void* dst, size_t bytes) = 0;
+  virtual Status copy_from_host(const void* src, Tensor& dst, size_t bytes) = 0;
+  virtual Status synchronize() = 0;
+
+  // ---- ops (activations F32)
+  // out[i, :] = dequant(table[ids[i], :]).           table [d, vocab], out [d, n]
+  virtual Status get_rows(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;
+  // out = x / rms(x) * w, per row.                       x, out [d, n]; w [d]
+  virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  // out[i, j] = sum_k x[i, k] * w[j, k].                 x [k, m], w [k, n] (any type), out [n, m]
+  virtual Status matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  // Rotary embedding in place over adjacent pairs (x[2i], x[2i+1]) of each head
+  // (ggml's "normal" mode, matching GGUF's permuted Q/K rows).
+  // x [head_dim, n_heads, n_tokens]; positions[n_tokens].
+  virtual Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) = 0;
+  // out = silu(gate) * up, elementwise.
+  virtual Status swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // out = a + b, elementwise (out may alias a).
+  virtual Status add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+
+  // ---- paged KV cache
+  // Writes token i's K and V (k, v: [head_dim, n_kv_heads, n_tokens]) of `layer`
+  // into cache slot slots[i] = block * block_size + offset.
+  virtual Status kv_write(BackendBuffer& cache, const KvCacheLayout& layout, int layer, const Tensor& k,
+                          const Tensor& v, std::span<const int32_t> slots) = 0;
+  // Causal attention of each query token over its own sequence's paged KV
+  // (positions 0..tokens[i].position, written beforehand with kv_write).
+  // q, out: [head_dim, n_heads, n_tokens]; block_tables[s] lists sequence s's
+  // blocks in order; n_heads must be a multiple of n_kv_heads (grouped-query).
+  virtual Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& layout,
+                                 int layer, std::span<const AttentionToken> tokens,
+                                 std::span<const std::span<const int32_t>> block_tables, float scale,
+                                 Tensor& out) = 0;
+  // Copies one block (all layers, K and V) — copy-on-write of a shared block.
+  virtual Status kv_copy_block(BackendBuffer& cache, const KvCacheLayout& layout, int64_t src, int64_t dst) = 0;
+};
+
+struct BackendConfig {
+  std::string kind = "cpu";  // "cpu" or "cuda"
+  int n_threads = 0;         // CPU: 0 = all cores
+  int device = 0;            // CUDA device ordinal
+};
+
+// Creates a backend. Unsupported (naming the kind) when it wasn't built or no
+// device exists.
+Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg);
+// Backend kinds compiled into this binary, e.g. {"cpu", "cuda"}.
+std::vector<std::string> available_backends();
+
+}  // namespace pd

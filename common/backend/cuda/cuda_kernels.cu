@@ -1,0 +1,386 @@
+// CUDA kernels of the CUDA backend. Straightforward, correctness-first: each
+// computes what the CPU backend's kernels compute (backend/cpu/), in fp32,
+// with the same decoding of ggml's block formats.
+#include "backend/cuda/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pd::cuda {
+namespace {
+
+constexpr int kQK = 32;  // elements per Q4_0 / Q4_1 / Q8_0 block
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over `total` items (never 0 for total > 0).
+unsigned grid_for(int64_t total, int threads) {
+  const int64_t blocks = (total + threads - 1) / threads;
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), int64_t{1} << 20));
+}
+
+// ---- element decoding (ggml block formats; see gguf/ggml_types.h)
+
+__device__ __forceinline__ float fp16_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+// Little-endian 16-bit load that needs no alignment (Q4_0 / Q8_0 blocks are 18 / 34 bytes).
+__device__ __forceinline__ uint16_t load_u16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
+}
+
+// Element e of a row of type T. Products are rounded separately (no FMA) so
+// the result is the one the scalar CPU decoder produces.
+template <GgmlType T>
+__device__ __forceinline__ float load_elem(const uint8_t* row, int64_t e) {
+  if constexpr (T == GgmlType::kF32) {
+    return reinterpret_cast<const float*>(row)[e];
+  } else if constexpr (T == GgmlType::kF16) {
+    return fp16_bits_to_float(load_u16(row + 2 * e));
+  } else if constexpr (T == GgmlType::kBF16) {
+    return bf16_bits_to_float(load_u16(row + 2 * e));
+  } else if constexpr (T == GgmlType::kQ4_0) {
+    const uint8_t* b = row + (e / kQK) * sizeof(BlockQ4_0);
+    const int j = static_cast<int>(e % kQK);
+    const uint8_t byte = b[2 + (j & 15)];
+    const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
+    return __fmul_rn(fp16_bits_to_float(load_u16(b)), static_cast<float>(q - 8));
+  } else if constexpr (T == GgmlType::kQ4_1) {
+    const uint8_t* b = row + (e / kQK) * sizeof(BlockQ4_1);
+    const int j = static_cast<int>(e % kQK);
+    const uint8_t byte = b[4 + (j & 15)];
+    const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
+    return __fadd_rn(__fmul_rn(fp16_bits_to_float(load_u16(b)), static_cast<float>(q)),
+                     fp16_bits_to_float(load_u16(b + 2)));
+  } else {  // kQ8_0
+    const uint8_t* b = row + (e / kQK) * sizeof(BlockQ8_0);
+    const int j = static_cast<int>(e % kQK);
+    return __fmul_rn(fp16_bits_to_float(load_u16(b)), static_cast<float>(static_cast<int8_t>(b[2 + j])));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the thread block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < n_warps; ++w) total += partial[w];
+  return total;
+}
+
+// ---- weights
+
+// One thread block per row.
+template <GgmlType T>
+__global__ void dequant_rows_kernel(const uint8_t* w, size_t row_bytes, int64_t k, int64_t rows, float* dst) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+    float* out = dst + r * k;
+    for (int64_t e = threadIdx.x; e < k; e += blockDim.x) out[e] = load_elem<T>(row, e);
+  }
+}
+
+template <GgmlType T>
+__global__ void get_rows_kernel(const uint8_t* table, size_t row_bytes, int64_t d, const int32_t* ids, int64_t n,
+                                float* out) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const uint8_t* row = table + static_cast<size_t>(ids[i]) * row_bytes;
+    float* o = out + i * d;
+    for (int64_t e = threadIdx.x; e < d; e += blockDim.x) o[e] = load_elem<T>(row, e);
+  }
+}
+
+// One warp per weight row j: lane l decodes elements l, l + 32, ... (for the
+// block types: element l of every block) and dots them with the m inputs.
+constexpr int kMatvecWarps = 4;
+template <GgmlType T>
+__global__ void matvec_kernel(const uint8_t* w, size_t row_bytes, int64_t k, int64_t n, const float* x, int m,
+                              float* out, int64_t out_stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kMatvecWarps + threadIdx.x / 32;
+  if (j >= n) return;  // uniform per warp
+  const uint8_t* row = w + static_cast<size_t>(j) * row_bytes;
+  float acc[kMaxFusedRows];
+#pragma unroll
+  for (int i = 0; i < kMaxFusedRows; ++i) acc[i] = 0.0f;
+  for (int64_t e = lane; e < k; e += 32) {
+    const float wv = load_elem<T>(row, e);
+#pragma unroll
+    for (int i = 0; i < kMaxFusedRows; ++i) {
+      if (i < m) acc[i] += wv * x[i * k + e];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxFusedRows; ++i) {
+    if (i < m) {
+      const float v = warp_sum(acc[i]);
+      if (lane == 0) out[i * out_stride + j] = v;
+    }
+  }
+}
+
+// ---- activations
+
+// One thread block per row; the sum of squares is accumulated in double.
+__global__ void rms_norm_kernel(const float* x, const float* w, int64_t d, int64_t n, float eps, float* out) {
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * d;
+    double ss = 0.0;
+    for (int64_t e = threadIdx.x; e < d; e += blockDim.x) ss += static_cast<double>(xr[e]) * xr[e];
+    ss = block_sum(ss);
+    const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+    float* o = out + r * d;
+    for (int64_t e = threadIdx.x; e < d; e += blockDim.x) o[e] = __fmul_rn(__fmul_rn(xr[e], scale), w[e]);
+  }
+}
+
+// One thread block per token; thread i owns pair i of every head. Angles in
+// double like the CPU backend (positions reach 1e5+, where fp32 angles drift).
+__global__ void rope_kernel(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions,
+                            float freq_base) {
+  for (int64_t t = blockIdx.x; t < nt; t += gridDim.x) {
+    const double pos = positions[t];
+    for (int64_t i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+      const double inv_freq =
+          pow(static_cast<double>(freq_base), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      double s, c;
+      sincos(pos * inv_freq, &s, &c);
+      const float cs = static_cast<float>(c), sn = static_cast<float>(s);
+      for (int64_t h = 0; h < nh; ++h) {
+        float* v = x + (t * nh + h) * hd;
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        v[2 * i + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+      }
+    }
+  }
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+// ---- paged KV cache
+
+__device__ __forceinline__ float* kv_row(const KvLayerView& kv, size_t kind_offset, int32_t block, int g,
+                                         int off) {
+  return reinterpret_cast<float*>(kv.base + kind_offset + static_cast<size_t>(block) * kv.block_bytes) +
+         (static_cast<size_t>(g) * kv.block_size + off) * kv.head_dim;
+}
+
+// One thread block per (token, kv head).
+__global__ void kv_write_kernel(KvLayerView kv, const float* k, const float* v, const int32_t* slots, int64_t n) {
+  const int64_t n_items = n * kv.n_kv_heads;
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t i = item / kv.n_kv_heads;
+    const int g = static_cast<int>(item % kv.n_kv_heads);
+    const int32_t slot = slots[i];
+    const int32_t block = slot / kv.block_size;
+    const int off = slot % kv.block_size;
+    float* kd = kv_row(kv, kv.k_offset, block, g, off);
+    float* vd = kv_row(kv, kv.v_offset, block, g, off);
+    const float* ks = k + item * kv.head_dim;
+    const float* vs = v + item * kv.head_dim;
+    for (int e = threadIdx.x; e < kv.head_dim; e += blockDim.x) {
+      kd[e] = ks[e];
+      vd[e] = vs[e];
+    }
+  }
+}
+
+// One thread block of kAttnThreads per (token, head). The context is walked in
+// chunks of kAttnChunk positions: each warp scores positions (q . k, lanes
+// split head_dim), then an online-softmax update rescales the accumulator;
+// thread t owns output dims t and t + kAttnThreads.
+constexpr int kAttnThreads = 128;
+constexpr int kAttnChunk = 128;
+static_assert(2 * kAttnThreads >= kMaxAttnHeadDim, "each thread owns at most two output dims");
+static_assert(kAttnChunk <= kAttnThreads, "one thread per position of a chunk computes its weight");
+
+__global__ void __launch_bounds__(kAttnThreads)
+    paged_attention_kernel(KvLayerView kv, const float* q, int n_heads, const int32_t* tokens, int64_t n_tokens,
+                           const int32_t* table_offsets, const int32_t* tables, float scale, float* out) {
+  __shared__ float q_sh[kMaxAttnHeadDim];
+  __shared__ float s_sh[kAttnChunk];
+  __shared__ float p_sh[kAttnChunk];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  constexpr int kWarps = kAttnThreads / 32;
+  const int hd = kv.head_dim, bs = kv.block_size;
+  const int group = n_heads / kv.n_kv_heads;
+
+  for (int64_t item = blockIdx.x; item < n_tokens * n_heads; item += gridDim.x) {
+    const int64_t t = item / n_heads;
+    const int h = static_cast<int>(item % n_heads);
+    const int g = h / group;
+    const int32_t position = tokens[2 * t];
+    const int32_t* table = tables + table_offsets[tokens[2 * t + 1]];
+
+    __syncthreads();  // the previous item is done with the shared arrays
+    const float* qv = q + item * hd;
+    for (int e = tid; e < hd; e += kAttnThreads) q_sh[e] = qv[e];
+    __syncthreads();
+
+    float acc0 = 0.0f, acc1 = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const int64_t n_ctx = static_cast<int64_t>(position) + 1;
+    for (int64_t c0 = 0; c0 < n_ctx; c0 += kAttnChunk) {
+      const int n_in = n_ctx - c0 < kAttnChunk ? static_cast<int>(n_ctx - c0) : kAttnChunk;
+      for (int r = warp; r < n_in; r += kWarps) {
+        const int64_t p = c0 + r;
+        const float* kr = kv_row(kv, kv.k_offset, table[p / bs], g, static_cast<int>(p % bs));
+        float dot = 0.0f;
+        for (int e = lane; e < hd; e += 32) dot += q_sh[e] * kr[e];
+        dot = warp_sum(dot);
+        if (lane == 0) s_sh[r] = dot * scale;
+      }
+      __syncthreads();
+      float chunk_max = -INFINITY;
+      for (int r = 0; r < n_in; ++r) chunk_max = fmaxf(chunk_max, s_sh[r]);
+      const float m_new = fmaxf(m, chunk_max);
+      const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+      if (tid < n_in) p_sh[tid] = expf(s_sh[tid] - m_new);
+      __syncthreads();
+      float p_sum = 0.0f;
+      acc0 *= correction;
+      acc1 *= correction;
+      for (int r = 0; r < n_in; ++r) {
+        const int64_t p = c0 + r;
+        const float pr = p_sh[r];
+        p_sum += pr;
+        const float* vr = kv_row(kv, kv.v_offset, table[p / bs], g, static_cast<int>(p % bs));
+        if (tid < hd) acc0 += pr * vr[tid];
+        if (tid + kAttnThreads < hd) acc1 += pr * vr[tid + kAttnThreads];
+      }
+      l = l * correction + p_sum;
+      m = m_new;
+      __syncthreads();  // s_sh / p_sh are rewritten by the next chunk
+    }
+    float* ov = out + item * hd;
+    const float inv_l = 1.0f / l;
+    if (tid < hd) ov[tid] = acc0 * inv_l;
+    if (tid + kAttnThreads < hd) ov[tid + kAttnThreads] = acc1 * inv_l;
+  }
+}
+
+// Calls f with the weight type as a template argument (std::integral_constant-like).
+template <GgmlType T>
+struct TypeTag {
+  static constexpr GgmlType value = T;
+};
+template <typename F>
+cudaError_t dispatch_type(GgmlType type, F&& f) {
+  switch (type) {
+    case GgmlType::kF32: return f(TypeTag<GgmlType::kF32>{});
+    case GgmlType::kF16: return f(TypeTag<GgmlType::kF16>{});
+    case GgmlType::kBF16: return f(TypeTag<GgmlType::kBF16>{});
+    case GgmlType::kQ4_0: return f(TypeTag<GgmlType::kQ4_0>{});
+    case GgmlType::kQ4_1: return f(TypeTag<GgmlType::kQ4_1>{});
+    case GgmlType::kQ8_0: return f(TypeTag<GgmlType::kQ8_0>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t dequant_rows(GgmlType type, const void* w, size_t row_bytes, int64_t k, int64_t rows, float* dst,
+                         cudaStream_t stream) {
+  if (rows <= 0 || k <= 0) return cudaSuccess;
+  return dispatch_type(type, [&](auto tag) {
+    dequant_rows_kernel<decltype(tag)::value><<<grid_for(rows, 1), kThreads, 0, stream>>>(
+        static_cast<const uint8_t*>(w), row_bytes, k, rows, dst);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t get_rows(GgmlType type, const void* table, size_t row_bytes, int64_t d, const int32_t* ids, int64_t n,
+                     float* out, cudaStream_t stream) {
+  if (n <= 0 || d <= 0) return cudaSuccess;
+  return dispatch_type(type, [&](auto tag) {
+    get_rows_kernel<decltype(tag)::value><<<grid_for(n, 1), kThreads, 0, stream>>>(
+        static_cast<const uint8_t*>(table), row_bytes, d, ids, n, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t matvec(GgmlType type, const void* w, size_t row_bytes, int64_t k, int64_t n, const float* x, int m,
+                   float* out, int64_t out_stride, cudaStream_t stream) {
+  if (n <= 0 || m <= 0) return cudaSuccess;
+  if (m > kMaxFusedRows) return cudaErrorInvalidValue;
+  const int64_t blocks = (n + kMatvecWarps - 1) / kMatvecWarps;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return dispatch_type(type, [&](auto tag) {
+    matvec_kernel<decltype(tag)::value><<<static_cast<unsigned>(blocks), kMatvecWarps * 32, 0, stream>>>(
+        static_cast<const uint8_t*>(w), row_bytes, k, n, x, m, out, out_stride);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t rms_norm(const float* x, const float* w, int64_t d, int64_t n, float eps, float* out,
+                     cudaStream_t stream) {
+  if (n <= 0 || d <= 0) return cudaSuccess;
+  rms_norm_kernel<<<grid_for(n, 1), kThreads, 0, stream>>>(x, w, d, n, eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t rope(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions, float freq_base,
+                 cudaStream_t stream) {
+  if (nt <= 0 || nh <= 0 || hd <= 0) return cudaSuccess;
+  rope_kernel<<<grid_for(nt, 1), 128, 0, stream>>>(x, hd, nh, nt, positions, freq_base);
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  swiglu_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t add(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t n,
+                     cudaStream_t stream) {
+  if (n <= 0 || kv.n_kv_heads <= 0 || kv.head_dim <= 0) return cudaSuccess;
+  kv_write_kernel<<<grid_for(n * kv.n_kv_heads, 1), 128, 0, stream>>>(kv, k, v, slots, n);
+  return cudaGetLastError();
+}
+
+cudaError_t paged_attention(const KvLayerView& kv, const float* q, int n_heads, const int32_t* tokens,
+                            int64_t n_tokens, const int32_t* table_offsets, const int32_t* tables, float scale,
+                            float* out, cudaStream_t stream) {
+  if (n_tokens <= 0 || n_heads <= 0) return cudaSuccess;
+  if (kv.head_dim > kMaxAttnHeadDim || kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0)
+    return cudaErrorInvalidValue;
+  paged_attention_kernel<<<grid_for(n_tokens * n_heads, 1), kAttnThreads, 0, stream>>>(
+      kv, q, n_heads, tokens, n_tokens, table_offsets, tables, scale, out);
+  return cudaGetLastError();
+}
+
+}  // namespace pd::cuda

@@ -1,0 +1,144 @@
+#include "model/generate.h"
+
+#include <chrono>
+#include <string>
+
+namespace pd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<int32_t> table_of(const KvBlockManager& blocks, SeqId seq) {
+  std::vector<int32_t> t;
+  for (BlockId b : blocks.block_table(seq)) t.push_back(b.value);
+  return t;
+}
+
+// Runs requests [first, last) together.
+Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std::span<const GenerateRequest> reqs,
+                 size_t first, const GenerateOptions& opt, GenerateStats* stats,
+                 std::vector<GenerateResult>& results) {
+  const size_t n = reqs.size();
+  const int vocab = model.config().vocab;
+  std::vector<SeqId> seqs(n);
+  std::vector<Sampler> samplers;
+  samplers.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    seqs[i] = SeqId{static_cast<int64_t>(first + i)};
+    samplers.emplace_back(reqs[i].sampling);
+  }
+  struct FreeAll {
+    KvBlockManager& blocks;
+    std::vector<SeqId>& seqs;
+    ~FreeAll() {
+      for (SeqId s : seqs)
+        if (blocks.has(s)) (void)blocks.free(s);
+    }
+  } free_all{blocks, seqs};
+
+  // ---- prefill: all prompts of the group in one pass
+  auto t0 = Clock::now();
+  std::vector<std::vector<int32_t>> tables(n);
+  std::vector<SequenceBatch> batch(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<TokenId>& p = reqs[i].prompt;
+    if (p.empty()) return Status::invalid_argument("request " + std::to_string(first + i) + ": empty prompt");
+    PD_ASSIGN_OR_RETURN(int64_t cached, blocks.allocate(seqs[i], p));
+    tables[i] = table_of(blocks, seqs[i]);
+    batch[i].tokens = std::span<const TokenId>(p).subspan(static_cast<size_t>(cached));
+    batch[i].start_pos = static_cast<int32_t>(cached);
+    batch[i].block_table = tables[i];
+    batch[i].want_logits = true;
+    if (stats) {
+      stats->prompt_tokens += static_cast<int64_t>(p.size());
+      stats->prefill_tokens += static_cast<int64_t>(p.size()) - cached;
+    }
+  }
+  std::vector<float> logits;
+  PD_RETURN_IF_ERROR(model.prefill(batch, cache, &logits));
+  if (stats) stats->prefill_seconds += seconds_since(t0);
+
+  std::vector<size_t> active;
+  std::vector<TokenId> last(n);
+  auto emit = [&](size_t i, std::span<float> row) {
+    Sampler& s = samplers[i];
+    const TokenId t = s.sample(row);
+    s.accept(t);
+    GenerateResult& r = results[first + i];
+    r.tokens.push_back(t);
+    last[i] = t;
+    if (opt.on_token) opt.on_token(first + i, t);
+    r.stop = check_stop(s.params(), t, opt.eos_id, static_cast<int32_t>(r.tokens.size()));
+    return r.stop == StopReason::kNone;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (emit(i, std::span<float>(logits).subspan(i * vocab, vocab))) active.push_back(i);
+  }
+
+  // ---- decode: one step for every active sequence per iteration
+  std::vector<BlockCopy> copies;
+  while (!active.empty()) {
+    t0 = Clock::now();
+    batch.clear();
+    std::vector<TokenId> step_tokens(active.size());
+    for (size_t a = 0; a < active.size(); ++a) {
+      const size_t i = active[a];
+      if (blocks.num_tokens(seqs[i]) + 1 > model.config().context)
+        return Status::invalid_argument("request " + std::to_string(first + i) + " exceeds the context length");
+      copies.clear();
+      const TokenId tok = last[i];
+      PD_RETURN_IF_ERROR(blocks.append(seqs[i], std::span<const TokenId>(&tok, 1), &copies));
+      for (const BlockCopy& c : copies)
+        PD_RETURN_IF_ERROR(model.backend().kv_copy_block(*cache.buffer, cache.layout, c.src.value, c.dst.value));
+      tables[i] = table_of(blocks, seqs[i]);
+      step_tokens[a] = tok;
+    }
+    for (size_t a = 0; a < active.size(); ++a) {
+      const size_t i = active[a];
+      SequenceBatch sb;
+      sb.tokens = std::span<const TokenId>(&step_tokens[a], 1);
+      sb.start_pos = static_cast<int32_t>(blocks.num_tokens(seqs[i]) - 1);
+      sb.block_table = tables[i];
+      batch.push_back(sb);
+    }
+    PD_RETURN_IF_ERROR(model.decode(batch, cache, &logits));
+    std::vector<size_t> still;
+    for (size_t a = 0; a < active.size(); ++a) {
+      if (emit(active[a], std::span<float>(logits).subspan(a * vocab, vocab))) still.push_back(active[a]);
+    }
+    if (stats) {
+      stats->decode_seconds += seconds_since(t0);
+      stats->decode_tokens += static_cast<int64_t>(active.size());
+      stats->decode_steps += 1;
+    }
+    active.swap(still);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::vector<GenerateResult>> generate(LlamaModel& model, KvCache& cache, KvBlockManager& blocks,
+                                             std::span<const GenerateRequest> requests,
+                                             const GenerateOptions& options, GenerateStats* stats) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    PD_RETURN_IF_ERROR(requests[i].sampling.validate());
+    const int64_t need = static_cast<int64_t>(requests[i].prompt.size()) + requests[i].sampling.max_tokens;
+    if (need > model.config().context)
+      return Status::invalid_argument("request " + std::to_string(i) + ": prompt (" +
+                                      std::to_string(requests[i].prompt.size()) + " tokens) + max_tokens (" +
+                                      std::to_string(requests[i].sampling.max_tokens) + ") exceeds the context length " +
+                                      std::to_string(model.config().context));
+  }
+  std::vector<GenerateResult> results(requests.size());
+  if (options.one_at_a_time) {
+    for (size_t i = 0; i < requests.size(); ++i)
+      PD_RETURN_IF_ERROR(run_group(model, cache, blocks, requests.subspan(i, 1), i, options, stats, results));
+  } else if (!requests.empty()) {
+    PD_RETURN_IF_ERROR(run_group(model, cache, blocks, requests, 0, options, stats, results));
+  }
+  return results;
+}
+
+}  // namespace pd

@@ -1,0 +1,242 @@
+#include "model/llama_model.h"
+
+#include <cmath>
+#include <string>
+
+#include "gguf/gguf_reader.h"
+
+namespace pd {
+
+Result<KvCache> KvCache::create(Backend& backend, const LlamaConfig& cfg, int block_size, int64_t num_blocks) {
+  if (block_size <= 0 || num_blocks <= 0)
+    return Status::invalid_argument("KvCache: block_size and num_blocks must be positive");
+  KvCache c;
+  c.layout.n_layers = cfg.n_layers;
+  c.layout.n_kv_heads = cfg.n_kv_heads;
+  c.layout.head_dim = cfg.head_dim;
+  c.layout.block_size = block_size;
+  c.layout.num_blocks = num_blocks;
+  c.layout.dtype = GgmlType::kF32;
+  PD_ASSIGN_OR_RETURN(c.buffer, backend.alloc(c.layout.total_bytes()));
+  return c;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+Tensor view(const BackendBuffer& buf, size_t offset, int64_t ne0, int64_t ne1, int64_t ne2 = 1) {
+  Tensor t;
+  t.type = GgmlType::kF32;
+  t.ne = {ne0, ne1, ne2, 1};
+  t.data = static_cast<uint8_t*>(const_cast<BackendBuffer&>(buf).data()) + offset;
+  return t;
+}
+
+// Same memory, reshaped (rows of ne0 elements).
+Tensor reshape(const Tensor& t, int64_t ne0, int64_t ne1, int64_t ne2 = 1) {
+  Tensor r = t;
+  r.ne = {ne0, ne1, ne2, 1};
+  return r;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file, Backend& backend) {
+  PD_ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfig::from_gguf(*file));
+  std::unique_ptr<LlamaModel> m(new LlamaModel(std::move(file), backend, std::move(cfg)));
+  PD_RETURN_IF_ERROR(m->load_weights());
+  return m;
+}
+
+LlamaModel::~LlamaModel() = default;
+
+Result<Tensor> LlamaModel::weight(const std::string& name, std::vector<int64_t> expected_ne) {
+  const GgufTensorInfo* info = file_->find_tensor(name);
+  if (!info) return Status::invalid_argument(file_->path() + ": missing tensor " + name);
+  if (info->ne != expected_ne)
+    return Status::invalid_argument(file_->path() + ": tensor " + name + " has shape " + shape_str(info->ne) +
+                                    ", expected " + shape_str(expected_ne));
+  std::unique_ptr<BackendBuffer> storage;
+  PD_ASSIGN_OR_RETURN(Tensor t, backend_.load_weight(*info, &storage));
+  if (storage) weight_storage_.push_back(std::move(storage));
+  weight_bytes_ += info->nbytes;
+  return t;
+}
+
+Status LlamaModel::load_weights() {
+  const int64_t d = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  PD_ASSIGN_OR_RETURN(tok_embd_, weight("token_embd.weight", {d, cfg_.vocab}));
+  PD_ASSIGN_OR_RETURN(output_norm_, weight("output_norm.weight", {d}));
+  if (cfg_.tied_embeddings) {
+    output_ = tok_embd_;
+  } else {
+    PD_ASSIGN_OR_RETURN(output_, weight("output.weight", {d, cfg_.vocab}));
+  }
+  layers_.resize(cfg_.n_layers);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Layer& L = layers_[l];
+    PD_ASSIGN_OR_RETURN(L.attn_norm, weight(p + "attn_norm.weight", {d}));
+    PD_ASSIGN_OR_RETURN(L.wq, weight(p + "attn_q.weight", {d, nh * hd}));
+    PD_ASSIGN_OR_RETURN(L.wk, weight(p + "attn_k.weight", {d, nkv * hd}));
+    PD_ASSIGN_OR_RETURN(L.wv, weight(p + "attn_v.weight", {d, nkv * hd}));
+    PD_ASSIGN_OR_RETURN(L.wo, weight(p + "attn_output.weight", {nh * hd, d}));
+    PD_ASSIGN_OR_RETURN(L.ffn_norm, weight(p + "ffn_norm.weight", {d}));
+    PD_ASSIGN_OR_RETURN(L.w_gate, weight(p + "ffn_gate.weight", {d, cfg_.ffn}));
+    PD_ASSIGN_OR_RETURN(L.w_up, weight(p + "ffn_up.weight", {d, cfg_.ffn}));
+    PD_ASSIGN_OR_RETURN(L.w_down, weight(p + "ffn_down.weight", {cfg_.ffn, d}));
+    for (const Tensor* norm : {&L.attn_norm, &L.ffn_norm}) {
+      if (norm->type != GgmlType::kF32)
+        return Status::unsupported(file_->path() + ": " + p + " norm weights must be F32");
+    }
+  }
+  if (output_norm_.type != GgmlType::kF32)
+    return Status::unsupported(file_->path() + ": output_norm.weight must be F32");
+  return Status::ok();
+}
+
+Status LlamaModel::ensure_scratch(int64_t n_tokens, int64_t n_logits) {
+  if (n_tokens <= scratch_tokens_ && n_logits <= scratch_logits_) return Status::ok();
+  n_tokens = std::max(n_tokens, scratch_tokens_);
+  n_logits = std::max(n_logits, scratch_logits_);
+  const int64_t d = cfg_.hidden, qd = cfg_.n_heads * cfg_.head_dim, kvd = cfg_.n_kv_heads * cfg_.head_dim;
+  // Floats per activation: x, h, q, k, v, attn, o, gate, up, then per-logit rows.
+  const int64_t sizes[] = {d * n_tokens,   d * n_tokens,         qd * n_tokens,       kvd * n_tokens,
+                           kvd * n_tokens, qd * n_tokens,        d * n_tokens,        cfg_.ffn * n_tokens,
+                           cfg_.ffn * n_tokens, d * n_logits,    d * n_logits,        cfg_.vocab * n_logits};
+  size_t offsets[12];
+  size_t total = 0;
+  for (int i = 0; i < 12; ++i) {
+    offsets[i] = total;
+    total += (static_cast<size_t>(sizes[i]) * sizeof(float) + 63) / 64 * 64;
+  }
+  scratch_.reset();
+  PD_ASSIGN_OR_RETURN(scratch_, backend_.alloc(total));
+  x_ = view(*scratch_, offsets[0], d, n_tokens);
+  h_ = view(*scratch_, offsets[1], d, n_tokens);
+  q_ = view(*scratch_, offsets[2], qd, n_tokens);
+  k_ = view(*scratch_, offsets[3], kvd, n_tokens);
+  v_ = view(*scratch_, offsets[4], kvd, n_tokens);
+  attn_ = view(*scratch_, offsets[5], qd, n_tokens);
+  o_ = view(*scratch_, offsets[6], d, n_tokens);
+  gate_ = view(*scratch_, offsets[7], cfg_.ffn, n_tokens);
+  up_ = view(*scratch_, offsets[8], cfg_.ffn, n_tokens);
+  xsel_ = view(*scratch_, offsets[9], d, n_logits);
+  hsel_ = view(*scratch_, offsets[10], d, n_logits);
+  logits_ = view(*scratch_, offsets[11], cfg_.vocab, n_logits);
+  scratch_tokens_ = n_tokens;
+  scratch_logits_ = n_logits;
+  return Status::ok();
+}
+
+Status LlamaModel::decode(std::span<const SequenceBatch> steps, KvCache& cache, std::vector<float>* logits) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].tokens.size() != 1)
+      return Status::invalid_argument("decode: sequence " + std::to_string(i) + " has " +
+                                      std::to_string(steps[i].tokens.size()) + " tokens, expected 1");
+  }
+  return forward(steps, cache, logits);
+}
+
+Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache, std::vector<float>* logits) {
+  const KvCacheLayout& L = cache.layout;
+  if (L.n_layers != cfg_.n_layers || L.n_kv_heads != cfg_.n_kv_heads || L.head_dim != cfg_.head_dim)
+    return Status::invalid_argument("forward: KV cache layout does not match the model");
+
+  // ---- plan: validate everything and build the index arrays; no state changes yet.
+  ids_.clear();
+  positions_.clear();
+  slots_.clear();
+  att_tokens_.clear();
+  tables_.clear();
+  logit_rows_.clear();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceBatch& sb = batch[s];
+    const int64_t end = static_cast<int64_t>(sb.start_pos) + static_cast<int64_t>(sb.tokens.size());
+    if (sb.tokens.empty()) return Status::invalid_argument("forward: sequence " + std::to_string(s) + " has no tokens");
+    if (sb.start_pos < 0 || end > cfg_.context)
+      return Status::invalid_argument("forward: sequence " + std::to_string(s) + " ends at position " +
+                                      std::to_string(end) + ", past the context length " + std::to_string(cfg_.context));
+    if (static_cast<int64_t>(sb.block_table.size()) * L.block_size < end)
+      return Status::invalid_argument("forward: sequence " + std::to_string(s) + "'s block table covers " +
+                                      std::to_string(sb.block_table.size() * L.block_size) + " tokens, needs " +
+                                      std::to_string(end));
+    for (int32_t b : sb.block_table) {
+      if (b < 0 || b >= L.num_blocks)
+        return Status::invalid_argument("forward: block id " + std::to_string(b) + " out of range");
+    }
+    tables_.push_back(sb.block_table);
+    for (size_t i = 0; i < sb.tokens.size(); ++i) {
+      const TokenId t = sb.tokens[i];
+      if (t < 0 || t >= cfg_.vocab)
+        return Status::invalid_argument("forward: token id " + std::to_string(t) + " out of range [0, " +
+                                        std::to_string(cfg_.vocab) + ")");
+      const int32_t pos = sb.start_pos + static_cast<int32_t>(i);
+      ids_.push_back(t);
+      positions_.push_back(pos);
+      slots_.push_back(sb.block_table[pos / L.block_size] * L.block_size + pos % L.block_size);
+      att_tokens_.push_back(AttentionToken{pos, static_cast<int32_t>(s)});
+    }
+    if (sb.want_logits) logit_rows_.push_back(static_cast<int32_t>(ids_.size() - 1));
+  }
+  const int64_t n = static_cast<int64_t>(ids_.size());
+  const int64_t n_logits = static_cast<int64_t>(logit_rows_.size());
+  if (n == 0) {
+    if (logits) logits->clear();
+    return Status::ok();
+  }
+  PD_RETURN_IF_ERROR(ensure_scratch(n, std::max<int64_t>(n_logits, 1)));
+
+  // ---- run
+  const int64_t d = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Backend& be = backend_;
+  Tensor x = reshape(x_, d, n), h = reshape(h_, d, n), o = reshape(o_, d, n);
+  Tensor q = reshape(q_, hd, nh, n), k = reshape(k_, hd, nkv, n), v = reshape(v_, hd, nkv, n);
+  Tensor q2 = reshape(q_, hd * nh, n), k2 = reshape(k_, hd * nkv, n), v2 = reshape(v_, hd * nkv, n);
+  Tensor attn = reshape(attn_, hd, nh, n), attn2 = reshape(attn_, hd * nh, n);
+  Tensor gate = reshape(gate_, cfg_.ffn, n), up = reshape(up_, cfg_.ffn, n);
+
+  PD_RETURN_IF_ERROR(be.get_rows(tok_embd_, ids_, x));
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const Layer& W = layers_[l];
+    PD_RETURN_IF_ERROR(be.rms_norm(x, W.attn_norm, cfg_.rms_eps, h));
+    PD_RETURN_IF_ERROR(be.matmul(h, W.wq, q2));
+    PD_RETURN_IF_ERROR(be.matmul(h, W.wk, k2));
+    PD_RETURN_IF_ERROR(be.matmul(h, W.wv, v2));
+    PD_RETURN_IF_ERROR(be.rope(q, positions_, cfg_.rope_base));
+    PD_RETURN_IF_ERROR(be.rope(k, positions_, cfg_.rope_base));
+    PD_RETURN_IF_ERROR(be.kv_write(*cache.buffer, L, l, k, v, slots_));
+    PD_RETURN_IF_ERROR(be.paged_attention(q, *cache.buffer, L, l, att_tokens_, tables_, scale, attn));
+    PD_RETURN_IF_ERROR(be.matmul(attn2, W.wo, o));
+    PD_RETURN_IF_ERROR(be.add(x, o, x));
+    PD_RETURN_IF_ERROR(be.rms_norm(x, W.ffn_norm, cfg_.rms_eps, h));
+    PD_RETURN_IF_ERROR(be.matmul(h, W.w_gate, gate));
+    PD_RETURN_IF_ERROR(be.matmul(h, W.w_up, up));
+    PD_RETURN_IF_ERROR(be.swiglu(gate, up, gate));
+    PD_RETURN_IF_ERROR(be.matmul(gate, W.w_down, o));
+    PD_RETURN_IF_ERROR(be.add(x, o, x));
+  }
+  if (n_logits == 0) {
+    if (logits) logits->clear();
+    return be.synchronize();
+  }
+  // The LM head runs only on the rows whose logits are wanted.
+  Tensor xsel = reshape(xsel_, d, n_logits), hsel = reshape(hsel_, d, n_logits);
+  Tensor out = reshape(logits_, cfg_.vocab, n_logits);
+  PD_RETURN_IF_ERROR(be.get_rows(x, logit_rows_, xsel));
+  PD_RETURN_IF_ERROR(be.rms_norm(xsel, output_norm_, cfg_.rms_eps, hsel));
+  PD_RETURN_IF_ERROR(be.matmul(hsel, output_, out));
+  if (logits) {
+    logits->resize(static_cast<size_t>(cfg_.vocab * n_logits));
+    PD_RETURN_IF_ERROR(be.copy_to_host(out, logits->data(), logits->size() * sizeof(float)));
+  }
+  return be.synchronize();
+}
+
+}  // namespace pd

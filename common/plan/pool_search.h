@@ -1,0 +1,39 @@
+// Pool sizing: the smallest prefill and decode pools that meet latency SLOs
+// for a workload, found by repeated simulation, and the colocated baseline.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "plan/pool_simulator.h"
+#include "util/status.h"
+
+namespace pd::plan {
+
+struct PoolSearchConfig {
+  int max_ranks_per_pool = 256;  // give up beyond this many ranks in one pool
+};
+
+struct PoolPlan {
+  bool feasible = false;
+  std::string reason;  // why not, when not feasible
+  int prefill_ranks = 0;
+  int decode_ranks = 0;
+  SimResult disaggregated;          // at (prefill_ranks, decode_ranks)
+  SimResult colocated_same_total;   // colocated pool of prefill_ranks + decode_ranks ranks
+  int colocated_min_ranks = 0;      // smallest colocated pool meeting the SLOs; 0 if none within the cap
+  SimResult colocated_min;
+  int simulations = 0;              // runs it took
+};
+
+// Finds the smallest prefill pool P meeting the TTFT SLO (with a decode pool
+// large enough not to interfere), then the smallest decode pool D meeting the
+// TPOT SLO with P, then checks (P, D) together (growing whichever pool misses).
+// Each one-dimensional search doubles, then bisects, assuming more ranks never
+// hurt. `base` supplies everything but the pool sizes. Infeasible (feasible =
+// false, with a reason) when a single request alone misses an SLO or a pool
+// would exceed the cap; errors only for invalid input.
+Result<PoolPlan> plan_pools(const Workload& w, const ClusterConfig& base, const PhaseCostModel& cost,
+                            const Slo& slo, const PoolSearchConfig& search);
+
+}  // namespace pd::plan

@@ -1,0 +1,772 @@
+#include "plan/pool_simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <deque>
+#include <limits>
+#include <numbers>
+#include <queue>
+#include <random>
+#include <sstream>
+
+#include "plan/kv_footprint.h"
+
+namespace pd::plan {
+
+// ---- Workload ------------------------------------------------------------------
+
+double LengthDist::mean() const {
+  switch (kind) {
+    case Kind::kFixed: return a;
+    case Kind::kUniform: return (a + b) / 2;
+    case Kind::kExponential: return a;
+    case Kind::kLognormal: return a;
+  }
+  return a;
+}
+
+namespace {
+
+Result<double> parse_number(std::string_view s, std::string_view what, std::string_view whole) {
+  std::string str(s);
+  char* end = nullptr;
+  const double v = std::strtod(str.c_str(), &end);
+  if (str.empty() || end != str.c_str() + str.size() || !std::isfinite(v)) {
+    return Status::invalid_argument(std::string(what) + ": bad number '" + str + "' in '" + std::string(whole) + "'");
+  }
+  return v;
+}
+
+}  // namespace
+
+Result<LengthDist> parse_length_dist(std::string_view text, std::string_view what) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t colon = text.find(':', start);
+    parts.push_back(text.substr(start, colon == std::string_view::npos ? std::string_view::npos : colon - start));
+    if (colon == std::string_view::npos) break;
+    start = colon + 1;
+  }
+  const std::string usage = " (expected N, fixed:N, uniform:LO:HI, exp:MEAN or lognormal:MEAN:SIGMA)";
+  LengthDist d;
+  std::string kind(parts[0]);
+  std::vector<double> nums;
+  size_t first_num = 1;
+  if (parts.size() == 1 && !kind.empty() && (std::isdigit(static_cast<unsigned char>(kind[0])) || kind[0] == '-')) {
+    kind = "fixed";
+    first_num = 0;
+  }
+  for (size_t i = first_num; i < parts.size(); ++i) {
+    PD_ASSIGN_OR_RETURN(double v, parse_number(parts[i], what, text));
+    nums.push_back(v);
+  }
+  auto bad = [&](const std::string& why) {
+    return Status::invalid_argument(std::string(what) + ": " + why + " in '" + std::string(text) + "'" + usage);
+  };
+  if (kind == "fixed") {
+    if (nums.size() != 1) return bad("fixed takes one value");
+    d.kind = LengthDist::Kind::kFixed;
+    d.a = nums[0];
+    if (d.a < 1) return bad("length must be at least 1");
+  } else if (kind == "uniform") {
+    if (nums.size() != 2) return bad("uniform takes LO:HI");
+    d.kind = LengthDist::Kind::kUniform;
+    d.a = nums[0];
+    d.b = nums[1];
+    if (d.a < 1 || d.b < d.a) return bad("uniform needs 1 <= LO <= HI");
+  } else if (kind == "exp" || kind == "exponential") {
+    if (nums.size() != 1) return bad("exp takes MEAN");
+    d.kind = LengthDist::Kind::kExponential;
+    d.a = nums[0];
+    if (d.a < 1) return bad("mean must be at least 1");
+  } else if (kind == "lognormal") {
+    if (nums.size() != 2) return bad("lognormal takes MEAN:SIGMA");
+    d.kind = LengthDist::Kind::kLognormal;
+    d.a = nums[0];
+    d.b = nums[1];
+    if (d.a < 1 || d.b < 0 || d.b > 5) return bad("lognormal needs MEAN >= 1 and 0 <= SIGMA <= 5");
+  } else {
+    return bad("unknown distribution '" + kind + "'");
+  }
+  const double hi = d.kind == LengthDist::Kind::kUniform ? d.b : d.a;
+  if (hi > static_cast<double>(d.max)) return bad("length above " + std::to_string(d.max));
+  return d;
+}
+
+std::string length_dist_to_string(const LengthDist& d) {
+  std::ostringstream s;
+  switch (d.kind) {
+    case LengthDist::Kind::kFixed: s << "fixed:" << d.a; break;
+    case LengthDist::Kind::kUniform: s << "uniform:" << d.a << ":" << d.b; break;
+    case LengthDist::Kind::kExponential: s << "exp:" << d.a; break;
+    case LengthDist::Kind::kLognormal: s << "lognormal:" << d.a << ":" << d.b; break;
+  }
+  return s.str();
+}
+
+Status validate_workload(const Workload& w) {
+  if (!(w.arrival_rate > 0) || !std::isfinite(w.arrival_rate)) {
+    return Status::invalid_argument("rate: arrival rate must be positive, got " + std::to_string(w.arrival_rate));
+  }
+  if (w.num_requests <= 0 || w.num_requests > 100'000'000) {
+    return Status::invalid_argument("requests: must be in [1, 1e8], got " + std::to_string(w.num_requests));
+  }
+  return Status::ok();
+}
+
+Status validate_cluster(const ClusterConfig& c) {
+  auto pos = [](const char* name, int64_t v) -> Status {
+    if (v <= 0) return Status::invalid_argument(std::string(name) + ": must be positive, got " + std::to_string(v));
+    return Status::ok();
+  };
+  if (!c.colocated) PD_RETURN_IF_ERROR(pos("prefill_ranks", c.prefill_ranks));
+  PD_RETURN_IF_ERROR(pos(c.colocated ? "ranks" : "decode_ranks", c.decode_ranks));
+  PD_RETURN_IF_ERROR(pos("prefill_token_budget", c.prefill_token_budget));
+  PD_RETURN_IF_ERROR(pos("max_prefill_batch", c.max_prefill_batch));
+  PD_RETURN_IF_ERROR(pos("max_decode_batch", c.max_decode_batch));
+  PD_RETURN_IF_ERROR(pos("block_size", c.block_size));
+  PD_RETURN_IF_ERROR(pos("decode_kv_blocks", c.decode_kv_blocks));
+  if (c.prefill_kv_blocks < 0) {
+    return Status::invalid_argument("prefill_kv_blocks: must not be negative, got " +
+                                    std::to_string(c.prefill_kv_blocks));
+  }
+  if (c.prefill_ranks > 1'000'000 || c.decode_ranks > 1'000'000) {
+    return Status::invalid_argument("ranks: at most 1,000,000 per pool");
+  }
+  if (!(c.warmup_fraction >= 0 && c.cooldown_fraction >= 0 && c.warmup_fraction + c.cooldown_fraction < 1)) {
+    return Status::invalid_argument("warmup_fraction, cooldown_fraction: must be >= 0 and sum below 1");
+  }
+  return Status::ok();
+}
+
+// ---- Cost models ----------------------------------------------------------------
+
+RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineConfig cfg)
+    : model_(std::move(model)), hw_(std::move(hw)), cfg_(cfg) {
+  kv_bytes_per_token_ = static_cast<double>(kv_bytes_per_token(model_, cfg_.kv));
+}
+
+double RooflineCostModel::prefill_seconds(double total_tokens, double num_prompts, double sum_sq_tokens) const {
+  return prefill_cost(model_, hw_, cfg_, total_tokens, num_prompts, sum_sq_tokens).seconds();
+}
+
+double RooflineCostModel::decode_step_seconds(double batch, double mean_context) const {
+  return decode_step_cost(model_, hw_, cfg_, batch, mean_context).seconds();
+}
+
+double RooflineCostModel::kv_transfer_seconds(double tokens) const {
+  // Each device of the tensor-parallel group sends its own heads over its own NIC.
+  return tokens * kv_bytes_per_token_ / (cfg_.tp * hw_.inter_node_bandwidth);
+}
+
+ProfileCostModel::ProfileCostModel(EngineProfile profile, double kv_bytes_per_token, int n_layers,
+                                   double link_bytes_per_second, double link_latency)
+    : profile_(std::move(profile)),
+      kv_bytes_per_token_(kv_bytes_per_token),
+      n_layers_(std::max(1, n_layers)),
+      link_bw_(link_bytes_per_second),
+      latency_(link_latency) {
+  if (profile_.kv_transfer_bytes_per_second > 0) {
+    link_bw_ = profile_.kv_transfer_bytes_per_second;
+    latency_ = profile_.kv_transfer_latency_seconds;
+  }
+}
+
+double ProfileCostModel::prefill_seconds(double total_tokens, double, double) const {
+  return profile_.prefill_time(total_tokens);
+}
+
+double ProfileCostModel::decode_step_seconds(double batch, double mean_context) const {
+  return profile_.decode_step_time(batch, mean_context);
+}
+
+double ProfileCostModel::kv_transfer_seconds(double tokens) const { return tokens * kv_bytes_per_token_ / link_bw_; }
+
+// ---- Simulation -----------------------------------------------------------------
+
+namespace {
+
+// Deterministic uniform/exponential/normal draws from a 64-bit Mersenne twister
+// (the std:: distributions differ between standard libraries).
+class Stream {
+ public:
+  explicit Stream(uint64_t seed) : engine_(seed) {}
+  double uniform_open() { return (static_cast<double>(engine_() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
+  double exponential(double mean) { return -mean * std::log(uniform_open()); }
+  double normal() {
+    const double u1 = uniform_open(), u2 = uniform_open();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+int64_t draw_length(const LengthDist& d, Stream& s) {
+  double v = d.a;
+  switch (d.kind) {
+    case LengthDist::Kind::kFixed: v = d.a; break;
+    case LengthDist::Kind::kUniform: v = std::floor(d.a + s.uniform_open() * (d.b - d.a + 1)); break;
+    case LengthDist::Kind::kExponential: v = s.exponential(d.a); break;
+    case LengthDist::Kind::kLognormal: {
+      const double mu = std::log(d.a) - d.b * d.b / 2;  // so that the mean is d.a
+      v = std::exp(mu + d.b * s.normal());
+      break;
+    }
+  }
+  const int64_t n = static_cast<int64_t>(std::llround(std::min(v, 1e15)));
+  return std::clamp(n, d.min, d.max);
+}
+
+struct Req {
+  double arrival = 0;
+  double t_first = -1;        // token 1 (end of the first prefill pass)
+  double t_done = -1;
+  double t_prefill_start = -1;  // first prefill pass starts
+  double prefill_end = 0;       // latest prefill pass, for the transfer overlap
+  double prefill_dur = 0;
+  int32_t prompt = 0;
+  int32_t output = 0;
+  int32_t generated = 0;      // tokens sampled so far
+  int32_t ctx = 0;            // tokens whose KV is in the cache
+  int32_t blocks = 0;         // KV blocks held on the decode (or colocated) rank
+  int32_t prefill_tokens = 0; // tokens of the pending/last prefill pass
+  int32_t prefill_rank = -1;
+  int32_t decode_rank = -1;   // reserved by the handoff
+  bool failed = false;
+};
+
+enum EvType : int32_t { kPrefillDone, kTransferDone, kDecodeDone, kColocDone };
+
+struct Event {
+  double t;
+  uint64_t seq;  // tie-breaker: FIFO among equal times (determinism)
+  int32_t type;
+  int32_t idx;
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+struct PrefillRank {
+  bool busy = false;
+  std::vector<int32_t> batch;
+  int64_t held_blocks = 0;  // KV awaiting handoff
+  double batch_start = 0;
+  double egress_free = 0;
+  double busy_time = 0;
+};
+
+struct DecodeRank {
+  bool busy = false;
+  bool prefill_phase = false;  // colocated: current pass is a prefill
+  std::vector<int32_t> running;  // admission order (newest last)
+  std::vector<int32_t> ready;    // KV arrived, joins at the next step
+  std::vector<int32_t> batch;    // colocated: prompts of the current prefill pass
+  int64_t free_blocks = 0;
+  int64_t ctx_sum = 0;           // sum of ctx over running
+  int incoming = 0;              // handoffs reserved, KV in flight
+  double step_start = 0;
+  double ingress_free = 0;
+  double decode_busy = 0;
+};
+
+class Simulator {
+ public:
+  Simulator(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost)
+      : w_(w), c_(c), cost_(cost) {}
+
+  Result<SimResult> run(const Slo& slo);
+
+ private:
+  int64_t blocks_for(int64_t tokens) const { return (tokens + c_.block_size - 1) / c_.block_size; }
+  void push(double t, EvType type, int32_t idx) {
+    heap_.push(Event{t, next_seq_++, type, idx});
+  }
+  void generate();
+  void on_arrival(int32_t i);
+  bool fits_ever(const Req& r) const {
+    return blocks_for(static_cast<int64_t>(r.prompt) + r.output) + watermark_ <= c_.decode_kv_blocks;
+  }
+  void fail(int32_t i);
+  void complete(int32_t i);
+  // Disaggregated.
+  void try_start_prefill(int r);
+  void try_start_prefill_all();
+  void on_prefill_done(int r);
+  void dispatch_handoffs();
+  void on_transfer_done(int32_t i);
+  // Decode ranks (both modes).
+  bool start_decode_step(int d);
+  void on_decode_done(int d);
+  // Colocated.
+  void coloc_next(int d);
+  void coloc_kick_idle();
+  void on_coloc_done(int d);
+
+  const Workload& w_;
+  const ClusterConfig& c_;
+  const PhaseCostModel& cost_;
+  double now_ = 0;
+  int64_t watermark_ = 1;
+  std::vector<Req> reqs_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> heap_;
+  uint64_t next_seq_ = 0;
+  std::deque<int32_t> router_;
+  std::deque<int32_t> handoffs_;
+  std::vector<PrefillRank> prefill_;
+  std::vector<DecodeRank> decode_;
+  int64_t preemptions_ = 0;
+  int64_t completed_ = 0;
+  int64_t failed_ = 0;
+  int64_t decode_steps_ = 0;
+  double decode_batch_sum_ = 0;
+  int64_t max_router_ = 0;
+  double prefill_busy_ = 0;
+};
+
+void Simulator::generate() {
+  reqs_.resize(static_cast<size_t>(w_.num_requests));
+  Stream arrivals(splitmix64(w_.seed * 3 + 0));
+  Stream prompts(splitmix64(w_.seed * 3 + 1));
+  Stream outputs(splitmix64(w_.seed * 3 + 2));
+  double t = 0;
+  for (Req& r : reqs_) {
+    t += w_.poisson ? arrivals.exponential(1.0 / w_.arrival_rate) : 1.0 / w_.arrival_rate;
+    r.arrival = t;
+    r.prompt = static_cast<int32_t>(draw_length(w_.prompt, prompts));
+    r.output = static_cast<int32_t>(draw_length(w_.output, outputs));
+  }
+}
+
+void Simulator::fail(int32_t i) {
+  reqs_[i].failed = true;
+  reqs_[i].t_done = now_;
+  ++failed_;
+}
+
+void Simulator::complete(int32_t i) {
+  reqs_[i].t_done = now_;
+  ++completed_;
+}
+
+void Simulator::on_arrival(int32_t i) {
+  Req& r = reqs_[i];
+  if (!fits_ever(r)) {
+    fail(i);
+    return;
+  }
+  r.prefill_tokens = r.prompt;
+  router_.push_back(i);
+  max_router_ = std::max<int64_t>(max_router_, static_cast<int64_t>(router_.size()));
+  if (c_.colocated) {
+    coloc_kick_idle();
+  } else {
+    try_start_prefill_all();
+  }
+}
+
+void Simulator::try_start_prefill_all() {
+  for (int r = 0; r < static_cast<int>(prefill_.size()) && !router_.empty(); ++r) try_start_prefill(r);
+}
+
+void Simulator::try_start_prefill(int rank) {
+  PrefillRank& p = prefill_[rank];
+  if (p.busy || router_.empty()) return;
+  int64_t total = 0;
+  double sum_sq = 0;
+  int64_t held = p.held_blocks;
+  while (!router_.empty() && static_cast<int>(p.batch.size()) < c_.max_prefill_batch) {
+    const int32_t j = router_.front();
+    const int64_t k = reqs_[j].prefill_tokens;
+    if (!p.batch.empty() && total + k > c_.prefill_token_budget) break;
+    // Backpressure: the rank keeps each prompt's KV until its handoff completes.
+    if (c_.prefill_kv_blocks > 0 && held + blocks_for(k) > c_.prefill_kv_blocks && held > 0) break;
+    router_.pop_front();
+    p.batch.push_back(j);
+    total += k;
+    sum_sq += static_cast<double>(k) * static_cast<double>(k);
+    held += blocks_for(k);
+    if (reqs_[j].t_prefill_start < 0) reqs_[j].t_prefill_start = now_;
+  }
+  if (p.batch.empty()) return;
+  p.held_blocks = held;
+  p.busy = true;
+  p.batch_start = now_;
+  const double t = std::max(1e-12, cost_.prefill_seconds(static_cast<double>(total),
+                                                         static_cast<double>(p.batch.size()), sum_sq));
+  push(now_ + t, kPrefillDone, rank);
+}
+
+void Simulator::on_prefill_done(int rank) {
+  PrefillRank& p = prefill_[rank];
+  const double dur = now_ - p.batch_start;
+  p.busy_time += dur;
+  for (int32_t j : p.batch) {
+    Req& r = reqs_[j];
+    r.ctx = r.prefill_tokens;
+    r.generated += 1;
+    if (r.t_first < 0) r.t_first = now_;
+    r.prefill_end = now_;
+    r.prefill_dur = dur;
+    r.prefill_rank = rank;
+    if (r.generated >= r.output) {
+      p.held_blocks -= blocks_for(r.ctx);
+      complete(j);
+    } else {
+      handoffs_.push_back(j);
+    }
+  }
+  p.batch.clear();
+  p.busy = false;
+  dispatch_handoffs();
+  try_start_prefill(rank);
+}
+
+void Simulator::dispatch_handoffs() {
+  while (!handoffs_.empty()) {
+    const int32_t j = handoffs_.front();
+    Req& r = reqs_[j];
+    const int64_t hold = blocks_for(r.ctx);
+    const int64_t need = blocks_for(static_cast<int64_t>(r.ctx) + 1);
+    int best = -1;
+    for (int d = 0; d < static_cast<int>(decode_.size()); ++d) {
+      const DecodeRank& dr = decode_[d];
+      const int64_t seqs = static_cast<int64_t>(dr.running.size() + dr.ready.size()) + dr.incoming;
+      if (seqs >= c_.max_decode_batch || dr.free_blocks - need < watermark_) continue;
+      if (best < 0 || dr.free_blocks > decode_[best].free_blocks) best = d;
+    }
+    if (best < 0) return;  // pull: wait until a decode rank frees blocks (FIFO, head of line)
+    handoffs_.pop_front();
+    DecodeRank& dr = decode_[best];
+    dr.free_blocks -= hold;
+    dr.incoming += 1;
+    r.blocks = static_cast<int32_t>(hold);
+    r.decode_rank = best;
+    PrefillRank& p = prefill_[r.prefill_rank];
+    const double wire = cost_.kv_transfer_seconds(static_cast<double>(r.ctx));
+    double exposed = wire;
+    // Sent layer by layer while the pass ran, if the decode rank took it at once.
+    if (c_.overlap_transfer && now_ <= r.prefill_end) {
+      exposed = std::max(wire - r.prefill_dur, wire / cost_.transfer_chunks());
+    }
+    const double start = std::max({now_, p.egress_free, dr.ingress_free});
+    const double end = start + exposed;
+    p.egress_free = end;
+    dr.ingress_free = end;
+    push(end + cost_.kv_transfer_latency(), kTransferDone, j);
+  }
+}
+
+void Simulator::on_transfer_done(int32_t j) {
+  Req& r = reqs_[j];
+  const int rank = r.prefill_rank;
+  prefill_[rank].held_blocks -= blocks_for(r.ctx);
+  const int d = r.decode_rank;
+  DecodeRank& dr = decode_[d];
+  dr.incoming -= 1;
+  dr.ready.push_back(j);
+  if (!dr.busy) start_decode_step(d);
+  try_start_prefill(rank);
+}
+
+// Admits ready sequences, makes room for one more token each (preempting the
+// newest when blocks run out) and starts a step. False when nothing runs.
+bool Simulator::start_decode_step(int d) {
+  DecodeRank& dr = decode_[d];
+  for (int32_t j : dr.ready) {
+    dr.running.push_back(j);
+    dr.ctx_sum += reqs_[j].ctx;
+  }
+  dr.ready.clear();
+  if (dr.running.empty()) {
+    dr.busy = false;
+    return false;
+  }
+  int64_t need = 0;
+  for (int32_t j : dr.running) {
+    const Req& r = reqs_[j];
+    need += blocks_for(static_cast<int64_t>(r.ctx) + 1) - r.blocks;
+  }
+  bool preempted = false;
+  while (need > dr.free_blocks && !dr.running.empty()) {
+    const int32_t v = dr.running.back();
+    dr.running.pop_back();
+    Req& r = reqs_[v];
+    need -= blocks_for(static_cast<int64_t>(r.ctx) + 1) - r.blocks;
+    dr.free_blocks += r.blocks;
+    dr.ctx_sum -= r.ctx;
+    r.blocks = 0;
+    // Recompute: prefill again over every token known so far.
+    r.prefill_tokens = r.prompt + r.generated;
+    router_.push_front(v);
+    ++preemptions_;
+    preempted = true;
+  }
+  if (preempted) {
+    max_router_ = std::max<int64_t>(max_router_, static_cast<int64_t>(router_.size()));
+    // Colocated: coloc_next offers the preempted work to idle ranks after this step starts.
+    if (!c_.colocated) try_start_prefill_all();
+  }
+  if (dr.running.empty()) {
+    dr.busy = false;
+    return false;
+  }
+  for (int32_t j : dr.running) {
+    Req& r = reqs_[j];
+    const int64_t extra = blocks_for(static_cast<int64_t>(r.ctx) + 1) - r.blocks;
+    r.blocks += static_cast<int32_t>(extra);
+    dr.free_blocks -= extra;
+  }
+  const double batch = static_cast<double>(dr.running.size());
+  const double t = std::max(1e-12, cost_.decode_step_seconds(batch, static_cast<double>(dr.ctx_sum) / batch));
+  dr.busy = true;
+  dr.prefill_phase = false;
+  dr.step_start = now_;
+  ++decode_steps_;
+  decode_batch_sum_ += batch;
+  push(now_ + t, c_.colocated ? kColocDone : kDecodeDone, d);
+  return true;
+}
+
+void Simulator::on_decode_done(int d) {
+  DecodeRank& dr = decode_[d];
+  dr.decode_busy += now_ - dr.step_start;
+  size_t keep = 0;
+  for (size_t k = 0; k < dr.running.size(); ++k) {
+    const int32_t j = dr.running[k];
+    Req& r = reqs_[j];
+    r.ctx += 1;
+    r.generated += 1;
+    dr.ctx_sum += 1;
+    if (r.generated >= r.output) {
+      dr.free_blocks += r.blocks;
+      dr.ctx_sum -= r.ctx;
+      r.blocks = 0;
+      complete(j);
+    } else {
+      dr.running[keep++] = j;
+    }
+  }
+  dr.running.resize(keep);
+  dr.busy = false;
+  if (!c_.colocated) {
+    dispatch_handoffs();
+    start_decode_step(d);
+  }
+}
+
+void Simulator::coloc_kick_idle() {
+  for (int d = 0; d < static_cast<int>(decode_.size()) && !router_.empty(); ++d) {
+    if (!decode_[d].busy) coloc_next(d);
+  }
+}
+
+// A colocated rank's next pass: a prefill of waiting prompts when any fit
+// (prefill first), else a decode step of its running sequences.
+void Simulator::coloc_next(int d) {
+  DecodeRank& dr = decode_[d];
+  if (dr.busy) return;
+  int64_t total = 0;
+  double sum_sq = 0;
+  while (!router_.empty() && static_cast<int>(dr.batch.size()) < c_.max_prefill_batch &&
+         static_cast<int64_t>(dr.running.size() + dr.batch.size()) < c_.max_decode_batch) {
+    const int32_t j = router_.front();
+    Req& r = reqs_[j];
+    const int64_t k = r.prefill_tokens;
+    if (!dr.batch.empty() && total + k > c_.prefill_token_budget) break;
+    if (dr.free_blocks - blocks_for(k + 1) < watermark_) break;
+    router_.pop_front();
+    dr.batch.push_back(j);
+    dr.free_blocks -= blocks_for(k);
+    r.blocks = static_cast<int32_t>(blocks_for(k));
+    total += k;
+    sum_sq += static_cast<double>(k) * static_cast<double>(k);
+    if (r.t_prefill_start < 0) r.t_prefill_start = now_;
+  }
+  if (!dr.batch.empty()) {
+    const double t = std::max(1e-12, cost_.prefill_seconds(static_cast<double>(total),
+                                                           static_cast<double>(dr.batch.size()), sum_sq));
+    dr.busy = true;
+    dr.prefill_phase = true;
+    dr.step_start = now_;
+    push(now_ + t, kColocDone, d);
+    return;
+  }
+  start_decode_step(d);
+  if (!router_.empty()) coloc_kick_idle();  // preempted work for other idle ranks
+}
+
+void Simulator::on_coloc_done(int d) {
+  DecodeRank& dr = decode_[d];
+  if (dr.prefill_phase) {
+    const double dur = now_ - dr.step_start;
+    prefill_busy_ += dur;
+    for (int32_t j : dr.batch) {
+      Req& r = reqs_[j];
+      r.ctx = r.prefill_tokens;
+      r.generated += 1;
+      if (r.t_first < 0) r.t_first = now_;
+      if (r.generated >= r.output) {
+        dr.free_blocks += r.blocks;
+        r.blocks = 0;
+        complete(j);
+      } else {
+        dr.running.push_back(j);
+        dr.ctx_sum += r.ctx;
+      }
+    }
+    dr.batch.clear();
+    dr.busy = false;
+    dr.prefill_phase = false;
+  } else {
+    on_decode_done(d);
+  }
+  coloc_next(d);
+}
+
+LatencyStats stats_of(std::vector<double>& v, double quantile) {
+  LatencyStats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  auto q = [&](double p) {
+    const size_t n = v.size();
+    size_t idx = static_cast<size_t>(std::ceil(p * static_cast<double>(n)));
+    idx = idx == 0 ? 0 : idx - 1;
+    return v[std::min(idx, n - 1)];
+  };
+  s.mean = sum / static_cast<double>(v.size());
+  s.p50 = q(0.5);
+  s.p90 = q(0.9);
+  s.p99 = q(0.99);
+  s.max = v.back();
+  s.at_quantile = q(quantile);
+  return s;
+}
+
+Result<SimResult> Simulator::run(const Slo& slo) {
+  generate();
+  watermark_ = std::max<int64_t>(1, c_.decode_kv_blocks / 100);
+  if (!c_.colocated) prefill_.resize(static_cast<size_t>(c_.prefill_ranks));
+  decode_.resize(static_cast<size_t>(c_.decode_ranks));
+  for (DecodeRank& d : decode_) d.free_blocks = c_.decode_kv_blocks;
+
+  // Bound on events: a runaway (e.g. endless preemption) ends as an error, not a hang.
+  double token_sum = 0;
+  for (const Req& r : reqs_) token_sum += r.output;
+  const double max_events = 64.0 * (token_sum + static_cast<double>(reqs_.size())) + 1e6;
+  double events = 0;
+
+  size_t next_arrival = 0;
+  while (true) {
+    const bool have_arrival = next_arrival < reqs_.size();
+    if (!have_arrival && heap_.empty()) break;
+    if (++events > max_events) {
+      return Status::internal("simulation did not settle after " + std::to_string(static_cast<int64_t>(events)) +
+                              " events (KV pool too small for the workload?)");
+    }
+    if (have_arrival && (heap_.empty() || reqs_[next_arrival].arrival <= heap_.top().t)) {
+      now_ = reqs_[next_arrival].arrival;
+      on_arrival(static_cast<int32_t>(next_arrival++));
+      continue;
+    }
+    const Event e = heap_.top();
+    heap_.pop();
+    now_ = e.t;
+    switch (e.type) {
+      case kPrefillDone: on_prefill_done(e.idx); break;
+      case kTransferDone: on_transfer_done(e.idx); break;
+      case kDecodeDone: on_decode_done(e.idx); break;
+      case kColocDone: on_coloc_done(e.idx); break;
+      default: return Status::internal("unknown event type");
+    }
+  }
+
+  SimResult res;
+  res.requests = static_cast<int64_t>(reqs_.size());
+  res.completed = completed_;
+  res.failed = failed_;
+  res.preemptions = preemptions_;
+  res.max_router_queue = max_router_;
+  for (const Req& r : reqs_) res.makespan_seconds = std::max(res.makespan_seconds, r.t_done);
+  const size_t n = reqs_.size();
+  size_t lo = static_cast<size_t>(std::floor(c_.warmup_fraction * static_cast<double>(n)));
+  size_t hi = n - static_cast<size_t>(std::floor(c_.cooldown_fraction * static_cast<double>(n)));
+  if (hi <= lo) {
+    lo = 0;
+    hi = n;
+  }
+  std::vector<double> ttft, tpot, e2e, wait;
+  ttft.reserve(hi - lo);
+  e2e.reserve(hi - lo);
+  wait.reserve(hi - lo);
+  tpot.reserve(hi - lo);
+  int64_t good = 0, done = 0, tokens = 0;
+  double last_done = 0;
+  for (size_t i = lo; i < hi; ++i) {
+    const Req& r = reqs_[i];
+    if (r.failed) continue;
+    ++done;
+    tokens += r.output;
+    last_done = std::max(last_done, r.t_done);
+    const double t1 = r.t_first - r.arrival;
+    ttft.push_back(t1);
+    e2e.push_back(r.t_done - r.arrival);
+    wait.push_back(r.t_prefill_start - r.arrival);
+    double per_token = 0;
+    if (r.output >= 2) {
+      per_token = (r.t_done - r.t_first) / (r.output - 1);
+      tpot.push_back(per_token);
+    }
+    if (t1 <= slo.ttft_seconds && per_token <= slo.tpot_seconds) ++good;
+  }
+  res.measured = static_cast<int64_t>(hi - lo);
+  res.ttft = stats_of(ttft, slo.quantile);
+  res.tpot = stats_of(tpot, slo.quantile);
+  res.e2e = stats_of(e2e, slo.quantile);
+  res.queue_wait = stats_of(wait, slo.quantile);
+  const double span = reqs_[hi - 1].arrival - reqs_[lo].arrival;
+  const double window = last_done - reqs_[lo].arrival;
+  res.throughput_rps = window > 0 ? static_cast<double>(done) / window : 0;
+  res.output_tokens_per_second = window > 0 ? static_cast<double>(tokens) / window : 0;
+  res.goodput_rps = span > 0 ? static_cast<double>(good) / span : 0;
+  res.slo_attainment = res.measured > 0 ? static_cast<double>(good) / static_cast<double>(res.measured) : 0;
+  res.meets_slo = done == res.measured && res.ttft.at_quantile <= slo.ttft_seconds &&
+                  res.tpot.at_quantile <= slo.tpot_seconds;
+  res.mean_decode_batch = decode_steps_ > 0 ? decode_batch_sum_ / static_cast<double>(decode_steps_) : 0;
+  if (res.makespan_seconds > 0) {
+    double pb = prefill_busy_, db = 0;
+    for (const PrefillRank& p : prefill_) pb += p.busy_time;
+    for (const DecodeRank& d : decode_) db += d.decode_busy;
+    const double prefill_ranks = c_.colocated ? c_.decode_ranks : c_.prefill_ranks;
+    res.prefill_utilization = pb / (prefill_ranks * res.makespan_seconds);
+    res.decode_utilization = db / (c_.decode_ranks * res.makespan_seconds);
+  }
+  return res;
+}
+
+}  // namespace
+
+Result<SimResult> simulate(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost, const Slo& slo) {
+  PD_RETURN_IF_ERROR(validate_workload(w));
+  PD_RETURN_IF_ERROR(validate_cluster(c));
+  if (!(slo.ttft_seconds > 0) || !(slo.tpot_seconds > 0)) {
+    return Status::invalid_argument("slo: TTFT and TPOT targets must be positive");
+  }
+  if (!(slo.quantile > 0 && slo.quantile <= 1)) {
+    return Status::invalid_argument("slo: quantile must be in (0, 1], got " + std::to_string(slo.quantile));
+  }
+  Simulator sim(w, c, cost);
+  return sim.run(slo);
+}
+
+}  // namespace pd::plan

@@ -1,0 +1,65 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p, presence and
+// frequency penalties, and a per-request seed (same seed + same input = same
+// output, independent of batch composition).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "util/status.h"
+
+namespace pd {
+
+using TokenId = int32_t;
+
+struct SamplingParams {
+  float temperature = 0.0f;   // 0 = greedy
+  int32_t top_k = 0;          // 0 = disabled
+  float top_p = 1.0f;         // 1 = disabled
+  float min_p = 0.0f;         // 0 = disabled
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;
+  int32_t max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<TokenId> stop_token_ids;  // in addition to EOS
+
+  // InvalidArgument naming the field (e.g. "top_p must be in (0, 1]").
+  Status validate() const;
+};
+
+// One request's sampler: owns its RNG and the counts of tokens it generated.
+// Order of operations (as vLLM): penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // Picks the next token from raw logits (size = vocab). `logits` may be modified
+  // (the penalties are applied in place). Greedy (temperature 0 or top_k 1) is
+  // argmax and draws no random number; otherwise exactly one 64-bit draw from
+  // the request's RNG per call, so the same params, seed and logits sequence
+  // give the same tokens on any standard library. NaN logits are never drawn.
+  // params must have passed validate().
+  TokenId sample(std::span<float> logits);
+  // Records an emitted token (feeds the penalties).
+  void accept(TokenId id);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::unordered_map<TokenId, int32_t> counts_;
+  std::vector<std::pair<float, TokenId>> scratch_;
+};
+
+// Index of the largest logit (lowest index on ties).
+TokenId argmax(std::span<const float> logits);
+
+enum class StopReason { kNone, kEos, kStopToken, kLength };
+// Whether generation ends after emitting `id` as the n_generated-th token.
+StopReason check_stop(const SamplingParams& p, TokenId id, TokenId eos_id, int32_t n_generated);
+
+}  // namespace pd

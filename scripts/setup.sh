@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian package pdcluster's build and tests use.
+# Idempotent and non-interactive; run as root (or with sudo available).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git python3 python3-pip unzip
+  libopenmpi-dev openmpi-bin          # MPI: the cluster's transport and launcher
+  libboost-dev                        # Boost.Asio + Boost.Beast: HTTP/1.1 and SSE
+  nlohmann-json3-dev                  # JSON, MessagePack/CBOR protocol messages
+  catch2                              # unit and integration tests
+  libopenblas-dev                     # CPU GEMM
+  libxxhash-dev                       # KV checksums, prefix-block hashes
+  libcli11-dev                        # command-line parsing
+  libspdlog-dev                       # logging
+  libpcre2-dev                        # Unicode regexes for the tokenizer's pre-tokenizer
+)
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup.sh: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup.sh: done"

@@ -1,0 +1,314 @@
+// Tests of the sampler: greedy, temperature, top-k/top-p/min-p filters,
+// penalties, seeding, the empirical distribution, validate() and check_stop().
+// Every random draw is seeded, so no test can flake.
+#include "sampling/sampler.h"
+
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace pd {
+namespace {
+
+SamplingParams params_with(float temperature, int32_t top_k = 0, float top_p = 1.0f, float min_p = 0.0f,
+                           uint64_t seed = 1) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.seed = seed;
+  return p;
+}
+
+// Draws `n` tokens from fresh copies of `logits` and counts them per token.
+std::vector<int> histogram(Sampler& s, const std::vector<float>& logits, int n) {
+  std::vector<int> counts(logits.size(), 0);
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = logits;
+    ++counts[static_cast<size_t>(s.sample(l))];
+  }
+  return counts;
+}
+
+// Logits whose softmax is `probs`.
+std::vector<float> logits_of(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+std::vector<float> random_logits(size_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> l(vocab);
+  for (float& x : l) x = d(rng);
+  return l;
+}
+
+TEST_CASE("sampler: argmax picks the lowest index on ties", "[sampler]") {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, 2.0f};
+  CHECK(argmax(l) == 1);
+  const std::vector<float> one = {-5.0f};
+  CHECK(argmax(one) == 0);
+  const std::vector<float> neg = {-3.0f, -1.0f, -1.0f};
+  CHECK(argmax(neg) == 1);
+}
+
+TEST_CASE("sampler: temperature 0 and top_k 1 are greedy", "[sampler]") {
+  const std::vector<float> l = {0.5f, 2.0f, 2.0f, 1.9f, -1.0f};
+  for (const SamplingParams& p : {params_with(0.0f), params_with(1.0f, /*top_k=*/1), params_with(5.0f, 1)}) {
+    Sampler s(p);
+    const auto h = histogram(s, l, 200);
+    CHECK(h[1] == 200);  // tie with index 2 -> lowest index
+  }
+}
+
+TEST_CASE("sampler: a vanishing temperature converges to argmax", "[sampler]") {
+  const std::vector<float> l = {1.0f, 1.5f, 1.2f, 1.49f};
+  Sampler s(params_with(1e-3f));
+  CHECK(histogram(s, l, 500)[1] == 500);
+  // ...whereas a hot temperature spreads out.
+  Sampler hot(params_with(2.0f));
+  const auto h = histogram(hot, l, 500);
+  for (int c : h) CHECK(c > 0);
+}
+
+TEST_CASE("sampler: a tiny top_p keeps only the most likely token", "[sampler]") {
+  SECTION("small vocab") {
+    Sampler s(params_with(1.0f, 0, 1e-6f));
+    CHECK(histogram(s, {0.1f, 0.3f, 0.2f, 0.29f}, 300)[1] == 300);
+  }
+  SECTION("full vocab, partial sort path") {
+    const auto l = random_logits(49152, 7);
+    const TokenId best = argmax(l);
+    Sampler s(params_with(1.0f, 0, 1e-6f));
+    for (int i = 0; i < 20; ++i) {
+      std::vector<float> copy = l;
+      CHECK(s.sample(copy) == best);
+    }
+  }
+}
+
+TEST_CASE("sampler: top_k and top_p keep exactly the expected set", "[sampler]") {
+  const auto l = logits_of({0.5, 0.3, 0.15, 0.05});
+  SECTION("top_k 2") {
+    Sampler s(params_with(1.0f, 2));
+    const auto h = histogram(s, l, 2000);
+    CHECK(h[0] > 0);
+    CHECK(h[1] > 0);
+    CHECK(h[2] == 0);
+    CHECK(h[3] == 0);
+  }
+  SECTION("top_p 0.7: smallest set reaching 0.7 is {0, 1}") {
+    Sampler s(params_with(1.0f, 0, 0.7f));
+    const auto h = histogram(s, l, 2000);
+    CHECK(h[0] > 0);
+    CHECK(h[1] > 0);
+    CHECK(h[2] == 0);
+    CHECK(h[3] == 0);
+  }
+  SECTION("top_p 0.85 keeps three") {
+    Sampler s(params_with(1.0f, 0, 0.85f));
+    const auto h = histogram(s, l, 4000);
+    CHECK(h[2] > 0);
+    CHECK(h[3] == 0);
+  }
+}
+
+TEST_CASE("sampler: min_p drops tokens below min_p * p_max", "[sampler]") {
+  const auto l = logits_of({0.5, 0.3, 0.15, 0.05});
+  SECTION("min_p 0.2: threshold 0.1 drops only the 0.05 token") {
+    Sampler s(params_with(1.0f, 0, 1.0f, 0.2f));
+    const auto h = histogram(s, l, 4000);
+    CHECK(h[0] > 0);
+    CHECK(h[1] > 0);
+    CHECK(h[2] > 0);
+    CHECK(h[3] == 0);
+  }
+  SECTION("min_p 0.7 keeps only the max") {
+    Sampler s(params_with(1.0f, 0, 1.0f, 0.7f));
+    CHECK(histogram(s, l, 500)[0] == 500);
+  }
+  SECTION("after top_k the max is still kept") {
+    Sampler s(params_with(1.0f, 3, 0.9f, 1.0f));
+    CHECK(histogram(s, l, 200)[0] == 200);
+  }
+}
+
+TEST_CASE("sampler: presence and frequency penalties", "[sampler]") {
+  const std::vector<float> base = {2.0f, 1.9f, 0.0f};
+  auto greedy_after = [&](SamplingParams p, std::vector<TokenId> generated) {
+    Sampler s(p);
+    for (TokenId t : generated) s.accept(t);
+    std::vector<float> l = base;
+    return s.sample(l);
+  };
+  SamplingParams p = params_with(0.0f);
+  CHECK(greedy_after(p, {0, 0, 0}) == 0);  // no penalties
+
+  p.presence_penalty = 0.5f;  // 2.0 - 0.5 < 1.9
+  CHECK(greedy_after(p, {0}) == 1);
+  CHECK(greedy_after(p, {1}) == 0);
+  CHECK(greedy_after(p, {2}) == 0);
+
+  p = params_with(0.0f);
+  p.frequency_penalty = 0.06f;  // one occurrence: 1.94 > 1.9; two: 1.88 < 1.9
+  CHECK(greedy_after(p, {0}) == 0);
+  CHECK(greedy_after(p, {0, 0}) == 1);
+  CHECK(greedy_after(p, {0, 0, 1, 1, 1}) == 0);  // 1.88 vs 1.72
+
+  p = params_with(0.0f);
+  p.presence_penalty = -0.5f;  // negative encourages repetition
+  CHECK(greedy_after(p, {1}) == 1);
+
+  p = params_with(0.0f);
+  p.presence_penalty = 2.0f;
+  CHECK(greedy_after(p, {99, -1}) == 0);  // ids outside the vocab are ignored
+}
+
+TEST_CASE("sampler: same seed same tokens, different seed different tokens", "[sampler]") {
+  const auto l = random_logits(1000, 3);
+  auto run = [&](uint64_t seed, int32_t top_k, float top_p, float min_p) {
+    SamplingParams p = params_with(0.9f, top_k, top_p, min_p, seed);
+    p.frequency_penalty = 0.3f;
+    Sampler s(p);
+    std::vector<TokenId> out;
+    for (int i = 0; i < 300; ++i) {
+      std::vector<float> copy = l;
+      out.push_back(s.sample(copy));
+      s.accept(out.back());
+    }
+    return out;
+  };
+  struct Filters {
+    int32_t top_k;
+    float top_p;
+    float min_p;
+  };
+  for (const Filters& f : {Filters{0, 1.0f, 0.0f}, Filters{50, 1.0f, 0.0f}, Filters{0, 0.95f, 0.0f},
+                           Filters{40, 0.9f, 0.05f}}) {
+    CAPTURE(f.top_k, f.top_p, f.min_p);
+    const auto a = run(11, f.top_k, f.top_p, f.min_p);
+    CHECK(a == run(11, f.top_k, f.top_p, f.min_p));
+    const auto b = run(12, f.top_k, f.top_p, f.min_p);
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    CHECK(differ > 30);
+  }
+}
+
+// Chi-square goodness of fit against softmax(logits / T). With 3 degrees of
+// freedom the 0.1% critical value is 16.27; the draws are seeded, so the
+// outcome is fixed.
+TEST_CASE("sampler: empirical distribution matches softmax(logits / T)", "[sampler]") {
+  const std::vector<float> l = {0.0f, 1.0f, 2.0f, 0.5f};
+  const int n = 100000;
+  struct Row {
+    float temperature;
+    int32_t top_k;
+  };
+  for (const Row& r : {Row{1.0f, 0}, Row{0.7f, 0}, Row{1.6f, 0}, Row{0.7f, 4}}) {
+    CAPTURE(r.temperature, r.top_k);
+    std::array<double, 4> expected{};
+    double z = 0.0;
+    for (size_t i = 0; i < 4; ++i) z += expected[i] = std::exp(l[i] / r.temperature);
+    Sampler s(params_with(r.temperature, r.top_k, 1.0f, 0.0f, 2024));
+    const auto h = histogram(s, l, n);
+    double chi2 = 0.0;
+    for (size_t i = 0; i < 4; ++i) {
+      const double e = n * expected[i] / z;
+      chi2 += (h[i] - e) * (h[i] - e) / e;
+    }
+    CHECK(chi2 < 16.27);
+  }
+  SECTION("top_k renormalizes over the survivors") {
+    Sampler s(params_with(1.0f, 3, 1.0f, 0.0f, 99));
+    const auto h = histogram(s, l, n);
+    CHECK(h[0] == 0);  // the smallest logit is cut
+    const double z = std::exp(1.0) + std::exp(2.0) + std::exp(0.5);
+    double chi2 = 0.0;
+    for (size_t i : {1u, 2u, 3u}) {
+      const double e = n * std::exp(static_cast<double>(l[i])) / z;
+      chi2 += (h[i] - e) * (h[i] - e) / e;
+    }
+    CHECK(chi2 < 13.82);  // 2 dof, 0.1%
+  }
+}
+
+TEST_CASE("sampler: NaN and -inf logits are never drawn", "[sampler]") {
+  const std::vector<float> l = {std::nanf(""), -INFINITY, 0.0f, 0.1f};
+  Sampler s(params_with(1.0f, 0, 1.0f, 0.0f, 5));
+  const auto h = histogram(s, l, 1000);
+  CHECK(h[0] == 0);
+  CHECK(h[1] == 0);
+  CHECK(h[2] + h[3] == 1000);
+}
+
+TEST_CASE("sampler: validate names the field", "[sampler]") {
+  CHECK(SamplingParams{}.validate().is_ok());
+  struct Row {
+    void (*mutate)(SamplingParams&);
+    const char* message;
+  };
+  const Row rows[] = {
+      {[](SamplingParams& p) { p.temperature = -0.1f; }, "temperature must be in [0, 100], got -0.1"},
+      {[](SamplingParams& p) { p.temperature = 101.0f; }, "temperature must be in [0, 100], got 101"},
+      {[](SamplingParams& p) { p.temperature = std::nanf(""); }, "temperature must be in [0, 100]"},
+      {[](SamplingParams& p) { p.top_k = -1; }, "top_k must be >= 0, got -1"},
+      {[](SamplingParams& p) { p.top_p = 1.5f; }, "top_p must be in (0, 1], got 1.5"},
+      {[](SamplingParams& p) { p.top_p = 0.0f; }, "top_p must be in (0, 1], got 0"},
+      {[](SamplingParams& p) { p.min_p = 1.5f; }, "min_p must be in [0, 1], got 1.5"},
+      {[](SamplingParams& p) { p.min_p = -0.5f; }, "min_p must be in [0, 1], got -0.5"},
+      {[](SamplingParams& p) { p.presence_penalty = 2.5f; }, "presence_penalty must be in [-2, 2], got 2.5"},
+      {[](SamplingParams& p) { p.frequency_penalty = -3.0f; }, "frequency_penalty must be in [-2, 2], got -3"},
+      {[](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens must be >= 1, got 0"},
+  };
+  for (const Row& r : rows) {
+    SamplingParams p;
+    r.mutate(p);
+    Status st = p.validate();
+    CHECK(st.is_invalid_argument());
+    CHECK_THAT(st.message(), Catch::StartsWith(r.message));
+  }
+  SamplingParams edge;
+  edge.temperature = 100.0f;
+  edge.top_p = 1.0f;
+  edge.min_p = 1.0f;
+  edge.presence_penalty = -2.0f;
+  edge.frequency_penalty = 2.0f;
+  edge.max_tokens = 1;
+  CHECK(edge.validate().is_ok());
+}
+
+TEST_CASE("sampler: check_stop", "[sampler]") {
+  SamplingParams p;
+  p.max_tokens = 5;
+  p.stop_token_ids = {7, 9};
+  const TokenId eos = 2;
+  struct Row {
+    bool ignore_eos;
+    TokenId id;
+    int32_t n_generated;
+    StopReason expected;
+  };
+  const Row rows[] = {
+      {false, 3, 1, StopReason::kNone},      {false, 2, 1, StopReason::kEos},
+      {true, 2, 1, StopReason::kNone},       {false, 7, 1, StopReason::kStopToken},
+      {true, 9, 1, StopReason::kStopToken},  {false, 3, 5, StopReason::kLength},
+      {false, 3, 6, StopReason::kLength},    {false, 2, 5, StopReason::kEos},
+      {true, 2, 5, StopReason::kLength},     {false, 3, 4, StopReason::kNone},
+  };
+  for (const Row& r : rows) {
+    CAPTURE(r.ignore_eos, r.id, r.n_generated);
+    p.ignore_eos = r.ignore_eos;
+    CHECK(check_stop(p, r.id, eos, r.n_generated) == r.expected);
+  }
+}
+
+}  // namespace
+}  // namespace pd

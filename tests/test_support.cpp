@@ -1,0 +1,29 @@
+#include "test_support.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+namespace pd::test {
+
+void skip(const std::string& reason) {
+  std::printf("SKIPPED: %s\n", reason.c_str());
+  std::fflush(stdout);
+  std::_Exit(kSkipExitCode);
+}
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("PD_MODEL"); env && *env) return env;
+  return std::string(PD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+void require_default_model() {
+  const std::string path = default_model_path();
+  if (!std::filesystem::exists(path)) {
+    skip("default model not found at " + path + " (run scripts/fetch_model.sh)");
+  }
+}
+
+std::string test_data_dir() { return PD_TEST_DATA_DIR; }
+
+}  // namespace pd::test

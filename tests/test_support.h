@@ -1,0 +1,24 @@
+// Helpers shared by the test executables.
+#pragma once
+
+#include <string>
+
+namespace pd::test {
+
+// Exit code CTest reads as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+inline constexpr int kSkipExitCode = 77;
+
+// Prints "SKIPPED: <reason>" and ends the process with kSkipExitCode, so CTest
+// reports the test as skipped, never as passed. Each Catch2 test case runs in
+// its own process under CTest, so this skips exactly one test.
+[[noreturn]] void skip(const std::string& reason);
+
+// Path of the default model (models/SmolLM2-135M-Instruct.Q4_1.gguf), or the
+// PD_MODEL environment variable when set.
+std::string default_model_path();
+// Skips the current test when the default model file is absent.
+void require_default_model();
+
+std::string test_data_dir();
+
+}  // namespace pd::test
