@@ -7,9 +7,10 @@ Run (from the repository root):
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out tests/data/reference
 
 The virtualenv is made with `python3 -m venv /opt/pdref-venv` and
-`pip install -r scripts/requirements-reference.txt` (see that file for the CPU-only
-route that avoids the multi-GB CUDA wheels).  No network access is needed at run
-time: everything is read from the GGUF file (HF_HUB_OFFLINE is forced on).
+`pip install -r scripts/requirements-reference.txt` (torch's CUDA wheels come along,
+about 5 GB; everything runs on CPU).  No network access is needed at run time:
+everything is read from the GGUF file (HF_HUB_OFFLINE is forced on).  About 15 minutes
+on 2 cores; the output is deterministic.
 
 Nothing here uses pdcluster code. Which library produced what:
 
@@ -28,12 +29,16 @@ Nothing here uses pdcluster code. Which library produced what:
   no multi-digit tokens and no "<space>digit" tokens this matters only where
   whitespace directly precedes a digit: e.g. "  42" is [216(" "),216(" "),...] in the
   converted tokenizer but [256("  "),...] in the real one, and "\\n\\n7" differs the
-  same way.  The script builds both, checks that the converted tokenizer with only
-  its pre-tokenizer swapped agrees with the built one on every case (so vocab and
-  merges were converted correctly), and writes the cases where the unpatched
-  converted tokenizer differs into tokenizer.json ("converted_hf_ids") and the
-  README.  The patched transformers tokenizer is then used for chat templating and
-  for the model inputs below.
+  same way.  The converter also sets no unk token, so the 21 bytes that have no
+  byte-level token in this vocabulary (0x04 0x06 0x13 0x14 0x16 0x1d 0xc0 0xc1 0xf1
+  0xf2 0xf5-0xff) are silently dropped; the built tokenizer uses the GGUF's
+  tokenizer.ggml.unknown_token_id (0, <|endoftext|>) as BPE unk_token, one id per such
+  byte.  The script builds both, checks that the converted tokenizer with its
+  pre-tokenizer and unk token patched agrees with the built one on every case (so
+  vocab and merges were converted correctly), and writes the cases where the
+  unpatched converted tokenizer differs into tokenizer.json ("converted_hf_ids") and
+  the README.  The patched transformers tokenizer is then used for chat templating
+  and its ids are asserted equal to the built one's for every model input below.
 
 * logits.json / logits_<i>.f32 and greedy.json -- `transformers`
   AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=float32): the
@@ -42,6 +47,12 @@ Nothing here uses pdcluster code. Which library produced what:
   is torch fp32 on CPU ("sdpa" attention).  The script also checks independently
   (with `gguf`) that the embedding equals the dequantized Q8_0 token_embd, that the
   lm_head is tied to it, and that q_proj/k_proj equal the inverse-permuted GGUF rows.
+
+* greedy.json is a manual argmax loop over the KV cache that never stops at EOS; it is
+  cross-checked against model.generate(do_sample=False, max_new_tokens=32) with EOS
+  stopping disabled (must match exactly, or the script fails; results are kept in
+  greedy.json's "generate_crosscheck"), and with min_new_tokens=32, which masks <|im_end|> and so
+  differs from the first step where the model picks it.
 
 * Chat prompts are rendered by transformers' apply_chat_template with the GGUF's
   tokenizer.chat_template (also re-rendered here with plain jinja2 and compared).
@@ -223,6 +234,10 @@ GREEDY_CASES = [
     {"name": "counting", "text": "1, 2, 3, 4, 5,"},
     {"name": "code_fib", "text": "def fibonacci(n):\n"},
     {"name": "long_raw_paragraph", "text": LONG_PARAGRAPH_2 + " " + LONG_PARAGRAPH + " In short,"},
+    # two more meant to have large top-1/top-2 gaps (usable by low-precision engines)
+    {"name": "alphabet", "text": "a, b, c, d, e, f, g,"},
+    {"name": "chat_count",
+     "messages": [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]},
 ]
 
 
@@ -402,8 +417,16 @@ def greedy_generate(model, prompt_ids, n, suppress_eos):
     else:
         gc = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None,
                               pad_token_id=model.config.pad_token_id)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    # generate() fills an unset eos_token_id from model.generation_config (eos=2 from the
+    # GGUF), so it has to be cleared there too to really disable EOS stopping.
+    saved = model.generation_config.eos_token_id
+    if not suppress_eos:
+        model.generation_config.eos_token_id = None
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    finally:
+        model.generation_config.eos_token_id = saved
     return [int(x) for x in out[0, len(prompt_ids):]]
 
 
@@ -656,6 +679,10 @@ def main():
             "text": ref_tok.decode(out_ids, skip_special_tokens=False),
             "first_eos_step": eos_pos,
             "min_top2_gap": min(gaps),
+            # number of leading steps whose top-1/top-2 gap is >= tau: output_ids[:n] are safe
+            # to compare for an engine whose logit error stays below tau/2
+            "stable_prefix": {str(tau): next((k for k, g in enumerate(gaps) if g < tau), N_GREEDY)
+                              for tau in (0.05, 0.5, 1.0)},
         })
         # generate() cross-checks on the first two chat and first two plain cases
         if gi in (0, 1, 6, 7):
@@ -667,6 +694,8 @@ def main():
                   "generate_min_new_tokens_matches": g_min == out_ids,
                   "generate_min_new_tokens_first_diff_step": first_diff,
                   "manual_first_eos_step": eos_pos}
+            if not cc["generate_eos_disabled_matches"]:
+                raise SystemExit(f"generate() disagrees with the manual greedy loop: {cc}")
             crosscheck.append(cc)
             log("crosscheck:", cc)
         greedy_cases.append(entry)
@@ -679,8 +708,9 @@ def main():
         "n_tokens": N_GREEDY,
         "eos_id": meta["eos_id"],
         "note": "manual argmax loop with transformers' KV cache; EOS is NOT a stop: the chosen id "
-                "(even <|im_end|>) is fed back and the loop always runs n_tokens steps. Ties: "
-                "torch.topk picks the lower index.",
+                "(even <|im_end|>) is fed back and the loop always runs n_tokens steps. "
+                "top2_gap = top-1 minus top-2 logit at that step; compare output_ids only "
+                "up to stable_prefix[tau] (see README.md).",
         "generate_crosscheck": crosscheck,
         "cases": greedy_cases,
     })

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -47,6 +48,28 @@ uint64_t min_value_bytes(uint32_t t) {
   return 1;
 }
 
+// Names the field being read, for error messages. Cheap to pass; turned into a
+// string only when a read fails.
+struct What {
+  const char* field;                        // "value", "name", "tensor count", ...
+  const char* owner = nullptr;              // "metadata key", "tensor"
+  const std::string* owner_name = nullptr;  // quoted after the owner
+  int64_t index = -1;                       // "#index" when there is no owner_name
+
+  std::string str() const {
+    std::string s = field;
+    if (owner != nullptr) {
+      s += std::string(" of ") + owner;
+      if (owner_name != nullptr) {
+        s += " '" + *owner_name + "'";
+      } else if (index >= 0) {
+        s += " #" + std::to_string(index);
+      }
+    }
+    return s;
+  }
+};
+
 // Bounds-checked little-endian reader over [base, base + size). Every read
 // either succeeds entirely or returns a Corruption naming what was being read.
 class Cursor {
@@ -56,28 +79,23 @@ class Cursor {
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return size_ - pos_; }
 
-  Status need(uint64_t n, const std::string& what) const {
-    if (n > remaining()) {
-      return Status::corruption(file_ + ": truncated: " + what + " (" + std::to_string(n) + " bytes at offset " +
-                                std::to_string(pos_) + ") extends past end of file (size " +
+  template <typename T>
+  Status read(T* out, const What& what) {
+    if (sizeof(T) > remaining()) {
+      return Status::corruption(file_ + ": truncated: " + what.str() + " (" + std::to_string(sizeof(T)) +
+                                " bytes at offset " + std::to_string(pos_) + ") extends past end of file (size " +
                                 std::to_string(size_) + ")");
     }
-    return Status::ok();
-  }
-
-  template <typename T>
-  Status read(T* out, const std::string& what) {
-    PD_RETURN_IF_ERROR(need(sizeof(T), what));
     std::memcpy(out, base_ + pos_, sizeof(T));  // host is little-endian (x86-64, aarch64)
     pos_ += sizeof(T);
     return Status::ok();
   }
 
-  Status read_string(std::string* out, const std::string& what) {
+  Status read_string(std::string* out, const What& what) {
     uint64_t len = 0;
-    PD_RETURN_IF_ERROR(read(&len, what + " length"));
+    PD_RETURN_IF_ERROR(read(&len, what));
     if (len > remaining()) {
-      return Status::corruption(file_ + ": truncated or corrupt: " + what + " length " + std::to_string(len) +
+      return Status::corruption(file_ + ": truncated or corrupt: " + what.str() + " length " + std::to_string(len) +
                                 " at offset " + std::to_string(pos_ - 8) + " extends past end of file (" +
                                 std::to_string(remaining()) + " bytes left, size " + std::to_string(size_) + ")");
     }
@@ -105,7 +123,7 @@ class ValueParser {
       return Status::corruption(file_ + ": metadata key '" + key + "' has unknown value type " + std::to_string(t));
     }
     out->type = static_cast<GgufValueType>(t);
-    const std::string what = "value of metadata key '" + key + "'";
+    const What what{"value", "metadata key", &key};
     switch (out->type) {
       case GgufValueType::kUint8: return read_as<uint8_t>(out, what);
       case GgufValueType::kInt8: return read_as<int8_t>(out, what);
@@ -129,7 +147,7 @@ class ValueParser {
       }
       case GgufValueType::kString: {
         std::string s;
-        PD_RETURN_IF_ERROR(cur_.read_string(&s, "string " + what));
+        PD_RETURN_IF_ERROR(cur_.read_string(&s, What{"string value", "metadata key", &key}));
         out->v = std::move(s);
         return Status::ok();
       }
@@ -140,7 +158,7 @@ class ValueParser {
 
  private:
   template <typename T>
-  Status read_as(GgufValue* out, const std::string& what) {
+  Status read_as(GgufValue* out, const What& what) {
     T x{};
     PD_RETURN_IF_ERROR(cur_.read(&x, what));
     out->v = x;
@@ -154,12 +172,12 @@ class ValueParser {
     }
     uint32_t elem_type = 0;
     uint64_t count = 0;
-    PD_RETURN_IF_ERROR(cur_.read(&elem_type, "array element type of metadata key '" + key + "'"));
+    PD_RETURN_IF_ERROR(cur_.read(&elem_type, What{"array element type", "metadata key", &key}));
     if (elem_type > static_cast<uint32_t>(GgufValueType::kFloat64)) {
       return Status::corruption(file_ + ": metadata key '" + key + "' is an array of unknown value type " +
                                 std::to_string(elem_type));
     }
-    PD_RETURN_IF_ERROR(cur_.read(&count, "array length of metadata key '" + key + "'"));
+    PD_RETURN_IF_ERROR(cur_.read(&count, What{"array length", "metadata key", &key}));
     // Each element needs at least min_value_bytes; this bounds `count` by the file.
     if (count > cur_.remaining() / min_value_bytes(elem_type)) {
       return Status::corruption(file_ + ": truncated or corrupt: metadata key '" + key + "' array length " +
@@ -296,13 +314,13 @@ Status GgufFile::parse() {
 
   // Header.
   uint8_t magic[4] = {};
-  PD_RETURN_IF_ERROR(cur.read(&magic, "magic"));
+  PD_RETURN_IF_ERROR(cur.read(&magic, What{"magic"}));
   if (std::memcmp(magic, "GGUF", 4) != 0) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%02x %02x %02x %02x", magic[0], magic[1], magic[2], magic[3]);
     return Status::corruption(f + ": bad magic " + buf + " (not a GGUF file; expected \"GGUF\")");
   }
-  PD_RETURN_IF_ERROR(cur.read(&version_, "version"));
+  PD_RETURN_IF_ERROR(cur.read(&version_, What{"version"}));
   if (version_ == 1) {
     return Status::unsupported(f + ": GGUF version 1 is not supported (need version 2 or 3)");
   }
@@ -316,8 +334,8 @@ Status GgufFile::parse() {
   }
   uint64_t n_tensors = 0;
   uint64_t n_kv = 0;
-  PD_RETURN_IF_ERROR(cur.read(&n_tensors, "tensor count"));
-  PD_RETURN_IF_ERROR(cur.read(&n_kv, "metadata count"));
+  PD_RETURN_IF_ERROR(cur.read(&n_tensors, What{"tensor count"}));
+  PD_RETURN_IF_ERROR(cur.read(&n_kv, What{"metadata count"}));
   if (n_kv > cur.remaining() / kMinKvBytes) {
     return Status::corruption(f + ": metadata count " + std::to_string(n_kv) + " is more than the " +
                               std::to_string(cur.remaining()) + " remaining bytes can hold (truncated or corrupt)");
@@ -331,10 +349,10 @@ Status GgufFile::parse() {
   ValueParser values(cur, f);
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key;
-    PD_RETURN_IF_ERROR(cur.read_string(&key, "metadata key #" + std::to_string(i)));
+    PD_RETURN_IF_ERROR(cur.read_string(&key, What{"name", "metadata key", nullptr, static_cast<int64_t>(i)}));
     if (key.empty()) return Status::corruption(f + ": metadata key #" + std::to_string(i) + " is empty");
     uint32_t type = 0;
-    PD_RETURN_IF_ERROR(cur.read(&type, "value type of metadata key '" + key + "'"));
+    PD_RETURN_IF_ERROR(cur.read(&type, What{"value type", "metadata key", &key}));
     GgufValue value;
     PD_RETURN_IF_ERROR(values.parse(type, key, 0, &value));
     if (!metadata_.emplace(key, std::move(value)).second) {
@@ -360,28 +378,28 @@ Status GgufFile::parse() {
   tensors_.reserve(static_cast<size_t>(n_tensors));  // bounded by the file size above
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo t;
-    PD_RETURN_IF_ERROR(cur.read_string(&t.name, "name of tensor #" + std::to_string(i)));
+    PD_RETURN_IF_ERROR(cur.read_string(&t.name, What{"name", "tensor", nullptr, static_cast<int64_t>(i)}));
     if (t.name.empty()) return Status::corruption(f + ": tensor #" + std::to_string(i) + " has an empty name");
-    const std::string tn = "tensor '" + t.name + "'";
+    auto tn = [&t] { return "tensor '" + t.name + "'"; };  // for messages
     uint32_t n_dims = 0;
-    PD_RETURN_IF_ERROR(cur.read(&n_dims, "n_dims of " + tn));
+    PD_RETURN_IF_ERROR(cur.read(&n_dims, What{"n_dims", "tensor", &t.name}));
     if (n_dims == 0 || n_dims > kMaxDims) {
-      return Status::corruption(f + ": " + tn + " has " + std::to_string(n_dims) + " dimensions (must be 1.." +
+      return Status::corruption(f + ": " + tn() + " has " + std::to_string(n_dims) + " dimensions (must be 1.." +
                                 std::to_string(kMaxDims) + ")");
     }
     t.ne.resize(n_dims);
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t ne = 0;
-      PD_RETURN_IF_ERROR(cur.read(&ne, "ne[" + std::to_string(d) + "] of " + tn));
+      PD_RETURN_IF_ERROR(cur.read(&ne, What{"dimensions", "tensor", &t.name}));
       if (ne == 0 || ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Status::corruption(f + ": " + tn + " has invalid dimension ne[" + std::to_string(d) +
+        return Status::corruption(f + ": " + tn() + " has invalid dimension ne[" + std::to_string(d) +
                                   "] = " + std::to_string(ne) + " (must be >= 1)");
       }
       t.ne[d] = static_cast<int64_t>(ne);
     }
     uint32_t raw_type = 0;
-    PD_RETURN_IF_ERROR(cur.read(&raw_type, "type of " + tn));
-    PD_RETURN_IF_ERROR(cur.read(&t.offset, "data offset of " + tn));
+    PD_RETURN_IF_ERROR(cur.read(&raw_type, What{"type", "tensor", &t.name}));
+    PD_RETURN_IF_ERROR(cur.read(&t.offset, What{"data offset", "tensor", &t.name}));
 
     const std::optional<GgmlTypeTraits> traits = ggml_type_traits(raw_type);
     if (!traits) {
@@ -390,25 +408,25 @@ Status GgufFile::parse() {
     }
     t.type = traits->type;
     if (t.ne[0] % traits->block_elems != 0) {
-      return Status::corruption(f + ": " + tn + " of type " + traits->name + " has ne[0] = " +
+      return Status::corruption(f + ": " + tn() + " of type " + traits->name + " has ne[0] = " +
                                 std::to_string(t.ne[0]) + ", not a multiple of the block size " +
                                 std::to_string(traits->block_elems));
     }
     int64_t n = 1;
     for (int64_t d : t.ne) {
       if (__builtin_mul_overflow(n, d, &n)) {
-        return Status::corruption(f + ": " + tn + " element count overflows (dimensions too large)");
+        return Status::corruption(f + ": " + tn() + " element count overflows (dimensions too large)");
       }
     }
     uint64_t nbytes = 0;
     static_assert(sizeof(size_t) == sizeof(uint64_t));
     if (__builtin_mul_overflow(static_cast<uint64_t>(n / traits->block_elems), uint64_t{traits->block_bytes},
                                &nbytes)) {
-      return Status::corruption(f + ": " + tn + " byte size overflows (dimensions too large)");
+      return Status::corruption(f + ": " + tn() + " byte size overflows (dimensions too large)");
     }
     t.nbytes = static_cast<size_t>(nbytes);
     if (t.offset % alignment_ != 0) {
-      return Status::corruption(f + ": " + tn + " data offset " + std::to_string(t.offset) +
+      return Status::corruption(f + ": " + tn() + " data offset " + std::to_string(t.offset) +
                                 " is misaligned (not a multiple of the alignment " + std::to_string(alignment_) + ")");
     }
     if (!tensor_index_.emplace(t.name, tensors_.size()).second) {

@@ -162,7 +162,7 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
 
   std::vector<uint8_t> out;
   ByteSink sink(&out);
-  out.insert(out.end(), {'G', 'G', 'U', 'F'});
+  sink.put<uint32_t>(0x46554747);  // "GGUF"
   sink.put<uint32_t>(3);
   sink.put<uint64_t>(tensors_.size());
   sink.put<uint64_t>(kv_.size() + (write_alignment ? 1 : 0));

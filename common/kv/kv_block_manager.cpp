@@ -43,6 +43,7 @@ struct KvBlockManager::Impl {
     int64_t n_tokens = 0;
     uint64_t last_full_hash = kKvRootBlockHash;  // chained hash of the last full block
     std::vector<TokenId> tail;                   // tokens of the partial last block
+    size_t n_reused = 0;                         // leading blocks allocate() took from the cache
   };
   // What allocate() would do for a prompt, computed without side effects.
   struct PromptPlan {
@@ -221,6 +222,7 @@ Result<int64_t> KvBlockManager::allocate(SeqId seq, std::span<const TokenId> tok
     }
   }
   s.n_tokens = n;
+  s.n_reused = plan.reused.size();
   if (n_full > 0 && m.cfg.enable_prefix_sharing) s.last_full_hash = plan.hashes[n_full - 1];
   s.tail.assign(tokens.begin() + n_full * bs, tokens.end());
   m.seqs.emplace(seq, std::move(s));
@@ -298,6 +300,20 @@ Status KvBlockManager::free(SeqId seq) {
   // Last block first: the tail of a prefix reaches the LRU front before its head.
   const std::vector<BlockId>& table = it->second.table;
   for (auto b = table.rbegin(); b != table.rend(); ++b) m.release(b->value);
+  m.seqs.erase(it);
+  return Status::ok();
+}
+
+Status KvBlockManager::discard(SeqId seq) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(seq);
+  if (it == m.seqs.end()) return Status::not_found("discard: unknown seq " + std::to_string(seq.value));
+  const Impl::Seq& s = it->second;
+  for (size_t i = s.table.size(); i-- > 0;) {
+    const int32_t b = s.table[i].value;
+    if (i >= s.n_reused && m.blocks[b].ref == 1 && m.blocks[b].registered) m.unregister(b);
+    m.release(b);  // an unregistered block goes to the free list
+  }
   m.seqs.erase(it);
   return Status::ok();
 }

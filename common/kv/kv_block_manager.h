@@ -32,7 +32,10 @@
 //    the forward pass writes their KV. Contract for callers: a sequence that
 //    reuses a block must not read it in a forward pass that runs before the
 //    pass computing the block's owner's tokens (same pass is fine when each
-//    layer writes the KV of every sequence in the batch before attention).
+//    layer writes the KV of every sequence in the batch before attention),
+//    and a sequence whose KV was never written (cancelled before its prefill,
+//    failed transfer) is released with discard(), not free(), so its
+//    unwritten blocks do not stay in the prefix cache.
 #pragma once
 
 #include <cstdint>
@@ -103,6 +106,7 @@ class KvBlockManager {
   // loader validates user input).
   explicit KvBlockManager(KvBlockManagerConfig cfg);
   ~KvBlockManager();
+  // Movable, not copyable; a moved-from manager may only be destroyed or assigned.
   KvBlockManager(KvBlockManager&&) noexcept;
   KvBlockManager& operator=(KvBlockManager&&) noexcept;
   KvBlockManager(const KvBlockManager&) = delete;  // one owner of the pool
@@ -142,6 +146,14 @@ class KvBlockManager {
   // Releases every block of `seq` (refcount -1; full hashed blocks stay cached
   // for reuse). NotFound naming the seq if unknown.
   Status free(SeqId seq);
+  // Like free(), for a sequence whose KV may never have been (fully) written
+  // (a cancelled prefill, a failed or timed-out transfer): every block it
+  // placed itself (all but those allocate() reused from the cache) that it
+  // holds alone is unregistered and goes to the free list instead of the
+  // prefix cache, so no later prompt reuses unwritten KV. Blocks it shares stay
+  // registered: the caller must also discard the sequences that reused them.
+  // NotFound naming the seq if unknown.
+  Status discard(SeqId seq);
 
   bool has(SeqId seq) const;
   int64_t num_tokens(SeqId seq) const;  // 0 for an unknown seq

@@ -28,14 +28,18 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
     seqs[i] = SeqId{static_cast<int64_t>(first + i)};
     samplers.emplace_back(reqs[i].sampling);
   }
-  struct FreeAll {
+  // On success every sequence is freed (its full blocks stay in the prefix
+  // cache); on any failure discarded, so KV that may never have been written is
+  // not offered to later prompts.
+  struct Release {
     KvBlockManager& blocks;
     std::vector<SeqId>& seqs;
-    ~FreeAll() {
+    bool completed = false;
+    ~Release() {
       for (SeqId s : seqs)
-        if (blocks.has(s)) (void)blocks.free(s);
+        if (blocks.has(s)) (void)(completed ? blocks.free(s) : blocks.discard(s));
     }
-  } free_all{blocks, seqs};
+  } release{blocks, seqs};
 
   // ---- prefill: all prompts of the group in one pass
   auto t0 = Clock::now();
@@ -114,6 +118,7 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
     }
     active.swap(still);
   }
+  release.completed = true;
   return Status::ok();
 }
 

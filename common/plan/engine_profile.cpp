@@ -11,19 +11,22 @@
 namespace pd::plan {
 namespace {
 
-// Piecewise-linear through (xs, ys), xs strictly increasing, the rules in the header.
-double interpolate(const std::vector<double>& xs, const double* ys, double x, bool proportional_single) {
+// Piecewise-linear through (xs[i], y(i)), xs strictly increasing, the rules in the header.
+template <typename Y>
+double interpolate(const std::vector<double>& xs, Y y, double x, bool proportional_single) {
   const size_t n = xs.size();
-  if (n == 1) return proportional_single ? ys[0] * x / xs[0] : ys[0];
-  if (x <= xs[0]) return ys[0];
-  size_t hi = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin());
+  if (n == 1) return proportional_single ? y(0) * x / xs[0] : y(0);
+  if (x <= xs[0]) return y(0);
+  const size_t hi = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin());
   if (hi >= n) {
-    const double slope = std::max(0.0, (ys[n - 1] - ys[n - 2]) / (xs[n - 1] - xs[n - 2]));
-    return ys[n - 1] + slope * (x - xs[n - 1]);
+    const double last = y(n - 1);
+    const double slope = std::max(0.0, (last - y(n - 2)) / (xs[n - 1] - xs[n - 2]));
+    return last + slope * (x - xs[n - 1]);
   }
   const size_t lo = hi - 1;
   const double t = (x - xs[lo]) / (xs[hi] - xs[lo]);
-  return ys[lo] + t * (ys[hi] - ys[lo]);
+  const double a = y(lo);
+  return a + t * (y(hi) - a);
 }
 
 std::string where(std::string_view source) { return "engine profile '" + std::string(source) + "'"; }
@@ -48,24 +51,16 @@ Status number_field(const nlohmann::json& obj, const char* key, std::string_view
 }  // namespace
 
 double EngineProfile::prefill_time(double tokens) const {
-  return interpolate(prefill_tokens, prefill_seconds.data(), tokens, /*proportional_single=*/true);
+  return interpolate(prefill_tokens, [&](size_t i) { return prefill_seconds[i]; }, tokens, true);
 }
 
 double EngineProfile::decode_step_time(double batch, double context) const {
-  const size_t nb = decode_batches.size();
   const size_t nc = decode_contexts.size();
-  // Interpolate along context within each batch row, then along batch.
-  double row_values[64];
-  std::vector<double> heap_rows;
-  double* rows = row_values;
-  if (nb > 64) {
-    heap_rows.resize(nb);
-    rows = heap_rows.data();
-  }
-  for (size_t i = 0; i < nb; ++i) {
-    rows[i] = interpolate(decode_contexts, decode_seconds.data() + i * nc, context, false);
-  }
-  return interpolate(decode_batches, rows, batch, false);
+  // Along context within a batch row, then along batch.
+  auto row = [&](size_t i) {
+    return interpolate(decode_contexts, [&](size_t j) { return decode_seconds[i * nc + j]; }, context, false);
+  };
+  return interpolate(decode_batches, row, batch, false);
 }
 
 Result<EngineProfile> engine_profile_from_json(std::string_view json_text, std::string_view source) {

@@ -1,6 +1,7 @@
 #include "plan/kv_footprint.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace pd::plan {
@@ -109,11 +110,13 @@ Result<KvPoolPlan> plan_kv_pool(const ModelSpec& m, Precision kv, Precision weig
   p.kv_bytes_per_token_per_device = g.bytes_per_token();
   p.num_blocks = kv_blocks_for_budget(g, cfg.block_size, p.kv_budget_per_device);
   if (p.num_blocks <= 0) {
-    return Status::resource_exhausted(
-        "device_memory: " + std::to_string(cfg.device_memory_bytes) + " bytes x " +
-        std::to_string(cfg.memory_fraction) + " per device leaves no room for one KV block after " +
-        std::to_string(p.weight_bytes_per_device) + " bytes of weights and " + std::to_string(cfg.reserve_bytes) +
-        " bytes reserved per device (model '" + m.name + "', tp " + std::to_string(cfg.devices) + ")");
+    char msg[320];
+    std::snprintf(msg, sizeof msg,
+                  "device_memory: %.4g GB x %.3g usable per device leaves no room for one KV block after %.4g GB of "
+                  "weights and %.4g GB reserved per device (model '%s', %d device(s) per rank)",
+                  cfg.device_memory_bytes / 1e9, cfg.memory_fraction, p.weight_bytes_per_device / 1e9,
+                  cfg.reserve_bytes / 1e9, m.name.c_str(), cfg.devices);
+    return Status::resource_exhausted(msg);
   }
   p.token_capacity = p.num_blocks * cfg.block_size;
   return p;

@@ -2,119 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <deque>
-#include <limits>
-#include <numbers>
 #include <queue>
-#include <random>
-#include <sstream>
-
-#include "plan/kv_footprint.h"
+#include <string>
+#include <vector>
 
 namespace pd::plan {
-
-// ---- Workload ------------------------------------------------------------------
-
-double LengthDist::mean() const {
-  switch (kind) {
-    case Kind::kFixed: return a;
-    case Kind::kUniform: return (a + b) / 2;
-    case Kind::kExponential: return a;
-    case Kind::kLognormal: return a;
-  }
-  return a;
-}
-
-namespace {
-
-Result<double> parse_number(std::string_view s, std::string_view what, std::string_view whole) {
-  std::string str(s);
-  char* end = nullptr;
-  const double v = std::strtod(str.c_str(), &end);
-  if (str.empty() || end != str.c_str() + str.size() || !std::isfinite(v)) {
-    return Status::invalid_argument(std::string(what) + ": bad number '" + str + "' in '" + std::string(whole) + "'");
-  }
-  return v;
-}
-
-}  // namespace
-
-Result<LengthDist> parse_length_dist(std::string_view text, std::string_view what) {
-  std::vector<std::string_view> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t colon = text.find(':', start);
-    parts.push_back(text.substr(start, colon == std::string_view::npos ? std::string_view::npos : colon - start));
-    if (colon == std::string_view::npos) break;
-    start = colon + 1;
-  }
-  const std::string usage = " (expected N, fixed:N, uniform:LO:HI, exp:MEAN or lognormal:MEAN:SIGMA)";
-  LengthDist d;
-  std::string kind(parts[0]);
-  std::vector<double> nums;
-  size_t first_num = 1;
-  if (parts.size() == 1 && !kind.empty() && (std::isdigit(static_cast<unsigned char>(kind[0])) || kind[0] == '-')) {
-    kind = "fixed";
-    first_num = 0;
-  }
-  for (size_t i = first_num; i < parts.size(); ++i) {
-    PD_ASSIGN_OR_RETURN(double v, parse_number(parts[i], what, text));
-    nums.push_back(v);
-  }
-  auto bad = [&](const std::string& why) {
-    return Status::invalid_argument(std::string(what) + ": " + why + " in '" + std::string(text) + "'" + usage);
-  };
-  if (kind == "fixed") {
-    if (nums.size() != 1) return bad("fixed takes one value");
-    d.kind = LengthDist::Kind::kFixed;
-    d.a = nums[0];
-    if (d.a < 1) return bad("length must be at least 1");
-  } else if (kind == "uniform") {
-    if (nums.size() != 2) return bad("uniform takes LO:HI");
-    d.kind = LengthDist::Kind::kUniform;
-    d.a = nums[0];
-    d.b = nums[1];
-    if (d.a < 1 || d.b < d.a) return bad("uniform needs 1 <= LO <= HI");
-  } else if (kind == "exp" || kind == "exponential") {
-    if (nums.size() != 1) return bad("exp takes MEAN");
-    d.kind = LengthDist::Kind::kExponential;
-    d.a = nums[0];
-    if (d.a < 1) return bad("mean must be at least 1");
-  } else if (kind == "lognormal") {
-    if (nums.size() != 2) return bad("lognormal takes MEAN:SIGMA");
-    d.kind = LengthDist::Kind::kLognormal;
-    d.a = nums[0];
-    d.b = nums[1];
-    if (d.a < 1 || d.b < 0 || d.b > 5) return bad("lognormal needs MEAN >= 1 and 0 <= SIGMA <= 5");
-  } else {
-    return bad("unknown distribution '" + kind + "'");
-  }
-  const double hi = d.kind == LengthDist::Kind::kUniform ? d.b : d.a;
-  if (hi > static_cast<double>(d.max)) return bad("length above " + std::to_string(d.max));
-  return d;
-}
-
-std::string length_dist_to_string(const LengthDist& d) {
-  std::ostringstream s;
-  switch (d.kind) {
-    case LengthDist::Kind::kFixed: s << "fixed:" << d.a; break;
-    case LengthDist::Kind::kUniform: s << "uniform:" << d.a << ":" << d.b; break;
-    case LengthDist::Kind::kExponential: s << "exp:" << d.a; break;
-    case LengthDist::Kind::kLognormal: s << "lognormal:" << d.a << ":" << d.b; break;
-  }
-  return s.str();
-}
-
-Status validate_workload(const Workload& w) {
-  if (!(w.arrival_rate > 0) || !std::isfinite(w.arrival_rate)) {
-    return Status::invalid_argument("rate: arrival rate must be positive, got " + std::to_string(w.arrival_rate));
-  }
-  if (w.num_requests <= 0 || w.num_requests > 100'000'000) {
-    return Status::invalid_argument("requests: must be in [1, 1e8], got " + std::to_string(w.num_requests));
-  }
-  return Status::ok();
-}
 
 Status validate_cluster(const ClusterConfig& c) {
   auto pos = [](const char* name, int64_t v) -> Status {
@@ -141,91 +34,9 @@ Status validate_cluster(const ClusterConfig& c) {
   return Status::ok();
 }
 
-// ---- Cost models ----------------------------------------------------------------
-
-RooflineCostModel::RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineConfig cfg)
-    : model_(std::move(model)), hw_(std::move(hw)), cfg_(cfg) {
-  kv_bytes_per_token_ = static_cast<double>(kv_bytes_per_token(model_, cfg_.kv));
-}
-
-double RooflineCostModel::prefill_seconds(double total_tokens, double num_prompts, double sum_sq_tokens) const {
-  return prefill_cost(model_, hw_, cfg_, total_tokens, num_prompts, sum_sq_tokens).seconds();
-}
-
-double RooflineCostModel::decode_step_seconds(double batch, double mean_context) const {
-  return decode_step_cost(model_, hw_, cfg_, batch, mean_context).seconds();
-}
-
-double RooflineCostModel::kv_transfer_seconds(double tokens) const {
-  // Each device of the tensor-parallel group sends its own heads over its own NIC.
-  return tokens * kv_bytes_per_token_ / (cfg_.tp * hw_.inter_node_bandwidth);
-}
-
-ProfileCostModel::ProfileCostModel(EngineProfile profile, double kv_bytes_per_token, int n_layers,
-                                   double link_bytes_per_second, double link_latency)
-    : profile_(std::move(profile)),
-      kv_bytes_per_token_(kv_bytes_per_token),
-      n_layers_(std::max(1, n_layers)),
-      link_bw_(link_bytes_per_second),
-      latency_(link_latency) {
-  if (profile_.kv_transfer_bytes_per_second > 0) {
-    link_bw_ = profile_.kv_transfer_bytes_per_second;
-    latency_ = profile_.kv_transfer_latency_seconds;
-  }
-}
-
-double ProfileCostModel::prefill_seconds(double total_tokens, double, double) const {
-  return profile_.prefill_time(total_tokens);
-}
-
-double ProfileCostModel::decode_step_seconds(double batch, double mean_context) const {
-  return profile_.decode_step_time(batch, mean_context);
-}
-
-double ProfileCostModel::kv_transfer_seconds(double tokens) const { return tokens * kv_bytes_per_token_ / link_bw_; }
-
 // ---- Simulation -----------------------------------------------------------------
 
 namespace {
-
-// Deterministic uniform/exponential/normal draws from a 64-bit Mersenne twister
-// (the std:: distributions differ between standard libraries).
-class Stream {
- public:
-  explicit Stream(uint64_t seed) : engine_(seed) {}
-  double uniform_open() { return (static_cast<double>(engine_() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
-  double exponential(double mean) { return -mean * std::log(uniform_open()); }
-  double normal() {
-    const double u1 = uniform_open(), u2 = uniform_open();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-
- private:
-  std::mt19937_64 engine_;
-};
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-int64_t draw_length(const LengthDist& d, Stream& s) {
-  double v = d.a;
-  switch (d.kind) {
-    case LengthDist::Kind::kFixed: v = d.a; break;
-    case LengthDist::Kind::kUniform: v = std::floor(d.a + s.uniform_open() * (d.b - d.a + 1)); break;
-    case LengthDist::Kind::kExponential: v = s.exponential(d.a); break;
-    case LengthDist::Kind::kLognormal: {
-      const double mu = std::log(d.a) - d.b * d.b / 2;  // so that the mean is d.a
-      v = std::exp(mu + d.b * s.normal());
-      break;
-    }
-  }
-  const int64_t n = static_cast<int64_t>(std::llround(std::min(v, 1e15)));
-  return std::clamp(n, d.min, d.max);
-}
 
 struct Req {
   double arrival = 0;
@@ -333,16 +144,12 @@ class Simulator {
 };
 
 void Simulator::generate() {
-  reqs_.resize(static_cast<size_t>(w_.num_requests));
-  Stream arrivals(splitmix64(w_.seed * 3 + 0));
-  Stream prompts(splitmix64(w_.seed * 3 + 1));
-  Stream outputs(splitmix64(w_.seed * 3 + 2));
-  double t = 0;
-  for (Req& r : reqs_) {
-    t += w_.poisson ? arrivals.exponential(1.0 / w_.arrival_rate) : 1.0 / w_.arrival_rate;
-    r.arrival = t;
-    r.prompt = static_cast<int32_t>(draw_length(w_.prompt, prompts));
-    r.output = static_cast<int32_t>(draw_length(w_.output, outputs));
+  const std::vector<DrawnRequest> drawn = draw_workload(w_);
+  reqs_.resize(drawn.size());
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    reqs_[i].arrival = drawn[i].arrival;
+    reqs_[i].prompt = drawn[i].prompt;
+    reqs_[i].output = drawn[i].output;
   }
 }
 
@@ -600,8 +407,9 @@ void Simulator::coloc_next(int d) {
     push(now_ + t, kColocDone, d);
     return;
   }
+  const int64_t before = preemptions_;
   start_decode_step(d);
-  if (!router_.empty()) coloc_kick_idle();  // preempted work for other idle ranks
+  if (preemptions_ != before) coloc_kick_idle();  // preempted work for other idle ranks
 }
 
 void Simulator::on_coloc_done(int d) {

@@ -2,6 +2,8 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -20,18 +22,125 @@ std::string fmt_float(float v) {
 // NaN-safe "lo <= v <= hi".
 bool in_closed(float v, float lo, float hi) { return v >= lo && v <= hi; }
 
-// Candidate order: larger value first, lower token id on ties (deterministic).
+// Candidate order: larger weight first, lower token id on ties (deterministic).
 bool better(const std::pair<float, TokenId>& a, const std::pair<float, TokenId>& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
 
-// Of the first `n` candidates of `c`, puts the `k` best at the front, sorted best-first.
-void partial_sort_best_of(std::vector<std::pair<float, TokenId>>& c, size_t n, size_t k) {
-  auto first = c.begin();
-  auto mid = first + static_cast<ptrdiff_t>(std::min(k, n));
-  auto last = first + static_cast<ptrdiff_t>(n);
-  if (mid < last) std::nth_element(first, mid, last, better);
-  std::sort(first, mid, better);
+// exp(x) for x <= 0; 0 for x <= -87, -inf and NaN. Cody-Waite reduction
+// x = n*ln2 + r (|r| <= ln2/2), degree-6 Taylor polynomial for e^r (relative
+// error < 3e-7), times 2^n built in the exponent bits. No libm call (the
+// result does not depend on the libm version) and no branch: the clamp and the
+// zeroing are integer min/mask, because a float select here is turned into
+// control flow under -ftrapping-math and the loop over the vocabulary would
+// not vectorize.
+inline float exp_nonpositive(float x) {
+  constexpr uint32_t kFloor = 0xC2AE0000u;  // bits of -87.0f; larger bits = more negative
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint32_t nan_sign = static_cast<uint32_t>((bits & 0x7FFFFFFFu) > 0x7F800000u) << 31;
+  const uint32_t clamped = std::min(bits | nan_sign, kFloor);  // -inf, NaN, x < -87 -> -87
+  const uint32_t keep = 0u - static_cast<uint32_t>(clamped != kFloor);
+  const float xc = std::bit_cast<float>(clamped);
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (xc * 1.44269504f + kRound) - kRound;
+  float r = xc - n * 0.693359375f;  // ln2 in two parts; n * 0.693359375f is exact
+  r = r + n * 2.12194440e-4f;
+  const float p =
+      1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+  const int32_t exponent = static_cast<int32_t>(n) + 127;  // n in [-126, 0]: a normal scale
+  const float value = p * std::bit_cast<float>(static_cast<uint32_t>(exponent) << 23);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(value) & keep);
+}
+
+// Max and sum over [n] floats in 8 independent lanes: a fixed order (so the
+// result is deterministic) that the compiler can vectorize.
+float max_of(const float* x, size_t n) {  // NaN ignored; -inf when empty or all NaN/-inf
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float lane[8] = {kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t j = 0; j < 8; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  }
+  for (; i < n; ++i) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
+  float m = kNegInf;
+  for (float v : lane) m = v > m ? v : m;
+  return m;
+}
+
+// Sum of the x[i] >= floor (floor 0 sums every nonnegative weight).
+double sum_at_least(const float* x, size_t n, float floor) {
+  double lane[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t j = 0; j < 8; ++j) lane[j] += x[i + j] >= floor ? x[i + j] : 0.0f;
+  }
+  for (; i < n; ++i) lane[0] += x[i] >= floor ? x[i] : 0.0f;
+  double total = 0.0;
+  for (double v : lane) total += v;
+  return total;
+}
+
+// Buckets of nonnegative float weights, monotone in the weight: the exponent
+// and the top 3 mantissa bits (8 buckets per octave). Weight 1 is the top key.
+constexpr uint32_t kWeightKeys = (0x3F800000u >> 20) + 1;
+inline uint32_t weight_key(float w) { return std::bit_cast<uint32_t>(w) >> 20; }
+
+using Candidate = std::pair<float, TokenId>;  // (weight, token id)
+
+// Keeps the best of the n candidates at(0), ..., at(n-1) (weights in [0, 1])
+// by `better`: as many as `max_count`, or the fewest whose weight sum reaches
+// `mass_target`, whichever bound comes first (always at least one). Writes
+// them to out[0, kept) and resizes `out` to kept: first those above the
+// boundary bucket in input order, then the boundary ones best-first. `out`
+// may be the container `at` reads from (in-place compaction). Linear time:
+// buckets the weights, and orders only the boundary bucket (in `edge`).
+template <typename At>
+void keep_best(size_t n, At at, size_t max_count, double mass_target, std::vector<Candidate>& out,
+               std::vector<Candidate>& edge) {
+  std::array<uint32_t, kWeightKeys> count{};
+  std::array<double, kWeightKeys> mass{};
+  for (size_t i = 0; i < n; ++i) {
+    const float w = at(i).first;
+    const uint32_t k = weight_key(w);
+    ++count[k];
+    mass[k] += w;
+  }
+  size_t above_count = 0;  // candidates in keys above the boundary
+  double above_mass = 0.0;
+  uint32_t boundary = kWeightKeys;  // none: every candidate stays
+  for (uint32_t k = kWeightKeys; k-- > 0;) {
+    if (count[k] == 0) continue;  // the boundary bucket is never empty
+    if (above_count + count[k] >= max_count || above_mass + mass[k] >= mass_target) {
+      boundary = k;
+      break;
+    }
+    above_count += count[k];
+    above_mass += mass[k];
+  }
+  const size_t most = boundary == kWeightKeys ? n : above_count + count[boundary];
+  if (out.size() < most) out.resize(most);  // in place: already n >= most
+  size_t kept = 0;
+  edge.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate e = at(i);  // read before the write below: kept <= i
+    const uint32_t k = weight_key(e.first);
+    if (k > boundary || boundary == kWeightKeys) {
+      out[kept++] = e;
+    } else if (k == boundary) {
+      edge.push_back(e);
+    }
+  }
+  if (boundary != kWeightKeys) {
+    // Above the boundary both bounds are unmet, so at least one edge candidate is taken.
+    const size_t take = std::min(max_count - above_count, edge.size());
+    std::sort(edge.begin(), edge.end(), better);
+    double cum = above_mass;
+    for (size_t i = 0; i < take && (i == 0 || cum < mass_target); ++i) {
+      cum += edge[i].first;
+      out[kept++] = edge[i];
+    }
+  }
+  out.resize(kept);
 }
 
 // Uniform double in [0, 1) from the top 53 bits: the same on every standard
@@ -60,10 +169,10 @@ Status SamplingParams::validate() const {
 }
 
 TokenId argmax(std::span<const float> logits) {
-  if (logits.empty()) return 0;
   size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;  // strict: the first maximum wins; NaN never wins
+  while (best + 1 < logits.size() && std::isnan(logits[best])) ++best;  // NaN never wins
+  for (size_t i = best + 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;  // strict: the first maximum wins
   }
   return static_cast<TokenId>(best);
 }
@@ -87,78 +196,83 @@ TokenId Sampler::sample(std::span<float> logits) {
   // 2. Greedy.
   if (params_.temperature <= 0.0f || params_.top_k == 1) return argmax(logits);
 
-  // 3. Temperature; NaN logits are treated as -inf (never drawn).
+  // 3. Temperature and softmax weights relative to the max (the max has weight
+  //    1; NaN and -inf logits weigh 0 and are never drawn).
+  const float max_logit = max_of(logits.data(), vocab);
+  if (!std::isfinite(max_logit)) return argmax(logits);  // nothing drawable, or a +inf logit
   const float inv_t = 1.0f / params_.temperature;
-  scratch_.resize(vocab);
-  for (size_t i = 0; i < vocab; ++i) {
-    const float l = logits[i];
-    scratch_[i] = {std::isnan(l) ? -std::numeric_limits<float>::infinity() : l * inv_t, static_cast<TokenId>(i)};
+  weights_.resize(vocab);
+  {
+    const float* __restrict in = logits.data();
+    float* __restrict out = weights_.data();
+    for (size_t i = 0; i < vocab; ++i) out[i] = exp_nonpositive((in[i] - max_logit) * inv_t);
   }
 
-  // 4. Top-k: keep the k best, sorted best-first.
-  size_t n = vocab;
-  bool sorted = false;
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) {
-    n = static_cast<size_t>(params_.top_k);
-    partial_sort_best_of(scratch_, vocab, n);
-    sorted = true;
+  const bool top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab;
+  const bool top_p = params_.top_p < 1.0f;
+  const float min_p = params_.min_p;  // weights are relative to the max: the cut is min_p itself
+
+  if (!top_k && !top_p) {
+    // 4'. No truncation but min-p: draw straight from the weights, in index order.
+    const double total = sum_at_least(weights_.data(), vocab, min_p);
+    const double u = uniform01(rng_) * total;
+    double cum = 0.0;
+    size_t last = 0;
+    for (size_t i = 0; i < vocab; ++i) {
+      const float w = weights_[i];
+      if (w <= 0.0f || w < min_p) continue;
+      cum += w;
+      last = i;
+      if (u < cum) return static_cast<TokenId>(i);
+    }
+    return static_cast<TokenId>(last);  // rounding left u at the very top
   }
 
-  // 5. Softmax (unnormalized weights exp(l - max); the max has weight 1).
-  float max_l = -std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < n; ++i) max_l = std::max(max_l, scratch_[i].first);
-  if (max_l == -std::numeric_limits<float>::infinity()) return argmax(logits);  // nothing drawable
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    const float w = std::exp(scratch_[i].first - max_l);
-    scratch_[i].first = w;
-    total += w;
+  // 4. Top-k, then 5. top-p over what top-k kept (renormalized).
+  auto from_weights = [this](size_t i) { return Candidate{weights_[i], static_cast<TokenId>(i)}; };
+  auto from_scratch = [this](size_t i) { return scratch_[i]; };
+  if (top_k) {
+    keep_best(vocab, from_weights, static_cast<size_t>(params_.top_k), std::numeric_limits<double>::infinity(),
+              scratch_, edge_);
   }
-
-  // 6. Top-p: the smallest best-first prefix whose mass reaches top_p (>= 1 token).
-  //    Sorts only as many candidates as the nucleus needs, growing 4x per round.
-  if (params_.top_p < 1.0f) {
+  if (top_p) {
+    double total = 0.0;
+    if (top_k) {
+      for (const Candidate& c : scratch_) total += c.first;
+    } else {
+      total = sum_at_least(weights_.data(), vocab, 0.0f);
+    }
     const double target = static_cast<double>(params_.top_p) * total;
-    size_t k = sorted ? n : std::min<size_t>(n, 256);
-    for (;;) {
-      if (!sorted || k < n) {
-        partial_sort_best_of(scratch_, n, k);
-      }
-      double cum = 0.0;
-      size_t keep = 0;
-      while (keep < k && cum < target) cum += scratch_[keep++].first;
-      if (cum >= target || k == n) {
-        n = std::max<size_t>(keep, 1);
-        sorted = true;
-        break;
-      }
-      k = std::min(n, k * 4);
+    if (top_k) {
+      keep_best(scratch_.size(), from_scratch, scratch_.size(), target, scratch_, edge_);
+    } else {
+      keep_best(vocab, from_weights, vocab, target, scratch_, edge_);
     }
   }
 
-  // 7. Min-p: drop weights below min_p * max weight (the max weight is 1).
-  if (params_.min_p > 0.0f) {
-    size_t kept = 0;  // stable compaction; the max (weight 1) always stays
-    for (size_t i = 0; i < n; ++i) {
-      if (scratch_[i].first >= params_.min_p) scratch_[kept++] = scratch_[i];
+  // 6. Min-p (stable compaction; the max, weight 1, always survives top-k/top-p).
+  if (min_p > 0.0f) {
+    size_t kept = 0;
+    for (const Candidate& c : scratch_) {
+      if (c.first >= min_p) scratch_[kept++] = c;
     }
-    n = kept;
+    scratch_.resize(std::max<size_t>(kept, 1));
   }
 
-  // 8. Renormalize and draw by inverse CDF, in candidate order.
-  total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += scratch_[i].first;
+  // 7. Renormalize and draw by inverse CDF, in candidate order.
+  if (scratch_.empty()) return argmax(logits);  // unreachable with validated params
+  double total = 0.0;
+  for (const Candidate& c : scratch_) total += c.first;
   const double u = uniform01(rng_) * total;
   double cum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    cum += scratch_[i].first;
-    if (u < cum) return scratch_[i].second;
+  TokenId last = scratch_[0].second;
+  for (const auto& [w, id] : scratch_) {
+    if (w <= 0.0f) continue;
+    cum += w;
+    last = id;
+    if (u < cum) return id;
   }
-  // Rounding left u at the very top: the last candidate with nonzero weight.
-  for (size_t i = n; i-- > 0;) {
-    if (scratch_[i].first > 0.0f) return scratch_[i].second;
-  }
-  return scratch_[0].second;
+  return last;  // rounding left u at the very top
 }
 
 StopReason check_stop(const SamplingParams& p, TokenId id, TokenId eos_id, int32_t n_generated) {

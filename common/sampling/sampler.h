@@ -41,7 +41,10 @@ class Sampler {
   // (the penalties are applied in place). Greedy (temperature 0 or top_k 1) is
   // argmax and draws no random number; otherwise exactly one 64-bit draw from
   // the request's RNG per call, so the same params, seed and logits sequence
-  // give the same tokens on any standard library. NaN logits are never drawn.
+  // give the same tokens (no libm or standard-library distribution is
+  // involved; bit-identical across builds with the same floating-point
+  // contraction). NaN and -inf logits are never drawn; at a top-k/top-p cut a
+  // tie keeps the lower token id. Linear in the vocabulary (no full sort).
   // params must have passed validate().
   TokenId sample(std::span<float> logits);
   // Records an emitted token (feeds the penalties).
@@ -52,7 +55,10 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_map<TokenId, int32_t> counts_;
-  std::vector<std::pair<float, TokenId>> scratch_;
+  // Per-call scratch, kept to avoid reallocating each token.
+  std::vector<float> weights_;                       // [vocab] exp((logit - max) / T)
+  std::vector<std::pair<float, TokenId>> scratch_;  // surviving candidates (weight, id)
+  std::vector<std::pair<float, TokenId>> edge_;     // candidates of one weight bucket
 };
 
 // Index of the largest logit (lowest index on ties).
@@ -60,6 +66,8 @@ TokenId argmax(std::span<const float> logits);
 
 enum class StopReason { kNone, kEos, kStopToken, kLength };
 // Whether generation ends after emitting `id` as the n_generated-th token.
+// Checked in this order: EOS (unless p.ignore_eos), p.stop_token_ids (also
+// with ignore_eos), then length (n_generated >= p.max_tokens).
 StopReason check_stop(const SamplingParams& p, TokenId id, TokenId eos_id, int32_t n_generated);
 
 }  // namespace pd

@@ -43,6 +43,51 @@ struct Merge {
   TokenId result;
 };
 
+// Open-addressing (linear probing) table of merges keyed by pair_key(): one
+// cache line per lookup, which is most of BPE's cost. Read-only after build.
+class MergeTable {
+ public:
+  void build_capacity(size_t n) {
+    size_t cap = 16;
+    int bits = 4;
+    while (cap < 2 * n) {
+      cap <<= 1;
+      ++bits;
+    }
+    slots_.assign(cap, Slot{kEmpty, {0, 0}});
+    mask_ = cap - 1;
+    shift_ = 64 - bits;
+  }
+  // Inserts unless the key is present (the first, lowest-rank merge wins).
+  void insert(uint64_t key, Merge m) {
+    for (size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return;
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = {key, m};
+        return;
+      }
+    }
+  }
+  const Merge* find(uint64_t key) const {
+    for (size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i].merge;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t(0);  // ids are >= 0, so no real key is all ones
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  // Fibonacci hashing: the top bits of key * 2^64/phi.
+  size_t index(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  int shift_ = 60;
+};
+
 // Byte trie over the special (CONTROL / USER_DEFINED) token texts.
 class SpecialTrie {
  public:
@@ -117,7 +162,7 @@ struct Tokenizer::Impl {
   std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> token_to_id;  // by stored text
   std::array<std::string, 256> byte_unicode;  // byte -> its GPT-2 unicode character (UTF-8)
   std::array<TokenId, 256> byte_token{};      // byte -> single-byte token, -1 if none
-  std::unordered_map<uint64_t, Merge> merges;  // pair_key(left, right) -> rank, merged token
+  MergeTable merges;  // pair_key(left, right) -> rank, merged token
   SpecialTrie specials;
   std::unique_ptr<PreTokenizer> pre;
 
@@ -126,13 +171,14 @@ struct Tokenizer::Impl {
     return t == TokenType::kControl || t == TokenType::kUserDefined;
   }
 
-  void push_candidate(Scratch& sc, int32_t left, int32_t right) const {
+  // Queues the merge of adjacent live symbols left, right if one exists.
+  void push_candidate(Scratch& sc, int32_t left, int32_t right, bool keep_heap = true) const {
     const TokenId l = sc.symbols[size_t(left)].id, r = sc.symbols[size_t(right)].id;
     if (l < 0 || r < 0) return;
-    auto it = merges.find(pair_key(l, r));
-    if (it == merges.end()) return;
-    sc.heap.push_back({it->second.rank, left, right, l, r, it->second.result});
-    std::push_heap(sc.heap.begin(), sc.heap.end());
+    const Merge* m = merges.find(pair_key(l, r));
+    if (!m) return;
+    sc.heap.push_back({m->rank, left, right, l, r, m->result});
+    if (keep_heap) std::push_heap(sc.heap.begin(), sc.heap.end());
   }
 
   void emit(TokenId id, std::vector<TokenId>& out) const {
@@ -146,8 +192,8 @@ struct Tokenizer::Impl {
   // BPE over one pre-token.
   void bpe_piece(std::string_view piece, Scratch& sc, std::vector<TokenId>& out) const {
     const size_t n = piece.size();
-    if (n == 1) {
-      emit(byte_token[static_cast<unsigned char>(piece[0])], out);
+    if (n == 1 || n >= size_t(INT32_MAX)) {  // (a >= 2 GiB piece is left unmerged: int32 indices)
+      for (unsigned char b : piece) emit(byte_token[b], out);
       return;
     }
     if (pre->ignore_merges()) {
@@ -165,7 +211,8 @@ struct Tokenizer::Impl {
                        i + 1 < n ? int32_t(i + 1) : -1};
     }
     sc.heap.clear();
-    for (size_t i = 0; i + 1 < n; ++i) push_candidate(sc, int32_t(i), int32_t(i + 1));
+    for (size_t i = 0; i + 1 < n; ++i) push_candidate(sc, int32_t(i), int32_t(i + 1), /*keep_heap=*/false);
+    std::make_heap(sc.heap.begin(), sc.heap.end());
     while (!sc.heap.empty()) {
       std::pop_heap(sc.heap.begin(), sc.heap.end());
       const Scratch::Candidate c = sc.heap.back();
@@ -219,6 +266,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::create(TokenizerVocab vocab) {
   tok->impl_ = std::make_unique<Impl>();
   Impl& im = *tok->impl_;
   im.pre = std::move(pre);
+  im.vocab = std::move(vocab);
+  const TokenizerVocab& v = im.vocab;
 
   const std::array<uint32_t, 256> byte_cp = make_byte_to_codepoint();
   std::array<int32_t, 324> cp_to_byte;  // all GPT-2 codepoints are < 256 + 68
@@ -231,9 +280,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::create(TokenizerVocab vocab) {
   im.token_to_id.reserve(n);
   im.token_bytes.resize(n);
   for (size_t id = 0; id < n; ++id) {
-    const std::string& text = vocab.tokens[id];
+    const std::string& text = v.tokens[id];
     im.token_to_id[text] = TokenId(id);  // a later duplicate wins, as in llama.cpp
-    const TokenType type = vocab.types[id];
+    const TokenType type = v.types[id];
     if (type == TokenType::kControl || type == TokenType::kUserDefined || type == TokenType::kUnknown) {
       im.token_bytes[id] = text;  // added tokens render as their literal text (HF, llama.cpp)
       continue;
@@ -261,10 +310,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::create(TokenizerVocab vocab) {
     im.byte_token[b] = it == im.token_to_id.end() ? -1 : it->second;
   }
 
-  im.merges.reserve(vocab.merges.size());
+  im.merges.build_capacity(v.merges.size());
   std::string joined;
-  for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
-    const std::string& m = vocab.merges[rank];
+  for (size_t rank = 0; rank < v.merges.size(); ++rank) {
+    const std::string& m = v.merges[rank];
     const size_t sp = m.find(' ', 1);
     if (sp == std::string::npos || sp + 1 >= m.size()) {
       return Status::invalid_argument("merges[" + std::to_string(rank) + "] '" + m + "' is not 'left right'");
@@ -276,13 +325,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::create(TokenizerVocab vocab) {
     auto res = im.token_to_id.find(std::string_view(joined));
     // A merge naming tokens absent from the vocabulary can never fire; skip it.
     if (l == im.token_to_id.end() || r == im.token_to_id.end() || res == im.token_to_id.end()) continue;
-    im.merges.try_emplace(pair_key(l->second, r->second), Merge{int32_t(rank), res->second});  // first wins
+    im.merges.insert(pair_key(l->second, r->second), Merge{int32_t(rank), res->second});
   }
 
   for (size_t id = 0; id < n; ++id) {
-    if (im.is_special_type(TokenId(id)) && !vocab.tokens[id].empty()) im.specials.insert(vocab.tokens[id], TokenId(id));
+    if (im.is_special_type(TokenId(id)) && !v.tokens[id].empty()) im.specials.insert(v.tokens[id], TokenId(id));
   }
-  im.vocab = std::move(vocab);
   return tok;
 }
 

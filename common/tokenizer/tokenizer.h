@@ -41,10 +41,18 @@ class Tokenizer {
   static Result<std::unique_ptr<Tokenizer>> from_gguf(const GgufFile& file);
   ~Tokenizer();
 
+  // Never prepends BOS (callers that want one check add_bos()). With
+  // parse_special, CONTROL and USER_DEFINED token texts in `text` become single
+  // ids (leftmost, longest first); without it only USER_DEFINED ones do (as in
+  // HF tokenizers and llama.cpp) and CONTROL text is encoded as ordinary text.
+  // Accepts any bytes, invalid UTF-8 included; a byte with no token of its own
+  // encodes as unk_id (dropped when there is none). Thread-safe.
   std::vector<TokenId> encode(std::string_view text, bool parse_special = true) const;
-  // Bytes of one token (control tokens render as their text, e.g. "<|im_end|>").
+  // Bytes of one token (control tokens render as their text, e.g. "<|im_end|>");
+  // "" for an id outside the vocabulary.
   std::string token_to_bytes(TokenId id) const;
-  // Whole-sequence decode (may contain invalid UTF-8 if the ids cut a character).
+  // Whole-sequence decode (may contain invalid UTF-8 if the ids cut a character;
+  // ids outside the vocabulary render as nothing).
   std::string decode(const std::vector<TokenId>& ids) const;
 
   int32_t vocab_size() const;
@@ -52,7 +60,8 @@ class Tokenizer {
   TokenId eos_id() const;
   bool add_bos() const;
   bool is_control(TokenId id) const;
-  // Id of a token whose text is exactly `text`, or -1.
+  // Id of a token whose text is exactly `text` as stored in the vocabulary
+  // (byte-level form, e.g. "Ġthe"; specials as written, e.g. "<|im_end|>"), or -1.
   TokenId find_token(std::string_view text) const;
 
  private:

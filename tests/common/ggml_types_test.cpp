@@ -18,7 +18,7 @@ float from_bits(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-uint32_t to_bits(float f) {
+[[maybe_unused]] uint32_t to_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
@@ -119,7 +119,7 @@ TEST_CASE("fp16 conversion is exact and rounds to nearest even", "[ggml]") {
 }
 
 #if defined(__FLT16_MAX__)
-TEST_CASE("fp16 conversion agrees with the compiler's _Float16", "[ggml]") {
+TEST_CASE("fp16 conversion agrees with the compiler _Float16 type", "[ggml]") {
   std::mt19937_64 rng(7);
   for (int i = 0; i < 200000; ++i) {
     // Mostly values near fp16's range, plus arbitrary bit patterns.
@@ -160,7 +160,7 @@ TEST_CASE("bf16 conversion rounds to nearest even", "[ggml]") {
   }
 }
 
-TEST_CASE("quantize then dequantize stays within each type's error bound", "[ggml]") {
+TEST_CASE("quantize then dequantize stays within the error bound of each type", "[ggml]") {
   constexpr int64_t n = 32 * 256;
   // Scales keep every block's fp16 scale normal (subnormal scales lose relative precision,
   // in ggml too).
@@ -215,7 +215,7 @@ TEST_CASE("quantize then dequantize stays within each type's error bound", "[ggm
   }
 }
 
-TEST_CASE("quantizers handle constant, zero and non-finite blocks without UB", "[ggml]") {
+TEST_CASE("quantizers handle constant and zero and non-finite blocks without UB", "[ggml]") {
   std::vector<float> zeros(32, 0.0f), consts(32, 3.0f), weird(32, 1.0f);
   weird[3] = std::numeric_limits<float>::quiet_NaN();
   weird[5] = std::numeric_limits<float>::infinity();

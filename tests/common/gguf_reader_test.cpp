@@ -262,7 +262,7 @@ TEST_CASE("gguf: every tensor type round-trips", "[gguf]") {
   }
 }
 
-TEST_CASE("gguf: open() maps a file written by write_file", "[gguf]") {
+TEST_CASE("gguf: open maps a file written by write_file", "[gguf]") {
   GgufWriter w;
   w.set_string("general.architecture", "llama");
   w.add_tensor("t", {32}, GgmlType::kF32, ramp(32, 1.0f));
@@ -294,7 +294,7 @@ TEST_CASE("gguf: open() maps a file written by write_file", "[gguf]") {
   CHECK(w.write_file("/nonexistent-dir/x.gguf").is_io_error());
 }
 
-TEST_CASE("gguf: tiny llama model round-trips with llama.cpp's metadata", "[gguf]") {
+TEST_CASE("gguf: tiny llama model round-trips with llama.cpp metadata", "[gguf]") {
   TinyLlamaSpec spec;
   const Bytes bytes = make_tiny_llama_gguf(spec);
   CHECK(make_tiny_llama_gguf(spec) == bytes);  // deterministic
@@ -444,7 +444,7 @@ TEST_CASE("gguf: refuses bad magic and unsupported versions", "[gguf]") {
   require_refused(Bytes{'G', 'G', 'U'}, "truncated");
 }
 
-TEST_CASE("gguf: refuses a file truncated at any point before its last tensor's end", "[gguf]") {
+TEST_CASE("gguf: refuses a file truncated anywhere before the end of its last tensor", "[gguf]") {
   const Bytes good = small_file();
   auto r = GgufFile::from_bytes(good, "good.gguf");
   REQUIRE(r.is_ok());
@@ -542,7 +542,7 @@ TEST_CASE("gguf: refuses unknown types and bad values", "[gguf]") {
   require_refused(b, "block size");
 }
 
-TEST_CASE("gguf: refuses out-of-bounds, misaligned and overlapping tensor data", "[gguf]") {
+TEST_CASE("gguf: refuses out-of-bounds or misaligned or overlapping tensor data", "[gguf]") {
   const Bytes good = small_file();
   Bytes b = good;
   const InfoAt q = tensor_info_at(b, "blk.0.attn_q.weight", 2);
@@ -567,7 +567,7 @@ TEST_CASE("gguf: refuses out-of-bounds, misaligned and overlapping tensor data",
   require_refused(b, "overlap");
 }
 
-TEST_CASE("gguf: refuses duplicate keys, duplicate tensor names and bad alignment", "[gguf]") {
+TEST_CASE("gguf: refuses duplicate keys and tensor names and bad alignment", "[gguf]") {
   const Bytes good = small_file();
   Bytes b = good;
   b[find_unique(b, "dup.key2") + 7] = '1';
@@ -630,7 +630,7 @@ TEST_CASE("gguf: check_llama_family refuses other architectures", "[gguf]") {
   CHECK(check_llama_family(**rw).is_invalid_argument());
 }
 
-TEST_CASE("gguf: the real default model opens (needs models/)", "[gguf][model]") {
+TEST_CASE("gguf: the real default model opens", "[gguf][model]") {
   const std::string path = std::string(PD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(path)) {
     pd::test::skip("default model not found at " + path + " (run scripts/fetch_model.sh)");

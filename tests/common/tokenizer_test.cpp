@@ -2,8 +2,8 @@
 // and ChatTemplate, on small handmade vocabularies (no model file needed).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
-#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -229,7 +229,7 @@ TEST_CASE("invalid UTF-8 input is encoded byte for byte", "[tokenizer]") {
     INFO("input bytes: " << s.size());
     const auto ids = tok->encode(s);
     CHECK(tok->decode(ids) == s);
-    for (const std::string& pre : {"gpt2", "smollm", "llama3"}) {
+    for (const char* pre : {"gpt2", "smollm", "llama3"}) {
       std::string joined;
       for (const std::string& p : pieces(pre, s)) joined += p;
       CHECK(joined == s);
@@ -239,7 +239,7 @@ TEST_CASE("invalid UTF-8 input is encoded byte for byte", "[tokenizer]") {
 }
 
 TEST_CASE("decode(encode(x)) == x", "[tokenizer]") {
-  for (const std::string& pre : {"smollm", "gpt2", "llama3"}) {
+  for (const char* pre : {"smollm", "gpt2", "llama3"}) {
     auto tok = make_tokenizer(pre);
     const std::vector<std::string> texts = {
         "",
@@ -336,16 +336,15 @@ TEST_CASE("encode is safe to call from several threads", "[tokenizer]") {
   for (bool b : ok) CHECK(b);
 }
 
-TEST_CASE("long inputs encode quickly and completely", "[tokenizer]") {
+TEST_CASE("long inputs encode completely", "[tokenizer]") {
   auto tok = make_tokenizer();
   std::string text;
   for (int i = 0; i < 2000; ++i) text += " the thing " + std::to_string(i);
   text += std::string(100000, 'x') + std::string(50000, ' ') + std::string(30000, '7');
-  const auto t0 = std::chrono::steady_clock::now();
   const auto ids = tok->encode(text);
-  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(tok->decode(ids) == text);
-  WARN("encoded " << text.size() << " bytes into " << ids.size() << " tokens in " << ms << " ms");
+  // The 100000 'x's have no merges: one token per byte.
+  CHECK(ids.size() > 100000 + 50000 / 4 + 30000);
 }
 
 // ---- from_gguf, through the project's GGUF writer/reader -------------------

@@ -1,0 +1,94 @@
+// What one rank's phases cost in time: a prefill pass, a decode step, a KV
+// handoff. From the roofline model, from a measured engine profile, or affine
+// (tests, what-ifs). The pool simulator asks these and nothing else.
+#pragma once
+
+#include "plan/engine_profile.h"
+#include "plan/hardware.h"
+#include "plan/model_spec.h"
+#include "plan/roofline.h"
+
+namespace pd::plan {
+
+// What the simulator asks of a rank. Implementations must be pure functions.
+class PhaseCostModel {
+ public:
+  virtual ~PhaseCostModel() = default;
+  // One prefill pass over `num_prompts` prompts, `total_tokens` tokens in all,
+  // squared lengths summing to `sum_sq_tokens`.
+  virtual double prefill_seconds(double total_tokens, double num_prompts, double sum_sq_tokens) const = 0;
+  // One decode step of `batch` sequences at mean context `mean_context`.
+  virtual double decode_step_seconds(double batch, double mean_context) const = 0;
+  // Wire time of one sequence's KV cache of `tokens` tokens between two ranks.
+  virtual double kv_transfer_seconds(double tokens) const = 0;
+  virtual double kv_transfer_latency() const = 0;
+  // Layers the KV is sent in (overlap granularity); >= 1.
+  virtual int transfer_chunks() const = 0;
+};
+
+// Costs from the roofline model of `model` on `hw` (a rank = `cfg.tp` devices;
+// the rank's KV link is `tp` NICs of hw.inter_node_bandwidth each).
+class RooflineCostModel final : public PhaseCostModel {
+ public:
+  RooflineCostModel(ModelSpec model, HardwareSpec hw, RooflineConfig cfg);
+  double prefill_seconds(double total_tokens, double num_prompts, double sum_sq_tokens) const override;
+  double decode_step_seconds(double batch, double mean_context) const override;
+  double kv_transfer_seconds(double tokens) const override;
+  double kv_transfer_latency() const override { return hw_.link_latency; }
+  int transfer_chunks() const override { return model_.n_layers; }
+
+ private:
+  ModelSpec model_;
+  HardwareSpec hw_;
+  RooflineConfig cfg_;
+  double kv_bytes_per_token_ = 0;
+};
+
+// Costs from a measured engine profile; the KV link from the profile when it
+// has one, else `link_bytes_per_second` / `link_latency`.
+class ProfileCostModel final : public PhaseCostModel {
+ public:
+  ProfileCostModel(EngineProfile profile, double kv_bytes_per_token, int n_layers, double link_bytes_per_second,
+                   double link_latency);
+  double prefill_seconds(double total_tokens, double num_prompts, double sum_sq_tokens) const override;
+  double decode_step_seconds(double batch, double mean_context) const override;
+  double kv_transfer_seconds(double tokens) const override;
+  double kv_transfer_latency() const override { return latency_; }
+  int transfer_chunks() const override { return n_layers_; }
+
+ private:
+  EngineProfile profile_;
+  double kv_bytes_per_token_;
+  int n_layers_;
+  double link_bw_;
+  double latency_;
+};
+
+// Affine costs, for tests and what-ifs: prefill = p0 + p1 x tokens; decode step
+// = d0 + d1 x batch + d2 x batch x context; transfer = tokens x bytes_per_token / bw.
+struct LinearCosts {
+  double prefill_fixed = 0, prefill_per_token = 0;
+  double decode_fixed = 0, decode_per_seq = 0, decode_per_context_token = 0;
+  double kv_bytes_per_token = 0, link_bytes_per_second = 1e12, link_latency = 0;
+  int chunks = 1;
+};
+class LinearCostModel final : public PhaseCostModel {
+ public:
+  explicit LinearCostModel(LinearCosts c) : c_(c) {}
+  double prefill_seconds(double total_tokens, double, double) const override {
+    return c_.prefill_fixed + c_.prefill_per_token * total_tokens;
+  }
+  double decode_step_seconds(double batch, double mean_context) const override {
+    return c_.decode_fixed + c_.decode_per_seq * batch + c_.decode_per_context_token * batch * mean_context;
+  }
+  double kv_transfer_seconds(double tokens) const override {
+    return tokens * c_.kv_bytes_per_token / c_.link_bytes_per_second;
+  }
+  double kv_transfer_latency() const override { return c_.link_latency; }
+  int transfer_chunks() const override { return c_.chunks; }
+
+ private:
+  LinearCosts c_;
+};
+
+}  // namespace pd::plan

@@ -1,0 +1,715 @@
+// pd-plan: the capacity planner. KV-cache footprint, roofline of prefill vs
+// decode, and prefill/decode pool sizing by discrete-event simulation.
+// docs/PLANNER.md explains every figure. Human-readable tables by default,
+// --json for scripts; bad input is a one-line error naming it and exit code 2.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "plan/engine_profile.h"
+#include "plan/hardware.h"
+#include "plan/kv_footprint.h"
+#include "plan/model_spec.h"
+#include "plan/pool_search.h"
+#include "plan/pool_simulator.h"
+#include "plan/precision.h"
+#include "plan/roofline.h"
+#include "plan/text_report.h"
+
+using namespace pd::plan;
+using json = nlohmann::json;
+
+namespace {
+
+// ---- Options shared by the subcommands ----------------------------------------------
+
+struct ModelOptions {
+  std::string preset = "llama-3.1-8b";
+  std::string json_path;
+  std::string gguf_path;
+  std::string weights = "bf16";
+  std::string kv = "bf16";
+};
+
+struct HardwareOptions {
+  std::string preset = "h100-sxm";
+  bool measure = false;
+  int threads = 0;  // 0: all cores
+  int tp = 1;
+  double mfu = 1.0;
+  double mbu = 1.0;
+  double memory_fraction = 0.9;
+  int block_size = 16;
+};
+
+struct Resolved {
+  ModelSpec model;
+  Precision weights = Precision::kBf16;
+  Precision kv = Precision::kBf16;
+  HardwareSpec hw;
+};
+
+[[noreturn]] void die(const std::string& msg, int code = 2) {
+  std::fprintf(stderr, "pd-plan: error: %s\n", msg.c_str());
+  std::exit(code);
+}
+
+template <typename T>
+T or_die(pd::Result<T> r) {
+  if (!r.is_ok()) die(r.status().message());
+  return std::move(r).value();
+}
+
+void add_model_options(CLI::App* app, ModelOptions* o) {
+  app->add_option("--model", o->preset, "Model preset (see `pd-plan list`)")->capture_default_str();
+  app->add_option("--model-json", o->json_path, "Model from a JSON file (own fields or a HF config.json)");
+  app->add_option("--gguf", o->gguf_path, "Model from a GGUF file's metadata");
+  app->add_option("--weights", o->weights, "Weight precision: fp32, bf16, fp16, fp8, int8, int4")->capture_default_str();
+  app->add_option("--kv", o->kv, "KV-cache precision: fp32, bf16, fp16, fp8, int8, int4")->capture_default_str();
+}
+
+void add_hardware_options(CLI::App* app, HardwareOptions* o) {
+  app->add_option("--hardware", o->preset, "Hardware preset (see `pd-plan list`)")->capture_default_str();
+  app->add_flag("--measure", o->measure, "Probe this machine's CPU (STREAM triad + FMA peak) instead of a preset");
+  app->add_option("--threads", o->threads, "Threads for --measure (0: all cores)")->capture_default_str();
+  app->add_option("--tp", o->tp, "Devices per rank (tensor parallel)")->capture_default_str();
+  app->add_option("--mfu", o->mfu, "Fraction of peak FLOP/s reached (1 = pure roofline)")->capture_default_str();
+  app->add_option("--mbu", o->mbu, "Fraction of peak bandwidth reached (1 = pure roofline)")->capture_default_str();
+  app->add_option("--memory-fraction", o->memory_fraction, "Fraction of device memory for weights + KV")
+      ->capture_default_str();
+  app->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
+}
+
+Resolved resolve(const ModelOptions& mo, const HardwareOptions& ho, bool need_hw) {
+  Resolved r;
+  const int sources = !mo.json_path.empty() + !mo.gguf_path.empty();
+  if (sources > 1) die("--model-json and --gguf: give one model source");
+  if (!mo.json_path.empty()) {
+    r.model = or_die(model_from_json_file(mo.json_path));
+  } else if (!mo.gguf_path.empty()) {
+    r.model = or_die(model_from_gguf_file(mo.gguf_path));
+  } else {
+    auto m = model_preset(mo.preset);
+    if (!m.is_ok()) die("--model: " + m.status().message());
+    r.model = *m;
+  }
+  r.weights = or_die(parse_precision(mo.weights, "--weights"));
+  r.kv = or_die(parse_precision(mo.kv, "--kv"));
+  if (ho.tp <= 0) die("--tp: must be positive, got " + std::to_string(ho.tp));
+  if (!(ho.mfu > 0 && ho.mfu <= 1)) die("--mfu: must be in (0, 1], got " + fmt_sig(ho.mfu));
+  if (!(ho.mbu > 0 && ho.mbu <= 1)) die("--mbu: must be in (0, 1], got " + fmt_sig(ho.mbu));
+  if (!(ho.memory_fraction > 0 && ho.memory_fraction <= 1)) {
+    die("--memory-fraction: must be in (0, 1], got " + fmt_sig(ho.memory_fraction));
+  }
+  if (ho.block_size <= 0) die("--block-size: must be positive, got " + std::to_string(ho.block_size));
+  if (!need_hw && !ho.measure) {
+    auto h = hardware_preset(ho.preset);
+    if (!h.is_ok()) die("--hardware: " + h.status().message());
+    r.hw = *h;
+    return r;
+  }
+  if (ho.measure) {
+    CpuProbeConfig pc;
+    pc.threads = ho.threads > 0 ? ho.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    auto probe = measure_cpu(pc);
+    if (!probe.is_ok()) die("--measure: " + probe.status().message());
+    r.hw = hardware_from_probe(*probe, *hardware_preset("cpu-2core"));
+  } else {
+    auto h = hardware_preset(ho.preset);
+    if (!h.is_ok()) die("--hardware: " + h.status().message());
+    r.hw = *h;
+  }
+  r.hw.compute_efficiency = ho.mfu;
+  r.hw.memory_efficiency = ho.mbu;
+  return r;
+}
+
+void check_positive(const std::vector<int64_t>& v, const char* flag) {
+  if (v.empty()) die(std::string(flag) + ": needs at least one value");
+  for (int64_t x : v) {
+    if (x <= 0) die(std::string(flag) + ": must be positive, got " + std::to_string(x));
+  }
+}
+
+json model_json(const ModelSpec& m) {
+  const ParamBreakdown b = parameter_breakdown(m);
+  json j = {{"name", m.name},          {"n_layers", m.n_layers}, {"hidden_size", m.hidden},
+            {"n_heads", m.n_heads},    {"n_kv_heads", m.n_kv_heads}, {"head_dim", m.head_dim},
+            {"ffn_size", m.ffn},       {"vocab_size", m.vocab},  {"tied_embeddings", m.tied_embeddings},
+            {"qkv_bias", m.qkv_bias},  {"max_context", m.max_context}, {"n_params", b.total},
+            {"gqa_group", gqa_group(m)}};
+  if (m.file_params > 0) {
+    j["file_params"] = m.file_params;
+    j["file_weight_bytes"] = m.file_weight_bytes;
+  }
+  return j;
+}
+
+json hardware_json(const HardwareSpec& h) {
+  return {{"name", h.name},
+          {"peak_note", h.peak_note},
+          {"peak_flops", h.peak_flops},
+          {"mem_bandwidth", h.mem_bandwidth},
+          {"mem_capacity", h.mem_capacity},
+          {"intra_node_bandwidth", h.intra_node_bandwidth},
+          {"inter_node_bandwidth", h.inter_node_bandwidth},
+          {"link_latency", h.link_latency},
+          {"compute_efficiency", h.compute_efficiency},
+          {"memory_efficiency", h.memory_efficiency},
+          {"ridge_intensity", h.ridge_intensity()}};
+}
+
+void print_model_line(const ModelSpec& m, Precision w, Precision kv) {
+  std::cout << "model " << m.name << ": " << m.n_layers << " layers, hidden " << m.hidden << ", " << m.n_heads
+            << " query heads / " << m.n_kv_heads << " KV heads (G = " << gqa_group(m) << "), head dim "
+            << m.head_dim << ", FFN " << m.ffn << ", vocab " << m.vocab << ", "
+            << fmt_fixed(static_cast<double>(parameter_count(m)) / 1e9, 3) << " B params; weights "
+            << precision_name(w) << ", KV " << precision_name(kv) << "\n";
+}
+
+void print_hw_line(const HardwareSpec& h, int tp) {
+  std::cout << "hardware " << h.name << ": " << fmt_sig(h.peak_flops / 1e12) << " TFLOP/s (" << h.peak_note
+            << "), " << fmt_sig(h.mem_bandwidth / 1e9) << " GB/s memory, " << fmt_bytes(double(h.mem_capacity))
+            << ", ridge " << fmt_fixed(h.ridge_intensity(), 1) << " FLOP/B; efficiency " << fmt_fixed(h.compute_efficiency, 2)
+            << " compute / " << fmt_fixed(h.memory_efficiency, 2) << " memory; " << tp << " device(s) per rank\n";
+}
+
+// ---- pd-plan kv ---------------------------------------------------------------------------
+
+struct KvOptions {
+  std::vector<int64_t> contexts = {4096, 32768, 131072};
+  std::vector<int64_t> batches = {1, 32};
+};
+
+int run_kv(const ModelOptions& mo, const HardwareOptions& ho, const KvOptions& ko, bool as_json) {
+  check_positive(ko.contexts, "--context");
+  check_positive(ko.batches, "--batch");
+  const Resolved r = resolve(mo, ho, false);
+  auto rows = kv_footprint_table(r.model, r.kv, r.weights, ko.contexts, ko.batches);
+  if (!rows.is_ok()) die("--" + rows.status().message());
+  KvPoolConfig pc;
+  pc.device_memory_bytes = r.hw.mem_capacity;
+  pc.devices = ho.tp;
+  pc.memory_fraction = ho.memory_fraction;
+  pc.block_size = ho.block_size;
+  auto pool = plan_kv_pool(r.model, r.kv, r.weights, pc);
+  const int64_t per_token = kv_bytes_per_token(r.model, r.kv);
+  const int64_t per_token_mha = kv_geometry_mha(r.model, r.kv).bytes_per_token();
+  const int64_t weights = weight_bytes(r.model, r.weights);
+
+  if (as_json) {
+    json j;
+    j["model"] = model_json(r.model);
+    j["weights_precision"] = precision_name(r.weights);
+    j["kv_precision"] = precision_name(r.kv);
+    j["kv_bytes_per_token"] = per_token;
+    j["kv_bytes_per_token_mha"] = per_token_mha;
+    j["weight_bytes"] = weights;
+    j["weight_bytes_by_precision"] = json::object();
+    for (Precision p : all_precisions()) j["weight_bytes_by_precision"][precision_name(p)] = weight_bytes(r.model, p);
+    j["rows"] = json::array();
+    for (const KvFootprintRow& row : *rows) {
+      j["rows"].push_back({{"context", row.context},
+                           {"batch", row.batch},
+                           {"kv_bytes", row.kv_bytes},
+                           {"kv_bytes_mha", row.kv_bytes_mha},
+                           {"weight_bytes", row.weight_bytes},
+                           {"kv_percent_of_weights", row.kv_percent_of_weights},
+                           {"kv_share_percent", row.kv_share_percent}});
+    }
+    json pj = {{"hardware", r.hw.name}, {"devices", ho.tp}, {"memory_fraction", ho.memory_fraction},
+               {"block_size", ho.block_size}};
+    if (pool.is_ok()) {
+      pj["weight_bytes_per_device"] = pool->weight_bytes_per_device;
+      pj["kv_budget_per_device"] = pool->kv_budget_per_device;
+      pj["num_blocks"] = pool->num_blocks;
+      pj["token_capacity"] = pool->token_capacity;
+      pj["max_sequences"] = json::object();
+      for (int64_t c : ko.contexts) pj["max_sequences"][std::to_string(c)] = pool->max_sequences(c);
+    } else {
+      pj["error"] = pool.status().message();
+    }
+    j["pool"] = pj;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  print_model_line(r.model, r.weights, r.kv);
+  std::cout << "KV bytes per token = 2 x " << r.model.n_layers << " layers x " << r.model.n_kv_heads
+            << " KV heads x " << r.model.head_dim << " head dim x " << fmt_sig(precision_bytes(r.kv))
+            << " B = " << per_token << " B (" << fmt_fixed(per_token / 1024.0, 1) << " KiB); as plain MHA ("
+            << r.model.n_heads << " KV heads): " << per_token_mha << " B\n";
+  std::cout << "weights: ";
+  for (Precision p : all_precisions()) {
+    if (p == Precision::kFp16 || p == Precision::kInt8) continue;  // same widths as bf16 / fp8
+    std::cout << precision_name(p) << " " << fmt_bytes(double(weight_bytes(r.model, p)))
+              << (p == Precision::kInt4 ? "\n" : ", ");
+  }
+  if (r.model.file_weight_bytes > 0) {
+    std::cout << "weights in the GGUF file: " << fmt_bytes(double(r.model.file_weight_bytes)) << ", "
+              << r.model.file_params << " parameters (computed from the fields: " << parameter_count(r.model)
+              << ")\n";
+  }
+  std::cout << "units: GB = 10^9 bytes, GiB = 2^30 bytes\n\n";
+  TextTable t({"context", "batch", "KV cache", "as MHA", "GQA saves", "KV/weights", "KV share"});
+  for (const KvFootprintRow& row : *rows) {
+    t.add({std::to_string(row.context), std::to_string(row.batch), fmt_bytes(double(row.kv_bytes)),
+           fmt_bytes(double(row.kv_bytes_mha)), fmt_bytes(double(row.kv_bytes_mha - row.kv_bytes)),
+           fmt_fixed(row.kv_percent_of_weights, 1) + "%", fmt_fixed(row.kv_share_percent, 1) + "%"});
+  }
+  t.print(std::cout);
+  std::cout << "\nKV pool of one rank on " << ho.tp << " x " << r.hw.name << " (" << fmt_bytes(double(r.hw.mem_capacity))
+            << " each, " << fmt_fixed(ho.memory_fraction * 100, 0) << "% usable, " << ho.block_size
+            << "-token blocks):\n";
+  if (!pool.is_ok()) {
+    std::cout << "  does not fit: " << pool.status().message() << "\n";
+    return 0;
+  }
+  std::cout << "  weights " << fmt_bytes(double(pool->weight_bytes_per_device)) << " per device, KV budget "
+            << fmt_bytes(double(pool->kv_budget_per_device)) << " per device -> " << pool->num_blocks
+            << " blocks = " << pool->token_capacity << " tokens per rank\n";
+  for (int64_t c : ko.contexts) {
+    std::cout << "  sequences of " << c << " tokens at once: " << pool->max_sequences(c) << "\n";
+  }
+  return 0;
+}
+
+// ---- pd-plan roofline -----------------------------------------------------------------------
+
+struct RooflineOptions {
+  std::vector<int64_t> prompts = {128, 512, 2048, 8192};
+  std::vector<int64_t> batches = {1, 8, 32, 128};
+  int64_t context = 4096;
+  int64_t generated = 1024;
+  std::string activations = "";  // default: the weight precision
+};
+
+int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const RooflineOptions& ro, bool as_json) {
+  check_positive(ro.prompts, "--prompt");
+  check_positive(ro.batches, "--batch");
+  if (ro.context <= 0) die("--context: must be positive, got " + std::to_string(ro.context));
+  if (ro.generated <= 0) die("--generated: must be positive, got " + std::to_string(ro.generated));
+  const Resolved r = resolve(mo, ho, true);
+  RooflineConfig rc;
+  rc.weights = r.weights;
+  rc.kv = r.kv;
+  rc.activations = ro.activations.empty() ? r.weights : or_die(parse_precision(ro.activations, "--activations"));
+  if (rc.activations == Precision::kInt4) rc.activations = Precision::kInt8;
+  rc.tp = ho.tp;
+  {
+    pd::Status s = validate_roofline_config(r.model, rc);
+    if (!s.is_ok()) die("--" + s.message());
+  }
+  const double d = r.model.hidden;
+  const double sw = precision_bytes(rc.weights), sa = precision_bytes(rc.activations);
+  const double skv = precision_bytes(rc.kv);
+  const double ridge = r.hw.ridge_intensity();
+  const double attn_i = decode_attention_intensity(gqa_group(r.model), skv);
+
+  struct Row {
+    std::string phase;
+    int64_t size;
+    double exact, limit;
+    PhaseCost cost;
+  };
+  std::vector<Row> rows;
+  for (int64_t p : ro.prompts) {
+    rows.push_back({"prefill", p, linear_intensity(double(p), d, sw, sa), linear_intensity_limit(double(p), sw),
+                    prefill_cost(r.model, r.hw, rc, double(p))});
+  }
+  for (int64_t b : ro.batches) {
+    rows.push_back({"decode", b, linear_intensity(double(b), d, sw, sa), linear_intensity_limit(double(b), sw),
+                    decode_step_cost(r.model, r.hw, rc, double(b), double(ro.context))});
+  }
+  const GenerationCost step = generation_step_flops(r.model, double(ro.generated));
+  const GenerationCost total = generation_total_flops(r.model, double(ro.generated));
+  const double per_dev_flops = r.hw.peak_flops, per_dev_bw = r.hw.mem_bandwidth;
+  auto attainable = [&](double i) { return std::min(per_dev_flops, i * per_dev_bw); };
+
+  if (as_json) {
+    json j;
+    j["model"] = model_json(r.model);
+    j["hardware"] = hardware_json(r.hw);
+    j["precision"] = {{"weights", precision_name(rc.weights)},
+                      {"kv", precision_name(rc.kv)},
+                      {"activations", precision_name(rc.activations)}};
+    j["tp"] = rc.tp;
+    j["context"] = ro.context;
+    j["decode_attention_intensity"] = attn_i;
+    j["phases"] = json::array();
+    for (const Row& row : rows) {
+      j["phases"].push_back({{"phase", row.phase},
+                             {row.phase == "prefill" ? "prompt_tokens" : "batch", row.size},
+                             {"linear_intensity_exact", row.exact},
+                             {"linear_intensity_limit", row.limit},
+                             {"linear", {{"flops", row.cost.linear.flops}, {"bytes", row.cost.linear.bytes},
+                                         {"intensity", row.cost.linear.intensity()},
+                                         {"compute_bound", row.cost.linear.compute_bound()},
+                                         {"seconds", row.cost.linear.seconds()},
+                                         {"attainable_flops", attainable(row.cost.linear.intensity())}}},
+                             {"attention", {{"flops", row.cost.attention.flops}, {"bytes", row.cost.attention.bytes},
+                                            {"intensity", row.cost.attention.intensity()},
+                                            {"compute_bound", row.cost.attention.compute_bound()},
+                                            {"seconds", row.cost.attention.seconds()},
+                                            {"attainable_flops", attainable(row.cost.attention.intensity())}}},
+                             {"comm_seconds", row.cost.comm_seconds},
+                             {"seconds", row.cost.seconds()}});
+    }
+    auto gen = [](const GenerationCost& g) {
+      return json{{"per_layer", {{"cached", {{"attention", g.cached_per_layer.attention},
+                                            {"projections", g.cached_per_layer.projections}}},
+                                {"naive", {{"attention", g.naive_per_layer.attention},
+                                           {"projections", g.naive_per_layer.projections}}}}},
+                  {"model", {{"cached", {{"attention", g.cached_model.attention},
+                                        {"projections", g.cached_model.projections}}},
+                            {"naive", {{"attention", g.naive_model.attention},
+                                       {"projections", g.naive_model.projections}}}}}};
+    };
+    j["no_cache"] = {{"generated", ro.generated}, {"step_at_n", gen(step)}, {"total_over_n", gen(total)}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  print_model_line(r.model, r.weights, r.kv);
+  print_hw_line(r.hw, rc.tp);
+  std::cout << "\nArithmetic intensity (FLOP/B) of the linear layers, d = " << r.model.hidden
+            << ": exact 2Td^2/((2Td)S_a + d^2 S_w) and its T << d/2 limit 2T/S;\n"
+            << "decode attention over the cache: 2G/S = " << fmt_fixed(attn_i, 2) << " (G = " << gqa_group(r.model)
+            << ", S = " << fmt_sig(skv) << "). Ridge: " << fmt_fixed(ridge, 1) << " FLOP/B.\n"
+            << "Times per rank: each kernel group at max(FLOPs/peak, bytes/bandwidth), summed";
+  if (rc.tp > 1) std::cout << ", + tensor-parallel all-reduce";
+  std::cout << ". Decode at context " << ro.context << ".\n\n";
+  TextTable t({"phase", "T", "exact", "2T/S", "linear", "attn I", "attention", "time", "tokens/s"});
+  for (const Row& row : rows) {
+    const bool pre = row.phase == "prefill";
+    const double tps = double(row.size) / row.cost.seconds();
+    t.add({pre ? "prefill P" : "decode B", std::to_string(row.size), fmt_fixed(row.exact, 1), fmt_fixed(row.limit, 1),
+           row.cost.linear.compute_bound() ? "compute" : "memory", fmt_fixed(row.cost.attention.intensity(), 1),
+           row.cost.attention.compute_bound() ? "compute" : "memory", fmt_time(row.cost.seconds()),
+           fmt_sig(tps)});
+  }
+  t.print(std::cout);
+  std::cout << "\nGenerating without a KV cache (FLOPs), n = " << ro.generated
+            << " tokens (from an empty context):\n";
+  TextTable g({"", "attention cached", "attention naive", "projections cached", "projections naive"});
+  g.add({"step n, per layer", fmt_count(step.cached_per_layer.attention), fmt_count(step.naive_per_layer.attention),
+         fmt_count(step.cached_per_layer.projections), fmt_count(step.naive_per_layer.projections)});
+  g.add({"step n, model", fmt_count(step.cached_model.attention), fmt_count(step.naive_model.attention),
+         fmt_count(step.cached_model.projections), fmt_count(step.naive_model.projections)});
+  g.add({"all n steps, per layer", fmt_count(total.cached_per_layer.attention),
+         fmt_count(total.naive_per_layer.attention), fmt_count(total.cached_per_layer.projections),
+         fmt_count(total.naive_per_layer.projections)});
+  g.add({"all n steps, model", fmt_count(total.cached_model.attention), fmt_count(total.naive_model.attention),
+         fmt_count(total.cached_model.projections), fmt_count(total.naive_model.projections)});
+  g.print(std::cout);
+  std::cout << "(cumulative growth: attention N^3 naive vs N^2 cached; projections N^2 naive vs N cached; "
+               "the model rows include the LM head)\n";
+  return 0;
+}
+
+// ---- pd-plan pools --------------------------------------------------------------------------
+
+struct PoolsOptions {
+  double rate = 10;
+  std::string prompt_len = "lognormal:1024:0.8";
+  std::string output_len = "exp:256";
+  int64_t requests = 20'000;
+  uint64_t seed = 1;
+  double ttft = 1.0;
+  double tpot = 0.05;
+  double quantile = 0.9;
+  std::string profile;
+  int64_t prefill_budget = 8192;
+  int max_decode_batch = 256;
+  int max_ranks = 256;
+  int prefill = 0;  // > 0 with --decode: evaluate this configuration instead of searching
+  int decode = 0;
+  bool no_overlap = false;
+};
+
+json sim_json(const SimResult& s) {
+  auto lat = [](const LatencyStats& l) {
+    return json{{"mean", l.mean}, {"p50", l.p50}, {"p90", l.p90}, {"p99", l.p99}, {"max", l.max}};
+  };
+  return {{"requests", s.requests},         {"measured", s.measured},
+          {"completed", s.completed},       {"failed", s.failed},
+          {"preemptions", s.preemptions},   {"ttft", lat(s.ttft)},
+          {"tpot", lat(s.tpot)},            {"e2e", lat(s.e2e)},
+          {"queue_wait", lat(s.queue_wait)}, {"throughput_rps", s.throughput_rps},
+          {"goodput_rps", s.goodput_rps},   {"slo_attainment", s.slo_attainment},
+          {"meets_slo", s.meets_slo},       {"output_tokens_per_second", s.output_tokens_per_second},
+          {"mean_decode_batch", s.mean_decode_batch}, {"prefill_utilization", s.prefill_utilization},
+          {"decode_utilization", s.decode_utilization}, {"max_router_queue", s.max_router_queue}};
+}
+
+void add_sim_row(TextTable* t, const std::string& name, int ranks, const SimResult& s) {
+  t->add({name, std::to_string(ranks), fmt_time(s.ttft.p50), fmt_time(s.ttft.p90), fmt_time(s.tpot.p50),
+          fmt_time(s.tpot.p90), fmt_fixed(s.slo_attainment * 100, 1) + "%", fmt_fixed(s.goodput_rps, 2),
+          fmt_fixed(s.goodput_rps / ranks, 3), fmt_fixed(s.mean_decode_batch, 1), std::to_string(s.preemptions),
+          s.meets_slo ? "yes" : "no"});
+}
+
+int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
+  if (!(po.rate > 0)) die("--rate: must be positive, got " + fmt_sig(po.rate));
+  if (po.requests <= 0) die("--requests: must be positive, got " + std::to_string(po.requests));
+  if (!(po.ttft > 0)) die("--ttft: must be positive, got " + fmt_sig(po.ttft));
+  if (!(po.tpot > 0)) die("--tpot: must be positive, got " + fmt_sig(po.tpot));
+  if (!(po.quantile > 0 && po.quantile <= 1)) die("--quantile: must be in (0, 1]");
+  if (po.prefill_budget <= 0) die("--prefill-budget: must be positive");
+  if (po.max_decode_batch <= 0) die("--max-batch: must be positive");
+  if (po.max_ranks <= 0) die("--max-ranks: must be positive");
+  if ((po.prefill > 0) != (po.decode > 0)) die("--prefill and --decode: give both (or neither, to search)");
+  if (po.prefill < 0 || po.decode < 0) die("--prefill/--decode: must be positive");
+  Workload w;
+  w.arrival_rate = po.rate;
+  w.prompt = or_die(parse_length_dist(po.prompt_len, "--prompt-len"));
+  w.output = or_die(parse_length_dist(po.output_len, "--output-len"));
+  w.num_requests = po.requests;
+  w.seed = po.seed;
+  const Resolved r = resolve(mo, ho, true);
+  RooflineConfig rc;
+  rc.weights = r.weights;
+  rc.kv = r.kv;
+  rc.activations = r.weights == Precision::kInt4 ? Precision::kInt8 : r.weights;
+  rc.tp = ho.tp;
+  {
+    pd::Status s = validate_roofline_config(r.model, rc);
+    if (!s.is_ok()) die("--" + s.message());
+  }
+  KvPoolConfig pc;
+  pc.device_memory_bytes = r.hw.mem_capacity;
+  pc.devices = ho.tp;
+  pc.memory_fraction = ho.memory_fraction;
+  pc.block_size = ho.block_size;
+  auto pool = plan_kv_pool(r.model, r.kv, r.weights, pc);
+  if (!pool.is_ok()) die("--tp/--hardware: " + pool.status().message());
+
+  std::unique_ptr<PhaseCostModel> cost;
+  std::string cost_source;
+  if (!po.profile.empty()) {
+    EngineProfile prof = or_die(engine_profile_from_file(po.profile));
+    cost_source = "engine profile " + po.profile;
+    cost = std::make_unique<ProfileCostModel>(std::move(prof), double(kv_bytes_per_token(r.model, r.kv)),
+                                              r.model.n_layers, r.hw.inter_node_bandwidth * ho.tp,
+                                              r.hw.link_latency);
+  } else {
+    cost_source = "roofline";
+    cost = std::make_unique<RooflineCostModel>(r.model, r.hw, rc);
+  }
+  ClusterConfig base;
+  base.prefill_token_budget = po.prefill_budget;
+  base.max_decode_batch = po.max_decode_batch;
+  base.block_size = ho.block_size;
+  base.decode_kv_blocks = pool->num_blocks;
+  base.prefill_kv_blocks = pool->num_blocks;
+  base.overlap_transfer = !po.no_overlap;
+  Slo slo;
+  slo.ttft_seconds = po.ttft;
+  slo.tpot_seconds = po.tpot;
+  slo.quantile = po.quantile;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  PoolPlan plan;
+  if (po.prefill > 0) {
+    ClusterConfig c = base;
+    c.prefill_ranks = po.prefill;
+    c.decode_ranks = po.decode;
+    plan.prefill_ranks = po.prefill;
+    plan.decode_ranks = po.decode;
+    plan.disaggregated = or_die(simulate(w, c, *cost, slo));
+    c.colocated = true;
+    c.decode_ranks = po.prefill + po.decode;
+    plan.colocated_same_total = or_die(simulate(w, c, *cost, slo));
+    plan.feasible = plan.disaggregated.meets_slo;
+    plan.simulations = 2;
+    if (!plan.feasible) plan.reason = "the given pools miss the SLOs";
+  } else {
+    PoolSearchConfig sc;
+    sc.max_ranks_per_pool = po.max_ranks;
+    plan = or_die(plan_pools(w, base, *cost, slo, sc));
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool evaluated = po.prefill > 0 || plan.feasible;
+
+  if (as_json) {
+    json j;
+    j["model"] = model_json(r.model);
+    j["hardware"] = hardware_json(r.hw);
+    j["tp"] = ho.tp;
+    j["cost_model"] = cost_source;
+    j["workload"] = {{"rate", po.rate}, {"prompt_len", length_dist_to_string(w.prompt)},
+                     {"output_len", length_dist_to_string(w.output)}, {"requests", po.requests},
+                     {"seed", po.seed}};
+    j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
+    j["kv_pool"] = {{"blocks_per_rank", pool->num_blocks}, {"block_size", ho.block_size},
+                    {"tokens_per_rank", pool->token_capacity}};
+    j["feasible"] = plan.feasible;
+    if (!plan.reason.empty()) j["reason"] = plan.reason;
+    j["simulations"] = plan.simulations;
+    j["wall_seconds"] = wall;
+    if (evaluated) {
+      j["prefill_ranks"] = plan.prefill_ranks;
+      j["decode_ranks"] = plan.decode_ranks;
+      j["disaggregated"] = sim_json(plan.disaggregated);
+      j["colocated_same_total"] = sim_json(plan.colocated_same_total);
+      j["colocated_min_ranks"] = plan.colocated_min_ranks;
+      if (plan.colocated_min_ranks > 0) j["colocated_min"] = sim_json(plan.colocated_min);
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  print_model_line(r.model, r.weights, r.kv);
+  print_hw_line(r.hw, ho.tp);
+  std::cout << "workload: " << po.rate << " req/s Poisson, prompt " << length_dist_to_string(w.prompt) << ", output "
+            << length_dist_to_string(w.output) << ", " << po.requests << " requests (seed " << po.seed << ")\n"
+            << "SLO: TTFT p" << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.ttft) << ", TPOT p"
+            << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.tpot) << "; costs from " << cost_source
+            << "; KV pool " << pool->num_blocks << " blocks (" << pool->token_capacity << " tokens) per rank\n\n";
+  if (!evaluated) {
+    std::cout << "no pool sizes meet the SLOs: " << plan.reason << "\n";
+    std::cout << "(" << plan.simulations << " simulations, " << fmt_fixed(wall, 2) << " s)\n";
+    return 0;
+  }
+  if (po.prefill == 0) {
+    std::cout << "smallest pools meeting the SLOs: " << plan.prefill_ranks << " prefill + " << plan.decode_ranks
+              << " decode ranks (" << (plan.prefill_ranks + plan.decode_ranks) * ho.tp << " devices)\n\n";
+  } else if (!plan.feasible) {
+    std::cout << "the given pools (" << po.prefill << " prefill + " << po.decode << " decode) miss the SLOs\n\n";
+  }
+  TextTable t({"configuration", "ranks", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "in SLO", "goodput/s",
+           "per rank", "batch", "preempt", "meets"});
+  add_sim_row(&t,
+              "disaggregated " + std::to_string(plan.prefill_ranks) + "P+" + std::to_string(plan.decode_ranks) + "D",
+              plan.prefill_ranks + plan.decode_ranks, plan.disaggregated);
+  add_sim_row(&t, "colocated, same total", plan.prefill_ranks + plan.decode_ranks, plan.colocated_same_total);
+  if (po.prefill == 0) {
+    if (plan.colocated_min_ranks > 0) {
+      add_sim_row(&t, "colocated, smallest", plan.colocated_min_ranks, plan.colocated_min);
+    } else {
+      t.add({"colocated, smallest", "> " + std::to_string(po.max_ranks), "", "", "", "", "", "", "", "", "", "no"});
+    }
+  }
+  t.print(std::cout);
+  std::cout << "\n(goodput = requests/s within both SLOs; " << plan.simulations << " simulations of "
+            << po.requests << " requests in " << fmt_fixed(wall, 2) << " s)\n";
+  return 0;
+}
+
+// ---- pd-plan list ---------------------------------------------------------------------------
+
+int run_list(bool as_json) {
+  if (as_json) {
+    json j;
+    j["models"] = json::array();
+    for (const ModelSpec& m : model_presets()) j["models"].push_back(model_json(m));
+    j["hardware"] = json::array();
+    for (const HardwareSpec& h : hardware_presets()) j["hardware"].push_back(hardware_json(h));
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  TextTable m({"model", "layers", "hidden", "heads", "KV heads", "head dim", "FFN", "vocab", "params", "KV B/token bf16"});
+  for (const ModelSpec& s : model_presets()) {
+    m.add({s.name, std::to_string(s.n_layers), std::to_string(s.hidden), std::to_string(s.n_heads),
+           std::to_string(s.n_kv_heads), std::to_string(s.head_dim), std::to_string(s.ffn), std::to_string(s.vocab),
+           fmt_count(double(parameter_count(s))), std::to_string(kv_bytes_per_token(s, Precision::kBf16))});
+  }
+  m.print(std::cout);
+  std::cout << "\n";
+  TextTable h({"hardware", "peak TFLOP/s", "memory GB/s", "memory", "NVLink GB/s", "NIC GB/s", "ridge FLOP/B"});
+  for (const HardwareSpec& s : hardware_presets()) {
+    h.add({s.name, fmt_sig(s.peak_flops / 1e12), fmt_sig(s.mem_bandwidth / 1e9), fmt_bytes(double(s.mem_capacity)),
+           fmt_sig(s.intra_node_bandwidth / 1e9), fmt_sig(s.inter_node_bandwidth / 1e9),
+           fmt_fixed(s.ridge_intensity(), 1)});
+  }
+  h.print(std::cout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "pd-plan: capacity planner for a disaggregated prefill/decode cluster.\n"
+      "  pd-plan kv        KV-cache footprint vs weights, GQA vs MHA, and a rank's KV pool\n"
+      "  pd-plan roofline  arithmetic intensity of prefill and decode, ridge point, time estimates,\n"
+      "                    and the cost of generating without a KV cache\n"
+      "  pd-plan pools     smallest prefill/decode pools meeting TTFT/TPOT SLOs (simulation),\n"
+      "                    against a colocated pool\n"
+      "  pd-plan list      model and hardware presets\n"
+      "docs/PLANNER.md explains every figure."};
+  app.require_subcommand(1);
+  bool as_json = false;
+  app.add_flag("--json", as_json, "Machine-readable JSON output");
+
+  ModelOptions mo;
+  HardwareOptions ho;
+  KvOptions ko;
+  RooflineOptions ro;
+  PoolsOptions po;
+
+  CLI::App* kv = app.add_subcommand("kv", "KV-cache footprint and KV pool sizing");
+  add_model_options(kv, &mo);
+  add_hardware_options(kv, &ho);
+  kv->add_option("--context", ko.contexts, "Context lengths (comma-separated)")->delimiter(',')->capture_default_str();
+  kv->add_option("--batch", ko.batches, "Batch sizes (comma-separated)")->delimiter(',')->capture_default_str();
+  kv->add_flag("--json", as_json, "Machine-readable JSON output");
+
+  CLI::App* rf = app.add_subcommand("roofline", "Roofline of prefill vs decode; cost without a KV cache");
+  add_model_options(rf, &mo);
+  add_hardware_options(rf, &ho);
+  rf->add_option("--prompt", ro.prompts, "Prompt lengths P (comma-separated)")->delimiter(',')->capture_default_str();
+  rf->add_option("--batch", ro.batches, "Decode batch sizes B (comma-separated)")->delimiter(',')->capture_default_str();
+  rf->add_option("--context", ro.context, "Decode context length L")->capture_default_str();
+  rf->add_option("--generated", ro.generated, "N for the naive-vs-cached generation cost")->capture_default_str();
+  rf->add_option("--activations", ro.activations, "Activation precision (default: the weight precision)");
+  rf->add_flag("--json", as_json, "Machine-readable JSON output (input of scripts/plot_roofline.py)");
+
+  CLI::App* pl = app.add_subcommand("pools", "Size prefill and decode pools by simulation");
+  add_model_options(pl, &mo);
+  add_hardware_options(pl, &ho);
+  pl->add_option("--rate", po.rate, "Arrival rate, requests/s (Poisson)")->capture_default_str();
+  pl->add_option("--prompt-len", po.prompt_len, "Prompt length: N, uniform:LO:HI, exp:MEAN, lognormal:MEAN:SIGMA")
+      ->capture_default_str();
+  pl->add_option("--output-len", po.output_len, "Output length, same forms")->capture_default_str();
+  pl->add_option("--requests", po.requests, "Simulated requests per run")->capture_default_str();
+  pl->add_option("--seed", po.seed, "Workload seed")->capture_default_str();
+  pl->add_option("--ttft", po.ttft, "TTFT SLO, seconds")->capture_default_str();
+  pl->add_option("--tpot", po.tpot, "Time-per-output-token SLO, seconds")->capture_default_str();
+  pl->add_option("--quantile", po.quantile, "SLO quantile")->capture_default_str();
+  pl->add_option("--profile", po.profile, "Measured engine profile JSON (default: roofline costs)");
+  pl->add_option("--prefill-budget", po.prefill_budget, "Tokens per prefill pass")->capture_default_str();
+  pl->add_option("--max-batch", po.max_decode_batch, "Running sequences per decode rank")->capture_default_str();
+  pl->add_option("--max-ranks", po.max_ranks, "Search cap per pool")->capture_default_str();
+  pl->add_option("--prefill", po.prefill, "Evaluate this many prefill ranks (with --decode) instead of searching");
+  pl->add_option("--decode", po.decode, "Evaluate this many decode ranks (with --prefill)");
+  pl->add_flag("--no-overlap", po.no_overlap, "KV handoff after the prefill pass, not layer by layer during it");
+  pl->add_flag("--json", as_json, "Machine-readable JSON output");
+
+  CLI::App* ls = app.add_subcommand("list", "Model and hardware presets");
+  ls->add_flag("--json", as_json, "Machine-readable JSON output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    die(e.what());
+  }
+  if (kv->parsed()) return run_kv(mo, ho, ko, as_json);
+  if (rf->parsed()) return run_roofline(mo, ho, ro, as_json);
+  if (pl->parsed()) return run_pools(mo, ho, po, as_json);
+  if (ls->parsed()) return run_list(as_json);
+  return 0;
+}
