@@ -28,7 +28,7 @@
 
 namespace {
 
-constexpr float kLogitAbsTol = 0.05f;
+constexpr float kLogitAbsTol = 1e-3f;  // measured: <= 5e-5 on the CPU backend
 constexpr float kNearTieGap = 0.05f;
 
 nlohmann::json read_json(const std::string& path) {
