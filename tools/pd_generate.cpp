@@ -12,7 +12,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <algorithm>
 
 #include "backend/backend.h"
 #include "gguf/gguf_reader.h"
@@ -131,10 +130,8 @@ int main(int argc, char** argv) {
     if (im_end >= 0 && im_end != opt.eos_id) req.sampling.stop_token_ids.push_back(im_end);
   }
   opt.on_token = [&](size_t, pd::TokenId t) {
-    if (!ignore_eos && (t == opt.eos_id || std::find(req.sampling.stop_token_ids.begin(),
-                                                      req.sampling.stop_token_ids.end(), t) !=
-                                               req.sampling.stop_token_ids.end()))
-      return;  // the stop token itself is not printed
+    const pd::StopReason stop = pd::check_stop(req.sampling, t, opt.eos_id, /*n_generated=*/0);
+    if (stop == pd::StopReason::kEos || stop == pd::StopReason::kStopToken) return;  // not printed
     std::fputs(decoder.push(t).c_str(), stdout);
     std::fflush(stdout);
   };

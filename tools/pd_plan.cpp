@@ -89,6 +89,16 @@ void add_hardware_options(CLI::App* app, HardwareOptions* o) {
   app->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
 }
 
+// The KV pool one rank gets on the chosen hardware (the same sizing the cluster uses).
+pd::Result<KvPoolPlan> kv_pool_of(const Resolved& r, const HardwareOptions& ho) {
+  KvPoolConfig pc;
+  pc.device_memory_bytes = r.hw.mem_capacity;
+  pc.devices = ho.tp;
+  pc.memory_fraction = ho.memory_fraction;
+  pc.block_size = ho.block_size;
+  return plan_kv_pool(r.model, r.kv, r.weights, pc);
+}
+
 Resolved resolve(const ModelOptions& mo, const HardwareOptions& ho, bool need_hw) {
   Resolved r;
   const int sources = !mo.json_path.empty() + !mo.gguf_path.empty();
@@ -196,12 +206,7 @@ int run_kv(const ModelOptions& mo, const HardwareOptions& ho, const KvOptions& k
   const Resolved r = resolve(mo, ho, false);
   auto rows = kv_footprint_table(r.model, r.kv, r.weights, ko.contexts, ko.batches);
   if (!rows.is_ok()) die("--" + rows.status().message());
-  KvPoolConfig pc;
-  pc.device_memory_bytes = r.hw.mem_capacity;
-  pc.devices = ho.tp;
-  pc.memory_fraction = ho.memory_fraction;
-  pc.block_size = ho.block_size;
-  auto pool = plan_kv_pool(r.model, r.kv, r.weights, pc);
+  auto pool = kv_pool_of(r, ho);
   const int64_t per_token = kv_bytes_per_token(r.model, r.kv);
   const int64_t per_token_mha = kv_geometry_mha(r.model, r.kv).bytes_per_token();
   const int64_t weights = weight_bytes(r.model, r.weights);
@@ -485,12 +490,7 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
     pd::Status s = validate_roofline_config(r.model, rc);
     if (!s.is_ok()) die("--" + s.message());
   }
-  KvPoolConfig pc;
-  pc.device_memory_bytes = r.hw.mem_capacity;
-  pc.devices = ho.tp;
-  pc.memory_fraction = ho.memory_fraction;
-  pc.block_size = ho.block_size;
-  auto pool = plan_kv_pool(r.model, r.kv, r.weights, pc);
+  auto pool = kv_pool_of(r, ho);
   if (!pool.is_ok()) die("--tp/--hardware: " + pool.status().message());
 
   std::unique_ptr<PhaseCostModel> cost;

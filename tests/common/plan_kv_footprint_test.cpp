@@ -1,6 +1,8 @@
 // KV bytes per token, footprints and pool sizing against hand-worked numbers.
 #include <catch2/catch.hpp>
 
+#include "common/plan_test_presets.h"
+
 #include <cstdint>
 #include <vector>
 
@@ -9,13 +11,9 @@
 #include "plan/model_spec.h"
 
 using namespace pd::plan;
+using pd::plan::test::preset;
 
 namespace {
-ModelSpec preset(const char* name) {
-  auto r = model_preset(name);
-  REQUIRE(r.is_ok());
-  return *r;
-}
 constexpr int64_t kGiB = int64_t{1} << 30;
 }  // namespace
 

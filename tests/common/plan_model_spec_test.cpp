@@ -1,6 +1,8 @@
 // Model presets against their published sizes; JSON and GGUF loading.
 #include <catch2/catch.hpp>
 
+#include "common/plan_test_presets.h"
+
 #include <string>
 
 #include "gguf/gguf_reader.h"
@@ -8,14 +10,8 @@
 #include "plan/model_spec.h"
 
 using namespace pd::plan;
+using pd::plan::test::preset;
 
-namespace {
-ModelSpec preset(const char* name) {
-  auto r = model_preset(name);
-  REQUIRE(r.is_ok());
-  return *r;
-}
-}  // namespace
 
 TEST_CASE("plan: preset parameter counts match the published model sizes", "[plan]") {
   // Counts computed by hand from the config fields (see docs/PLANNER.md):

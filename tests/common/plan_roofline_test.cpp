@@ -1,24 +1,16 @@
 // Roofline formulas against hand-worked numbers.
 #include <catch2/catch.hpp>
 
+#include "common/plan_test_presets.h"
+
 #include "plan/hardware.h"
 #include "plan/model_spec.h"
 #include "plan/roofline.h"
 
 using namespace pd::plan;
+using pd::plan::test::preset;
+using pd::plan::test::hw;
 
-namespace {
-ModelSpec preset(const char* name) {
-  auto r = model_preset(name);
-  REQUIRE(r.is_ok());
-  return *r;
-}
-HardwareSpec hw(const char* name) {
-  auto r = hardware_preset(name);
-  REQUIRE(r.is_ok());
-  return *r;
-}
-}  // namespace
 
 TEST_CASE("plan: arithmetic intensity formulas", "[plan][roofline]") {
   // d = 8192 (70B), bf16 (S = 2).
