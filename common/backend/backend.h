@@ -129,6 +129,8 @@ struct BackendConfig {
   std::string kind = "cpu";  // "cpu" or "cuda"
   int n_threads = 0;         // CPU: 0 = all cores
   int device = 0;            // CUDA device ordinal
+  // CPU: same matmul kernel for every batch size (see CpuBackendConfig).
+  bool batch_invariant = true;
 };
 
 // Creates a backend. Unsupported (naming the kind) when it wasn't built or no

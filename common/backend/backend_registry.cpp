@@ -22,6 +22,7 @@ Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg) {
   if (cfg.kind == "cpu") {
     CpuBackendConfig c;
     c.n_threads = cfg.n_threads;
+    c.batch_invariant = cfg.batch_invariant;
     return make_cpu_backend(c);
   }
   if (cfg.kind == "cuda") {

@@ -136,7 +136,7 @@ class CpuBackend final : public Backend {
     const uint8_t* wb = static_cast<const uint8_t*>(w.data);
     const size_t w_row_bytes = w.row_bytes();
 
-    if (m >= cfg_.gemm_min_rows || m > 64) {
+    if (!cfg_.batch_invariant && m >= cfg_.gemm_min_rows) {
       // Panels of kPanel weight rows: dequantize once, then one sgemm per panel.
       constexpr int64_t kPanel = 64;
       const int64_t n_panels = (n + kPanel - 1) / kPanel;
@@ -160,14 +160,20 @@ class CpuBackend final : public Backend {
       return Status::ok();
     }
 
-    // Small batches: each weight row is decoded once and dotted with all m inputs.
-    const int mm = static_cast<int>(m);
-#pragma omp parallel for num_threads(n_threads_) schedule(static)
-    for (int64_t j = 0; j < n; ++j) {
-      float acc[64];
-      for (int i = 0; i < mm; ++i) acc[i] = 0.0f;
-      cpu::dot_row_multi(w.type, wb + j * w_row_bytes, k, xs, k, mm, acc);
-      for (int i = 0; i < mm; ++i) os[i * n + j] = acc[i];
+    // Row-dot kernels: each weight row is unpacked once per tile of inputs and
+    // dotted with each of them; inputs in chunks of kChunk rows so the chunk
+    // stays in cache while the weights stream past it.
+    constexpr int64_t kChunk = 64;
+#pragma omp parallel num_threads(n_threads_)
+    for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
+      const int mt = static_cast<int>(std::min(kChunk, m - i0));
+#pragma omp for schedule(static)
+      for (int64_t j = 0; j < n; ++j) {
+        float acc[kChunk];
+        for (int i = 0; i < mt; ++i) acc[i] = 0.0f;
+        cpu::dot_row_multi(w.type, wb + j * w_row_bytes, k, xs + i0 * k, k, mt, acc);
+        for (int i = 0; i < mt; ++i) os[(i0 + i) * n + j] = acc[i];
+      }
     }
     return Status::ok();
   }

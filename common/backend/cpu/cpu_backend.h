@@ -1,6 +1,7 @@
 // The CPU backend: weights used in place from the GGUF mapping (quantized),
 // activations F32, GEMMs through OpenBLAS on dequantized weight panels for
-// large batches and fused dequantize-dot kernels for small ones, OpenMP threads.
+// large batches and fused dequantize-dot kernels for small ones (or for all, in
+// batch-invariant mode, the default), OpenMP threads.
 #pragma once
 
 #include <memory>
@@ -14,6 +15,12 @@ struct CpuBackendConfig {
   // Batches with at least this many rows use dequantize + sgemm; smaller ones
   // use the fused dequantize-dot kernel (one weight stream for the batch).
   int gemm_min_rows = 8;
+  // Every matmul row computed by the same row-dot kernel whatever the batch
+  // size, so a sequence's logits (and greedy tokens) do not depend on what it
+  // was batched with: the serving cluster needs this to match pd-generate
+  // token for token under continuous batching and preemption. Off = the
+  // sgemm path above gemm_min_rows (faster prefill, batch-dependent rounding).
+  bool batch_invariant = true;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendConfig& cfg);

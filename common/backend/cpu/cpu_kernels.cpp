@@ -49,8 +49,6 @@ inline float dot32(const float* a, const float* b) {
 }
 
 #if PD_CPU_AVX2
-// One input row against one weight row, straight from the packed blocks, with
-// vector accumulators carried across blocks (one horizontal sum per row).
 inline float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -60,67 +58,83 @@ inline float hsum256(__m256 v) {
 inline __m256 u8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 inline __m256 i8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
-// Q4_1: sum((d*q + m) * x) = d * sum(q*x) + m * sum(x).
-float row_dot_q4_1_avx2(const BlockQ4_1* blocks, int64_t nb, const float* x) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].qs));
-    const __m128i lo = _mm_and_si128(q, low4);                      // elements 0..15
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);   // elements 16..31
-    const float* xb = x + b * kQK;
-    const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
-    const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
-    __m256 qx = _mm256_mul_ps(u8x8_to_ps(lo), x0);
-    qx = _mm256_fmadd_ps(u8x8_to_ps(_mm_srli_si128(lo, 8)), x1, qx);
-    qx = _mm256_fmadd_ps(u8x8_to_ps(hi), x2, qx);
-    qx = _mm256_fmadd_ps(u8x8_to_ps(_mm_srli_si128(hi, 8)), x3, qx);
-    const __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blocks[b].d)), qx, acc);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blocks[b].m)), sx, acc);
+// Weight blocks as the AVX2 kernel sees them: the 32 quantized values as four
+// vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31), the scale d and, for
+// Q4_1, the offset m: sum((d*q + m) * x) = d * sum(q*x) + m * sum(x).
+struct Q4_0Avx2 {
+  using Block = BlockQ4_0;
+  static constexpr bool kHasMin = false;
+  static void load(const Block& b, __m256 q[4]) {
+    const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, low4), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), low4), eight);
+    q[0] = i8x8_to_ps(lo), q[1] = i8x8_to_ps(_mm_srli_si128(lo, 8));
+    q[2] = i8x8_to_ps(hi), q[3] = i8x8_to_ps(_mm_srli_si128(hi, 8));
   }
-  return hsum256(acc);
-}
-
-// Q4_0: d * sum((q - 8) * x).
-float row_dot_q4_0_avx2(const BlockQ4_0* blocks, int64_t nb, const float* x) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  const __m128i eight = _mm_set1_epi8(8);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].qs));
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low4), eight);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low4), eight);
-    const float* xb = x + b * kQK;
-    __m256 qx = _mm256_mul_ps(i8x8_to_ps(lo), _mm256_loadu_ps(xb));
-    qx = _mm256_fmadd_ps(i8x8_to_ps(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xb + 8), qx);
-    qx = _mm256_fmadd_ps(i8x8_to_ps(hi), _mm256_loadu_ps(xb + 16), qx);
-    qx = _mm256_fmadd_ps(i8x8_to_ps(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xb + 24), qx);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blocks[b].d)), qx, acc);
+  static float min(const Block&) { return 0.0f; }
+};
+struct Q4_1Avx2 {
+  using Block = BlockQ4_1;
+  static constexpr bool kHasMin = true;
+  static void load(const Block& b, __m256 q[4]) {
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    const __m128i lo = _mm_and_si128(v, low4);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    q[0] = u8x8_to_ps(lo), q[1] = u8x8_to_ps(_mm_srli_si128(lo, 8));
+    q[2] = u8x8_to_ps(hi), q[3] = u8x8_to_ps(_mm_srli_si128(hi, 8));
   }
-  return hsum256(acc);
-}
-
-// Q8_0: d * sum(q * x).
-float row_dot_q8_0_avx2(const BlockQ8_0* blocks, int64_t nb, const float* x) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].qs));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].qs + 16));
-    const float* xb = x + b * kQK;
-    __m256 qx = _mm256_mul_ps(i8x8_to_ps(q0), _mm256_loadu_ps(xb));
-    qx = _mm256_fmadd_ps(i8x8_to_ps(_mm_srli_si128(q0, 8)), _mm256_loadu_ps(xb + 8), qx);
-    qx = _mm256_fmadd_ps(i8x8_to_ps(q1), _mm256_loadu_ps(xb + 16), qx);
-    qx = _mm256_fmadd_ps(i8x8_to_ps(_mm_srli_si128(q1, 8)), _mm256_loadu_ps(xb + 24), qx);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(blocks[b].d)), qx, acc);
+  static float min(const Block& b) { return half_to_float(b.m); }
+};
+struct Q8_0Avx2 {
+  using Block = BlockQ8_0;
+  static constexpr bool kHasMin = false;
+  static void load(const Block& b, __m256 q[4]) {
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16));
+    q[0] = i8x8_to_ps(q0), q[1] = i8x8_to_ps(_mm_srli_si128(q0, 8));
+    q[2] = i8x8_to_ps(q1), q[3] = i8x8_to_ps(_mm_srli_si128(q1, 8));
   }
-  return hsum256(acc);
-}
+  static float min(const Block&) { return 0.0f; }
+};
 
-template <typename Block, float (*RowDot)(const Block*, int64_t, const float*)>
+// acc[i] += dot(weight row, x_i) for m inputs, straight from the packed
+// blocks: each block is unpacked once per tile of inputs, and every input
+// keeps its own vector accumulator (one horizontal sum per row). The
+// arithmetic of one input's dot product is the same whatever m is, so a
+// row's result does not depend on the batch it came in (batch invariance).
+template <typename T>
 void dot_rows_avx2(const void* w_row, int64_t k, const float* x, int64_t x_stride, int m, float* acc) {
-  const Block* blocks = static_cast<const Block*>(w_row);
-  for (int i = 0; i < m; ++i) acc[i] += RowDot(blocks, k / kQK, x + i * x_stride);
+  constexpr int kTile = 16;
+  const auto* blocks = static_cast<const typename T::Block*>(w_row);
+  const int64_t nb = k / kQK;
+  for (int i0 = 0; i0 < m; i0 += kTile) {
+    const int mt = m - i0 < kTile ? m - i0 : kTile;
+    __m256 a[kTile];
+    for (int i = 0; i < mt; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256 q[4];
+      T::load(blocks[b], q);
+      const __m256 d = _mm256_set1_ps(half_to_float(blocks[b].d));
+      const __m256 mn = _mm256_set1_ps(T::min(blocks[b]));
+      for (int i = 0; i < mt; ++i) {
+        const float* xb = x + (i0 + i) * x_stride + b * kQK;
+        const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+        const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+        __m256 qx = _mm256_mul_ps(q[0], x0);
+        qx = _mm256_fmadd_ps(q[1], x1, qx);
+        qx = _mm256_fmadd_ps(q[2], x2, qx);
+        qx = _mm256_fmadd_ps(q[3], x3, qx);
+        a[i] = _mm256_fmadd_ps(d, qx, a[i]);
+        if constexpr (T::kHasMin) {
+          const __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+          a[i] = _mm256_fmadd_ps(mn, sx, a[i]);
+        }
+      }
+    }
+    for (int i = 0; i < mt; ++i) acc[i0 + i] += hsum256(a[i]);
+  }
 }
 #endif  // PD_CPU_AVX2
 
@@ -149,11 +163,9 @@ void dot_row_multi(GgmlType type, const void* w_row, int64_t k, const float* x, 
                    float* acc) {
   switch (type) {
 #if PD_CPU_AVX2
-    // Small batches: each input streams the (cache-resident) weight row again;
-    // cheaper than decoding to fp32 first at these sizes.
-    case GgmlType::kQ4_0: return dot_rows_avx2<BlockQ4_0, row_dot_q4_0_avx2>(w_row, k, x, x_stride, m, acc);
-    case GgmlType::kQ4_1: return dot_rows_avx2<BlockQ4_1, row_dot_q4_1_avx2>(w_row, k, x, x_stride, m, acc);
-    case GgmlType::kQ8_0: return dot_rows_avx2<BlockQ8_0, row_dot_q8_0_avx2>(w_row, k, x, x_stride, m, acc);
+    case GgmlType::kQ4_0: return dot_rows_avx2<Q4_0Avx2>(w_row, k, x, x_stride, m, acc);
+    case GgmlType::kQ4_1: return dot_rows_avx2<Q4_1Avx2>(w_row, k, x, x_stride, m, acc);
+    case GgmlType::kQ8_0: return dot_rows_avx2<Q8_0Avx2>(w_row, k, x, x_stride, m, acc);
 #else
     case GgmlType::kQ4_0: return dot_blocks<BlockQ4_0, decode_q4_0>(w_row, k, x, x_stride, m, acc);
     case GgmlType::kQ4_1: return dot_blocks<BlockQ4_1, decode_q4_1>(w_row, k, x, x_stride, m, acc);
