@@ -3,9 +3,22 @@
 //   pd-generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p "text" [--chat] [-n N] [--temp T] [--seed S]
 //
 // Prints the continuation as it is generated, then one stats line on stderr.
+//
+//   pd-generate -m MODEL --batch prompts.jsonl
+//
+// Batch mode: one JSON object per input line, {"prompt": str, "chat": bool,
+// "max_tokens": int, "ignore_eos": bool, "temperature": float, "seed": int}
+// (all but "prompt" optional; the command-line values are the defaults), run
+// together through one batched generate(); prints one JSON line per prompt:
+// {"index", "prompt_tokens", "completion_tokens", "tokens", "text",
+// "finish_reason"} — the reference the cluster tests compare against. Text
+// leaves out EOS and <|im_end|>, as the server does.
 // Bad flags or an unreadable model: one line on stderr, exit status 2 (usage)
 // or 1 (runtime failure).
 #include <CLI/CLI.hpp>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -42,7 +55,10 @@ int main(int argc, char** argv) {
 
   CLI::App app{"pd-generate: generate text with the pdcluster engine"};
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
-  app.add_option("-p,--prompt", prompt, "prompt text (with --chat: the user message)")->required();
+  std::string batch_path;
+  auto* prompt_opt = app.add_option("-p,--prompt", prompt, "prompt text (with --chat: the user message)");
+  auto* batch_opt = app.add_option("--batch", batch_path, "JSONL file of prompts to run together (see the header)");
+  prompt_opt->excludes(batch_opt);
   app.add_flag("--chat", chat, "wrap the prompt in the model's chat template");
   app.add_option("--system", system_prompt, "system message for --chat (default: the template's own)");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(1, 1 << 20));
@@ -66,6 +82,7 @@ int main(int argc, char** argv) {
     return fail(e.what(), 2);
   }
 
+  if (prompt_opt->count() == 0 && batch_opt->count() == 0) return fail("one of --prompt or --batch is required", 2);
   if (!std::filesystem::exists(model_path)) return fail("model file not found: " + model_path + " (--model)", 2);
   auto file = pd::GgufFile::open(model_path);
   if (!file.is_ok()) return fail(file.status().to_string());
@@ -73,6 +90,82 @@ int main(int argc, char** argv) {
 
   auto tok = pd::Tokenizer::from_gguf(*gguf);
   if (!tok.is_ok()) return fail(tok.status().to_string());
+  if (!batch_path.empty()) {
+    std::ifstream in(batch_path);
+    if (!in) return fail("cannot read --batch file '" + batch_path + "'", 2);
+    auto tmpl = pd::ChatTemplate::from_gguf(*gguf);
+    const pd::TokenId eos = (*tok)->eos_id(), im_end = (*tok)->find_token("<|im_end|>");
+    std::vector<pd::GenerateRequest> reqs;
+    std::string line;
+    for (int line_no = 1; std::getline(in, line); ++line_no) {
+      if (line.empty()) continue;
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const std::exception& e) {
+        return fail(batch_path + ":" + std::to_string(line_no) + ": " + e.what(), 2);
+      }
+      if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
+        return fail(batch_path + ":" + std::to_string(line_no) + ": needs a string \"prompt\"", 2);
+      const bool is_chat = j.value("chat", chat);
+      std::string t = j["prompt"].get<std::string>();
+      if (is_chat) {
+        if (!tmpl.is_ok()) return fail(tmpl.status().to_string());
+        auto r = tmpl->apply({{"user", t}}, true);
+        if (!r.is_ok()) return fail(r.status().to_string());
+        t = *r;
+      }
+      pd::GenerateRequest req;
+      req.prompt = (*tok)->encode(t, is_chat);
+      if ((*tok)->add_bos() && (*tok)->bos_id() >= 0) req.prompt.insert(req.prompt.begin(), (*tok)->bos_id());
+      req.sampling.max_tokens = j.value("max_tokens", n_predict);
+      req.sampling.ignore_eos = j.value("ignore_eos", ignore_eos);
+      req.sampling.temperature = j.value("temperature", temp);
+      req.sampling.seed = j.value("seed", seed);
+      if (is_chat && im_end >= 0 && im_end != eos) req.sampling.stop_token_ids.push_back(im_end);
+      if (auto st = req.sampling.validate(); !st.is_ok())
+        return fail(batch_path + ":" + std::to_string(line_no) + ": " + st.message(), 2);
+      reqs.push_back(std::move(req));
+    }
+    pd::BackendConfig bc;
+    bc.kind = backend_kind;
+    bc.n_threads = threads;
+    auto backend = pd::create_backend(bc);
+    if (!backend.is_ok()) return fail(backend.status().to_string() + " (--backend)", 2);
+    auto model = pd::LlamaModel::load(gguf, **backend);
+    if (!model.is_ok()) return fail(model.status().to_string());
+    int64_t tokens_needed = 0;
+    for (const auto& r : reqs) {
+      if (static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens > (*model)->config().context)
+        return fail("a --batch prompt plus its max_tokens exceeds the model's context", 2);
+      tokens_needed += static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens + block_size;
+    }
+    const int64_t n_blocks = tokens_needed / block_size + 1;
+    auto cache = pd::KvCache::create(**backend, (*model)->config(), block_size, n_blocks);
+    if (!cache.is_ok()) return fail(cache.status().to_string());
+    pd::KvBlockManager blocks(pd::KvBlockManagerConfig{block_size, n_blocks, true});
+    pd::GenerateOptions opt;
+    opt.eos_id = eos;
+    auto out = pd::generate(**model, *cache, blocks, reqs, opt, nullptr);
+    if (!out.is_ok()) return fail(out.status().to_string());
+    for (size_t i = 0; i < out->size(); ++i) {
+      const pd::GenerateResult& r = (*out)[i];
+      pd::StreamDecoder dec(**tok);
+      std::string text;
+      for (pd::TokenId t : r.tokens)
+        if (t != eos && t != im_end) text += dec.push(t);
+      text += dec.flush();
+      nlohmann::json o{{"index", i},
+                       {"prompt_tokens", reqs[i].prompt.size()},
+                       {"completion_tokens", r.tokens.size()},
+                       {"tokens", r.tokens},
+                       {"text", text},
+                       {"finish_reason", r.stop == pd::StopReason::kLength ? "length" : "stop"}};
+      std::cout << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+    return 0;
+  }
+
   std::string text = prompt;
   if (chat) {
     auto tmpl = pd::ChatTemplate::from_gguf(*gguf);

@@ -198,6 +198,10 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
     PD_RETURN_IF_ERROR(be.rope(q, positions_, cfg_.rope_base));
     PD_RETURN_IF_ERROR(be.rope(k, positions_, cfg_.rope_base));
     PD_RETURN_IF_ERROR(be.kv_write(*cache.buffer, L, l, k, v, slots_));
+    if (kv_written_hook_) {
+      PD_RETURN_IF_ERROR(be.synchronize());
+      kv_written_hook_(l);
+    }
     PD_RETURN_IF_ERROR(be.paged_attention(q, *cache.buffer, L, l, att_tokens_, tables_, scale, attn));
     PD_RETURN_IF_ERROR(be.matmul(attn2, W.wo, o));
     PD_RETURN_IF_ERROR(be.add(x, o, x));

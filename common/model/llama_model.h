@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -54,6 +55,11 @@ class LlamaModel {
   Status prefill(std::span<const SequenceBatch> prompts, KvCache& cache, std::vector<float>* logits) {
     return forward(prompts, cache, logits);
   }
+  // Called on the calling thread as soon as layer `layer`'s K and V of the
+  // whole batch are in the cache (before that layer's attention), so a caller
+  // can start shipping a layer while the rest compute. Empty = none.
+  void set_kv_written_hook(std::function<void(int layer)> hook) { kv_written_hook_ = std::move(hook); }
+
   // Decode: exactly one new token per sequence.
   Status decode(std::span<const SequenceBatch> steps, KvCache& cache, std::vector<float>* logits);
 
@@ -83,6 +89,7 @@ class LlamaModel {
   std::vector<int32_t> ids_, positions_, slots_, logit_rows_;
   std::vector<AttentionToken> att_tokens_;
   std::vector<std::span<const int32_t>> tables_;
+  std::function<void(int)> kv_written_hook_;
 };
 
 }  // namespace pd

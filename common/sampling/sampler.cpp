@@ -181,6 +181,11 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 void Sampler::accept(TokenId id) { ++counts_[id]; }
 
+void Sampler::replay(TokenId id) {
+  if (!(params_.temperature <= 0.0f || params_.top_k == 1)) rng_.discard(1);  // sample()'s one draw
+  accept(id);
+}
+
 TokenId Sampler::sample(std::span<float> logits) {
   const size_t vocab = logits.size();
   if (vocab == 0) return 0;

@@ -49,6 +49,10 @@ class Sampler {
   TokenId sample(std::span<float> logits);
   // Records an emitted token (feeds the penalties).
   void accept(TokenId id);
+  // For a token another Sampler with the same params sampled as this
+  // request's next one (the prefill rank samples token 1, the decode rank goes
+  // on): advances the RNG exactly as that sample() call did, then accept()s it.
+  void replay(TokenId id);
   const SamplingParams& params() const { return params_; }
 
  private:

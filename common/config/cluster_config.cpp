@@ -1,0 +1,154 @@
+#include "config/cluster_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace pd {
+namespace {
+
+using nlohmann::json;
+
+// Reads section `name` of `j` into fields; every key must be known.
+class Reader {
+ public:
+  Reader(const json& j, std::string prefix) : j_(j), prefix_(std::move(prefix)) {}
+  template <typename T>
+  Reader& get(const char* key, T& out) {
+    known_.push_back(key);
+    if (!status_.is_ok() || !j_.contains(key)) return *this;
+    const json& v = j_.at(key);
+    const bool ok = std::is_same_v<T, bool>          ? v.is_boolean()
+                    : std::is_same_v<T, std::string> ? v.is_string()
+                    : std::is_integral_v<T>          ? v.is_number_integer()
+                                                     : v.is_number();
+    if (!ok) {
+      status_ = Status::invalid_argument("config: '" + prefix_ + key + "' has the wrong type (" + v.type_name() + ")");
+      return *this;
+    }
+    out = v.get<T>();
+    return *this;
+  }
+  // A key read elsewhere (a section object).
+  Reader& known(const char* key) {
+    known_.push_back(key);
+    return *this;
+  }
+  Status finish() {
+    if (!status_.is_ok()) return status_;
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (std::find(known_.begin(), known_.end(), it.key()) == known_.end())
+        return Status::invalid_argument("config: unknown key '" + prefix_ + it.key() + "'");
+    }
+    return Status::ok();
+  }
+
+ private:
+  const json& j_;
+  std::string prefix_;
+  std::vector<std::string> known_;
+  Status status_;
+};
+
+Status section(const json& root, const char* name, const std::function<Status(const json&, std::string)>& fn) {
+  if (!root.contains(name)) return Status::ok();
+  if (!root.at(name).is_object()) return Status::invalid_argument(std::string("config: '") + name + "' must be an object");
+  return fn(root.at(name), std::string(name) + ".");
+}
+
+Status range(const char* key, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    return Status::invalid_argument(std::string("config: '") + key + "' = " + std::to_string(v) + " is out of range [" +
+                                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
+  json root;
+  try {
+    root = json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    return Status::invalid_argument(std::string("config: invalid JSON: ") + e.what());
+  }
+  if (!root.is_object()) return Status::invalid_argument("config: the top level must be an object");
+  ClusterConfig c;
+  Reader top(root, "");
+  top.get("model", c.model).get("served_model_name", c.served_model_name);
+  // Sections are read below; list them as known keys.
+  for (const char* s : {"http", "kv", "prefill", "decode", "router", "timeouts"}) top.known(s);
+  PD_RETURN_IF_ERROR(top.finish());
+  PD_RETURN_IF_ERROR(section(root, "http", [&](const json& j, std::string p) {
+    return Reader(j, p).get("host", c.http.host).get("port", c.http.port).get("threads", c.http.threads)
+        .get("max_body_bytes", c.http.max_body_bytes).get("api_key", c.http.api_key)
+        .get("read_timeout_ms", c.http.read_timeout_ms).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "kv", [&](const json& j, std::string p) {
+    return Reader(j, p).get("block_size", c.kv.block_size).get("decode_budget_mb", c.kv.decode_budget_mb)
+        .get("prefill_budget_mb", c.kv.prefill_budget_mb).get("checksum", c.kv.checksum).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "prefill", [&](const json& j, std::string p) {
+    return Reader(j, p).get("token_budget", c.prefill.token_budget).get("max_batch", c.prefill.max_batch)
+        .get("threads", c.prefill.threads).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "decode", [&](const json& j, std::string p) {
+    return Reader(j, p).get("max_running", c.decode.max_running).get("threads", c.decode.threads).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "router", [&](const json& j, std::string p) {
+    return Reader(j, p).get("max_queued", c.router.max_queued)
+        .get("max_inflight_per_worker", c.router.max_inflight_per_worker)
+        .get("retry_after_s", c.router.retry_after_s).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "timeouts", [&](const json& j, std::string p) {
+    return Reader(j, p).get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
+        .get("request_ms", c.timeouts.request_ms).get("queue_ms", c.timeouts.queue_ms)
+        .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms).finish();
+  }));
+  PD_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Result<ClusterConfig> ClusterConfig::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::io_error("config: cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto c = parse(ss.str());
+  if (!c.is_ok()) return Status::invalid_argument(path + ": " + c.status().message());
+  return c;
+}
+
+Status ClusterConfig::validate() const {
+  if (model.empty()) return Status::invalid_argument("config: 'model' must name a GGUF file");
+  PD_RETURN_IF_ERROR(range("http.port", http.port, 0, 65535));
+  PD_RETURN_IF_ERROR(range("http.threads", http.threads, 1, 64));
+  PD_RETURN_IF_ERROR(range("http.max_body_bytes", http.max_body_bytes, 1024, int64_t{1} << 30));
+  PD_RETURN_IF_ERROR(range("http.read_timeout_ms", http.read_timeout_ms, 100, 3600000));
+  PD_RETURN_IF_ERROR(range("kv.block_size", kv.block_size, 1, 1024));
+  PD_RETURN_IF_ERROR(range("kv.decode_budget_mb", kv.decode_budget_mb, 1, int64_t{1} << 20));
+  PD_RETURN_IF_ERROR(range("kv.prefill_budget_mb", kv.prefill_budget_mb, 1, int64_t{1} << 20));
+  PD_RETURN_IF_ERROR(range("prefill.token_budget", prefill.token_budget, 1, 1 << 20));
+  PD_RETURN_IF_ERROR(range("prefill.max_batch", prefill.max_batch, 1, 4096));
+  PD_RETURN_IF_ERROR(range("prefill.threads", prefill.threads, 0, 1024));
+  PD_RETURN_IF_ERROR(range("decode.max_running", decode.max_running, 1, 4096));
+  PD_RETURN_IF_ERROR(range("decode.threads", decode.threads, 0, 1024));
+  PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 0, 1 << 20));
+  PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
+  PD_RETURN_IF_ERROR(range("router.retry_after_s", router.retry_after_s, 0, 3600));
+  for (auto [k, v] : {std::pair{"timeouts.handoff_ms", timeouts.handoff_ms}, {"timeouts.transfer_ms", timeouts.transfer_ms},
+                      {"timeouts.request_ms", timeouts.request_ms}, {"timeouts.queue_ms", timeouts.queue_ms},
+                      {"timeouts.drain_ms", timeouts.drain_ms}, {"timeouts.startup_ms", timeouts.startup_ms}})
+    PD_RETURN_IF_ERROR(range(k, v, 1, 86400000));
+  return Status::ok();
+}
+
+std::string ClusterConfig::model_name() const {
+  if (!served_model_name.empty()) return served_model_name;
+  return std::filesystem::path(model).stem().string();
+}
+
+}  // namespace pd

@@ -1,0 +1,67 @@
+// The cluster's configuration: one JSON file every rank reads (deploy/cluster.json
+// documents each key). Unknown keys and out-of-range values are errors naming
+// the key, so a typo never silently falls back to a default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "util/status.h"
+
+namespace pd {
+
+struct ClusterConfig {
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string served_model_name;  // "" = the model file's name without .gguf
+
+  struct Http {
+    std::string host = "127.0.0.1";
+    int port = 8000;
+    int threads = 2;
+    int64_t max_body_bytes = 1 << 20;
+    std::string api_key;            // "" = no authentication
+    int read_timeout_ms = 30000;
+  } http;
+
+  struct Kv {
+    int block_size = 16;                 // tokens per KV block (prefill and decode must agree)
+    int64_t decode_budget_mb = 256;      // KV pool per decode rank
+    int64_t prefill_budget_mb = 128;     // KV pool per prefill rank (holds KV until handed off)
+    bool checksum = true;                // XXH3-64 per layer on every transfer
+  } kv;
+
+  struct Prefill {
+    int token_budget = 2048;   // prompt tokens per prefill batch (one prompt may exceed it alone)
+    int max_batch = 16;        // prompts per batch
+    int threads = 0;           // compute threads per prefill rank (0 = all cores)
+  } prefill;
+
+  struct Decode {
+    int max_running = 64;      // sequences in the continuous batch
+    int threads = 0;           // compute threads per decode rank (0 = all cores)
+  } decode;
+
+  struct Router {
+    int max_queued = 256;          // requests waiting in the router before 503
+    int max_inflight_per_worker = 64;  // requests a worker may hold before the router queues
+    int retry_after_s = 1;
+  } router;
+
+  struct Timeouts {
+    int handoff_ms = 30000;    // offer -> accept (decode has no room yet)
+    int transfer_ms = 30000;   // accept -> all KV layers received
+    int request_ms = 600000;   // whole request, router side
+    int queue_ms = 60000;      // waiting in the router's queue
+    int drain_ms = 30000;      // SIGTERM: in-flight requests get this long to finish
+    int startup_ms = 120000;   // workers to report ready
+  } timeouts;
+
+  // Reads a JSON file. IoError naming the path; InvalidArgument naming the key.
+  static Result<ClusterConfig> load(const std::string& path);
+  static Result<ClusterConfig> parse(const std::string& json_text);
+  // Range checks (also run by load/parse); InvalidArgument naming the key.
+  Status validate() const;
+  std::string model_name() const;
+};
+
+}  // namespace pd

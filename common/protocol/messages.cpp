@@ -1,0 +1,182 @@
+#include "protocol/messages.h"
+
+#include <nlohmann/json.hpp>
+
+namespace pd::proto {
+namespace {
+
+using nlohmann::json;
+
+json sampling_json(const SamplingParams& p) {
+  return json{{"temperature", p.temperature}, {"top_k", p.top_k},
+              {"top_p", p.top_p},             {"min_p", p.min_p},
+              {"presence", p.presence_penalty}, {"frequency", p.frequency_penalty},
+              {"seed", p.seed},               {"max_tokens", p.max_tokens},
+              {"ignore_eos", p.ignore_eos},   {"stop_ids", p.stop_token_ids}};
+}
+SamplingParams sampling_from(const json& j) {
+  SamplingParams p;
+  p.temperature = j.at("temperature").get<float>();
+  p.top_k = j.at("top_k").get<int32_t>();
+  p.top_p = j.at("top_p").get<float>();
+  p.min_p = j.at("min_p").get<float>();
+  p.presence_penalty = j.at("presence").get<float>();
+  p.frequency_penalty = j.at("frequency").get<float>();
+  p.seed = j.at("seed").get<uint64_t>();
+  p.max_tokens = j.at("max_tokens").get<int32_t>();
+  p.ignore_eos = j.at("ignore_eos").get<bool>();
+  p.stop_token_ids = j.at("stop_ids").get<std::vector<int32_t>>();
+  return p;
+}
+json header_json(const KvWireHeader& h) {
+  return json{{"version", h.version},   {"id", h.request_id},       {"n_tokens", h.n_tokens},
+              {"block_size", h.block_size}, {"dtype", h.dtype},     {"n_layers", h.n_layers},
+              {"n_kv_heads", h.n_kv_heads}, {"head_dim", h.head_dim}, {"n_embd", h.n_embd},
+              {"vocab", h.vocab},       {"checksum", h.checksum}};
+}
+KvWireHeader header_from(const json& j) {
+  KvWireHeader h;
+  h.version = j.at("version").get<uint32_t>();
+  h.request_id = j.at("id").get<RequestId>();
+  h.n_tokens = j.at("n_tokens").get<int32_t>();
+  h.block_size = j.at("block_size").get<int32_t>();
+  h.dtype = j.at("dtype").get<std::string>();
+  h.n_layers = j.at("n_layers").get<int32_t>();
+  h.n_kv_heads = j.at("n_kv_heads").get<int32_t>();
+  h.head_dim = j.at("head_dim").get<int32_t>();
+  h.n_embd = j.at("n_embd").get<int32_t>();
+  h.vocab = j.at("vocab").get<int32_t>();
+  h.checksum = j.at("checksum").get<bool>();
+  return h;
+}
+
+struct ToJson {
+  json operator()(const PrefillRequest& m) const {
+    return {{"t", "prefill"}, {"id", m.id}, {"prompt", m.prompt}, {"sampling", sampling_json(m.sampling)},
+            {"decode_rank", m.decode_rank}};
+  }
+  json operator()(const Cancel& m) const { return {{"t", "cancel"}, {"id", m.id}}; }
+  json operator()(const Shutdown&) const { return {{"t", "shutdown"}}; }
+  json operator()(const HandoffOffer& m) const {
+    return {{"t", "offer"}, {"header", header_json(m.header)}, {"prompt", m.prompt},
+            {"sampling", sampling_json(m.sampling)}};
+  }
+  json operator()(const HandoffAccept& m) const { return {{"t", "accept"}, {"id", m.id}, {"tag", m.tag}}; }
+  json operator()(const HandoffReject& m) const {
+    return {{"t", "reject"}, {"id", m.id}, {"reason", m.reason}, {"cancelled", m.cancelled}};
+  }
+  json operator()(const HandoffAbort& m) const { return {{"t", "abort"}, {"id", m.id}, {"reason", m.reason}}; }
+  json operator()(const TokenEvents& m) const {
+    json events = json::array();
+    for (const TokenEvent& e : m.events)
+      events.push_back({{"id", e.id}, {"first", e.first_index}, {"tokens", e.tokens},
+                        {"finish", static_cast<int32_t>(e.finish)}, {"queue_s", e.queue_s},
+                        {"prefill_s", e.prefill_s}});
+    return {{"t", "tokens"}, {"events", std::move(events)}};
+  }
+  json operator()(const TransferStats& m) const {
+    return {{"t", "xfer"}, {"id", m.id}, {"bytes", m.bytes}, {"exposed_s", m.exposed_s}, {"wire_s", m.wire_s}};
+  }
+  json operator()(const RequestFailed& m) const {
+    return {{"t", "failed"}, {"id", m.id}, {"reason", m.reason}, {"status", m.http_status}};
+  }
+  json operator()(const LoadReport& m) const {
+    return {{"t", "load"},           {"waiting", m.waiting},         {"running", m.running},
+            {"free", m.free_blocks}, {"total", m.total_blocks}, {"preemptions", m.preemptions},
+            {"ready", m.ready}};
+  }
+};
+
+Message from_json(const json& j) {
+  const std::string t = j.at("t").get<std::string>();
+  if (t == "prefill")
+    return PrefillRequest{j.at("id").get<RequestId>(), j.at("prompt").get<std::vector<int32_t>>(),
+                          sampling_from(j.at("sampling")), j.at("decode_rank").get<int32_t>()};
+  if (t == "cancel") return Cancel{j.at("id").get<RequestId>()};
+  if (t == "shutdown") return Shutdown{};
+  if (t == "offer")
+    return HandoffOffer{header_from(j.at("header")), j.at("prompt").get<std::vector<int32_t>>(),
+                        sampling_from(j.at("sampling"))};
+  if (t == "accept") return HandoffAccept{j.at("id").get<RequestId>(), j.at("tag").get<int32_t>()};
+  if (t == "reject")
+    return HandoffReject{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(),
+                         j.at("cancelled").get<bool>()};
+  if (t == "abort") return HandoffAbort{j.at("id").get<RequestId>(), j.at("reason").get<std::string>()};
+  if (t == "tokens") {
+    TokenEvents m;
+    for (const json& e : j.at("events")) {
+      TokenEvent ev;
+      ev.id = e.at("id").get<RequestId>();
+      ev.first_index = e.at("first").get<int32_t>();
+      ev.tokens = e.at("tokens").get<std::vector<int32_t>>();
+      const int32_t f = e.at("finish").get<int32_t>();
+      if (f < 0 || f > 2) throw std::out_of_range("finish " + std::to_string(f));
+      ev.finish = static_cast<Finish>(f);
+      ev.queue_s = e.at("queue_s").get<double>();
+      ev.prefill_s = e.at("prefill_s").get<double>();
+      m.events.push_back(std::move(ev));
+    }
+    return m;
+  }
+  if (t == "xfer")
+    return TransferStats{j.at("id").get<RequestId>(), j.at("bytes").get<int64_t>(), j.at("exposed_s").get<double>(),
+                         j.at("wire_s").get<double>()};
+  if (t == "failed")
+    return RequestFailed{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(),
+                         j.at("status").get<int32_t>()};
+  if (t == "load") {
+    LoadReport m;
+    m.waiting = j.at("waiting").get<int32_t>();
+    m.running = j.at("running").get<int32_t>();
+    m.free_blocks = j.at("free").get<int64_t>();
+    m.total_blocks = j.at("total").get<int64_t>();
+    m.preemptions = j.at("preemptions").get<int64_t>();
+    m.ready = j.at("ready").get<bool>();
+    return m;
+  }
+  throw std::out_of_range("unknown message type '" + t + "'");
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize(const Message& m) { return json::to_msgpack(std::visit(ToJson{}, m)); }
+
+Result<Message> deserialize(const uint8_t* data, size_t size) {
+  try {
+    return from_json(json::from_msgpack(data, data + size));
+  } catch (const std::exception& e) {
+    return Status::corruption(std::string("malformed control message: ") + e.what());
+  }
+}
+
+const char* message_name(const Message& m) {
+  static constexpr const char* kNames[] = {"PrefillRequest", "Cancel",       "Shutdown",    "HandoffOffer",
+                                           "HandoffAccept",  "HandoffReject", "HandoffAbort", "TokenEvents",
+                                           "TransferStats",  "RequestFailed", "LoadReport"};
+  return kNames[m.index()];
+}
+
+Status check_compatible(const KvWireHeader& local, const KvWireHeader& remote) {
+  if (remote.version != local.version)
+    return Status::unsupported("KV wire version " + std::to_string(remote.version) + " (this rank speaks " +
+                               std::to_string(local.version) + ")");
+  std::string diff;
+  auto field = [&](const char* name, const auto& mine, const auto& theirs) {
+    if (mine == theirs) return;
+    std::string a, b;
+    if constexpr (std::is_same_v<std::decay_t<decltype(mine)>, std::string>) a = mine, b = theirs;
+    else a = std::to_string(mine), b = std::to_string(theirs);
+    diff += (diff.empty() ? "" : ", ") + std::string(name) + " " + b + " (sender) != " + a + " (receiver)";
+  };
+  field("block_size", local.block_size, remote.block_size);
+  field("dtype", local.dtype, remote.dtype);
+  field("n_layers", local.n_layers, remote.n_layers);
+  field("n_kv_heads", local.n_kv_heads, remote.n_kv_heads);
+  field("head_dim", local.head_dim, remote.head_dim);
+  field("n_embd", local.n_embd, remote.n_embd);
+  field("vocab", local.vocab, remote.vocab);
+  if (!diff.empty()) return Status::invalid_argument("KV handoff refused, model/cache mismatch: " + diff);
+  return Status::ok();
+}
+
+}  // namespace pd::proto

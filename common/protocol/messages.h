@@ -1,0 +1,115 @@
+// Control messages between the router and the workers, and between prefill and
+// decode workers. Small typed structs, serialized with nlohmann/json's
+// MessagePack; KV payloads never travel here (see kvtransfer/).
+//
+// Who sends what (R = router, P = prefill rank, D = decode rank):
+//   R -> P   PrefillRequest   a prompt to prefill and hand to decode rank `decode_rank`
+//   R -> D   PrefillRequest   colocated mode: the decode rank prefills it itself
+//   R -> P,D Cancel           the client went away / a stop string matched
+//   R -> all Shutdown         drain finished; exit
+//   P -> D   HandoffOffer     "I hold (or will hold) this request's KV": wire header + request
+//   D -> P   HandoffAccept    blocks are reserved and receives posted under `tag`
+//   D -> P   HandoffReject    refused (fingerprint mismatch, cancelled, no room in time)
+//   P -> D   HandoffAbort     an offered/accepted handoff will not be sent
+//   P,D -> R TokenEvents      generated tokens (and the finish reason) of some requests
+//   P,D -> R RequestFailed    a request ended with an error on that rank
+//   P,D -> R LoadReport       the rank's queue lengths and KV pool occupancy
+//   P -> R   TransferStats    a handoff's last byte left: its size and timings
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "sampling/sampler.h"
+#include "util/status.h"
+
+namespace pd::proto {
+
+using RequestId = uint64_t;
+
+// MPI tags. Control messages use kTagControl; each KV transfer uses one tag
+// from [kTagKvFirst, kTagKvFirst + kKvTagSpan), chosen by the receiving rank.
+inline constexpr int kTagControl = 1;
+inline constexpr int kTagKvFirst = 1000;
+inline constexpr int kKvTagSpan = 30000;  // MPI guarantees tags up to 32767
+
+// The model and cache geometry a KV transfer must agree on (the "fingerprint").
+struct KvWireHeader {
+  static constexpr uint32_t kVersion = 1;
+  uint32_t version = kVersion;
+  RequestId request_id = 0;
+  int32_t n_tokens = 0;     // tokens whose KV is sent (the prompt)
+  int32_t block_size = 0;   // tokens per block
+  std::string dtype = "f32";
+  int32_t n_layers = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t n_embd = 0;
+  int32_t vocab = 0;
+  bool checksum = true;     // the trailer carries an XXH3-64 per layer
+};
+
+struct PrefillRequest {
+  RequestId id = 0;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int32_t decode_rank = -1;
+};
+struct Cancel { RequestId id = 0; };
+struct Shutdown {};
+struct HandoffOffer {
+  KvWireHeader header;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+};
+struct HandoffAccept { RequestId id = 0; int32_t tag = 0; };
+struct HandoffReject { RequestId id = 0; std::string reason; bool cancelled = false; };
+struct HandoffAbort { RequestId id = 0; std::string reason; };
+
+enum class Finish : int32_t { kNone = 0, kStop = 1, kLength = 2 };
+struct TokenEvent {
+  RequestId id = 0;
+  int32_t first_index = 0;        // index of tokens[0] among the request's generated tokens
+  std::vector<int32_t> tokens;
+  Finish finish = Finish::kNone;  // set on the request's last event
+  // Worker-side timings (seconds) for /metrics, on a rank's first event of the
+  // request: prefill rank = its queue wait and the batch's compute time;
+  // decode rank = the wait from "KV received" (or arrival, colocated) to its
+  // first step. 0 = not measured here.
+  double queue_s = 0, prefill_s = 0;
+};
+struct TokenEvents { std::vector<TokenEvent> events; };
+struct TransferStats {
+  RequestId id = 0;
+  int64_t bytes = 0;
+  double exposed_s = 0;  // end of the prefill compute -> last byte sent (what the overlap did not hide)
+  double wire_s = 0;     // first layer posted -> last byte sent
+};
+struct RequestFailed { RequestId id = 0; std::string reason; int32_t http_status = 500; };
+struct LoadReport {
+  int32_t waiting = 0;        // queued requests not yet running
+  int32_t running = 0;        // sequences in the decode batch / being prefilled or transferred
+  int64_t free_blocks = 0;
+  int64_t total_blocks = 0;
+  int64_t preemptions = 0;    // since start
+  bool ready = false;         // model loaded, serving
+};
+
+using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
+                             TokenEvents, TransferStats, RequestFailed, LoadReport>;
+
+// MessagePack bytes of a message, and back. Corruption naming the problem for
+// bytes that are not a well-formed message of a known type.
+std::vector<uint8_t> serialize(const Message& m);
+Result<Message> deserialize(const uint8_t* data, size_t size);
+
+// A short name of the message's type, for logs ("PrefillRequest").
+const char* message_name(const Message& m);
+
+// Checks a received header against the local one: InvalidArgument naming each
+// differing field ("block_size 16 != 32"), Unsupported for another version.
+Status check_compatible(const KvWireHeader& local, const KvWireHeader& remote);
+
+}  // namespace pd::proto

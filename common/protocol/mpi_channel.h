@@ -1,0 +1,73 @@
+// The MPI side of the control plane: who is who in the job (the role table)
+// and a non-blocking channel for protocol messages.
+//
+// Threading: MPI is called from one thread per process (MPI_THREAD_FUNNELED);
+// every object here belongs to that thread.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/messages.h"
+#include "util/status.h"
+
+namespace pd {
+
+enum class Role : int32_t { kRouter = 0, kPrefill = 1, kDecode = 2 };
+const char* role_name(Role r);
+
+struct RoleTable {
+  std::vector<Role> roles;         // by rank
+  std::vector<std::string> hosts;  // by rank (MPI_Get_processor_name)
+  int self = -1;
+  int router = -1;
+  std::vector<int> prefill;        // ranks, ascending
+  std::vector<int> decode;
+  bool colocated() const { return prefill.empty(); }
+};
+
+// MPI_Init_thread(FUNNELED) with an error naming what was provided instead.
+Status mpi_init(int* argc, char*** argv);
+// Every rank announces its role (one MPI_Allgather). InvalidArgument unless
+// there is exactly one router and at least one decode rank.
+Result<RoleTable> exchange_roles(Role mine);
+
+// Sends and receives protocol messages on kTagControl.
+class ControlChannel {
+ public:
+  explicit ControlChannel(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {}
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // Posts the message (MPI_Isend); its bytes are kept until the send completes.
+  void send(int dest, const proto::Message& m);
+  // The next received message, if one is waiting (MPI_Iprobe, never blocks).
+  // A message that does not parse comes back as its Status (with the source).
+  struct Received {
+    int source;
+    Result<proto::Message> message;
+  };
+  std::optional<Received> poll();
+  // Completes finished sends (frees their buffers). Call once per loop.
+  void progress();
+  size_t pending_sends() const { return sends_.size(); }
+  // Waits up to `deadline` for pending sends (shutdown); false if some remain.
+  bool flush(std::chrono::milliseconds deadline);
+
+ private:
+  struct PendingSend {
+    std::vector<uint8_t> bytes;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  MPI_Comm comm_;
+  std::deque<PendingSend> sends_;
+  std::vector<uint8_t> recv_buf_;
+};
+
+}  // namespace pd

@@ -1,0 +1,45 @@
+// A worker's engine: the model on a backend, its tokenizer facts, and a paged
+// KV pool (cache bytes + block manager) sized from a byte budget. What both
+// worker kinds (prefill, decode) build at start-up from the cluster config.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "gguf/gguf_reader.h"
+#include "kv/kv_block_manager.h"
+#include "model/kv_cache.h"
+#include "model/llama_model.h"
+#include "protocol/messages.h"
+
+namespace pd {
+
+struct EngineConfig {
+  std::string model_path;
+  std::string backend = "cpu";
+  int threads = 0;                 // 0 = all cores
+  int block_size = 16;
+  int64_t kv_budget_bytes = 0;     // KV pool size
+  bool prefix_sharing = true;
+  bool kv_checksum = true;
+};
+
+struct Engine {
+  std::shared_ptr<const GgufFile> gguf;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LlamaModel> model;
+  KvCache cache;
+  std::unique_ptr<KvBlockManager> blocks;
+  TokenId eos_id = -1;
+  bool kv_checksum = true;
+
+  // Loads the model and allocates the pool. IoError/Unsupported naming the
+  // model file; ResourceExhausted if the budget holds no block.
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& cfg);
+  // This engine's side of the KV wire header (request_id and n_tokens unset).
+  proto::KvWireHeader wire_header() const;
+  const LlamaConfig& config() const { return model->config(); }
+};
+
+}  // namespace pd

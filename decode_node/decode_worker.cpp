@@ -1,0 +1,553 @@
+#include "decode_node/decode_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "decode_node/scheduler.h"
+
+namespace pd {
+namespace {
+
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
+proto::Finish finish_of(StopReason r) {
+  return r == StopReason::kNone ? proto::Finish::kNone : r == StopReason::kLength ? proto::Finish::kLength
+                                                                                  : proto::Finish::kStop;
+}
+
+}  // namespace
+
+DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+                           std::unique_ptr<Transport> transport)
+    : cfg_(cfg), roles_(roles), engine_(std::move(engine)), transport_(std::move(transport)) {
+  header_ = engine_->wire_header();
+}
+
+int64_t DecodeWorker::blocks_for_tokens(int64_t n) const {
+  const int64_t bs = engine_->blocks->block_size();
+  return (n + bs - 1) / bs;
+}
+
+Status DecodeWorker::run() {
+  spdlog::info("decode rank {} ready ({} KV blocks of {} tokens{})", roles_.self, engine_->blocks->num_blocks(),
+               engine_->blocks->block_size(), roles_.colocated() ? ", colocated: prefills its own prompts" : "");
+  report_load(true);
+  while (!shutdown_) {
+    bool busy = handle_messages();
+    busy |= progress_transfers();
+    check_deadlines();
+    busy |= accept_offers();
+    busy |= step();
+    channel_.progress();
+    report_load(false);
+    if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
+  }
+  for (auto& [id, s] : seqs_)
+    for (TransferOp op : s.ops) transport_->cancel(op);
+  const auto end = Clock::now() + std::chrono::milliseconds(2000);
+  while (transport_->pending() && Clock::now() < end) {
+    progress_transfers();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  channel_.flush(std::chrono::milliseconds(2000));
+  return Status::ok();
+}
+
+bool DecodeWorker::handle_messages() {
+  bool any = false;
+  for (int i = 0; i < 64; ++i) {
+    auto msg = channel_.poll();
+    if (!msg) break;
+    any = true;
+    if (!msg->message.is_ok()) {
+      spdlog::error("decode rank {}: from rank {}: {}", roles_.self, msg->source, msg->message.status().to_string());
+      continue;
+    }
+    std::visit(
+        [&](auto&& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, proto::HandoffOffer>) on_offer(std::move(m), msg->source);
+          else if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_prompt(std::move(m));
+          else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id, false, "cancelled");
+          else if constexpr (std::is_same_v<T, proto::HandoffAbort>) on_cancel(m.id, true, m.reason);
+          else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
+          else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), msg->source);
+        },
+        *msg->message);
+  }
+  return any;
+}
+
+void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = Clock::now(); }
+bool DecodeWorker::was_cancelled(proto::RequestId id) { return cancelled_.erase(id) > 0; }
+
+void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
+  const proto::RequestId id = m.header.request_id;
+  auto reject = [&](const std::string& reason, bool cancelled) {
+    channel_.send(source, proto::HandoffReject{id, reason, cancelled});
+  };
+  if (was_cancelled(id)) return reject("cancelled", true);
+  if (seqs_.count(id)) return reject("duplicate request id " + std::to_string(id), false);
+  if (Status st = proto::check_compatible(header_, m.header); !st.is_ok()) {
+    spdlog::error("decode rank {}: offer from rank {}: {}", roles_.self, source, st.message());
+    return reject(st.message(), false);
+  }
+  if (m.header.n_tokens != static_cast<int32_t>(m.prompt.size()) || m.prompt.empty())
+    return reject("offer header says " + std::to_string(m.header.n_tokens) + " tokens, prompt has " +
+                      std::to_string(m.prompt.size()),
+                  false);
+  if (Status st = m.sampling.validate(); !st.is_ok()) return reject(st.message(), false);
+  const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
+  if (need > engine_->blocks->num_blocks())
+    return reject("request needs " + std::to_string(need) + " KV blocks at its longest; this decode rank has " +
+                      std::to_string(engine_->blocks->num_blocks()) + " (raise kv.decode_budget_mb)",
+                  false);
+  Seq& s = seqs_[id];
+  s.id = id;
+  s.source = source;
+  s.state = SeqState::kOffered;
+  s.n_prompt = static_cast<int32_t>(m.prompt.size());
+  s.tokens = std::move(m.prompt);
+  s.params = m.sampling;
+  s.arrived = Clock::now();
+  s.order = next_order_++;
+  s.trailer.assign(KvTrailer::serialized_size(header_.n_layers), 0);
+  offers_.push_back(id);
+}
+
+void DecodeWorker::on_prompt(proto::PrefillRequest m) {
+  const proto::RequestId id = m.id;
+  auto fail_now = [&](const std::string& reason, int status) {
+    channel_.send(roles_.router, proto::RequestFailed{id, reason, status});
+  };
+  if (was_cancelled(id)) return;
+  if (seqs_.count(id)) return fail_now("duplicate request id " + std::to_string(id), 500);
+  if (Status st = m.sampling.validate(); !st.is_ok()) return fail_now(st.message(), 400);
+  const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
+  if (m.prompt.empty() || need > engine_->blocks->num_blocks())
+    return fail_now("request needs " + std::to_string(need) + " KV blocks at its longest; this rank has " +
+                        std::to_string(engine_->blocks->num_blocks()) + " (raise kv.decode_budget_mb)",
+                    400);
+  Seq& s = seqs_[id];
+  s.id = id;
+  s.state = SeqState::kReady;
+  s.n_prompt = static_cast<int32_t>(m.prompt.size());
+  s.tokens = std::move(m.prompt);
+  s.params = m.sampling;
+  s.needs_compute = true;
+  s.arrived = s.received = Clock::now();
+  s.order = next_order_++;
+  waiting_.push_back(id);
+}
+
+void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::string& reason) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) {
+    // The router's cancel can overtake the prefill rank's offer: remember it.
+    if (!from_prefill) remember_cancelled(id);
+    return;
+  }
+  Seq& s = it->second;
+  switch (s.state) {
+    case SeqState::kOffered:
+      if (!from_prefill) channel_.send(s.source, proto::HandoffReject{id, "cancelled", true});
+      std::erase(offers_, id);
+      seqs_.erase(it);
+      return;
+    case SeqState::kReceiving:
+      // An aborting prefill rank will never send: cancel the receives now. A
+      // router cancel waits for the prefill rank's abort or its data.
+      s.cancelled = true;
+      if (from_prefill) {
+        if (reason != "cancelled")
+          channel_.send(roles_.router, proto::RequestFailed{id, "prefill rank " + std::to_string(s.source) +
+                                                                    " aborted the KV handoff: " + reason, 500});
+        for (TransferOp op : s.ops) transport_->cancel(op);
+      }
+      s.state = SeqState::kDying;
+      return;
+    case SeqState::kReady:
+    case SeqState::kRunning:
+    case SeqState::kPreempted:
+      release(s);
+      std::erase(running_, id);
+      std::erase(waiting_, id);
+      seqs_.erase(it);
+      return;
+    case SeqState::kDying:
+      if (from_prefill)
+        for (TransferOp op : s.ops) transport_->cancel(op);
+      return;
+  }
+}
+
+bool DecodeWorker::accept_offers() {
+  bool any = false;
+  KvBlockManager& blocks = *engine_->blocks;
+  while (!offers_.empty()) {
+    Seq& s = seqs_.at(offers_.front());
+    // Keep room for the running batch's next tokens and for admitted-but-not-
+    // yet-running sequences, so accepting a handoff does not force a preemption.
+    int64_t reserved = 0;
+    for (proto::RequestId r : running_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
+    for (proto::RequestId w : waiting_) {
+      const Seq& ws = seqs_.at(w);
+      reserved += ws.has_blocks ? blocks.blocks_needed_to_append(seq_of(w), 1) : 0;
+    }
+    const int64_t need = blocks.blocks_needed_for_prompt(s.tokens);
+    if (need + reserved > blocks.num_free_blocks()) break;
+    auto alloc = blocks.allocate(seq_of(s.id), s.tokens);
+    if (!alloc.is_ok()) break;
+    s.has_blocks = true;
+    s.kv_complete = false;
+    offers_.pop_front();
+    s.tag = proto::kTagKvFirst + (next_tag_++ % proto::kKvTagSpan);
+    std::vector<int32_t> table;
+    for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
+    Status st;
+    for (int l = 0; l < header_.n_layers && st.is_ok(); ++l) {
+      const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table);
+      auto op = transport_->post_recv(s.source, s.tag, region);
+      if (op.is_ok()) s.ops.push_back(*op);
+      else st = op.status();
+    }
+    if (st.is_ok()) {
+      auto op = transport_->post_recv_bytes(s.source, s.tag, s.trailer.data(), s.trailer.size());
+      if (op.is_ok()) s.ops.push_back(*op);
+      else st = op.status();
+    }
+    s.state = SeqState::kReceiving;
+    s.accepted = Clock::now();
+    if (!st.is_ok()) {
+      channel_.send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false});
+      for (TransferOp op : s.ops) transport_->cancel(op);
+      s.cancelled = true;
+      s.state = SeqState::kDying;
+      continue;
+    }
+    channel_.send(s.source, proto::HandoffAccept{s.id, s.tag});
+    any = true;
+  }
+  return any;
+}
+
+bool DecodeWorker::progress_transfers() {
+  bool any = false;
+  std::vector<proto::RequestId> done;
+  for (auto& [id, s] : seqs_) {
+    if (s.ops.empty()) {
+      if (s.state == SeqState::kDying) done.push_back(id);
+      continue;
+    }
+    for (auto op = s.ops.begin(); op != s.ops.end();) {
+      auto r = transport_->test(*op);
+      if (!r.is_ok() || *r != OpState::kPending) {
+        if (r.is_ok() && *r == OpState::kCancelled) s.cancelled = true;
+        op = s.ops.erase(op);
+        any = true;
+      } else {
+        ++op;
+      }
+    }
+    if (s.ops.empty()) done.push_back(id);
+  }
+  for (proto::RequestId id : done) {
+    Seq& s = seqs_.at(id);
+    if (s.state == SeqState::kDying || s.cancelled || s.failed) {
+      release(s);
+      seqs_.erase(id);
+    } else if (s.state == SeqState::kReceiving) {
+      finish_transfer(s);
+    }
+  }
+  return any;
+}
+
+void DecodeWorker::finish_transfer(Seq& s) {
+  s.received = Clock::now();
+  auto trailer = KvTrailer::deserialize(s.trailer, header_.n_layers);
+  if (!trailer.is_ok()) return fail(s, trailer.status().message(), 500);
+  std::vector<int32_t> table;
+  for (BlockId b : engine_->blocks->block_table(seq_of(s.id))) table.push_back(b.value);
+  for (int l = 0; l < header_.n_layers; ++l) {
+    if (trailer->checksums[l] == 0) continue;  // the sender does not checksum
+    const uint64_t got = kv_region_checksum(kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table));
+    if (got != trailer->checksums[l])
+      return fail(s, "KV checksum mismatch at layer " + std::to_string(l) + " (transfer from prefill rank " +
+                         std::to_string(s.source) + " corrupted)",
+                  500);
+  }
+  s.kv_complete = true;
+  if (trailer->finished) {  // ended at its first token; the prefill rank told the router
+    release(s);
+    seqs_.erase(s.id);
+    return;
+  }
+  s.tokens.push_back(trailer->first_token);
+  s.n_generated = 1;
+  s.sampler.emplace(s.params);
+  s.sampler->replay(trailer->first_token);
+  s.state = SeqState::kReady;
+  waiting_.push_back(s.id);
+}
+
+void DecodeWorker::check_deadlines() {
+  const auto now = Clock::now();
+  const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
+  const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
+  for (auto it = offers_.begin(); it != offers_.end();) {
+    Seq& s = seqs_.at(*it);
+    if (now - s.arrived > handoff) {
+      channel_.send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
+                                                             " within " + std::to_string(cfg_.timeouts.handoff_ms) + " ms",
+                                                   false});
+      seqs_.erase(*it);
+      it = offers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [id, s] : seqs_) {
+    if (s.state == SeqState::kReceiving && now - s.accepted > transfer) {
+      fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " did not complete within " +
+                  std::to_string(cfg_.timeouts.transfer_ms) + " ms",
+           504);
+    } else if (s.state == SeqState::kDying && !s.ops.empty() && now - s.accepted > transfer) {
+      for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
+    }
+  }
+  const auto keep = std::max(handoff, transfer) * 2;
+  for (auto it = cancelled_.begin(); it != cancelled_.end();)
+    it = now - it->second > keep ? cancelled_.erase(it) : std::next(it);
+}
+
+void DecodeWorker::fail(Seq& s, const std::string& reason, int http_status) {
+  spdlog::warn("decode rank {}: request {} failed: {}", roles_.self, s.id, reason);
+  channel_.send(roles_.router, proto::RequestFailed{s.id, reason, http_status});
+  std::erase(running_, s.id);
+  std::erase(waiting_, s.id);
+  std::erase(offers_, s.id);
+  s.failed = true;
+  if (!s.ops.empty()) {  // receives still posted: they must finish before the blocks are reused
+    for (TransferOp op : s.ops) transport_->cancel(op);
+    s.state = SeqState::kDying;
+    return;
+  }
+  release(s);
+  seqs_.erase(s.id);
+}
+
+void DecodeWorker::release(Seq& s) {
+  if (!s.has_blocks) return;
+  const SeqId id = seq_of(s.id);
+  Status st = s.kv_complete ? engine_->blocks->free(id) : engine_->blocks->discard(id);
+  if (!st.is_ok()) spdlog::error("decode rank {}: releasing request {}: {}", roles_.self, s.id, st.to_string());
+  s.has_blocks = false;
+}
+
+bool DecodeWorker::step() {
+  if (running_.empty() && waiting_.empty()) return false;
+  KvBlockManager& blocks = *engine_->blocks;
+
+  // ---- plan
+  SchedulerInput in;
+  in.free_blocks = blocks.num_free_blocks();
+  in.max_running = cfg_.decode.max_running;
+  for (proto::RequestId id : running_)
+    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1),
+                          static_cast<int64_t>(blocks.block_table(seq_of(id)).size())});
+  // Preempted sequences first (oldest first), then the rest in arrival order;
+  // prompts to compute here count against the prefill token budget.
+  std::vector<proto::RequestId> order(waiting_.begin(), waiting_.end());
+  std::stable_sort(order.begin(), order.end(), [&](proto::RequestId a, proto::RequestId b) {
+    const Seq &sa = seqs_.at(a), &sb = seqs_.at(b);
+    const bool pa = sa.state == SeqState::kPreempted, pb = sb.state == SeqState::kPreempted;
+    if (pa != pb) return pa;
+    return pa && sa.order < sb.order;
+  });
+  int64_t compute_tokens = 0;
+  for (proto::RequestId id : order) {
+    const Seq& s = seqs_.at(id);
+    int64_t need;
+    if (s.needs_compute) {
+      const int64_t n = static_cast<int64_t>(s.tokens.size());
+      if (compute_tokens > 0 && compute_tokens + n > cfg_.prefill.token_budget) break;
+      compute_tokens += n;
+      need = blocks_for_tokens(s.n_generated == 0 ? n + 1 : n);
+    } else {
+      need = blocks.blocks_needed_to_append(seq_of(id), 1);
+    }
+    in.waiting.push_back({id, need});
+  }
+  const SchedulerPlan plan = schedule_iteration(in);
+
+  // ---- commit
+  for (uint64_t id : plan.preempt) {
+    Seq& s = seqs_.at(id);
+    release(s);
+    s.needs_compute = true;
+    s.state = SeqState::kPreempted;
+    std::erase(running_, id);
+    waiting_.push_front(id);
+    ++preemptions_;
+    spdlog::debug("decode rank {}: preempted request {} ({} tokens)", roles_.self, id, s.tokens.size());
+  }
+  proto::TokenEvents events;
+  std::vector<proto::RequestId> to_compute;
+  for (uint64_t id : plan.admit) {
+    Seq& s = seqs_.at(id);
+    std::erase(waiting_, id);
+    if (s.needs_compute) to_compute.push_back(id);
+    else {
+      s.state = SeqState::kRunning;
+      running_.push_back(id);
+    }
+  }
+  if (!to_compute.empty()) {
+    if (Status st = compute_local(to_compute, events); !st.is_ok()) {
+      for (proto::RequestId id : to_compute)
+        if (seqs_.count(id)) fail(seqs_.at(id), "prefill on decode rank failed: " + st.message(), 500);
+    }
+  }
+
+  // ---- one decode step for every running sequence
+  if (!running_.empty()) {
+    const auto step_start = Clock::now();
+    std::vector<std::vector<int32_t>> tables(running_.size());
+    std::vector<SequenceBatch> batch(running_.size());
+    std::vector<proto::RequestId> stepped;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Seq& s = seqs_.at(running_[i]);
+      const SeqId sid = seq_of(s.id);
+      if (Status st = blocks.append(sid, std::span<const int32_t>(&s.tokens.back(), 1), nullptr); !st.is_ok()) {
+        spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
+        continue;  // the scheduler planned room; should not happen — retried next iteration
+      }
+      for (BlockId b : blocks.block_table(sid)) tables[i].push_back(b.value);
+      SequenceBatch& sb = batch[stepped.size()];
+      sb.tokens = std::span<const int32_t>(&s.tokens.back(), 1);
+      sb.start_pos = static_cast<int32_t>(s.tokens.size()) - 1;
+      sb.block_table = tables[i];
+      sb.want_logits = true;
+      stepped.push_back(s.id);
+    }
+    batch.resize(stepped.size());
+    Status st = engine_->model->decode(batch, engine_->cache, &logits_);
+    if (!st.is_ok()) {
+      for (proto::RequestId id : stepped) fail(seqs_.at(id), "decode step failed: " + st.message(), 500);
+    } else {
+      const int64_t vocab = engine_->config().vocab;
+      for (size_t i = 0; i < stepped.size(); ++i) {
+        Seq& s = seqs_.at(stepped[i]);
+        const TokenId t = s.sampler->sample(std::span<float>(logits_.data() + i * vocab, static_cast<size_t>(vocab)));
+        s.sampler->accept(t);
+        s.tokens.push_back(t);
+        ++s.n_generated;
+        const StopReason stop = check_stop(s.params, t, engine_->eos_id, s.n_generated);
+        proto::TokenEvent ev;
+        ev.id = s.id;
+        ev.first_index = s.n_generated - 1;
+        ev.tokens = {t};
+        ev.finish = finish_of(stop);
+        if (!s.timing_sent) {
+          ev.queue_s = seconds(step_start - s.received);
+          s.timing_sent = true;
+        }
+        events.events.push_back(std::move(ev));
+        if (stop != StopReason::kNone) {
+          release(s);
+          std::erase(running_, s.id);
+          seqs_.erase(s.id);
+        }
+      }
+    }
+  }
+  if (!events.events.empty()) channel_.send(roles_.router, events);
+  return true;
+}
+
+Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events) {
+  KvBlockManager& blocks = *engine_->blocks;
+  std::vector<std::vector<int32_t>> tables(ids.size());
+  std::vector<SequenceBatch> batch(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Seq& s = seqs_.at(ids[i]);
+    // A new prompt computes all its tokens (logits for token 1); a preempted
+    // sequence recomputes all but its last token, which its next step feeds.
+    const bool fresh = s.n_generated == 0;
+    const size_t n = fresh ? s.tokens.size() : s.tokens.size() - 1;
+    const std::span<const int32_t> toks(s.tokens.data(), n);
+    PD_ASSIGN_OR_RETURN(int64_t cached, blocks.allocate(seq_of(s.id), toks));
+    (void)cached;  // no prefix sharing on decode ranks
+    s.has_blocks = true;
+    s.kv_complete = true;  // written by the pass below (discarded on failure)
+    for (BlockId b : blocks.block_table(seq_of(s.id))) tables[i].push_back(b.value);
+    batch[i] = SequenceBatch{toks, 0, tables[i], fresh};
+  }
+  const auto t0 = Clock::now();
+  std::vector<float> logits;
+  Status st = engine_->model->prefill(batch, engine_->cache, &logits);
+  if (!st.is_ok()) {
+    for (proto::RequestId id : ids) seqs_.at(id).kv_complete = false;
+    return st;
+  }
+  const double prefill_s = seconds(Clock::now() - t0);
+  const int64_t vocab = engine_->config().vocab;
+  size_t row = 0;
+  for (proto::RequestId id : ids) {
+    Seq& s = seqs_.at(id);
+    s.needs_compute = false;
+    if (s.n_generated > 0) {  // resumed after preemption
+      s.state = SeqState::kRunning;
+      running_.push_back(id);
+      continue;
+    }
+    s.sampler.emplace(s.params);
+    const TokenId t = s.sampler->sample(std::span<float>(logits.data() + row * vocab, static_cast<size_t>(vocab)));
+    ++row;
+    s.sampler->accept(t);
+    s.tokens.push_back(t);
+    s.n_generated = 1;
+    const StopReason stop = check_stop(s.params, t, engine_->eos_id, 1);
+    proto::TokenEvent ev;
+    ev.id = id;
+    ev.first_index = 0;
+    ev.tokens = {t};
+    ev.finish = finish_of(stop);
+    ev.queue_s = seconds(t0 - s.arrived);
+    ev.prefill_s = prefill_s;
+    s.timing_sent = true;
+    events.events.push_back(std::move(ev));
+    if (stop != StopReason::kNone) {
+      release(s);
+      seqs_.erase(id);
+    } else {
+      s.state = SeqState::kRunning;
+      running_.push_back(id);
+    }
+  }
+  return Status::ok();
+}
+
+void DecodeWorker::report_load(bool force) {
+  const auto now = Clock::now();
+  proto::LoadReport r;
+  r.waiting = static_cast<int32_t>(offers_.size() + waiting_.size());
+  r.running = static_cast<int32_t>(running_.size());
+  r.free_blocks = engine_->blocks->num_free_blocks();
+  r.total_blocks = engine_->blocks->num_blocks();
+  r.preemptions = preemptions_;
+  r.ready = true;
+  const bool changed = r.waiting != last_load_.waiting || r.running != last_load_.running ||
+                       r.free_blocks != last_load_.free_blocks || r.preemptions != last_load_.preemptions;
+  if (!force && (!changed || now - last_report_ < std::chrono::milliseconds(20)) &&
+      now - last_report_ < std::chrono::seconds(1))
+    return;
+  channel_.send(roles_.router, r);
+  last_report_ = now;
+  last_load_ = r;
+}
+
+}  // namespace pd

@@ -1,0 +1,14 @@
+// pd-decode: one decode rank of the cluster (see decode_worker.h).
+//   mpirun -np 1 pd-router CFG : -np P pd-prefill CFG : -np D pd-decode CFG
+// With no pd-prefill ranks in the job (colocated mode) it prefills its own prompts.
+#include "decode_node/decode_worker.h"
+#include "kvtransfer/mpi_transport.h"
+#include "serving/worker_main.h"
+
+int main(int argc, char** argv) {
+  return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
+                                                            std::unique_ptr<pd::Engine> engine) {
+    pd::DecodeWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>());
+    return w.run();
+  });
+}

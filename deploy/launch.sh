@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Starts a pdcluster as one MPI job (MPMD): 1 router + P prefill + D decode ranks,
+# or 1 router + N colocated workers (each runs both phases: the baseline).
+#
+#   deploy/launch.sh --prefill 1 --decode 1                 # localhost, port 8000
+#   deploy/launch.sh --colocated 2                          # conventional server, 2 workers
+#   deploy/launch.sh --prefill 2 --decode 4 --hostfile deploy/hostfile.example --host 0.0.0.0
+#   deploy/launch.sh --prefill 1 --decode 1 --dry-run       # print the mpirun line only
+#
+# Waits for GET /health, prints the URL and a curl to try, then stays in the
+# foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
+BUILD="$ROOT/build" THREADS="" DRY=0 WAIT=1 MPI_EXTRA=()
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+die() { echo "launch.sh: $*" >&2; exit 2; }
+need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --prefill) need_int "$1" "${2:-}"; P="$2"; shift 2 ;;
+    --decode) need_int "$1" "${2:-}"; D="$2"; shift 2 ;;
+    --colocated) need_int "$1" "${2:-}"; COLOCATED="$2"; shift 2 ;;
+    --hostfile) HOSTFILE="${2:-}"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
+    --port) need_int "$1" "${2:-}"; PORT="$2"; shift 2 ;;
+    --host) HOST="${2:-}"; shift 2 ;;
+    --model) MODEL="${2:-}"; [[ -f "$MODEL" ]] || die "--model: no such file '$MODEL' (scripts/fetch_model.sh fetches the default)"; shift 2 ;;
+    --config) CONFIG="${2:-}"; [[ -f "$CONFIG" ]] || die "--config: no such file '$CONFIG'"; shift 2 ;;
+    --build) BUILD="${2:-}"; shift 2 ;;
+    --threads) need_int "$1" "${2:-}"; THREADS="$2"; shift 2 ;;
+    --mca) MPI_EXTRA+=(--mca "$2" "$3"); shift 3 ;;
+    --dry-run) DRY=1; shift ;;
+    --no-wait) WAIT=0; shift ;;
+    -h|--help) usage 0 ;;
+    *) echo "launch.sh: unknown option '$1'" >&2; usage 2 ;;
+  esac
+done
+if [[ -n "$COLOCATED" ]]; then
+  [[ "$COLOCATED" -ge 1 ]] || die "--colocated needs at least 1 worker"
+  P=0 D="$COLOCATED"
+else
+  [[ "$P" -ge 1 ]] || die "--prefill needs at least 1 rank (or use --colocated N)"
+  [[ "$D" -ge 1 ]] || die "--decode needs at least 1 rank"
+fi
+for b in router/pd-router prefill_node/pd-prefill decode_node/pd-decode; do
+  [[ -x "$BUILD/$b" ]] || die "missing $BUILD/$b: build first (cmake -S . -B build -G Ninja && cmake --build build)"
+done
+
+# Per-rank compute threads on one machine: share the cores among the workers.
+if [[ -z "$THREADS" && -z "$HOSTFILE" ]]; then
+  THREADS=$(( $(nproc) / (P + D) )); [[ "$THREADS" -ge 1 ]] || THREADS=1
+fi
+ARGS=("$CONFIG")
+[[ -n "$MODEL" ]] && ARGS+=(--model "$MODEL")
+[[ -n "$THREADS" ]] && ARGS+=(--threads "$THREADS")
+RARGS=("$CONFIG")
+[[ -n "$MODEL" ]] && RARGS+=(--model "$MODEL")
+[[ -n "$PORT" ]] && RARGS+=(--port "$PORT")
+[[ -n "$HOST" ]] && RARGS+=(--host "$HOST")
+
+MPIRUN=(mpirun)
+[[ "$(id -u)" == 0 ]] && MPIRUN+=(--allow-run-as-root)
+if [[ -n "$HOSTFILE" ]]; then MPIRUN+=(--hostfile "$HOSTFILE"); else MPIRUN+=(--oversubscribe); fi
+# Idle ranks sleep instead of spinning (ranks share cores), and so do OpenMP threads.
+MPIRUN+=(--mca mpi_yield_when_idle 1 -x OMP_WAIT_POLICY=PASSIVE "${MPI_EXTRA[@]}")
+MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
+[[ "$P" -gt 0 ]] && MPIRUN+=(: -np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}")
+MPIRUN+=(: -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")
+
+echo "+ ${MPIRUN[*]}"
+[[ "$DRY" == 1 ]] && exit 0
+[[ "$WAIT" == 0 ]] && exec "${MPIRUN[@]}"
+
+# Port and host as the router will use them (flags, else the config, else defaults).
+cfg_get() { python3 - "$CONFIG" "$1" "$2" <<'PY'
+import json, re, sys
+text = open(sys.argv[1]).read()
+text = re.sub(r'//[^\n]*', '', text)
+try: v = json.loads(text).get("http", {}).get(sys.argv[2], sys.argv[3])
+except Exception: v = sys.argv[3]
+print(v)
+PY
+}
+PORT="${PORT:-$(cfg_get port 8000)}"
+HOST="${HOST:-$(cfg_get host 127.0.0.1)}"
+CHOST="$HOST"; [[ "$CHOST" == 0.0.0.0 ]] && CHOST=127.0.0.1
+
+"${MPIRUN[@]}" &
+PID=$!
+trap 'kill -TERM $PID 2>/dev/null; wait $PID; exit $?' INT TERM
+for _ in $(seq 1 600); do
+  if curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
+    MODEL_NAME=$(curl -s "http://$CHOST:$PORT/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+    cat <<MSG
+
+pdcluster is up: http://$CHOST:$PORT  ($P prefill + $D decode ranks${COLOCATED:+, colocated})
+Try:
+  curl http://$CHOST:$PORT/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "$MODEL_NAME", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64}'
+Metrics: curl http://$CHOST:$PORT/metrics     Stop: Ctrl-C (drains in-flight requests)
+MSG
+    break
+  fi
+  kill -0 $PID 2>/dev/null || { wait $PID; exit $?; }
+  sleep 0.5
+done
+wait $PID

@@ -1,0 +1,48 @@
+#include "kvtransfer/kv_region.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace pd {
+
+KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int layer, std::span<const int32_t> blocks) {
+  KvRegion r;
+  r.base = static_cast<uint8_t*>(cache_base);
+  r.piece_bytes = static_cast<int64_t>(layout.block_bytes());
+  r.offsets.reserve(blocks.size() * 2);
+  for (int kind = 0; kind < 2; ++kind)
+    for (int32_t b : blocks) r.offsets.push_back(static_cast<int64_t>(layout.offset(layer, kind, b)));
+  return r;
+}
+
+uint64_t kv_region_checksum(const KvRegion& r) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  for (int64_t off : r.offsets) XXH3_64bits_update(st, r.base + off, static_cast<size_t>(r.piece_bytes));
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+std::vector<uint8_t> KvTrailer::serialize() const {
+  std::vector<uint8_t> out(serialized_size(static_cast<int>(checksums.size())));
+  std::memcpy(out.data(), &first_token, 4);
+  std::memcpy(out.data() + 4, &finished, 4);
+  if (!checksums.empty()) std::memcpy(out.data() + 8, checksums.data(), checksums.size() * 8);
+  return out;
+}
+
+Result<KvTrailer> KvTrailer::deserialize(std::span<const uint8_t> bytes, int n_layers) {
+  if (bytes.size() != serialized_size(n_layers))
+    return Status::corruption("KV trailer of " + std::to_string(bytes.size()) + " bytes, expected " +
+                              std::to_string(serialized_size(n_layers)));
+  KvTrailer t;
+  std::memcpy(&t.first_token, bytes.data(), 4);
+  std::memcpy(&t.finished, bytes.data() + 4, 4);
+  t.checksums.resize(static_cast<size_t>(n_layers));
+  if (n_layers > 0) std::memcpy(t.checksums.data(), bytes.data() + 8, static_cast<size_t>(n_layers) * 8);
+  return t;
+}
+
+}  // namespace pd

@@ -1,0 +1,41 @@
+// One layer of one sequence's KV in a paged cache, as the wire sees it: the
+// sequence's K blocks in table order, then its V blocks, each block_bytes long.
+// Both ends describe the same byte stream over their own (differently placed)
+// blocks, so a transfer lands straight in the receiver's pages.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace pd {
+
+struct KvRegion {
+  uint8_t* base = nullptr;         // start of the cache buffer (host memory)
+  std::vector<int64_t> offsets;    // byte offset of each piece from base, in wire order
+  int64_t piece_bytes = 0;         // bytes per piece (one block of one layer, K or V)
+  int64_t total_bytes() const { return piece_bytes * static_cast<int64_t>(offsets.size()); }
+};
+
+// The region of `layer` for a sequence holding `blocks` in a cache with `layout`.
+KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int layer, std::span<const int32_t> blocks);
+
+// XXH3-64 of the region's bytes in wire order.
+uint64_t kv_region_checksum(const KvRegion& r);
+
+// The fixed-size message that ends a transfer (same tag, after the layers):
+// the first generated token and a checksum per layer.
+struct KvTrailer {
+  int32_t first_token = -1;
+  int32_t finished = 0;     // 1 = the request ended at its first token: don't decode it
+  std::vector<uint64_t> checksums;  // one per layer (0s when checksums are off)
+
+  std::vector<uint8_t> serialize() const;
+  static size_t serialized_size(int n_layers) { return 8 + 8 * static_cast<size_t>(n_layers); }
+  // Corruption if the size does not match n_layers.
+  static Result<KvTrailer> deserialize(std::span<const uint8_t> bytes, int n_layers);
+};
+
+}  // namespace pd

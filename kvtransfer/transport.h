@@ -1,0 +1,45 @@
+// Transport: moves KV bytes between ranks. Non-blocking: post a send or a
+// receive, test for completion, cancel. The caller (a worker's engine loop)
+// overlaps transfers with compute and owns every deadline.
+//
+// Contract: the memory a posted operation reads or writes stays valid and is
+// not reused until test() has reported the operation complete (including a
+// cancelled one). Nothing here blocks except where named.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kvtransfer/kv_region.h"
+#include "util/status.h"
+
+namespace pd {
+
+struct TransferOp {
+  int64_t value = -1;
+  friend bool operator==(TransferOp a, TransferOp b) { return a.value == b.value; }
+};
+
+enum class OpState { kPending, kDone, kCancelled };
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  // KV region to/from `peer` under `tag`; operations with the same peer and tag
+  // complete in posting order.
+  virtual Result<TransferOp> post_send(int peer, int tag, const KvRegion& region) = 0;
+  virtual Result<TransferOp> post_recv(int peer, int tag, const KvRegion& region) = 0;
+  // Small byte buffers (trailers). The buffer must outlive the operation.
+  virtual Result<TransferOp> post_send_bytes(int peer, int tag, const void* data, size_t bytes) = 0;
+  virtual Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) = 0;
+  // Progress + completion check. kDone / kCancelled are reported once, after
+  // which the op id is released. NotFound for an unknown op.
+  virtual Result<OpState> test(TransferOp op) = 0;
+  // Asks to cancel; the op still has to be test()ed until it leaves kPending
+  // (it may complete normally if the data was already on its way).
+  virtual void cancel(TransferOp op) = 0;
+  virtual size_t pending() const = 0;
+};
+
+}  // namespace pd

@@ -1,0 +1,15 @@
+// pd-prefill: one prefill rank of the cluster (see prefill_worker.h).
+//   mpirun -np 1 pd-router CFG : -np P pd-prefill CFG : -np D pd-decode CFG
+#include <spdlog/spdlog.h>
+
+#include "kvtransfer/mpi_transport.h"
+#include "prefill_node/prefill_worker.h"
+#include "serving/worker_main.h"
+
+int main(int argc, char** argv) {
+  return pd::worker_main(argc, argv, pd::Role::kPrefill, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
+                                                             std::unique_ptr<pd::Engine> engine) {
+    pd::PrefillWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>());
+    return w.run();
+  });
+}

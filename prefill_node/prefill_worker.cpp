@@ -1,0 +1,377 @@
+#include "prefill_node/prefill_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "sampling/sampler.h"
+
+namespace pd {
+namespace {
+
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
+
+}  // namespace
+
+PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+                             std::unique_ptr<Transport> transport)
+    : cfg_(cfg), roles_(roles), engine_(std::move(engine)), transport_(std::move(transport)) {
+  header_ = engine_->wire_header();
+  // Layer hook: runs on this thread inside forward(), right after a layer's KV
+  // is in the cache. Checksums are taken for every request of the batch (a
+  // held request sends later); sends go out only for accepted handoffs.
+  engine_->model->set_kv_written_hook([this](int layer) {
+    for (proto::RequestId id : batch_) {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) continue;
+      Job& job = it->second;
+      if (engine_->kv_checksum)
+        job.checksums[layer] = kv_region_checksum(
+            kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table));
+      if (job.accepted && job.layers_posted == layer) post_layer(job, layer);
+    }
+    progress_transfers();  // keep MPI progressing while compute continues
+  });
+}
+
+PrefillWorker::~PrefillWorker() { engine_->model->set_kv_written_hook({}); }
+
+Status PrefillWorker::run() {
+  spdlog::info("prefill rank {} ready ({} KV blocks of {} tokens)", roles_.self, engine_->blocks->num_blocks(),
+               engine_->blocks->block_size());
+  report_load(true);
+  while (!shutdown_) {
+    bool busy = handle_messages();
+    busy |= progress_transfers();
+    check_deadlines();
+    busy |= run_batch();
+    channel_.progress();
+    report_load(false);
+    if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
+  }
+  // Shutdown: the router drained first; give in-flight sends a bounded chance.
+  const auto end = Clock::now() + std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
+  while (transport_->pending() && Clock::now() < end) {
+    progress_transfers();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  channel_.flush(std::chrono::milliseconds(2000));
+  return Status::ok();
+}
+
+bool PrefillWorker::handle_messages() {
+  bool any = false;
+  for (int i = 0; i < 64; ++i) {
+    auto msg = channel_.poll();
+    if (!msg) break;
+    any = true;
+    if (!msg->message.is_ok()) {
+      spdlog::error("prefill rank {}: from rank {}: {}", roles_.self, msg->source, msg->message.status().to_string());
+      continue;
+    }
+    std::visit(
+        [&](auto&& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_request(std::move(m));
+          else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id);
+          else if constexpr (std::is_same_v<T, proto::HandoffAccept>) on_accept(m, msg->source);
+          else if constexpr (std::is_same_v<T, proto::HandoffReject>) on_reject(m);
+          else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
+          else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), msg->source);
+        },
+        *msg->message);
+  }
+  return any;
+}
+
+void PrefillWorker::on_request(proto::PrefillRequest req) {
+  const proto::RequestId id = req.id;
+  if (jobs_.count(id)) {
+    spdlog::error("prefill rank {}: duplicate request {}", roles_.self, id);
+    return;
+  }
+  Job& job = jobs_[id];
+  job.req = std::move(req);
+  job.arrived = job.offered = Clock::now();
+  job.checksums.assign(static_cast<size_t>(header_.n_layers), 0);
+  // Offer the handoff now: the decode rank reserves blocks while we compute.
+  proto::HandoffOffer offer;
+  offer.header = header_;
+  offer.header.request_id = id;
+  offer.header.n_tokens = static_cast<int32_t>(job.req.prompt.size());
+  offer.prompt = job.req.prompt;
+  offer.sampling = job.req.sampling;
+  channel_.send(job.req.decode_rank, offer);
+  queue_.push_back(id);
+}
+
+void PrefillWorker::on_cancel(proto::RequestId id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;  // already handed off or finished
+  Job& job = it->second;
+  switch (job.state) {
+    case JobState::kQueued:
+    case JobState::kHeld:
+      channel_.send(job.req.decode_rank, proto::HandoffAbort{id, "cancelled"});
+      release(job, job.state == JobState::kHeld);
+      jobs_.erase(it);
+      break;
+    case JobState::kSending:  // the decode rank was cancelled too; the transfer completes, then we free
+    case JobState::kZombie: break;
+  }
+}
+
+void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
+  auto it = jobs_.find(m.id);
+  if (it == jobs_.end() || it->second.state == JobState::kZombie) return;  // aborted meanwhile; the abort tells it
+  Job& job = it->second;
+  if (source != job.req.decode_rank) {
+    spdlog::error("prefill rank {}: accept for request {} from rank {}, offered to {}", roles_.self, m.id, source,
+                  job.req.decode_rank);
+    return;
+  }
+  job.accepted = true;
+  job.tag = m.tag;
+  if (job.state == JobState::kHeld) {
+    job.state = JobState::kSending;
+    for (int l = 0; l < header_.n_layers; ++l) post_layer(job, l);
+    post_trailer(job);
+  }
+}
+
+void PrefillWorker::on_reject(const proto::HandoffReject& m) {
+  auto it = jobs_.find(m.id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (job.state == JobState::kSending || job.state == JobState::kZombie) return;  // cannot happen after accept
+  if (!m.cancelled) {
+    proto::RequestFailed f{m.id, "decode rank " + std::to_string(job.req.decode_rank) + " refused the KV handoff: " +
+                                     m.reason, 503};
+    channel_.send(roles_.router, f);
+  }
+  release(job, job.state == JobState::kHeld);
+  if (job.state == JobState::kQueued) std::erase(queue_, m.id);
+  jobs_.erase(it);
+}
+
+void PrefillWorker::post_layer(Job& job, int layer) {
+  const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
+  auto op = transport_->post_send(job.req.decode_rank, job.tag, region);
+  if (!op.is_ok()) {
+    fail(job, "KV send failed: " + op.status().message(), 500, true);
+    return;
+  }
+  job.ops.push_back(*op);
+  if (job.layers_posted == 0) job.send_started = Clock::now();
+  job.layers_posted = layer + 1;
+  job.bytes_posted += region.total_bytes();
+}
+
+void PrefillWorker::post_trailer(Job& job) {
+  KvTrailer t;
+  t.first_token = job.first_token;
+  t.finished = job.finished_at_first ? 1 : 0;
+  t.checksums = job.checksums;
+  job.trailer = t.serialize();
+  auto op = transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
+  if (!op.is_ok()) {
+    fail(job, "KV trailer send failed: " + op.status().message(), 500, true);
+    return;
+  }
+  job.ops.push_back(*op);
+}
+
+bool PrefillWorker::run_batch() {
+  if (queue_.empty()) return false;
+  KvBlockManager& blocks = *engine_->blocks;
+  std::vector<SequenceBatch> seqs;
+  batch_.clear();
+  int64_t budget = cfg_.prefill.token_budget;
+  while (!queue_.empty() && static_cast<int>(batch_.size()) < cfg_.prefill.max_batch) {
+    Job& job = jobs_.at(queue_.front());
+    const int64_t n = static_cast<int64_t>(job.req.prompt.size());
+    if (!batch_.empty() && n > budget) break;  // one prompt may exceed the budget alone
+    if (blocks.blocks_needed_for_prompt(job.req.prompt) > blocks.num_free_blocks()) {
+      // Held KV (offers not yet accepted) and sends in flight free blocks later.
+      // A prompt that cannot fit even in an empty pool fails now.
+      if (batch_.empty() && blocks.num_free_blocks() == blocks.num_blocks()) {
+        fail(job, "prompt of " + std::to_string(n) + " tokens does not fit this prefill rank's KV pool (" +
+                      std::to_string(blocks.num_blocks() * blocks.block_size()) + " tokens; raise kv.prefill_budget_mb)",
+             400, true);
+        jobs_.erase(queue_.front());
+        queue_.pop_front();
+        continue;
+      }
+      break;
+    }
+    auto cached = blocks.allocate(seq_of(job.req.id), job.req.prompt);
+    if (!cached.is_ok()) break;
+    job.has_seq = true;
+    job.cached = *cached;
+    const auto& table = blocks.block_table(seq_of(job.req.id));
+    job.table.clear();
+    for (BlockId b : table) job.table.push_back(b.value);
+    job.queue_s = seconds(Clock::now() - job.arrived);
+    budget -= n - *cached;
+    batch_.push_back(job.req.id);
+    queue_.pop_front();
+  }
+  if (batch_.empty()) return false;
+
+  // Sequence views (spans into the jobs, which do not move during the pass).
+  seqs.reserve(batch_.size());
+  for (proto::RequestId id : batch_) {
+    Job& job = jobs_.at(id);
+    // Reused prefix blocks need no compute; at least the last token runs.
+    const int64_t cached = job.cached;
+    SequenceBatch sb;
+    sb.tokens = std::span<const int32_t>(job.req.prompt).subspan(static_cast<size_t>(cached));
+    sb.start_pos = static_cast<int32_t>(cached);
+    sb.block_table = job.table;
+    sb.want_logits = true;
+    seqs.push_back(sb);
+  }
+  const auto t0 = Clock::now();
+  std::vector<float> logits;
+  Status st = engine_->model->prefill(seqs, engine_->cache, &logits);
+  const double prefill_s = seconds(Clock::now() - t0);
+  std::vector<proto::RequestId> ran;
+  ran.swap(batch_);
+  if (!st.is_ok()) {
+    spdlog::error("prefill rank {}: batch of {} failed: {}", roles_.self, ran.size(), st.to_string());
+    for (proto::RequestId id : ran) fail(jobs_.at(id), "prefill failed: " + st.message(), 500, true);
+    return true;
+  }
+  const int64_t vocab = engine_->config().vocab;
+  proto::TokenEvents events;
+  for (size_t i = 0; i < ran.size(); ++i) {
+    Job& job = jobs_.at(ran[i]);
+    if (job.state == JobState::kZombie) continue;
+    Sampler sampler(job.req.sampling);
+    std::span<float> row(logits.data() + i * vocab, static_cast<size_t>(vocab));
+    job.first_token = sampler.sample(row);
+    const StopReason stop = check_stop(job.req.sampling, job.first_token, engine_->eos_id, 1);
+    job.finished_at_first = stop != StopReason::kNone;
+    job.prefill_s = prefill_s;
+    job.computed = Clock::now();
+    proto::TokenEvent ev;
+    ev.id = job.req.id;
+    ev.first_index = 0;
+    ev.tokens = {job.first_token};
+    ev.finish = stop == StopReason::kNone ? proto::Finish::kNone
+                : stop == StopReason::kLength ? proto::Finish::kLength
+                                              : proto::Finish::kStop;
+    ev.queue_s = job.queue_s;
+    ev.prefill_s = prefill_s;
+    events.events.push_back(std::move(ev));
+    if (job.accepted) {
+      job.state = JobState::kSending;
+      for (int l = job.layers_posted; l < header_.n_layers; ++l) post_layer(job, l);
+      post_trailer(job);
+    } else {
+      job.state = JobState::kHeld;
+    }
+  }
+  if (!events.events.empty()) channel_.send(roles_.router, events);
+  return true;
+}
+
+bool PrefillWorker::progress_transfers() {
+  bool any = false;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& job = it->second;
+    if (job.state != JobState::kSending && job.state != JobState::kZombie) {
+      ++it;
+      continue;
+    }
+    for (auto op = job.ops.begin(); op != job.ops.end();) {
+      auto r = transport_->test(*op);
+      if (!r.is_ok() || *r != OpState::kPending) {
+        op = job.ops.erase(op);
+        any = true;
+      } else {
+        ++op;
+      }
+    }
+    const bool trailer_posted = !job.trailer.empty();
+    if (job.ops.empty() && (trailer_posted || job.state == JobState::kZombie)) {
+      // Every byte is out: the blocks may be reused (a zombie's KV may be partial).
+      if (job.state == JobState::kSending) {
+        const auto now = Clock::now();
+        channel_.send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
+                                                          seconds(now - job.send_started)});
+      }
+      release(job, job.state == JobState::kSending);
+      it = jobs_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  return any;
+}
+
+void PrefillWorker::check_deadlines() {
+  const auto now = Clock::now();
+  const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
+  const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
+  for (auto& [id, job] : jobs_) {
+    if (!job.accepted && job.state != JobState::kZombie && now - job.offered > handoff) {
+      fail(job, "decode rank " + std::to_string(job.req.decode_rank) + " did not accept the KV handoff within " +
+                    std::to_string(cfg_.timeouts.handoff_ms) + " ms",
+           503, true);
+    } else if (job.state == JobState::kSending && now - job.send_started > transfer) {
+      fail(job, "KV transfer to decode rank " + std::to_string(job.req.decode_rank) + " did not complete within " +
+                    std::to_string(cfg_.timeouts.transfer_ms) + " ms",
+           504, true);
+    }
+  }
+  // Queued jobs that failed above are zombies without ops: drop them now.
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second.state == JobState::kZombie && it->second.ops.empty()) {
+      std::erase(queue_, it->first);
+      release(it->second, false);
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PrefillWorker::fail(Job& job, const std::string& reason, int http_status, bool tell_decode) {
+  if (job.state == JobState::kZombie) return;
+  spdlog::warn("prefill rank {}: request {} failed: {}", roles_.self, job.req.id, reason);
+  channel_.send(roles_.router, proto::RequestFailed{job.req.id, reason, http_status});
+  if (tell_decode) channel_.send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason});
+  // Posted operations must finish (or be cancelled) before the blocks are reused.
+  for (TransferOp op : job.ops) transport_->cancel(op);
+  job.state = JobState::kZombie;
+}
+
+void PrefillWorker::release(Job& job, bool kv_written) {
+  if (!job.has_seq) return;
+  const SeqId s = seq_of(job.req.id);
+  Status st = kv_written ? engine_->blocks->free(s) : engine_->blocks->discard(s);
+  if (!st.is_ok()) spdlog::error("prefill rank {}: releasing request {}: {}", roles_.self, job.req.id, st.to_string());
+  job.has_seq = false;
+}
+
+void PrefillWorker::report_load(bool force) {
+  const auto now = Clock::now();
+  proto::LoadReport r;
+  r.waiting = static_cast<int32_t>(queue_.size());
+  r.running = static_cast<int32_t>(jobs_.size() - queue_.size());
+  r.free_blocks = engine_->blocks->num_free_blocks();
+  r.total_blocks = engine_->blocks->num_blocks();
+  r.ready = true;
+  const bool changed = r.waiting != last_load_.waiting || r.running != last_load_.running ||
+                       r.free_blocks != last_load_.free_blocks;
+  if (!force && (!changed || now - last_report_ < std::chrono::milliseconds(20)) &&
+      now - last_report_ < std::chrono::seconds(1))
+    return;
+  channel_.send(roles_.router, r);
+  last_report_ = now;
+  last_load_ = r;
+}
+
+}  // namespace pd

@@ -1,0 +1,799 @@
+#include "router/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string_view>
+#include <unordered_map>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "router/openai_api.h"
+
+namespace pd::router {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace detail {
+
+using Strand = net::strand<net::io_context::executor_type>;
+class Connection;
+
+// State shared by the server object, its io threads and every connection. A
+// connection holds a shared_ptr to it, so the io_context outlives every socket
+// and strand that uses it, even when a ResponseWriter outlives the server.
+struct ServerCore : std::enable_shared_from_this<ServerCore> {
+  explicit ServerCore(HttpServerConfig c)
+      : cfg(std::move(c)),
+        ioc(std::max(1, cfg.threads)),
+        work(net::make_work_guard(ioc)),
+        accept_strand(net::make_strand(ioc)),
+        acceptor(accept_strand),
+        accept_retry(accept_strand) {}
+
+  // Constant after start().
+  const HttpServerConfig cfg;
+  HttpHandler handler;
+
+  net::io_context ioc;
+  net::executor_work_guard<net::io_context::executor_type> work;  // keeps run() going between requests
+
+  // Writers post onto connection strands only while !stopped, checked under a
+  // shared lock, so nothing is queued after stop() has drained the io_context.
+  std::shared_mutex stop_mu;
+  bool stopped = false;  // guarded by stop_mu
+
+  std::atomic<size_t> open_connections{0};
+  std::mutex conns_mu;
+  std::unordered_map<uint64_t, std::weak_ptr<Connection>> conns;  // guarded by conns_mu
+  uint64_t next_conn_id = 0;                                     // guarded by conns_mu
+
+  // Used on accept_strand only.
+  Strand accept_strand;
+  tcp::acceptor acceptor;
+  net::steady_timer accept_retry;
+
+  bool is_stopped() {
+    std::shared_lock lock(stop_mu);
+    return stopped;
+  }
+  // Posts `f` to `strand` unless the server stopped; false if it did.
+  template <typename F>
+  bool post_if_running(const Strand& strand, F&& f) {
+    std::shared_lock lock(stop_mu);
+    if (stopped) return false;
+    net::post(strand, std::forward<F>(f));
+    return true;
+  }
+};
+
+// Runs a user callback on an io thread without letting it take the thread down.
+void call_safely(const std::function<void()>& cb, const char* what) {
+  try {
+    cb();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pd::router::HttpServer: %s threw: %s\n", what, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "pd::router::HttpServer: %s threw\n", what);
+  }
+}
+
+std::string to_std(beast::string_view s) { return std::string(s.data(), s.size()); }
+
+std::shared_ptr<http::response<http::string_body>> make_response(unsigned version, bool keep_alive, int status,
+                                                                 const std::string& content_type, std::string body) {
+  auto res = std::make_shared<http::response<http::string_body>>();
+  res->version(version);
+  // A final answer is 2xx..5xx; 204 and 304 carry no body (Beast would throw on one).
+  res->result(status >= 200 && status <= 599 ? static_cast<unsigned>(status) : 500u);
+  res->set(http::field::server, "pdcluster");
+  if (!content_type.empty()) res->set(http::field::content_type, content_type);
+  if (status != 204 && status != 304) res->body() = std::move(body);
+  res->keep_alive(keep_alive);
+  res->prepare_payload();
+  return res;
+}
+
+std::shared_ptr<http::response<http::string_body>> make_error_response(unsigned version, int status,
+                                                                       std::string message, std::string type) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  return make_response(version, /*keep_alive=*/false, status, "application/json", error_body(e));
+}
+
+class Writer;
+
+// One accepted socket. Every member function runs on strand_ (the socket's
+// executor); nothing here blocks. Life cycle:
+//   reading (header, maybe "100 Continue", body; under read_timeout)
+//   -> exchange (handler called; writes queued by the Writer; a "watch" read
+//      stays outstanding to notice the client leaving)
+//   -> reading the next request (keep-alive) or closing.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::shared_ptr<ServerCore> core, tcp::socket socket, Strand strand, uint64_t id)
+      : core_(std::move(core)),
+        strand_(std::move(strand)),
+        socket_(std::move(socket)),
+        read_timer_(strand_),
+        write_timer_(strand_),
+        id_(id) {
+    core_->open_connections.fetch_add(1);
+  }
+  ~Connection() { mark_closed(); }
+
+  const Strand& strand() const { return strand_; }
+  ServerCore& core() { return *core_; }
+
+  void start() {
+    if (core_->is_stopped()) return close();
+    beast::error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);  // SSE events go out as they are made
+    start_read();
+  }
+
+  // Closes the socket; a pending exchange sees on_disconnect. Idempotent.
+  void close() {
+    if (closed_) return;
+    if (in_exchange_) client_gone();
+    closed_ = true;
+    disarm_read_timer();
+    disarm_write_timer();
+    beast::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    // out_ and sse_ stay until a pending write completes: it may still refer to them.
+    if (!write_pending_) out_.clear();
+    mark_closed();
+  }
+
+  // ---- Called by the Writer (posted onto the strand). Each ignores calls for
+  // an exchange that is not the current one or already has its final write.
+
+  void send_response(uint64_t exchange, std::shared_ptr<http::response<http::string_body>> res, bool close_after) {
+    if (!accepts(exchange)) return;
+    if (close_after) close_after_ = true;
+    push({Outgoing::kResponse, std::move(res), {}, /*final=*/true});
+  }
+
+  void start_sse(uint64_t exchange) {
+    if (!accepts(exchange) || sse_) return;
+    sse_chunked_ = version_ >= 11;
+    if (!sse_chunked_) close_after_ = true;  // HTTP/1.0: the stream ends with the connection
+    sse_ = std::make_unique<SseHead>();
+    http::response<http::empty_body>& res = sse_->res;
+    res.version(version_);
+    res.result(http::status::ok);
+    res.set(http::field::server, "pdcluster");
+    res.set(http::field::content_type, "text/event-stream");
+    res.set(http::field::cache_control, "no-cache");
+    res.set("X-Accel-Buffering", "no");  // proxies must not buffer the stream
+    res.keep_alive(keep_alive_ && !close_after_);
+    if (sse_chunked_) res.chunked(true);
+    sse_->sr.emplace(res);
+    push({Outgoing::kSseHead, nullptr, {}, false});
+  }
+
+  void send_chunk(uint64_t exchange, std::string data) {
+    if (!accepts(exchange) || !sse_) return;
+    push({Outgoing::kChunk, nullptr, std::move(data), false});
+  }
+
+  void finish_sse(uint64_t exchange) {
+    if (!accepts(exchange) || !sse_) return;
+    push({Outgoing::kLastChunk, nullptr, {}, /*final=*/true});
+  }
+
+  // The writer was dropped without a final answer.
+  void writer_dropped(uint64_t exchange, bool streaming) {
+    if (!accepts(exchange)) return;
+    if (streaming) {
+      close();  // no final chunk: the client must not take a cut stream for a finished one
+      return;
+    }
+    close_after_ = true;
+    push({Outgoing::kResponse,
+          make_error_response(version_, 500, "the server dropped the request without answering", "server_error"),
+          {},
+          true});
+  }
+
+ private:
+  struct Outgoing {
+    enum Kind { kResponse, kSseHead, kChunk, kLastChunk } kind;
+    std::shared_ptr<http::response<http::string_body>> response;  // kResponse
+    std::string data;                                             // kChunk
+    bool final = false;  // the exchange's last write
+  };
+  struct SseHead {
+    http::response<http::empty_body> res;
+    std::optional<http::response_serializer<http::empty_body>> sr;  // over res, made once res is set
+  };
+
+  static constexpr size_t kWatchReadBytes = 4096;
+  // Bytes a client may send ahead (pipelining) while an answer is pending; past
+  // this the watch read stops and a departure is noticed by a failed write.
+  static constexpr size_t kMaxPipelinedBytes = 64 * 1024;
+
+  bool accepts(uint64_t exchange) const { return !closed_ && in_exchange_ && exchange == exchange_ && !final_queued_; }
+
+  void mark_closed() {
+    if (counted_closed_) return;
+    counted_closed_ = true;
+    core_->open_connections.fetch_sub(1);
+    std::lock_guard lock(core_->conns_mu);
+    core_->conns.erase(id_);
+  }
+
+  // ---- Timers: a generation number tells a stale expiry from a live one.
+
+  void arm_read_timer(std::chrono::milliseconds d) {
+    const uint64_t gen = ++read_timer_gen_;
+    read_timer_.expires_after(d);
+    read_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
+      if (!ec && gen == self->read_timer_gen_) self->close();
+    });
+  }
+  void disarm_read_timer() {
+    ++read_timer_gen_;
+    read_timer_.cancel();
+  }
+  void arm_write_timer() {
+    const uint64_t gen = ++write_timer_gen_;
+    write_timer_.expires_after(core_->cfg.write_timeout);
+    write_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
+      if (!ec && gen == self->write_timer_gen_) self->close();  // the client stopped reading
+    });
+  }
+  void disarm_write_timer() {
+    ++write_timer_gen_;
+    write_timer_.cancel();
+  }
+
+  // ---- Reading a request.
+
+  void start_read() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->body_limit(core_->cfg.max_body_bytes);
+    arm_read_timer(core_->cfg.read_timeout);
+    http::async_read_header(socket_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (closed_) return;
+    if (ec) return on_read_error(ec);
+    const auto& req = parser_->get();
+    if (beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
+      // The client waits for this before sending the body (curl does for > 1 KiB).
+      auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, req.version());
+      write_pending_ = true;
+      arm_write_timer();
+      http::async_write(socket_, *res, [self = shared_from_this(), res](beast::error_code wec, size_t) {
+        self->write_pending_ = false;
+        self->disarm_write_timer();
+        if (self->closed_) return;
+        if (wec) return self->close();
+        self->read_body();
+      });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(socket_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
+  }
+
+  void on_body(beast::error_code ec) {
+    if (closed_) return;
+    disarm_read_timer();
+    if (ec) return on_read_error(ec);
+    dispatch();
+  }
+
+  void on_read_error(beast::error_code ec) {
+    const unsigned version = parser_ && parser_->is_header_done() ? parser_->get().version() : 11;
+    if (ec == http::error::body_limit) {
+      return send_error(version, 413,
+                        "request body exceeds the limit of " + std::to_string(core_->cfg.max_body_bytes) + " bytes");
+    }
+    if (ec == http::error::header_limit) return send_error(version, 431, "request header fields too large");
+    // The peer left (or the deadline closed the socket): nobody to answer.
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
+        ec.category() != http::make_error_code(http::error::bad_method).category()) {
+      return close();
+    }
+    send_error(version, 400, "malformed HTTP request: " + ec.message());
+  }
+
+  // The server's own answer to a request it could not read; closes afterwards.
+  void send_error(unsigned version, int status, std::string message) {
+    disarm_read_timer();
+    ++exchange_;
+    in_exchange_ = true;
+    final_queued_ = false;
+    close_after_ = true;
+    push({Outgoing::kResponse, make_error_response(version, status, std::move(message), "invalid_request_error"),
+          {}, true});
+  }
+
+  void dispatch();  // below Writer
+
+  // ---- The exchange: writes in order, one at a time.
+
+  void push(Outgoing item) {
+    if (item.final) final_queued_ = true;
+    out_.push_back(std::move(item));
+    pump();
+  }
+
+  void pump() {
+    if (write_pending_ || out_.empty() || closed_) return;
+    write_pending_ = true;
+    arm_write_timer();
+    Outgoing& item = out_.front();
+    auto done = [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); };
+    switch (item.kind) {
+      case Outgoing::kResponse:
+        http::async_write(socket_, *item.response, std::move(done));
+        break;
+      case Outgoing::kSseHead:
+        http::async_write_header(socket_, *sse_->sr, std::move(done));
+        break;
+      case Outgoing::kChunk:
+        if (sse_chunked_) {
+          net::async_write(socket_, http::make_chunk(net::buffer(item.data)), std::move(done));
+        } else {
+          net::async_write(socket_, net::buffer(item.data), std::move(done));
+        }
+        break;
+      case Outgoing::kLastChunk:
+        if (sse_chunked_) {
+          net::async_write(socket_, http::make_chunk_last(), std::move(done));
+        } else {
+          net::post(strand_, [done = std::move(done)]() mutable { done(beast::error_code(), 0); });
+        }
+        break;
+    }
+  }
+
+  void on_write(beast::error_code ec) {
+    write_pending_ = false;
+    disarm_write_timer();
+    if (closed_) {
+      out_.clear();
+      return;
+    }
+    if (ec) return close();  // close() reports the departure to a pending exchange
+    const bool final = out_.front().final;
+    out_.pop_front();
+    if (final) return end_exchange();
+    pump();
+  }
+
+  void end_exchange() {
+    in_exchange_ = false;
+    writer_.reset();
+    sse_.reset();
+    if (close_after_) return linger_close();
+    if (watch_pending_) {
+      // Only the watch read is outstanding: cancel it; its handler starts the next read.
+      beast::error_code ec;
+      socket_.cancel(ec);
+      return;
+    }
+    start_read();
+  }
+
+  // Closing after an answer: stop sending, then read and discard what the
+  // client still sends (an oversized body, say) for a short while, so the
+  // close does not turn into a reset that destroys the answer in flight.
+  void linger_close() {
+    beast::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    arm_read_timer(std::min(core_->cfg.read_timeout, std::chrono::milliseconds(1000)));
+    drain();
+  }
+  void drain() {
+    if (watch_pending_) return;  // its handler comes back here
+    drain_buf_.resize(kWatchReadBytes);
+    socket_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (self->closed_) return;
+      if (ec) return self->close();
+      self->drain();
+    });
+  }
+
+  // A read kept outstanding during an exchange: EOF or an error means the client
+  // left; bytes it sends ahead are kept in buffer_ for the next request.
+  void start_watch() {
+    if (watch_pending_ || closed_ || buffer_.size() >= kMaxPipelinedBytes) return;
+    watch_pending_ = true;
+    socket_.async_read_some(buffer_.prepare(kWatchReadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
+  }
+
+  void on_watch(beast::error_code ec, size_t n) {
+    watch_pending_ = false;
+    if (n > 0) buffer_.commit(n);
+    if (closed_) return;
+    if (in_exchange_) {
+      if (ec) return close();  // EOF or error mid-answer: the client is gone
+      return start_watch();
+    }
+    if (close_after_) {
+      // Lingering after the final answer.
+      if (ec && ec != net::error::operation_aborted) return close();
+      buffer_.consume(buffer_.size());
+      return drain();
+    }
+    // The exchange ended while this read was outstanding (cancelled or not).
+    if (ec && ec != net::error::operation_aborted) return close();
+    start_read();
+  }
+
+  void client_gone();  // below Writer
+
+  // Constant after construction. core_ comes first so it is destroyed last:
+  // the socket, timers and strand need its io_context.
+  const std::shared_ptr<ServerCore> core_;
+  const Strand strand_;
+  tcp::socket socket_;
+  net::steady_timer read_timer_;
+  net::steady_timer write_timer_;
+  const uint64_t id_;
+
+  // All below: used on strand_ only.
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string drain_buf_;
+  uint64_t read_timer_gen_ = 0;
+  uint64_t write_timer_gen_ = 0;
+  bool closed_ = false;
+  bool counted_closed_ = false;
+  bool write_pending_ = false;
+  bool watch_pending_ = false;
+
+  // The current exchange.
+  uint64_t exchange_ = 0;
+  bool in_exchange_ = false;
+  bool final_queued_ = false;  // its last write is queued; later calls are ignored
+  bool close_after_ = false;   // close once it is answered
+  unsigned version_ = 11;      // the request's HTTP version (11 = 1.1)
+  bool keep_alive_ = true;     // what the request allows
+  bool sse_chunked_ = true;
+  std::unique_ptr<SseHead> sse_;
+  std::weak_ptr<Writer> writer_;
+  std::deque<Outgoing> out_;  // front: being written when write_pending_
+};
+
+// The handler's side of one exchange. Its state machine (idle -> streaming ->
+// done, or idle -> done) is checked under mu_ together with the post, so posts
+// reach the strand in the order of the state changes.
+class Writer final : public ResponseWriter {
+ public:
+  Writer(std::shared_ptr<Connection> conn, uint64_t exchange, unsigned version, bool keep_alive)
+      : conn_(std::move(conn)), exchange_(exchange), version_(version), keep_alive_(keep_alive) {}
+
+  ~Writer() override {
+    // No lock: nobody else holds this writer any more.
+    if (gone_ || state_ == State::kDone) return;
+    conn_->core().post_if_running(
+        conn_->strand(), [conn = conn_, ex = exchange_, streaming = state_ == State::kStreaming] {
+          conn->writer_dropped(ex, streaming);
+        });
+  }
+
+  bool respond(int status, std::string content_type, std::string body,
+               std::vector<std::pair<std::string, std::string>> headers) override {
+    bool close_after = !keep_alive_;
+    auto res = make_response(version_, keep_alive_, status, content_type, std::move(body));
+    for (auto& [name, value] : headers) {
+      // Framing headers are the server's; CR/LF would split the header.
+      if (name.find_first_of("\r\n:") != std::string::npos || value.find_first_of("\r\n") != std::string::npos) {
+        continue;
+      }
+      if (beast::iequals(name, "Connection")) {
+        if (beast::iequals(value, "close")) close_after = true;
+        continue;
+      }
+      if (beast::iequals(name, "Content-Length") || beast::iequals(name, "Transfer-Encoding")) continue;
+      res->set(name, value);
+    }
+    res->keep_alive(!close_after);
+    std::lock_guard lock(mu_);
+    if (gone_ || state_ != State::kIdle) return false;
+    const bool posted = conn_->core().post_if_running(
+        conn_->strand(), [conn = conn_, ex = exchange_, res = std::move(res), close_after]() mutable {
+          conn->send_response(ex, std::move(res), close_after);
+        });
+    if (posted) state_ = State::kDone;
+    return posted;
+  }
+
+  bool start_sse() override {
+    std::lock_guard lock(mu_);
+    if (gone_ || state_ != State::kIdle) return false;
+    const bool posted = conn_->core().post_if_running(
+        conn_->strand(), [conn = conn_, ex = exchange_] { conn->start_sse(ex); });
+    if (posted) state_ = State::kStreaming;
+    return posted;
+  }
+
+  bool send_event(std::string data) override {
+    std::string chunk;
+    chunk.reserve(data.size() + 8);
+    chunk += "data: ";
+    chunk += data;
+    chunk += "\n\n";
+    std::lock_guard lock(mu_);
+    if (gone_ || state_ != State::kStreaming) return false;
+    return conn_->core().post_if_running(conn_->strand(),
+                                         [conn = conn_, ex = exchange_, chunk = std::move(chunk)]() mutable {
+                                           conn->send_chunk(ex, std::move(chunk));
+                                         });
+  }
+
+  bool finish() override {
+    std::lock_guard lock(mu_);
+    if (gone_ || state_ != State::kStreaming) return false;
+    const bool posted = conn_->core().post_if_running(
+        conn_->strand(), [conn = conn_, ex = exchange_] { conn->finish_sse(ex); });
+    if (posted) state_ = State::kDone;
+    return posted;
+  }
+
+  void on_disconnect(std::function<void()> cb) override {
+    {
+      std::lock_guard lock(mu_);
+      if (state_ == State::kDone) return;  // it can no longer fire
+      if (!disconnect_due_) {
+        on_disconnect_ = std::move(cb);
+        return;
+      }
+      disconnect_due_ = false;  // the client left before the callback was set
+    }
+    if (!conn_->core().post_if_running(conn_->strand(), [cb] { call_safely(cb, "on_disconnect callback"); })) {
+      call_safely(cb, "on_disconnect callback");
+    }
+  }
+
+  // On the strand: the client went away (or the server is stopping).
+  void client_gone() {
+    std::function<void()> cb;
+    {
+      std::lock_guard lock(mu_);
+      if (gone_) return;
+      gone_ = true;
+      if (state_ == State::kDone) return;  // answered: nothing to report
+      if (on_disconnect_) {
+        cb = std::move(on_disconnect_);
+        on_disconnect_ = nullptr;
+      } else {
+        disconnect_due_ = true;
+      }
+    }
+    if (cb) call_safely(cb, "on_disconnect callback");
+  }
+
+ private:
+  enum class State { kIdle, kStreaming, kDone };
+
+  // Constant after construction.
+  const std::shared_ptr<Connection> conn_;
+  const uint64_t exchange_;
+  const unsigned version_;
+  const bool keep_alive_;
+
+  std::mutex mu_;
+  State state_ = State::kIdle;          // guarded by mu_
+  bool gone_ = false;                   // guarded by mu_
+  bool disconnect_due_ = false;         // guarded by mu_: gone while no callback was set
+  std::function<void()> on_disconnect_;  // guarded by mu_
+};
+
+void Connection::client_gone() {
+  if (auto w = writer_.lock()) w->client_gone();
+}
+
+void Connection::dispatch() {
+  http::request<http::string_body> req = parser_->release();
+  parser_.reset();
+  if (core_->is_stopped()) return close();
+  HttpRequest r;
+  r.method = to_std(req.method_string());
+  const beast::string_view target = req.target();
+  r.target = to_std(target.substr(0, target.find('?')));
+  r.authorization = to_std(req[http::field::authorization]);
+  r.content_type = to_std(req[http::field::content_type]);
+  r.body = std::move(req.body());
+
+  ++exchange_;
+  in_exchange_ = true;
+  final_queued_ = false;
+  version_ = req.version();
+  keep_alive_ = req.keep_alive();
+  close_after_ = !keep_alive_;
+  auto writer = std::make_shared<Writer>(shared_from_this(), exchange_, version_, keep_alive_);
+  writer_ = writer;
+  start_watch();
+  try {
+    core_->handler(std::move(r), writer);
+  } catch (const std::exception& e) {
+    writer->respond(500, "application/json",
+                    error_body(ApiError{500, std::string("internal error: ") + e.what(), "server_error", "", ""}), {});
+  } catch (...) {
+    writer->respond(500, "application/json", error_body(ApiError{500, "internal error", "server_error", "", ""}), {});
+  }
+}
+
+// ---- Accepting.
+
+void do_accept(ServerCore* core);
+
+void on_accept(ServerCore* core, Strand strand, beast::error_code ec, tcp::socket socket) {
+  if (!core->acceptor.is_open() || core->is_stopped()) return;  // stop_accepting() or stop()
+  if (ec) {
+    // Out of descriptors, say: wait a little instead of spinning.
+    core->accept_retry.expires_after(std::chrono::milliseconds(50));
+    core->accept_retry.async_wait([core](beast::error_code tec) {
+      if (!tec) do_accept(core);
+    });
+    return;
+  }
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(core->conns_mu);
+    const uint64_t id = core->next_conn_id++;
+    conn = std::make_shared<Connection>(core->shared_from_this(), std::move(socket), strand, id);
+    core->conns.emplace(id, conn);
+  }
+  net::post(conn->strand(), [conn] { conn->start(); });
+  do_accept(core);
+}
+
+// The accept loop runs on accept_strand; handlers hold a raw pointer, which
+// stays valid because stop() drains them before the server drops the core.
+void do_accept(ServerCore* core) {
+  Strand strand = net::make_strand(core->ioc);
+  core->acceptor.async_accept(strand, [core, strand](beast::error_code ec, tcp::socket socket) {
+    on_accept(core, strand, ec, std::move(socket));
+  });
+}
+
+void close_acceptor(ServerCore* core) {
+  beast::error_code ec;
+  core->acceptor.close(ec);
+  core->accept_retry.cancel();
+}
+
+}  // namespace detail
+
+HttpServer::HttpServer(HttpServerConfig cfg) : cfg_(std::move(cfg)) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+Status HttpServer::start(HttpHandler handler) {
+  if (started_) return Status::invalid_argument("HttpServer::start: already started");
+  if (!handler) return Status::invalid_argument("HttpServer::start: no handler");
+  const std::string where = cfg_.host + ":" + std::to_string(cfg_.port);
+  auto core = std::make_shared<detail::ServerCore>(cfg_);
+  core->handler = std::move(handler);
+
+  beast::error_code ec;
+  tcp::endpoint endpoint;
+  const net::ip::address addr = net::ip::make_address(cfg_.host, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(addr, cfg_.port);
+  } else {
+    tcp::resolver resolver(core->ioc);
+    auto results = resolver.resolve(cfg_.host, std::to_string(cfg_.port), ec);
+    if (ec || results.empty()) {
+      return Status::io_error("cannot resolve " + where + ": " + (ec ? ec.message() : "no address"));
+    }
+    endpoint = results.begin()->endpoint();
+  }
+  tcp::acceptor& acc = core->acceptor;
+  if (acc.open(endpoint.protocol(), ec); ec) return Status::io_error("cannot listen on " + where + ": " + ec.message());
+  if (acc.set_option(net::socket_base::reuse_address(true), ec); ec) {
+    return Status::io_error("cannot listen on " + where + ": " + ec.message());
+  }
+  if (acc.bind(endpoint, ec); ec) return Status::io_error("cannot bind " + where + ": " + ec.message());
+  if (acc.listen(net::socket_base::max_listen_connections, ec); ec) {
+    return Status::io_error("cannot listen on " + where + ": " + ec.message());
+  }
+  port_ = acc.local_endpoint(ec).port();
+
+  core_ = std::move(core);
+  net::post(core_->accept_strand, [core = core_.get()] { detail::do_accept(core); });
+  const int n = std::max(1, cfg_.threads);
+  threads_.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    threads_.emplace_back([core = core_.get()] { core->ioc.run(); });
+  }
+  started_ = true;
+  return Status::ok();
+}
+
+void HttpServer::stop_accepting() {
+  if (!started_ || stopped_) return;
+  detail::ServerCore* core = core_.get();
+  if (core->ioc.get_executor().running_in_this_thread()) {
+    net::post(core->accept_strand, [core] { detail::close_acceptor(core); });
+    return;
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> closed = done->get_future();
+  net::post(core->accept_strand, [core, done] {
+    detail::close_acceptor(core);
+    done->set_value();
+  });
+  closed.wait_for(std::chrono::seconds(5));  // bounded: the io threads never block
+}
+
+void HttpServer::stop() {
+  if (!started_ || stopped_) return;
+  stopped_ = true;
+  detail::ServerCore* core = core_.get();
+  {
+    std::unique_lock lock(core->stop_mu);
+    core->stopped = true;  // from here no Writer posts anything
+  }
+  net::post(core->accept_strand, [core] { detail::close_acceptor(core); });
+  close_all_connections();
+  // Stop the io threads now, then run what is left (the closes above and the
+  // aborted operations they complete) on this thread until nothing is queued,
+  // so no handler holding a connection is left behind in the io_context. A
+  // connection accepted meanwhile is closed by the next round.
+  core->ioc.stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  core->work.reset();
+  for (int round = 0; round < 100; ++round) {
+    core->ioc.restart();
+    for (int i = 0; i < 10000 && core->ioc.poll() > 0; ++i) {
+    }
+    if (!close_all_connections()) break;
+  }
+}
+
+bool HttpServer::close_all_connections() {
+  // Collected first: the last reference to a connection may drop here, and its
+  // destructor takes conns_mu.
+  std::vector<std::shared_ptr<detail::Connection>> open;
+  {
+    std::lock_guard lock(core_->conns_mu);
+    for (auto& [id, weak] : core_->conns) {
+      if (auto conn = weak.lock()) open.push_back(std::move(conn));
+    }
+  }
+  for (auto& conn : open) net::post(conn->strand(), [conn] { conn->close(); });
+  return !open.empty();
+}
+
+size_t HttpServer::open_connections() const { return core_ ? core_->open_connections.load() : 0; }
+
+}  // namespace pd::router

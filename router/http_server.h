@@ -1,0 +1,126 @@
+// The router's HTTP/1.1 server (Boost.Beast over Asio): keep-alive, request
+// size and time limits, plain responses and Server-Sent Events, and prompt
+// detection of clients that go away mid-response.
+//
+// Threading: `threads` io threads run one io_context; each connection is
+// serialized on its own strand, and no connection ever blocks an io thread.
+// The handler runs on an io thread and must not block: it validates, hands the
+// request to the rest of the router, and answers later (from any thread) through
+// the ResponseWriter it was given.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "util/status.h"
+
+namespace pd::router {
+
+struct HttpServerConfig {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;           // 0 = pick a free port (tests)
+  int threads = 2;                // io_context threads (>= 1)
+  size_t max_body_bytes = 1 << 20;  // larger bodies are answered 413 by the server itself
+  // Deadline for reading one request (header and body), counted from the
+  // moment the server starts waiting for it, so it also closes idle keep-alive
+  // connections. A request that misses it is dropped without an answer.
+  std::chrono::milliseconds read_timeout{30000};
+  // A single write (a response, one SSE event) that makes no progress for this
+  // long means the client stopped reading: the connection is closed and the
+  // exchange's on_disconnect fires.
+  std::chrono::milliseconds write_timeout{30000};
+};
+
+struct HttpRequest {
+  std::string method;         // "GET", "POST", ...
+  std::string target;         // path without the query string
+  std::string body;
+  std::string authorization;  // raw Authorization header value ("" if none)
+  std::string content_type;
+};
+
+// One exchange's response side. Every method may be called from any thread
+// (each posts onto the connection's strand, so calls made from one thread reach
+// the client in the order they were made). Exactly one of respond() or
+// start_sse() ... finish() is used per request. A method returns false, and
+// does nothing, when it is out of turn (respond() or start_sse() after an
+// answer began, send_event() or finish() without start_sse()), after the
+// client went away, or after the server stopped.
+//
+// Lifetime: the writer keeps its connection alive. Dropping the last reference
+// without answering answers 500 (or, mid-stream, closes the connection so the
+// client sees an incomplete stream rather than a finished one).
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  // A complete response with Content-Length. `status` is 200..599 (anything
+  // else is sent as 500; 204 and 304 drop the body). `headers` are added as
+  // given, except the framing ones (Content-Length, Transfer-Encoding) and any
+  // with CR/LF; a "Connection: close" among them closes the connection after
+  // the response.
+  virtual bool respond(int status, std::string content_type, std::string body,
+                       std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  // 200, Content-Type: text/event-stream, Cache-Control: no-cache, chunked.
+  virtual bool start_sse() = 0;
+  // Writes "data: " + data + "\n\n" as one chunk.
+  virtual bool send_event(std::string data) = 0;
+  // The final chunk; the connection is then reused if keep-alive allows.
+  virtual bool finish() = 0;
+  // `cb` is called at most once, on an io thread, if the client disconnects
+  // (read EOF or error, a failed or timed-out write, or the server stopping)
+  // before the handler gave its final answer (respond() or finish()). If the
+  // client is already gone when cb is set, cb is posted at once. Set it before
+  // start_sse(). During HttpServer::stop() it runs on the thread calling stop().
+  virtual void on_disconnect(std::function<void()> cb) = 0;
+};
+
+using HttpHandler = std::function<void(HttpRequest, std::shared_ptr<ResponseWriter>)>;
+
+namespace detail {
+struct ServerCore;
+}
+
+class HttpServer {
+ public:
+  explicit HttpServer(HttpServerConfig cfg);
+  ~HttpServer();  // stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the io threads; the handler is called for every
+  // complete request within the limits. IoError naming host:port if the
+  // address cannot be resolved or bound; InvalidArgument if already started.
+  Status start(HttpHandler handler);
+  // The bound port (the chosen one when the config said 0); 0 before start().
+  uint16_t port() const { return port_; }
+  // Closes the listening socket (graceful drain): existing connections and
+  // their exchanges continue. Returns once the socket is closed (or, called
+  // from an io thread, once the close is queued).
+  void stop_accepting();
+  // Closes every connection (pending exchanges see on_disconnect), stops and
+  // joins the io threads. Idempotent. Must not be called from an io thread
+  // (that is, not from the handler or a disconnect callback).
+  void stop();
+  // Connections accepted and not yet closed.
+  size_t open_connections() const;
+
+ private:
+  // Posts a close to every open connection; false if there was none.
+  bool close_all_connections();
+
+  HttpServerConfig cfg_;
+  std::shared_ptr<detail::ServerCore> core_;  // shared with every connection; outlives them
+  std::vector<std::thread> threads_;
+  uint16_t port_ = 0;
+  bool started_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace pd::router

@@ -1,0 +1,57 @@
+// pd-router: the cluster's HTTP front end (see router.h).
+//   mpirun -np 1 pd-router CFG : -np P pd-prefill CFG : -np D pd-decode CFG
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "gguf/gguf_reader.h"
+#include "model/llama_config.h"
+#include "router/router.h"
+#include "serving/worker_main.h"
+
+int main(int argc, char** argv) {
+  if (pd::Status st = pd::mpi_init(&argc, &argv); !st.is_ok()) {
+    std::cerr << "pd-router: " << st.to_string() << "\n";
+    return 1;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  spdlog::set_pattern("[%H:%M:%S.%e] [router " + std::to_string(rank) + "] [%l] %v");
+  auto abort_job = [](const std::string& what) {
+    spdlog::critical("{}", what);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+    return 2;
+  };
+  bool help = false;
+  auto cfg = pd::parse_cluster_args(argc, argv, "pd-router", &help);
+  auto roles = pd::exchange_roles(pd::Role::kRouter);
+  if (help) {
+    MPI_Finalize();
+    return 0;
+  }
+  if (!cfg.is_ok()) return abort_job(cfg.status().message());
+  if (!roles.is_ok()) return abort_job(roles.status().message());
+
+  // The router needs the tokenizer, the chat template and the context length; not the weights.
+  auto file = pd::GgufFile::open(cfg->model);
+  if (!file.is_ok()) return abort_job(file.status().to_string() + " (config key 'model' / --model)");
+  pd::router::ModelInfo info;
+  auto tok = pd::Tokenizer::from_gguf(**file);
+  if (!tok.is_ok()) return abort_job(tok.status().to_string());
+  info.tokenizer = std::move(tok).value();
+  auto tmpl = pd::ChatTemplate::from_gguf(**file);
+  info.chat_template = tmpl.is_ok() ? std::move(tmpl).value() : pd::ChatTemplate::chatml();
+  auto mc = pd::LlamaConfig::from_gguf(**file);
+  if (!mc.is_ok()) return abort_job(mc.status().to_string());
+  info.context = mc->context;
+  info.name = cfg->model_name();
+
+  int rc = 0;
+  {
+    pd::router::Router router(*cfg, *roles, std::move(info));
+    pd::Status st = router.run();
+    if (!st.is_ok()) return abort_job(st.to_string());
+  }
+  MPI_Finalize();
+  return rc;
+}

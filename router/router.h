@@ -1,0 +1,135 @@
+// The router: the cluster's HTTP front end and its link to the workers.
+//
+// Threads: the HTTP server's io threads validate, template and tokenize each
+// request and hand it to the link through a queue; the link (the thread that
+// called run(), the only one that calls MPI) dispatches requests to a prefill
+// and a decode rank, turns worker events into response chunks, and owns every
+// request's state and deadline. A slow client never blocks the link (writes
+// are posted to the connection), and the link never waits on a client.
+//
+// Every request ends in exactly one final state — finished (stop/length),
+// cancelled (client gone), or failed with a reason the client sees — and the
+// workers are told to drop it whenever the router ends it first.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "config/cluster_config.h"
+#include "protocol/mpi_channel.h"
+#include "router/dispatch.h"
+#include "router/http_server.h"
+#include "router/metrics.h"
+#include "router/openai_api.h"
+#include "router/text_stream.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pd::router {
+
+struct ModelInfo {
+  std::unique_ptr<Tokenizer> tokenizer;
+  ChatTemplate chat_template;
+  int context = 0;
+  std::string name;
+};
+
+class Router {
+ public:
+  Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model);
+  ~Router();
+  // Serves until SIGTERM/SIGINT (or request_stop()), then drains: no new
+  // requests, in-flight ones get timeouts.drain_ms to finish, workers are told
+  // to shut down. Returns an error only if the HTTP server could not start.
+  Status run();
+  // Async-signal-safe: begins the drain.
+  static void request_stop();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Request {
+    uint64_t id = 0;
+    ApiRequest api;
+    std::string response_id;
+    int64_t created = 0;
+    std::vector<TokenId> prompt;
+    std::shared_ptr<ResponseWriter> writer;
+    std::unique_ptr<TextStream> text;
+    std::string text_out;           // non-streaming: the whole answer
+    bool dispatched = false, prefill_done = false, first_chunk_sent = false;
+    DispatchChoice where;
+    int32_t next_index = 0;
+    std::map<int32_t, std::pair<TokenId, proto::Finish>> pending;  // out-of-order tokens
+    int64_t n_generated = 0;
+    Clock::time_point arrived, dispatched_at, last_token_at;
+  };
+  struct NewRequest { std::unique_ptr<Request> req; };
+  struct ClientGone { uint64_t id; };
+
+  // io threads
+  void handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w);
+  void handle_completion(Endpoint ep, const HttpRequest& http, std::shared_ptr<ResponseWriter> w);
+  Result<std::vector<TokenId>> encode_chat(const std::vector<ChatMessage>& messages) const;
+
+  // link thread
+  void drain_inbox();
+  void dispatch_queued();
+  void handle_messages();
+  void on_tokens(int source, const proto::TokenEvents& m);
+  void on_failed(int source, const proto::RequestFailed& m);
+  void check_deadlines();
+  void deliver(Request& r, const std::string& text);
+  enum class End { kFinished, kCancelled, kFailed };
+  void finalize(uint64_t id, End how, const std::string& finish_reason, const ApiError& error = {},
+                bool tell_workers = true);
+  void update_gauges();
+
+  const ClusterConfig cfg_;
+  const RoleTable roles_;
+  ModelInfo model_;
+  std::vector<TokenId> hidden_ids_;   // EOS (+ <|im_end|>): end generation, print nothing
+  TokenId im_end_ = -1;
+  HttpServer http_;
+  Registry metrics_;
+
+  // Shared between io threads and the link.
+  std::mutex inbox_mu_;
+  std::deque<std::variant<NewRequest, ClientGone>> inbox_;  // guarded by inbox_mu_
+  std::atomic<int> queued_{0};          // requests accepted, not yet dispatched
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> ready_{false};
+  std::mutex ready_mu_;
+  std::string not_ready_reason_;        // guarded by ready_mu_
+  std::atomic<uint64_t> next_id_{1};
+
+  // Link thread only.
+  ControlChannel channel_;
+  WorkerTable workers_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::deque<uint64_t> queue_;          // accepted, waiting for a worker
+
+  // Metrics (owned by metrics_).
+  Counter& requests_total_;
+  Histogram& ttft_;
+  Histogram& itl_;
+  Histogram& e2e_;
+  Histogram& stage_;
+  Histogram& transfer_seconds_;
+  Histogram& transfer_gbps_;
+  Counter& transfer_bytes_;
+  Counter& prompt_tokens_total_;
+  Counter& generation_tokens_total_;
+  Gauge& running_;
+  Gauge& waiting_;
+  Gauge& free_blocks_;
+  Gauge& total_blocks_;
+  Gauge& preemptions_;
+  Gauge& router_queue_;
+  Gauge& in_flight_;
+};
+
+}  // namespace pd::router

@@ -1,0 +1,35 @@
+// A request's output text as it streams: incremental detokenization, control
+// tokens hidden, and stop strings applied (OpenAI semantics: the text ends
+// before the first stop string, which is not returned). Text that might be the
+// start of a stop string is held back until it is known not to be one, and
+// what is emitted always ends on a UTF-8 character boundary.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace pd::router {
+
+class TextStream {
+ public:
+  // `hidden`: token ids that end generation and print nothing (EOS, <|im_end|>).
+  TextStream(const Tokenizer& tok, std::vector<std::string> stops, std::vector<TokenId> hidden);
+  // Feeds the next generated token; returns the text that may be sent now.
+  // After a stop string matched, stopped() is true and further tokens add nothing.
+  std::string push(TokenId id);
+  // End of generation: whatever is held back (no stop string can match any more).
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::string take_safe();
+  StreamDecoder decoder_;
+  std::vector<std::string> stops_;
+  std::vector<TokenId> hidden_;
+  std::string pending_;  // decoded, not yet emitted
+  bool stopped_ = false;
+};
+
+}  // namespace pd::router

@@ -1,0 +1,215 @@
+"""Test harness for whole-cluster tests: starts an MPI job (router + prefill +
+decode ranks) through deploy/launch.sh on a free port, talks to it with a real
+HTTP client (http.client), and stops it. Standard library only."""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.environ.get("PD_BUILD_DIR", os.path.join(ROOT, "build"))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+SKIP = 77  # ctest SKIP_RETURN_CODE
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model(path, layers=2, seed=1):
+    subprocess.run([os.path.join(BUILD, "tools", "pd-make-tiny-model"), "-o", path, "--layers", str(layers),
+                    "--seed", str(seed)], check=True)
+    return path
+
+
+def reference(model, prompts):
+    """pd-generate --batch: [{"prompt", "chat", "max_tokens", "ignore_eos"}] -> list of result dicts."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+        path = f.name
+    try:
+        out = subprocess.run([os.path.join(BUILD, "tools", "pd-generate"), "-m", model, "--batch", path, "-t", "2"],
+                             check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(path)
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class Cluster:
+    """with Cluster(prefill=1, decode=1, model=..., config={...}) as c: c.post(...)"""
+
+    def __init__(self, prefill=1, decode=1, colocated=None, model=DEFAULT_MODEL, config=None, threads=1,
+                 mpirun=None, startup_s=180):
+        self.port = free_port()
+        self.model = model
+        cfg = {"model": model, "http": {"port": self.port}}
+        for k, v in (config or {}).items():
+            if isinstance(v, dict):
+                cfg.setdefault(k, {}).update(v)
+            else:
+                cfg[k] = v
+        self.config = cfg
+        fd, self.config_path = tempfile.mkstemp(suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(cfg, f)
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        if mpirun is not None:  # a hand-built MPMD line (per-role models): list with {config} placeholders
+            cmd = [a.replace("{config}", self.config_path) for a in mpirun]
+        else:
+            cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--config", self.config_path, "--build", BUILD,
+                   "--threads", str(threads), "--no-wait"]
+            cmd += ["--colocated", str(colocated)] if colocated else ["--prefill", str(prefill), "--decode", str(decode)]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.startup_s = startup_s
+
+    def __enter__(self):
+        deadline = time.time() + self.startup_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("cluster exited during start-up:\n" + self.logs())
+            try:
+                if self.get("/health").status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("cluster not healthy within %d s:\n%s" % (self.startup_s, self.logs()))
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def logs(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-6000:]
+
+    def router_pid(self):
+        out = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-x", "pd-router"], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        return pids[0] if pids else None
+
+    def stop(self, timeout=60):
+        """SIGTERM to the router (it drains, then shuts the workers down); returns mpirun's exit code."""
+        if self.proc.poll() is None:
+            pid = self.router_pid()
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for p in (self.config_path,):
+            if os.path.exists(p):
+                os.unlink(p)
+        return self.proc.returncode
+
+    # ---- HTTP
+    def conn(self, timeout=300):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        c = self.conn()
+        try:
+            h = {"Content-Type": "application/json"}
+            h.update(headers or {})
+            data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+            c.request(method, path, body=data, headers=h)
+            r = c.getresponse()
+            return Response(r.status, dict(r.getheaders()), r.read().decode("utf-8", "replace"))
+        finally:
+            c.close()
+
+    def get(self, path, headers=None):
+        return self.request("GET", path, headers=headers)
+
+    def post(self, path, body, headers=None):
+        return self.request("POST", path, body, headers)
+
+    def stream(self, path, body, headers=None):
+        """POST with stream=true; returns (status, [decoded data payloads], ['[DONE]' count])."""
+        c = self.conn()
+        try:
+            h = {"Content-Type": "application/json"}
+            h.update(headers or {})
+            c.request("POST", path, body=json.dumps(body), headers=h)
+            r = c.getresponse()
+            if r.status != 200:
+                return r.status, [json.loads(r.read())]
+            events = []
+            for line in r.read().decode("utf-8", "replace").split("\n"):
+                if line.startswith("data: "):
+                    payload = line[len("data: "):]
+                    events.append(payload if payload == "[DONE]" else json.loads(payload))
+            return r.status, events
+        finally:
+            c.close()
+
+    def metrics(self):
+        """{'name{labels}': value} from GET /metrics."""
+        out = {}
+        for line in self.get("/metrics").body.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+        return out
+
+    def metric(self, key, default=0.0):
+        return self.metrics().get(key, default)
+
+
+def completion_text(endpoint, resp):
+    choice = resp["choices"][0]
+    return choice["message"]["content"] if endpoint == "chat" else choice["text"]
+
+
+def joined_stream(endpoint, events):
+    """(text, finish_reasons, usage, done_count) of a streamed answer."""
+    text, finishes, usage, done = "", [], None, 0
+    for e in events:
+        if e == "[DONE]":
+            done += 1
+            continue
+        if "error" in e:
+            raise AssertionError("stream error: %s" % e)
+        if e.get("usage"):
+            usage = e["usage"]
+        for ch in e["choices"]:
+            text += (ch.get("delta", {}).get("content") or "") if endpoint == "chat" else ch.get("text", "")
+            if ch.get("finish_reason"):
+                finishes.append(ch["finish_reason"])
+    return text, finishes, usage, done
+
+
+def request_body(endpoint, prompt, max_tokens, stream=False, **extra):
+    body = {"max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body.update(extra)
+    return body
+
+
+def path_of(endpoint):
+    return "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Whole-cluster tests: real MPI jobs (router + prefill + decode ranks under
+mpirun --oversubscribe) driven over HTTP. Run one suite per process:
+
+    tests/cluster/test_cluster.py {api,identity,preemption,colocated,lifecycle}
+
+Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
+import concurrent.futures
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import (BUILD, DEFAULT_MODEL, SKIP, Cluster, completion_text, joined_stream, path_of,  # noqa: E402
+                     reference, request_body, tiny_model)
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "In 1969, astronauts first walked on the Moon.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "The mitochondria is the powerhouse of the cell.",
+    "Shakespeare wrote many plays, including Hamlet and Macbeth.",
+    "A prime number has exactly two divisors.",
+    "The Pacific Ocean is the largest ocean on Earth.",
+]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a prime number is.",
+    "List three colors.",
+    "Who wrote Hamlet?",
+    "What is 2 + 2?",
+    "Give me a short tip for learning to code.",
+    "Describe a cat in one sentence.",
+]
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def mixed_prompts(n):
+    """n (endpoint, prompt, max_tokens) of varied prompt and output lengths."""
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            k = 1 + (i * 7) % len(SENTENCES)
+            prompt = " ".join(SENTENCES[(i + j) % len(SENTENCES)] for j in range(k))
+            out.append(("completion", prompt, 4 + (i * 5) % 29))
+        else:
+            out.append(("chat", QUESTIONS[i % len(QUESTIONS)] + (" Answer briefly." * (i % 3)), 4 + (i * 3) % 29))
+    return out
+
+
+def references(model, cases, ignore_eos=False):
+    return reference(model, [{"prompt": p, "chat": e == "chat", "max_tokens": m, "ignore_eos": ignore_eos}
+                             for e, p, m in cases])
+
+
+def run_case(c, endpoint, prompt, max_tokens, stream, **extra):
+    """-> (text, completion_tokens, finish_reason) through the cluster."""
+    body = request_body(endpoint, prompt, max_tokens, stream, **extra)
+    if not stream:
+        r = c.post(path_of(endpoint), body)
+        check(r.status == 200, "HTTP %d: %s" % (r.status, r.body))
+        j = r.json()
+        return completion_text(endpoint, j), j["usage"]["completion_tokens"], j["choices"][0]["finish_reason"]
+    status, events = c.stream(path_of(endpoint), body)
+    check(status == 200, "HTTP %d: %s" % (status, events))
+    text, finishes, usage, done = joined_stream(endpoint, events)
+    check(len(finishes) == 1, "stream has %d finish_reason chunks (want exactly 1)" % len(finishes))
+    check(done == 1 and events[-1] == "[DONE]", "stream must end with exactly one [DONE]")
+    check(usage is not None, "include_usage: no usage chunk")
+    return text, usage["completion_tokens"], finishes[0]
+
+
+def expect_same(case, got, ref):
+    text, n, finish = got
+    check((text, n, finish) == (ref["text"], ref["completion_tokens"], ref["finish_reason"]),
+          "cluster output differs from pd-generate for %r:\n  cluster:     %r (%d tokens, %s)\n  pd-generate: %r (%d tokens, %s)"
+          % (case, text, n, finish, ref["text"], ref["completion_tokens"], ref["finish_reason"]))
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def blocks_all_free(c):
+    m = c.metrics()
+    free = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_free_kv_blocks{")}
+    total = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_kv_blocks{")}
+    return bool(total) and free == total
+
+
+def concurrent_identity(c, model, cases, workers):
+    refs = references(model, cases)
+    before = c.metric('pd_requests_total{outcome="finished"}')
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futs = [pool.submit(run_case, c, e, p, m, i % 3 == 0) for i, (e, p, m) in enumerate(cases)]
+        results = [f.result() for f in futs]
+    for case, got, ref in zip(cases, results, refs):
+        expect_same(case, got, ref)
+    after = c.metric('pd_requests_total{outcome="finished"}')
+    check(after - before == len(cases), "finished count rose by %d, want %d" % (after - before, len(cases)))
+    wait_for(lambda: blocks_all_free(c), 30, "every KV block to return to its pool")
+
+
+# ------------------------------------------------------------------ suites
+
+def suite_api(tmp):
+    """Tiny model, 1 prefill + 1 decode: the HTTP API, its errors, streaming, cancellation."""
+    model = tiny_model(os.path.join(tmp, "tiny.gguf"))
+    key = {"Authorization": "Bearer sekret"}
+    cfg = {"http": {"api_key": "sekret", "max_body_bytes": 4096}}
+    with Cluster(1, 1, model=model, config=cfg) as c:
+        name = c.get("/v1/models", key).json()["data"][0]["id"]
+        check(name == "tiny", "model name %r" % name)
+        # Outputs against pd-generate, streaming and not, both endpoints.
+        cases = [("completion", "hello world", 12), ("chat", "hi there", 10), ("completion", "abc " * 20, 20)]
+        refs = references(model, cases, ignore_eos=True)
+        for case, ref in zip(cases, refs):
+            for stream in (False, True):
+                expect_same(case, run_case_key(c, key, case, stream), ref)
+
+        def err(status, method, path, body=None, raw=None, headers=key, param=None):
+            r = c.request(method, path, body, headers=headers, raw=raw)
+            check(r.status == status, "%s %s: HTTP %d, want %d: %s" % (method, path, r.status, status, r.body))
+            e = r.json()["error"]
+            check(e["message"] and "type" in e, "error body shape: %s" % r.body)
+            if param is not None:
+                check(e["param"] == param, "error param %r, want %r (%s)" % (e["param"], param, r.body))
+            return r
+        comp = "/v1/completions"
+        err(400, "POST", comp, raw="{not json")
+        err(400, "POST", comp, raw="[1, 2]")
+        err(400, "POST", comp, {"max_tokens": 4}, param="prompt")
+        err(400, "POST", comp, {"prompt": "x", "max_tokens": "4"}, param="max_tokens")
+        err(400, "POST", comp, {"prompt": "x", "temperature": 5}, param="temperature")
+        err(400, "POST", comp, {"prompt": "x", "n": 2}, param="n")
+        err(400, "POST", comp, {"prompt": "x", "logit_bias": {"1": 2}}, param="logit_bias")
+        err(400, "POST", comp, {"prompt": "x", "frobnicate": 1}, param="frobnicate")
+        err(400, "POST", comp, {"prompt": "x", "max_tokens": 100000}, param="max_tokens")
+        err(400, "POST", comp, {"prompt": "x " * 600}, param="prompt")  # over the tiny model's 512 context
+        err(400, "POST", "/v1/chat/completions", {"messages": []}, param="messages")
+        err(400, "POST", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
+        err(404, "POST", comp, {"prompt": "x", "model": "gpt-17"}, param="model")
+        err(413, "POST", comp, raw='{"prompt": "' + "x" * 8000 + '"}')
+        err(404, "GET", "/v1/nothing")
+        r = err(405, "GET", comp)
+        check(r.headers.get("Allow") == "POST", "405 without Allow: POST")
+        err(401, "POST", comp, {"prompt": "x"}, headers={})
+        err(401, "POST", comp, {"prompt": "x"}, headers={"Authorization": "Bearer wrong"})
+        check(c.get("/health").status == 200, "/health")
+        # A client that disconnects mid-stream: its request is cancelled and its blocks come back.
+        cancelled = c.metric('pd_requests_total{outcome="cancelled"}')
+        s = socket.create_connection(("127.0.0.1", c.port))
+        body = '{"prompt": "tell me everything", "max_tokens": 400, "ignore_eos": true, "stream": true}'
+        s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n"
+                   "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+        got = b""
+        while got.count(b"data: ") < 3:
+            chunk = s.recv(4096)
+            check(chunk, "stream closed early")
+            got += chunk
+        s.close()
+        wait_for(lambda: c.metric('pd_requests_total{outcome="cancelled"}') == cancelled + 1, 20,
+                 "the disconnected request to be cancelled")
+        wait_for(lambda: blocks_all_free(c), 20, "the cancelled request's KV blocks to be freed")
+        m = c.metrics()
+        for key_ in ("pd_time_to_first_token_seconds_count", "pd_inter_token_seconds_count",
+                     'pd_stage_seconds_count{stage="transfer"}', "pd_kv_transfer_bytes_total"):
+            check(m.get(key_, 0) > 0, "metric %s missing or zero" % key_)
+        rc = c.stop()
+        check(rc == 0, "cluster exit code %s after SIGTERM:\n%s" % (rc, c.logs()))
+
+
+def run_case_key(c, key, case, stream):
+    endpoint, prompt, max_tokens = case
+    body = request_body(endpoint, prompt, max_tokens, stream, ignore_eos=True)
+    if not stream:
+        r = c.post(path_of(endpoint), body, headers=key)
+        check(r.status == 200, "HTTP %d: %s" % (r.status, r.body))
+        j = r.json()
+        return completion_text(endpoint, j), j["usage"]["completion_tokens"], j["choices"][0]["finish_reason"]
+    status, events = c.stream(path_of(endpoint), body, headers=key)
+    check(status == 200, "HTTP %d: %s" % (status, events))
+    text, finishes, usage, done = joined_stream(endpoint, events)
+    check(len(finishes) == 1 and done == 1, "stream framing: %s" % events[-3:])
+    return text, usage["completion_tokens"], finishes[0]
+
+
+def need_default_model():
+    if not os.path.exists(DEFAULT_MODEL):
+        print("SKIP: default model missing (%s); run scripts/fetch_model.sh" % DEFAULT_MODEL)
+        sys.exit(SKIP)
+
+
+def suite_identity(tmp):
+    """Default model, 2 prefill + 2 decode: greedy output token-identical to pd-generate, alone and under load."""
+    need_default_model()
+    with Cluster(2, 2) as c:
+        cases = [(e, q, 24) for e in ("chat", "completion") for q in QUESTIONS[:4]]
+        refs = references(DEFAULT_MODEL, cases)
+        for case, ref in zip(cases, refs):
+            for stream in (False, True):
+                expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
+        concurrent_identity(c, DEFAULT_MODEL, mixed_prompts(64), 64)
+        check(c.stop() == 0, "clean exit after SIGTERM")
+
+
+def suite_preemption(tmp):
+    """Default model, a decode pool too small for the load: preemption, same outputs, no leaks."""
+    need_default_model()
+    cfg = {"kv": {"decode_budget_mb": 6}}  # ~130 tokens of KV: a few sequences at a time
+    with Cluster(1, 1, config=cfg) as c:
+        cases = [("completion", " ".join(SENTENCES[:1 + i % 3]), 24 + (i % 4) * 4) for i in range(16)]
+        concurrent_identity(c, DEFAULT_MODEL, cases, 16)
+        pre = c.metric('pd_preemptions{rank="2"}')
+        check(pre > 0, "the decode rank never preempted (pd_preemptions = %s); the test did not exercise it" % pre)
+        check(c.stop() == 0, "clean exit")
+
+
+def suite_colocated(tmp):
+    """Default model, colocated mode (2 workers doing both phases): same outputs."""
+    need_default_model()
+    with Cluster(colocated=2) as c:
+        concurrent_identity(c, DEFAULT_MODEL, mixed_prompts(16), 16)
+        check(c.stop() == 0, "clean exit")
+
+
+def suite_lifecycle(tmp):
+    """Tiny models: SIGTERM drains in-flight requests; a mismatched prefill/decode pair is refused; full queue -> 503."""
+    model = tiny_model(os.path.join(tmp, "tiny.gguf"))
+    # SIGTERM while a request runs: it still finishes, then everything exits 0.
+    # (The default model, where present, is slow enough to catch a request mid-flight.)
+    slow_model = DEFAULT_MODEL if os.path.exists(DEFAULT_MODEL) else model
+    with Cluster(1, 1, model=slow_model) as c:
+        result = {}
+
+        def slow():
+            result["r"] = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 300, "ignore_eos": True,
+                                                     "temperature": 0})
+        t = threading.Thread(target=slow)
+        t.start()
+        wait_for(lambda: c.metric("pd_generation_tokens_total") >= 1, 60, "the request to start")
+        rc = c.stop()
+        t.join(60)
+        check("r" in result and result["r"].status == 200, "in-flight request did not finish during drain: %s" %
+              (result.get("r") and result["r"].body))
+        check(result["r"].json()["usage"]["completion_tokens"] == 300, "drained request cut short")
+        check(rc == 0, "exit code %s after SIGTERM:\n%s" % (rc, c.logs()))
+    # Prefill and decode ranks with different models: the handoff is refused with a reason.
+    other = tiny_model(os.path.join(tmp, "tiny3.gguf"), layers=3)
+    line = ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-x", "OMP_WAIT_POLICY=PASSIVE"]
+    if os.geteuid() == 0:
+        line.insert(1, "--allow-run-as-root")
+    exe = lambda sub, name: os.path.join(BUILD, sub, name)  # noqa: E731
+    line += ["-np", "1", exe("router", "pd-router"), "{config}", ":", "-np", "1", exe("prefill_node", "pd-prefill"),
+             "{config}", "--threads", "1", ":", "-np", "1", exe("decode_node", "pd-decode"), "{config}", "--model",
+             other, "--threads", "1"]
+    with Cluster(model=model, mpirun=line) as c:
+        r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4})
+        check(r.status == 503 and "n_layers" in r.json()["error"]["message"],
+              "mismatched handoff: HTTP %d %s" % (r.status, r.body))
+        check(c.get("/health").status == 200, "health after a refused handoff")
+        wait_for(lambda: blocks_all_free(c), 20, "blocks of the refused request to be freed")
+    # A router that may queue nothing answers 503 with Retry-After.
+    with Cluster(1, 1, model=model, config={"router": {"max_queued": 0, "retry_after_s": 3}}) as c:
+        r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4})
+        check(r.status == 503 and r.headers.get("Retry-After") == "3", "queue full: HTTP %d %s" % (r.status, r.headers))
+
+
+SUITES = {"api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
+          "colocated": suite_colocated, "lifecycle": suite_lifecycle}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in SUITES:
+        print("usage: test_cluster.py {%s}" % ",".join(SUITES))
+        sys.exit(2)
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+        sys.exit(SKIP)
+    tmp = tempfile.mkdtemp(prefix="pdcluster-test-")
+    try:
+        SUITES[sys.argv[1]](tmp)
+    except AssertionError as e:
+        print("FAIL:", e)
+        sys.exit(1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS:", sys.argv[1])

@@ -1,0 +1,547 @@
+// Tests of the HTTP server against a real client on loopback (Beast's
+// synchronous client): plain responses, the body limit, SSE chunking,
+// keep-alive, disconnect detection, malformed requests, time limits and
+// shutdown. Every wait is bounded: a blocked client read is cut by a watchdog
+// that shuts the socket down, and every handshake with the handler has a
+// timeout.
+#include "router/http_server.h"
+
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+namespace pd::router {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using namespace std::chrono_literals;
+
+constexpr auto kWait = 5s;  // upper bound of any single wait (normally milliseconds)
+
+// Requests the server handed to the handler, for the test thread to answer.
+class Mailbox {
+ public:
+  void put(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
+    std::lock_guard lock(mu_);
+    items_.emplace_back(std::move(req), std::move(w));
+    cv_.notify_all();
+  }
+  std::optional<std::pair<HttpRequest, std::shared_ptr<ResponseWriter>>> take(std::chrono::milliseconds timeout = kWait) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
+    auto item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
+  size_t size() {
+    std::lock_guard lock(mu_);
+    return items_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<HttpRequest, std::shared_ptr<ResponseWriter>>> items_;
+};
+
+// Shuts `sock` down (waking a blocked read with EOF) if not released within `limit`.
+class Watchdog {
+ public:
+  Watchdog(tcp::socket& sock, std::chrono::milliseconds limit) {
+    const int fd = sock.native_handle();
+    thread_ = std::thread([this, fd, limit] {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+        fired_ = true;
+        ::shutdown(fd, SHUT_RDWR);
+      }
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    CHECK_FALSE(fired_);  // a read that needed the watchdog is a failure
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool fired_ = false;
+  std::thread thread_;
+};
+
+class Client {
+ public:
+  explicit Client(uint16_t port) : sock_(ioc_) { sock_.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port)); }
+
+  void send_raw(const std::string& bytes) { net::write(sock_, net::buffer(bytes)); }
+  void send(http::request<http::string_body> req) {
+    req.set(http::field::host, "127.0.0.1");
+    req.prepare_payload();
+    http::write(sock_, req);
+  }
+  void post(const std::string& target, const std::string& body, bool keep_alive = true) {
+    http::request<http::string_body> req{http::verb::post, target, 11};
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.keep_alive(keep_alive);
+    send(std::move(req));
+  }
+  http::response<http::string_body> read() {
+    Watchdog dog(sock_, kWait);
+    http::response<http::string_body> res;
+    http::read(sock_, buf_, res);
+    return res;
+  }
+  // True once the server closed the connection (EOF or reset) with nothing more to read.
+  bool closed_by_server() {
+    Watchdog dog(sock_, kWait);
+    char c;
+    beast::error_code ec;
+    if (buf_.size() > 0) return false;
+    sock_.read_some(net::buffer(&c, 1), ec);
+    return ec == net::error::eof || ec == net::error::connection_reset;
+  }
+  tcp::socket& socket() { return sock_; }
+  beast::flat_buffer& buffer() { return buf_; }
+  void close() {
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+  }
+
+ private:
+  net::io_context ioc_;
+  tcp::socket sock_;
+  beast::flat_buffer buf_;
+};
+
+// A started server whose handler puts every request in `mailbox`.
+struct Fixture {
+  explicit Fixture(HttpServerConfig cfg = {}) : server(with_port0(std::move(cfg))) {
+    const Status st = server.start([this](HttpRequest req, std::shared_ptr<ResponseWriter> w) {
+      calls.fetch_add(1);
+      mailbox.put(std::move(req), std::move(w));
+    });
+    REQUIRE(st.is_ok());
+    REQUIRE(server.port() != 0);
+  }
+  ~Fixture() { server.stop(); }  // before the mailbox the handler writes to goes away
+  static HttpServerConfig with_port0(HttpServerConfig cfg) {
+    cfg.port = 0;
+    return cfg;
+  }
+  // Waits (bounded) until the server counts `n` open connections.
+  bool wait_open_connections(size_t n) {
+    const auto until = std::chrono::steady_clock::now() + kWait;
+    while (server.open_connections() != n) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(2ms);
+    }
+    return true;
+  }
+  HttpServer server;
+  Mailbox mailbox;
+  std::atomic<int> calls{0};
+};
+
+nlohmann::json error_of(const http::response<http::string_body>& res) {
+  const nlohmann::json j = nlohmann::json::parse(res.body());
+  REQUIRE(j.contains("error"));
+  return j["error"];
+}
+
+TEST_CASE("http_server: a plain response from the handler", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  http::request<http::string_body> req{http::verb::post, "/v1/completions?debug=1", 11};
+  req.set(http::field::authorization, "Bearer sk-test");
+  req.set(http::field::content_type, "application/json");
+  req.body() = R"({"prompt":"hi"})";
+  c.send(req);
+
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  auto& [r, w] = *got;
+  CHECK(r.method == "POST");
+  CHECK(r.target == "/v1/completions");  // without the query string
+  CHECK(r.body == R"({"prompt":"hi"})");
+  CHECK(r.authorization == "Bearer sk-test");
+  CHECK(r.content_type == "application/json");
+  CHECK(w->respond(201, "application/json", R"({"ok":true})", {{"X-Request-Id", "cmpl-1"}}));
+  CHECK_FALSE(w->respond(200, "text/plain", "again"));  // only one answer per request
+  CHECK_FALSE(w->start_sse());
+
+  const auto res = c.read();
+  CHECK(res.result_int() == 201);
+  CHECK(res.body() == R"({"ok":true})");
+  CHECK(res[http::field::content_type] == "application/json");
+  CHECK(res[http::field::server] == "pdcluster");
+  CHECK(res["X-Request-Id"] == "cmpl-1");
+  CHECK(res[http::field::content_length] == "11");
+  CHECK(res.keep_alive());
+}
+
+TEST_CASE("http_server: keep-alive serves several requests on one connection", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  for (int i = 0; i < 3; ++i) {
+    http::request<http::string_body> req{http::verb::get, "/health/" + std::to_string(i), 11};
+    c.send(req);
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    CHECK(got->first.target == "/health/" + std::to_string(i));
+    CHECK(got->first.method == "GET");
+    got->second->respond(200, "text/plain", "ok " + std::to_string(i));
+    const auto res = c.read();
+    CHECK(res.result_int() == 200);
+    CHECK(res.body() == "ok " + std::to_string(i));
+  }
+  CHECK(f.server.open_connections() == 1);
+
+  // Pipelined: two requests sent before any answer, answered in order.
+  c.send_raw("GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto a = f.mailbox.take();
+  REQUIRE(a);
+  CHECK(a->first.target == "/a");
+  a->second->respond(200, "text/plain", "A");
+  auto b = f.mailbox.take();
+  REQUIRE(b);
+  CHECK(b->first.target == "/b");
+  b->second->respond(200, "text/plain", "B");
+  CHECK(c.read().body() == "A");
+  CHECK(c.read().body() == "B");
+
+  // Connection: close is honoured: answered, then closed.
+  c.post("/last", "{}", /*keep_alive=*/false);
+  auto last = f.mailbox.take();
+  REQUIRE(last);
+  last->second->respond(200, "text/plain", "bye");
+  const auto res = c.read();
+  CHECK(res.body() == "bye");
+  CHECK_FALSE(res.keep_alive());
+  CHECK(c.closed_by_server());
+  c.close();
+  CHECK(f.wait_open_connections(0));
+}
+
+TEST_CASE("http_server: an oversized body is answered 413 without calling the handler", "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_body_bytes = 1024;
+  Fixture f(cfg);
+  {
+    // The whole body is sent before the client reads.
+    Client c(f.server.port());
+    c.post("/v1/completions", std::string(64 * 1024, 'x'));
+    const auto res = c.read();
+    CHECK(res.result_int() == 413);
+    CHECK(res[http::field::content_type] == "application/json");
+    const auto err = error_of(res);
+    CHECK(err["type"] == "invalid_request_error");
+    CHECK(err["param"].is_null());
+    CHECK(err["code"].is_null());
+    CHECK_THAT(err["message"].get<std::string>(), Catch::Matchers::Contains("1024"));
+    CHECK(c.closed_by_server());
+  }
+  {
+    // A chunked body that grows past the limit.
+    Client c(f.server.port());
+    std::string chunk(800, 'y');
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    c.send_raw("320\r\n" + chunk + "\r\n320\r\n" + chunk + "\r\n0\r\n\r\n");
+    CHECK(c.read().result_int() == 413);
+  }
+  {
+    // Expect: 100-continue with a too-large Content-Length: refused before the body is sent.
+    Client c(f.server.port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n");
+    CHECK(c.read().result_int() == 413);
+  }
+  CHECK(f.calls.load() == 0);
+  CHECK(f.mailbox.size() == 0);
+
+  // A body at the limit is fine.
+  Client ok(f.server.port());
+  ok.post("/v1/completions", std::string(1024, 'z'));
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.body.size() == 1024);
+  got->second->respond(200, "text/plain", "ok");
+  CHECK(ok.read().result_int() == 200);
+}
+
+TEST_CASE("http_server: Expect 100-continue gets an interim answer, then the body is read", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  const auto interim = c.read();
+  CHECK(interim.result_int() == 100);
+  c.send_raw("hello");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.body == "hello");
+  got->second->respond(200, "text/plain", "done");
+  CHECK(c.read().body() == "done");
+}
+
+TEST_CASE("http_server: SSE events arrive as chunks, then the connection is reused", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.post("/v1/chat/completions", R"({"stream":true})");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  std::shared_ptr<ResponseWriter> w = got->second;
+  CHECK_FALSE(w->send_event("too early"));  // no stream started yet
+  CHECK_FALSE(w->finish());
+
+  // Answered from another thread, as the router's link does.
+  std::thread producer([w] {
+    CHECK(w->start_sse());
+    CHECK(w->send_event(R"({"n":1})"));
+    CHECK(w->send_event(R"({"n":2})"));
+    CHECK(w->send_event("[DONE]"));
+    CHECK(w->finish());
+    CHECK_FALSE(w->send_event("after finish"));
+    CHECK_FALSE(w->finish());
+  });
+  producer.join();
+
+  http::response_parser<http::string_body> p;
+  std::vector<uint64_t> chunk_sizes;
+  auto on_chunk = [&](uint64_t size, beast::string_view, beast::error_code&) { chunk_sizes.push_back(size); };
+  p.on_chunk_header(on_chunk);
+  {
+    Watchdog dog(c.socket(), kWait);
+    http::read(c.socket(), c.buffer(), p);
+  }
+  const auto& res = p.get();
+  CHECK(res.result_int() == 200);
+  CHECK(res[http::field::content_type] == "text/event-stream");
+  CHECK(res[http::field::cache_control] == "no-cache");
+  CHECK(res[http::field::server] == "pdcluster");
+  CHECK(res.chunked());
+  CHECK(res.body() == "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n");
+  // One chunk per event, then the last (empty) chunk.
+  CHECK(chunk_sizes == std::vector<uint64_t>{15, 15, 14, 0});
+
+  // Keep-alive after a stream.
+  c.send(http::request<http::string_body>{http::verb::get, "/v1/models", 11});
+  auto next = f.mailbox.take();
+  REQUIRE(next);
+  next->second->respond(200, "application/json", "{}");
+  CHECK(c.read().body() == "{}");
+  CHECK(f.server.open_connections() == 1);
+}
+
+TEST_CASE("http_server: a client closing mid-stream fires on_disconnect within a second", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.post("/v1/completions", R"({"stream":true})");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  std::shared_ptr<ResponseWriter> w = got->second;
+  std::promise<void> fired;
+  std::atomic<int> times{0};
+  w->on_disconnect([&] {
+    if (times.fetch_add(1) == 0) fired.set_value();
+  });
+  REQUIRE(w->start_sse());
+  REQUIRE(w->send_event("first"));
+  {
+    // The stream is running: read its header, then leave without a word.
+    http::response_parser<http::string_body> p;
+    Watchdog dog(c.socket(), kWait);
+    http::read_header(c.socket(), c.buffer(), p);
+    CHECK(p.get().result_int() == 200);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  c.close();  // nothing is being written now: the server must notice by reading
+  REQUIRE(fired.get_future().wait_for(1s) == std::future_status::ready);
+  INFO("noticed after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  CHECK_FALSE(w->send_event("nobody listens"));
+  CHECK_FALSE(w->finish());
+  CHECK(f.wait_open_connections(0));
+  CHECK(times.load() == 1);
+}
+
+TEST_CASE("http_server: a client leaving before any answer fires on_disconnect, even if set late",
+          "[http_server]") {
+  Fixture f;
+  std::shared_ptr<ResponseWriter> w;
+  {
+    Client c(f.server.port());
+    c.post("/v1/completions", "{}");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    w = got->second;
+    c.close();
+  }
+  REQUIRE(f.wait_open_connections(0));  // the departure was seen
+  std::promise<void> fired;
+  w->on_disconnect([&] { fired.set_value(); });  // set after the client left: still reported
+  CHECK(fired.get_future().wait_for(1s) == std::future_status::ready);
+  CHECK_FALSE(w->respond(200, "text/plain", "late"));
+}
+
+TEST_CASE("http_server: no on_disconnect once the answer was given", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.post("/v1/completions", "{}");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  std::atomic<bool> fired{false};
+  got->second->on_disconnect([&] { fired = true; });
+  got->second->respond(200, "text/plain", "ok");
+  CHECK(c.read().body() == "ok");
+  c.close();
+  CHECK(f.wait_open_connections(0));
+  CHECK_FALSE(fired.load());
+}
+
+TEST_CASE("http_server: malformed requests get 400 and a close", "[http_server]") {
+  Fixture f;
+  for (const std::string& raw : {std::string("THIS IS NOT HTTP\r\n\r\n"),
+                                std::string("GET / HTTP/1.1\r\nHost x\r\n\r\n"),
+                                std::string("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"),
+                                std::string("GET / HTTP/9.9\r\n\r\n")}) {
+    INFO(raw);
+    Client c(f.server.port());
+    c.send_raw(raw);
+    const auto res = c.read();
+    CHECK(res.result_int() == 400);
+    CHECK(error_of(res)["type"] == "invalid_request_error");
+    CHECK_FALSE(res.keep_alive());
+    CHECK(c.closed_by_server());
+  }
+  CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: a dropped writer or a throwing handler is answered 500", "[http_server]") {
+  HttpServer server(HttpServerConfig{"127.0.0.1", 0});
+  REQUIRE(server
+              .start([](HttpRequest req, std::shared_ptr<ResponseWriter> w) {
+                if (req.target == "/throw") throw std::runtime_error("boom");
+                w.reset();  // dropped without an answer
+              })
+              .is_ok());
+  Client c(server.port());
+  c.send(http::request<http::string_body>{http::verb::get, "/drop", 11});
+  auto res = c.read();
+  CHECK(res.result_int() == 500);
+  CHECK(error_of(res)["type"] == "server_error");
+
+  Client t(server.port());
+  t.send(http::request<http::string_body>{http::verb::get, "/throw", 11});
+  res = t.read();
+  CHECK(res.result_int() == 500);
+  CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("boom"));
+}
+
+TEST_CASE("http_server: status codes outside 2xx..5xx are sent as 500, 204 has no body", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.send(http::request<http::string_body>{http::verb::get, "/a", 11});
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  got->second->respond(204, "text/plain", "dropped");
+  auto res = c.read();
+  CHECK(res.result_int() == 204);
+  CHECK(res.body().empty());
+  c.send(http::request<http::string_body>{http::verb::get, "/b", 11});
+  got = f.mailbox.take();
+  REQUIRE(got);
+  got->second->respond(42, "text/plain", "odd", {{"Bad\r\nHeader", "x"}, {"X-Ok", "a\r\nInjected: 1"}});
+  res = c.read();
+  CHECK(res.result_int() == 500);
+  CHECK(res.body() == "odd");
+  CHECK(res.find("Injected") == res.end());
+  CHECK(res.find("X-Ok") == res.end());  // a value with CR/LF is dropped, not sent
+}
+
+TEST_CASE("http_server: an idle connection is closed after read_timeout", "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.read_timeout = 200ms;
+  Fixture f(cfg);
+  Client c(f.server.port());
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345");  // and stalls
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(c.closed_by_server());
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: stop fires on_disconnect for pending exchanges and is idempotent", "[http_server]") {
+  auto f = std::make_unique<Fixture>();
+  Client c(f->server.port());
+  c.post("/v1/completions", "{}");
+  auto got = f->mailbox.take();
+  REQUIRE(got);
+  std::atomic<int> fired{0};
+  got->second->on_disconnect([&] { fired.fetch_add(1); });
+  REQUIRE(got->second->start_sse());
+  f->server.stop();
+  CHECK(fired.load() == 1);
+  CHECK(f->server.open_connections() == 0);
+  CHECK_FALSE(got->second->send_event("after stop"));
+  f->server.stop();
+  f.reset();  // the writer outlives the server safely
+  CHECK_FALSE(got->second->finish());
+  got->second.reset();
+}
+
+TEST_CASE("http_server: bind failure names host:port, stop_accepting refuses new clients", "[http_server]") {
+  Fixture f;
+  HttpServer second(HttpServerConfig{"127.0.0.1", f.server.port()});
+  const Status st = second.start([](HttpRequest, std::shared_ptr<ResponseWriter>) {});
+  REQUIRE_FALSE(st.is_ok());
+  CHECK(st.is_io_error());
+  CHECK_THAT(st.message(), Catch::Matchers::Contains("127.0.0.1:" + std::to_string(f.server.port())));
+
+  HttpServer bad_host(HttpServerConfig{"no-such-host.invalid", 0});
+  CHECK_FALSE(bad_host.start([](HttpRequest, std::shared_ptr<ResponseWriter>) {}).is_ok());
+
+  // An open connection keeps working after stop_accepting; new ones are refused.
+  Client c(f.server.port());
+  REQUIRE(f.wait_open_connections(1));
+  f.server.stop_accepting();
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  beast::error_code ec;
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), f.server.port()), ec);
+  CHECK(ec == net::error::connection_refused);
+  c.post("/v1/completions", "{}");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  got->second->respond(200, "text/plain", "still here");
+  CHECK(c.read().body() == "still here");
+}
+
+}  // namespace
+}  // namespace pd::router

@@ -1,0 +1,429 @@
+// Tests of the OpenAI API layer: every validation rule (status, param, message),
+// good completions and chat requests parsed into the right fields, and the
+// response bodies parsed back as JSON with OpenAI's shapes.
+#include "router/openai_api.h"
+
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace pd::router {
+namespace {
+
+using json = nlohmann::json;
+
+ApiRequest parse_ok(Endpoint ep, const std::string& body) {
+  ApiResult<ApiRequest> r = parse_request(ep, body);
+  INFO(body);
+  if (!r.is_ok()) FAIL("unexpected error: " << r.error().message);
+  return std::move(r).value();
+}
+
+ApiError parse_err(Endpoint ep, const std::string& body) {
+  ApiResult<ApiRequest> r = parse_request(ep, body);
+  INFO(body);
+  if (r.is_ok()) FAIL("expected an error");
+  return r.error();
+}
+
+// A completions body {"prompt":"hi", <extra>}.
+std::string completions_with(const std::string& extra) {
+  return extra.empty() ? R"({"prompt":"hi"})" : R"({"prompt":"hi",)" + extra + "}";
+}
+std::string chat_with(const std::string& extra) {
+  const std::string base = R"({"messages":[{"role":"user","content":"hi"}])";
+  return extra.empty() ? base + "}" : base + "," + extra + "}";
+}
+
+struct BadCase {
+  std::string extra;    // fields added to a valid body
+  std::string param;    // expected param ("" = null)
+  std::string message;  // a substring of the expected message
+};
+
+void check_bad(Endpoint ep, const BadCase& c) {
+  const std::string body = ep == Endpoint::kCompletions ? completions_with(c.extra) : chat_with(c.extra);
+  INFO(body);
+  const ApiError e = parse_err(ep, body);
+  CHECK(e.status == 400);
+  CHECK(e.type == "invalid_request_error");
+  CHECK(e.param == c.param);
+  CHECK_THAT(e.message, Catch::Matchers::Contains(c.message));
+}
+
+TEST_CASE("openai_api: a full completions request is parsed into the right fields", "[openai_api]") {
+  const ApiRequest r = parse_ok(Endpoint::kCompletions, R"({
+    "model": "smol", "prompt": "Once upon", "max_tokens": 32, "temperature": 0.7, "top_p": 0.9,
+    "top_k": 40, "min_p": 0.05, "seed": 1234, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+    "ignore_eos": true, "stop": ["\n\n", "END"], "stream": true, "stream_options": {"include_usage": true},
+    "n": 1, "echo": false, "user": "u1", "best_of": 1, "logprobs": null, "suffix": null })");
+  CHECK(r.endpoint == Endpoint::kCompletions);
+  CHECK(r.model == "smol");
+  CHECK(r.prompt == "Once upon");
+  CHECK(r.messages.empty());
+  CHECK(r.max_tokens_given);
+  CHECK(r.sampling.max_tokens == 32);
+  CHECK(r.sampling.temperature == Approx(0.7f));
+  CHECK(r.sampling.top_p == Approx(0.9f));
+  CHECK(r.sampling.top_k == 40);
+  CHECK(r.sampling.min_p == Approx(0.05f));
+  CHECK(r.sampling.seed == 1234u);
+  CHECK(r.sampling.presence_penalty == Approx(0.5f));
+  CHECK(r.sampling.frequency_penalty == Approx(-0.25f));
+  CHECK(r.sampling.ignore_eos);
+  CHECK(r.stop == std::vector<std::string>{"\n\n", "END"});
+  CHECK(r.stream);
+  CHECK(r.include_usage);
+  CHECK_FALSE(r.echo);
+  CHECK(r.sampling.validate().is_ok());
+}
+
+TEST_CASE("openai_api: defaults follow OpenAI", "[openai_api]") {
+  const ApiRequest r = parse_ok(Endpoint::kCompletions, R"({"prompt":"x"})");
+  CHECK(r.model.empty());
+  CHECK(r.sampling.temperature == 1.0f);
+  CHECK(r.sampling.top_p == 1.0f);
+  CHECK(r.sampling.top_k == 0);
+  CHECK(r.sampling.min_p == 0.0f);
+  CHECK(r.sampling.seed == 0u);
+  CHECK_FALSE(r.max_tokens_given);
+  CHECK(r.stop.empty());
+  CHECK_FALSE(r.stream);
+  CHECK_FALSE(r.include_usage);
+
+  // null means "default" for every optional field.
+  const ApiRequest n = parse_ok(Endpoint::kCompletions,
+                                R"({"prompt":"x","model":null,"temperature":null,"max_tokens":null,"stop":null,
+                                    "stream":null,"seed":null,"top_k":null,"n":null})");
+  CHECK(n.sampling.temperature == 1.0f);
+  CHECK_FALSE(n.max_tokens_given);
+}
+
+TEST_CASE("openai_api: prompt forms", "[openai_api]") {
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":["only one"]})").prompt == "only one");
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":""})").prompt.empty());
+}
+
+TEST_CASE("openai_api: a full chat request is parsed into the right fields", "[openai_api]") {
+  const ApiRequest r = parse_ok(Endpoint::kChatCompletions, R"({
+    "model": "smol",
+    "messages": [
+      {"role": "system", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
+      {"role": "assistant", "content": "ok", "name": "bot", "refusal": null},
+      {"role": "developer", "content": "dev note"}
+    ],
+    "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0, "seed": -1, "top_k": -1,
+    "stop": "###", "logprobs": false, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+    "parallel_tool_calls": true, "service_tier": "auto", "metadata": {"k": "v"}, "store": false })");
+  CHECK(r.endpoint == Endpoint::kChatCompletions);
+  REQUIRE(r.messages.size() == 4);
+  CHECK(r.messages[0].role == "system");
+  CHECK(r.messages[0].content == "be brief");
+  CHECK(r.messages[1].role == "user");
+  CHECK(r.messages[1].content == "part one\npart two");
+  CHECK(r.messages[2].role == "assistant");
+  CHECK(r.messages[2].content == "ok");
+  CHECK(r.messages[3].role == "system");  // developer is OpenAI's newer name for system
+  CHECK(r.max_tokens_given);
+  CHECK(r.sampling.max_tokens == 7);  // max_completion_tokens wins over max_tokens
+  CHECK(r.sampling.temperature == 0.0f);
+  CHECK(r.sampling.seed == ~uint64_t{0});  // -1 as its 64-bit pattern
+  CHECK(r.sampling.top_k == 0);            // -1 = disabled
+  CHECK(r.stop == std::vector<std::string>{"###"});
+  CHECK(r.prompt.empty());
+}
+
+TEST_CASE("openai_api: chat max_tokens alone and large values", "[openai_api]") {
+  const ApiRequest r = parse_ok(Endpoint::kChatCompletions, chat_with(R"("max_tokens": 12)"));
+  CHECK(r.sampling.max_tokens == 12);
+  const ApiRequest big = parse_ok(Endpoint::kCompletions, completions_with(R"("max_tokens": 10000000000)"));
+  CHECK(big.sampling.max_tokens == 2147483647);  // clamped: the caller clamps to the context anyway
+  const ApiRequest seed = parse_ok(Endpoint::kCompletions, completions_with(R"("seed": 18446744073709551615)"));
+  CHECK(seed.sampling.seed == ~uint64_t{0});
+  const ApiRequest integral = parse_ok(Endpoint::kCompletions, completions_with(R"("max_tokens": 5.0)"));
+  CHECK(integral.sampling.max_tokens == 5);
+}
+
+TEST_CASE("openai_api: malformed bodies", "[openai_api]") {
+  ApiError e = parse_err(Endpoint::kCompletions, R"({"prompt": "x",)");
+  CHECK(e.status == 400);
+  CHECK_THAT(e.message, Catch::Matchers::StartsWith("invalid JSON: "));
+  CHECK(e.param.empty());
+  e = parse_err(Endpoint::kCompletions, "");
+  CHECK_THAT(e.message, Catch::Matchers::StartsWith("invalid JSON: "));
+  e = parse_err(Endpoint::kCompletions, R"(["prompt"])");
+  CHECK(e.status == 400);
+  CHECK_THAT(e.message, Catch::Matchers::Contains("JSON object"));
+  e = parse_err(Endpoint::kChatCompletions, "42");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("JSON object"));
+}
+
+TEST_CASE("openai_api: required fields", "[openai_api]") {
+  ApiError e = parse_err(Endpoint::kCompletions, R"({"model":"m"})");
+  CHECK(e.param == "prompt");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("prompt is required"));
+  e = parse_err(Endpoint::kCompletions, R"({"prompt":null})");
+  CHECK(e.param == "prompt");
+  e = parse_err(Endpoint::kChatCompletions, R"({"model":"m"})");
+  CHECK(e.param == "messages");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("messages is required"));
+}
+
+TEST_CASE("openai_api: wrong types name the field", "[openai_api]") {
+  const std::vector<BadCase> cases = {
+      {R"("max_tokens": "10")", "max_tokens", "max_tokens must be an integer"},
+      {R"("max_tokens": 10.5)", "max_tokens", "max_tokens must be an integer"},
+      {R"("temperature": "hot")", "temperature", "temperature must be a number"},
+      {R"("temperature": true)", "temperature", "temperature must be a number"},
+      {R"("top_p": [1])", "top_p", "top_p must be a number"},
+      {R"("top_k": 1.5)", "top_k", "top_k must be an integer"},
+      {R"("min_p": {})", "min_p", "min_p must be a number"},
+      {R"("seed": "7")", "seed", "seed must be an integer"},
+      {R"("presence_penalty": "0")", "presence_penalty", "presence_penalty must be a number"},
+      {R"("frequency_penalty": false)", "frequency_penalty", "frequency_penalty must be a number"},
+      {R"("stream": "yes")", "stream", "stream must be a boolean"},
+      {R"("ignore_eos": 1)", "ignore_eos", "ignore_eos must be a boolean"},
+      {R"("echo": "no")", "echo", "echo must be a boolean"},
+      {R"("model": 3)", "model", "model must be a string"},
+      {R"("n": "1")", "n", "n must be an integer"},
+      {R"("stop": 5)", "stop", "stop must be a string or an array"},
+      {R"("stop": ["a", 1])", "stop", "stop array elements must be strings"},
+      {R"("stream": true, "stream_options": true)", "stream_options", "stream_options must be an object"},
+      {R"("stream": true, "stream_options": {"include_usage": "y"})", "stream_options.include_usage",
+       "must be a boolean"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+}
+
+TEST_CASE("openai_api: ranges", "[openai_api]") {
+  const std::vector<BadCase> cases = {
+      {R"("temperature": -0.1)", "temperature", "temperature must be in [0, 2]"},
+      {R"("temperature": 2.5)", "temperature", "temperature must be in [0, 2]"},
+      {R"("top_p": 0)", "top_p", "top_p must be in (0, 1]"},
+      {R"("top_p": 1.01)", "top_p", "top_p must be in (0, 1]"},
+      {R"("top_k": -2)", "top_k", "top_k must be -1 or 0 (disabled) or >= 1"},
+      {R"("min_p": -0.5)", "min_p", "min_p must be in [0, 1]"},
+      {R"("min_p": 1.5)", "min_p", "min_p must be in [0, 1]"},
+      {R"("presence_penalty": 2.1)", "presence_penalty", "presence_penalty must be in [-2, 2]"},
+      {R"("frequency_penalty": -3)", "frequency_penalty", "frequency_penalty must be in [-2, 2]"},
+      {R"("max_tokens": 0)", "max_tokens", "max_tokens must be >= 1"},
+      {R"("max_tokens": -5)", "max_tokens", "max_tokens must be >= 1"},
+      {R"("n": 2)", "n", "n > 1 is not supported"},
+      {R"("n": 0)", "n", "n must be 1"},
+      {R"("stop": "")", "stop", "must not be empty"},
+      {R"("stop": ["a", ""])", "stop", "must not be empty"},
+      {R"("stop": ["a", "b", "c", "d", "e"])", "stop", "at most 4"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+  // The edges themselves are accepted.
+  const ApiRequest r = parse_ok(Endpoint::kCompletions, completions_with(R"("temperature": 2, "top_p": 1,
+      "min_p": 1, "presence_penalty": -2, "frequency_penalty": 2, "max_tokens": 1, "top_k": 1, "n": 1,
+      "stop": ["a", "b", "c", "d"])"));
+  CHECK(r.sampling.temperature == 2.0f);
+  CHECK(r.sampling.top_k == 1);
+  CHECK(r.stop.size() == 4);
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(R"("max_completion_tokens": 3)")).sampling.max_tokens == 3);
+  check_bad(Endpoint::kChatCompletions, {R"("max_completion_tokens": 0)", "max_completion_tokens",
+                                         "max_completion_tokens must be >= 1"});
+}
+
+TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]") {
+  const std::vector<BadCase> cases = {
+      {R"("best_of": 2)", "best_of", "best_of is not supported"},
+      {R"("logprobs": 1)", "logprobs", "logprobs is not supported"},
+      {R"("logprobs": true)", "logprobs", "logprobs is not supported"},
+      {R"("top_logprobs": 3)", "top_logprobs", "top_logprobs is not supported"},
+      {R"("logit_bias": {"50256": -100})", "logit_bias", "logit_bias is not supported"},
+      {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"},
+      {R"("functions": [{"name": "f"}])", "functions", "functions is not supported"},
+      {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"},
+      {R"("response_format": {"type": "json_object"})", "response_format", "response_format is not supported"},
+      {R"("suffix": "tail")", "suffix", "suffix is not supported"},
+      {R"("echo": true)", "echo", "echo is not supported"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+  check_bad(Endpoint::kCompletions, {R"("stream_options": {"include_usage": true})", "stream_options",
+                                     "only allowed when stream is true"});
+  check_bad(Endpoint::kCompletions, {R"("stream": true, "stream_options": {"continuous": true})",
+                                     "stream_options.continuous", "unknown field: stream_options.continuous"});
+}
+
+TEST_CASE("openai_api: unknown fields are refused, harmless ones ignored", "[openai_api]") {
+  check_bad(Endpoint::kCompletions, {R"("repetition_penalty": 1.1)", "repetition_penalty",
+                                     "unknown field: repetition_penalty"});
+  check_bad(Endpoint::kChatCompletions, {R"("foo": 1)", "foo", "unknown field: foo"});
+  // Fields of the other endpoint are unknown here.
+  check_bad(Endpoint::kCompletions, {R"("messages": [])", "messages", "unknown field: messages"});
+  check_bad(Endpoint::kCompletions, {R"("max_completion_tokens": 3)", "max_completion_tokens", "unknown field"});
+  check_bad(Endpoint::kChatCompletions, {R"("prompt": "x")", "prompt", "unknown field: prompt"});
+  for (const char* extra : {R"("user": "u")", R"("parallel_tool_calls": false)", R"("service_tier": "default")",
+                            R"("metadata": {"a": "b"})", R"("store": true)"}) {
+    parse_ok(Endpoint::kCompletions, completions_with(extra));
+    parse_ok(Endpoint::kChatCompletions, chat_with(extra));
+  }
+}
+
+TEST_CASE("openai_api: completions prompt validation", "[openai_api]") {
+  ApiError e = parse_err(Endpoint::kCompletions, R"({"prompt":[1,2,3]})");
+  CHECK(e.param == "prompt");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("token-id prompts are not supported"));
+  e = parse_err(Endpoint::kCompletions, R"({"prompt":[[1,2]]})");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("token-id prompts are not supported"));
+  e = parse_err(Endpoint::kCompletions, R"({"prompt":["a","b"]})");
+  CHECK(e.param == "prompt");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("more than one"));
+  e = parse_err(Endpoint::kCompletions, R"({"prompt":[]})");
+  CHECK(e.param == "prompt");
+  e = parse_err(Endpoint::kCompletions, R"({"prompt":{"text":"x"}})");
+  CHECK(e.param == "prompt");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("prompt must be a string"));
+}
+
+TEST_CASE("openai_api: chat messages validation", "[openai_api]") {
+  struct Case {
+    std::string messages;
+    std::string param;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"("hi")", "messages", "messages must be an array"},
+      {R"([])", "messages", "messages must not be empty"},
+      {R"(["hi"])", "messages[0]", "messages[0] must be an object"},
+      {R"([{"content":"x"}])", "messages[0].role", "messages[0].role is required"},
+      {R"([{"role":3,"content":"x"}])", "messages[0].role", "must be a string"},
+      {R"([{"role":"user","content":"a"},{"role":"tool","content":"x"}])", "messages[1].role",
+       R"(must be "system", "user" or "assistant")"},
+      {R"([{"role":"user"}])", "messages[0].content", "messages[0].content is required"},
+      {R"([{"role":"user","content":null}])", "messages[0].content", "is required"},
+      {R"([{"role":"user","content":5}])", "messages[0].content", "must be a string or an array of text parts"},
+      {R"([{"role":"user","content":["x"]}])", "messages[0].content[0]", "must be an object"},
+      {R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}])",
+       "messages[0].content[0].type", "is not supported"},
+      {R"([{"role":"user","content":[{"type":"text"}]}])", "messages[0].content[0].text", "must be a string"},
+      {R"([{"role":"assistant","content":"x","tool_calls":[{"id":"1"}]}])", "messages[0].tool_calls",
+       "messages[0].tool_calls is not supported"},
+  };
+  for (const Case& c : cases) {
+    const std::string body = R"({"messages":)" + c.messages + "}";
+    INFO(body);
+    const ApiError e = parse_err(Endpoint::kChatCompletions, body);
+    CHECK(e.status == 400);
+    CHECK(e.param == c.param);
+    CHECK_THAT(e.message, Catch::Matchers::Contains(c.message));
+  }
+}
+
+TEST_CASE("openai_api: error_body has OpenAI's shape", "[openai_api]") {
+  ApiError e;
+  e.message = "temperature must be in [0, 2], got 3";
+  e.param = "temperature";
+  json j = json::parse(error_body(e));
+  REQUIRE(j.contains("error"));
+  CHECK(j["error"]["message"] == e.message);
+  CHECK(j["error"]["type"] == "invalid_request_error");
+  CHECK(j["error"]["param"] == "temperature");
+  CHECK(j["error"]["code"].is_null());
+  CHECK(j["error"].size() == 4);
+
+  ApiError busy{503, "overloaded \"now\"\n", "server_error", "", "overloaded"};
+  j = json::parse(error_body(busy));
+  CHECK(j["error"]["message"] == "overloaded \"now\"\n");
+  CHECK(j["error"]["type"] == "server_error");
+  CHECK(j["error"]["param"].is_null());
+  CHECK(j["error"]["code"] == "overloaded");
+}
+
+TEST_CASE("openai_api: non-streaming bodies", "[openai_api]") {
+  CHECK(make_response_id(Endpoint::kCompletions, 7) == "cmpl-7");
+  CHECK(make_response_id(Endpoint::kChatCompletions, 8) == "chatcmpl-8");
+
+  json j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-7", "smol", 1700000000, "hello \"world\"",
+                                       "length", Usage{5, 3}));
+  CHECK(j["id"] == "cmpl-7");
+  CHECK(j["object"] == "text_completion");
+  CHECK(j["created"] == 1700000000);
+  CHECK(j["model"] == "smol");
+  REQUIRE(j["choices"].size() == 1);
+  CHECK(j["choices"][0]["index"] == 0);
+  CHECK(j["choices"][0]["text"] == "hello \"world\"");
+  CHECK(j["choices"][0]["logprobs"].is_null());
+  CHECK(j["choices"][0]["finish_reason"] == "length");
+  CHECK(j["usage"]["prompt_tokens"] == 5);
+  CHECK(j["usage"]["completion_tokens"] == 3);
+  CHECK(j["usage"]["total_tokens"] == 8);
+
+  j = json::parse(
+      completion_body(Endpoint::kChatCompletions, "chatcmpl-8", "smol", 1, "héllo", "stop", Usage{10, 2}));
+  CHECK(j["object"] == "chat.completion");
+  CHECK(j["choices"][0]["message"]["role"] == "assistant");
+  CHECK(j["choices"][0]["message"]["content"] == "héllo");
+  CHECK_FALSE(j["choices"][0].contains("text"));
+  CHECK(j["choices"][0]["logprobs"].is_null());
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(j["usage"]["total_tokens"] == 12);
+
+  // Invalid UTF-8 never breaks the body (replaced, still valid JSON).
+  j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-1", "m", 1, std::string("a\xff") + "b", "stop", {}));
+  CHECK(j["choices"][0]["text"].get<std::string>().size() > 2);
+}
+
+TEST_CASE("openai_api: stream chunks", "[openai_api]") {
+  const std::string stop = "stop";
+  json j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "smol", 5, "tok", nullptr, true));
+  CHECK(j["object"] == "text_completion");
+  CHECK(j["id"] == "cmpl-1");
+  CHECK(j["created"] == 5);
+  CHECK(j["choices"][0]["text"] == "tok");
+  CHECK(j["choices"][0]["finish_reason"].is_null());
+  CHECK(j["choices"][0]["logprobs"].is_null());
+  CHECK_FALSE(j.contains("usage"));
+  j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "smol", 5, "", &stop, false));
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+
+  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "smol", 5, "Hi", nullptr, true));
+  CHECK(j["object"] == "chat.completion.chunk");
+  CHECK(j["choices"][0]["index"] == 0);
+  CHECK(j["choices"][0]["delta"]["role"] == "assistant");
+  CHECK(j["choices"][0]["delta"]["content"] == "Hi");
+  CHECK(j["choices"][0]["finish_reason"].is_null());
+  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "smol", 5, " there", &stop, false));
+  CHECK_FALSE(j["choices"][0]["delta"].contains("role"));
+  CHECK(j["choices"][0]["delta"]["content"] == " there");
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+
+  for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    j = json::parse(usage_chunk(ep, "x-1", "smol", 9, Usage{4, 6}));
+    CHECK(j["object"] == (ep == Endpoint::kCompletions ? "text_completion" : "chat.completion.chunk"));
+    CHECK(j["choices"].is_array());
+    CHECK(j["choices"].empty());
+    CHECK(j["usage"]["prompt_tokens"] == 4);
+    CHECK(j["usage"]["completion_tokens"] == 6);
+    CHECK(j["usage"]["total_tokens"] == 10);
+  }
+}
+
+TEST_CASE("openai_api: models body", "[openai_api]") {
+  const json j = json::parse(models_body("smol", 42));
+  CHECK(j["object"] == "list");
+  REQUIRE(j["data"].size() == 1);
+  CHECK(j["data"][0]["id"] == "smol");
+  CHECK(j["data"][0]["object"] == "model");
+  CHECK(j["data"][0]["created"] == 42);
+  CHECK(j["data"][0]["owned_by"] == "pdcluster");
+}
+
+}  // namespace
+}  // namespace pd::router
