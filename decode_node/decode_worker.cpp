@@ -186,6 +186,9 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
 bool DecodeWorker::accept_offers() {
   bool any = false;
   KvBlockManager& blocks = *engine_->blocks;
+  // Preempted sequences have first call on freed blocks: no new handoffs until they are back.
+  for (proto::RequestId w : waiting_)
+    if (seqs_.at(w).state == SeqState::kPreempted) return false;
   while (!offers_.empty()) {
     Seq& s = seqs_.at(offers_.front());
     // Keep room for the running batch's next tokens and for admitted-but-not-
@@ -358,14 +361,15 @@ bool DecodeWorker::step() {
   for (proto::RequestId id : running_)
     in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1),
                           static_cast<int64_t>(blocks.block_table(seq_of(id)).size())});
-  // Preempted sequences first (oldest first), then the rest in arrival order;
-  // prompts to compute here count against the prefill token budget.
+  // Admission order: sequences whose KV arrived (they hold blocks and need at
+  // most one more), then preempted ones (oldest first), then prompts this rank
+  // prefills itself (colocated), which count against the prefill token budget.
+  auto rank_of = [&](const Seq& s) { return !s.needs_compute ? 0 : s.state == SeqState::kPreempted ? 1 : 2; };
   std::vector<proto::RequestId> order(waiting_.begin(), waiting_.end());
   std::stable_sort(order.begin(), order.end(), [&](proto::RequestId a, proto::RequestId b) {
     const Seq &sa = seqs_.at(a), &sb = seqs_.at(b);
-    const bool pa = sa.state == SeqState::kPreempted, pb = sb.state == SeqState::kPreempted;
-    if (pa != pb) return pa;
-    return pa && sa.order < sb.order;
+    if (rank_of(sa) != rank_of(sb)) return rank_of(sa) < rank_of(sb);
+    return sa.order < sb.order;
   });
   int64_t compute_tokens = 0;
   for (proto::RequestId id : order) {
@@ -379,7 +383,8 @@ bool DecodeWorker::step() {
     } else {
       need = blocks.blocks_needed_to_append(seq_of(id), 1);
     }
-    in.waiting.push_back({id, need});
+    const int64_t held = s.has_blocks ? static_cast<int64_t>(blocks.block_table(seq_of(id)).size()) : 0;
+    in.waiting.push_back({id, need, held});
   }
   const SchedulerPlan plan = schedule_iteration(in);
 
@@ -394,6 +399,14 @@ bool DecodeWorker::step() {
     ++preemptions_;
     spdlog::debug("decode rank {}: preempted request {} ({} tokens)", roles_.self, id, s.tokens.size());
   }
+  for (uint64_t id : plan.evict) {  // stalled holders: recompute later
+    Seq& s = seqs_.at(id);
+    release(s);
+    s.needs_compute = true;
+    s.state = SeqState::kPreempted;
+    ++preemptions_;
+  }
+  const bool progressed = !plan.admit.empty() || !running_.empty() || !plan.evict.empty();
   proto::TokenEvents events;
   std::vector<proto::RequestId> to_compute;
   for (uint64_t id : plan.admit) {
@@ -465,7 +478,7 @@ bool DecodeWorker::step() {
     }
   }
   if (!events.events.empty()) channel_.send(roles_.router, events);
-  return true;
+  return progressed;
 }
 
 Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events) {

@@ -30,6 +30,16 @@ SchedulerPlan schedule_iteration(const SchedulerInput& in) {
     free -= w.blocks_to_admit;
     --slots;
   }
+  // 3. Deadlock breaker.
+  if (n_running == 0 && plan.admit.empty()) {
+    for (auto it = in.waiting.rbegin(); it != in.waiting.rend(); ++it) {
+      if (it->blocks_held > 0) {
+        plan.evict.push_back(it->id);
+        free += it->blocks_held;
+        break;
+      }
+    }
+  }
   plan.free_blocks_after = free;
   return plan;
 }

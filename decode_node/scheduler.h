@@ -10,7 +10,12 @@
 //     blocks fit in what step 1 left. No overtaking: the first that does not
 //     fit stops admission, so a large request is not starved by small ones.
 //     A sequence preempted in step 1 is not readmitted in the same iteration.
-//  3. The step runs every running sequence that was not preempted, plus the
+//  3. Deadlock breaker: if nothing would run and nothing was admitted while
+//     sequences wait, the newest waiting sequence that holds blocks (KV that
+//     arrived but could not join) is evicted: its blocks are freed and it is
+//     recomputed later. A pool full of stalled holders can then never wedge,
+//     as long as any one sequence fits the pool alone (the caller ensures it).
+//  4. The step runs every running sequence that was not preempted, plus the
 //     admitted ones.
 #pragma once
 
@@ -31,6 +36,7 @@ struct SchedulerInput {
   struct Waiting {
     uint64_t id;
     int64_t blocks_to_admit;  // blocks it needs to join and take its first step
+    int64_t blocks_held = 0;  // blocks it already holds (freed if it is evicted)
   };
   std::vector<Waiting> waiting;  // in the order they may be admitted
 };
@@ -38,6 +44,7 @@ struct SchedulerInput {
 struct SchedulerPlan {
   std::vector<uint64_t> preempt;  // newest first
   std::vector<uint64_t> admit;    // in admission order
+  std::vector<uint64_t> evict;    // waiting sequences whose blocks are freed (step 3)
   int64_t free_blocks_after = 0;  // free blocks once all of it is done
 };
 

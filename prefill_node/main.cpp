@@ -2,6 +2,7 @@
 //   mpirun -np 1 pd-router CFG : -np P pd-prefill CFG : -np D pd-decode CFG
 #include <spdlog/spdlog.h>
 
+#include "kvtransfer/fault_injection_transport.h"
 #include "kvtransfer/mpi_transport.h"
 #include "prefill_node/prefill_worker.h"
 #include "serving/worker_main.h"
@@ -9,7 +10,7 @@
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kPrefill, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
                                                              std::unique_ptr<pd::Engine> engine) {
-    pd::PrefillWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>());
+    pd::PrefillWorker w(cfg, roles, std::move(engine), pd::FaultInjectionTransport::from_env(std::make_unique<pd::MpiTransport>()));
     return w.run();
   });
 }

@@ -354,8 +354,7 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
       stage_.observe({"prefill_queue"}, ev.queue_s);
       stage_.observe({"prefill"}, ev.prefill_s);
     }
-    if (ev.first_index == 1 || (workers_.colocated() && ev.first_index == 0))
-      stage_.observe({"decode_queue"}, ev.queue_s);
+    if (ev.first_index == 1 && !workers_.colocated()) stage_.observe({"decode_queue"}, ev.queue_s);
     for (size_t i = 0; i < ev.tokens.size(); ++i) {
       const bool last = i + 1 == ev.tokens.size();
       r.pending[ev.first_index + static_cast<int32_t>(i)] = {ev.tokens[i], last ? ev.finish : proto::Finish::kNone};

@@ -25,8 +25,8 @@ struct ClusterConfig {
 
   struct Kv {
     int block_size = 16;                 // tokens per KV block (prefill and decode must agree)
-    int64_t decode_budget_mb = 256;      // KV pool per decode rank
-    int64_t prefill_budget_mb = 128;     // KV pool per prefill rank (holds KV until handed off)
+    int64_t decode_budget_mb = 512;      // KV pool per decode rank
+    int64_t prefill_budget_mb = 256;     // KV pool per prefill rank (holds KV until handed off)
     bool checksum = true;                // XXH3-64 per layer on every transfer
   } kv;
 
@@ -48,7 +48,7 @@ struct ClusterConfig {
   } router;
 
   struct Timeouts {
-    int handoff_ms = 30000;    // offer -> accept (decode has no room yet)
+    int handoff_ms = 120000;   // offer -> accept (the decode rank has no KV room yet)
     int transfer_ms = 30000;   // accept -> all KV layers received
     int request_ms = 600000;   // whole request, router side
     int queue_ms = 60000;      // waiting in the router's queue

@@ -55,7 +55,7 @@ class Cluster:
     """with Cluster(prefill=1, decode=1, model=..., config={...}) as c: c.post(...)"""
 
     def __init__(self, prefill=1, decode=1, colocated=None, model=DEFAULT_MODEL, config=None, threads=1,
-                 mpirun=None, startup_s=180):
+                 mpirun=None, startup_s=180, env=None):
         self.port = free_port()
         self.model = model
         cfg = {"model": model, "http": {"port": self.port}}
@@ -75,7 +75,9 @@ class Cluster:
             cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--config", self.config_path, "--build", BUILD,
                    "--threads", str(threads), "--no-wait"]
             cmd += ["--colocated", str(colocated)] if colocated else ["--prefill", str(prefill), "--decode", str(decode)]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        penv = dict(os.environ)
+        penv.update(env or {})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=penv)
         self.startup_s = startup_s
 
     def __enter__(self):

@@ -275,6 +275,21 @@ def suite_lifecycle(tmp):
               "mismatched handoff: HTTP %d %s" % (r.status, r.body))
         check(c.get("/health").status == 200, "health after a refused handoff")
         wait_for(lambda: blocks_all_free(c), 20, "blocks of the refused request to be freed")
+    # Faults on the KV link (a fault-injection wrapper around the real MPI transport on
+    # the prefill rank): a transfer that never completes times out and fails that
+    # request alone; a corrupted one is caught by the checksum. Both free their blocks,
+    # and the next request is served.
+    for fault, status, words in (("hang_first_send", 504, "did not complete"),
+                                 ("corrupt_first_send", 500, "checksum mismatch at layer 0")):
+        with Cluster(1, 1, model=model, config={"timeouts": {"transfer_ms": 2000}},
+                     env={"PD_FAULT_INJECT": fault}) as c:
+            r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4, "temperature": 0})
+            check(r.status == status and words in r.json()["error"]["message"],
+                  "%s: HTTP %d %s, want %d '%s'" % (fault, r.status, r.body, status, words))
+            r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4, "temperature": 0})
+            check(r.status == 200, "%s: the next request failed: HTTP %d %s" % (fault, r.status, r.body))
+            wait_for(lambda: blocks_all_free(c), 20, "%s: every block back in its pool" % fault)
+            check(c.stop() == 0, "%s: clean exit" % fault)
     # A router that may queue nothing answers 503 with Retry-After.
     with Cluster(1, 1, model=model, config={"router": {"max_queued": 0, "retry_after_s": 3}}) as c:
         r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4})

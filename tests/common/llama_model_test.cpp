@@ -313,3 +313,66 @@ TEST_CASE("generate: batched equals one at a time, blocks all returned, exhausti
   REQUIRE_FALSE(small.is_ok());
   CHECK(small.status().is_resource_exhausted());
 }
+
+// The serving cluster's guarantee that batching and preemption never change a
+// token rests on this: a sequence's logits are bit-identical whatever it is
+// batched with, and recomputing a sequence's KV in one prefill pass gives the
+// same next-token logits as having built it token by token.
+TEST_CASE("batch invariance: logits are bit-identical alone, in any batch, and after recompute", "[model]") {
+  Fixture fx;
+  const auto& c = fx.model->config();
+  const int bs = 16;
+  auto cache = fx.cache(bs, 64);
+  const std::vector<TokenId> prompt = random_tokens(20, c.vocab, 42);
+  auto logits_of = [&](const std::vector<std::vector<TokenId>>& prompts, size_t which) {
+    std::vector<std::vector<int32_t>> tables;
+    int32_t next = 0;
+    std::vector<pd::SequenceBatch> batch;
+    for (const auto& p : prompts) {
+      const int32_t nb = static_cast<int32_t>((p.size() + bs - 1) / bs);
+      std::vector<int32_t> t(nb);
+      std::iota(t.begin(), t.end(), next);
+      next += nb;
+      tables.push_back(t);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({prompts[i], 0, tables[i], true});
+    std::vector<float> out;
+    REQUIRE(fx.model->prefill(batch, cache, &out).is_ok());
+    return std::vector<float>(out.begin() + which * c.vocab, out.begin() + (which + 1) * c.vocab);
+  };
+  const std::vector<float> alone = logits_of({prompt}, 0);
+  CHECK(logits_of({random_tokens(3, c.vocab, 1), prompt}, 1) == alone);
+  CHECK(logits_of({random_tokens(40, c.vocab, 2), random_tokens(1, c.vocab, 3), prompt, random_tokens(9, c.vocab, 4)},
+                  2) == alone);
+
+  // Token by token: prefill the prompt, then 12 decode steps (alone and
+  // alongside another sequence), recording the logits after each.
+  std::vector<TokenId> seq = prompt;
+  std::vector<int32_t> table{0, 1, 2};  // 48 tokens of room
+  std::vector<int32_t> other_table{10, 11, 12};
+  std::vector<TokenId> other = random_tokens(30, c.vocab, 7);
+  {
+    std::vector<pd::SequenceBatch> b{{seq, 0, table, false}, {other, 0, other_table, false}};
+    REQUIRE(fx.model->prefill(b, cache, nullptr).is_ok());
+  }
+  std::vector<std::vector<float>> step_logits;
+  for (int step = 0; step < 12; ++step) {
+    const TokenId t = static_cast<TokenId>((step * 37 + 11) % c.vocab);
+    const TokenId o = static_cast<TokenId>((step * 13 + 5) % c.vocab);
+    std::vector<pd::SequenceBatch> b{{std::span<const TokenId>(&t, 1), static_cast<int32_t>(seq.size()), table, true}};
+    if (step % 2 == 0)  // every other step shares the batch with another sequence
+      b.push_back({std::span<const TokenId>(&o, 1), static_cast<int32_t>(other.size()), other_table, true});
+    std::vector<float> out;
+    REQUIRE(fx.model->decode(b, cache, &out).is_ok());
+    step_logits.emplace_back(out.begin(), out.begin() + c.vocab);
+    seq.push_back(t);
+    if (step % 2 == 0) other.push_back(o);
+  }
+  // Recompute (as after a preemption): one prefill of the whole sequence into
+  // fresh blocks gives the same logits as the last decode step, bit for bit.
+  std::vector<int32_t> fresh{20, 21, 22};
+  std::vector<pd::SequenceBatch> b{{seq, 0, fresh, true}};
+  std::vector<float> out;
+  REQUIRE(fx.model->prefill(b, cache, &out).is_ok());
+  CHECK(out == step_logits.back());
+}

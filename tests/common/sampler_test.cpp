@@ -376,3 +376,36 @@ TEST_CASE("sampler: check_stop", "[sampler]") {
 
 }  // namespace
 }  // namespace pd
+
+namespace pd {
+// The prefill rank samples a request's first token and the decode rank goes
+// on from there with its own Sampler: after replay() the continuation must be
+// exactly what one sampler would have drawn.
+TEST_CASE("sampler: replay continues another sampler's stream exactly", "[sampler]") {
+  for (float temperature : {0.0f, 0.8f}) {
+    SamplingParams p = params_with(temperature, 0, 0.95f, 0.0f, 1234);
+    p.presence_penalty = 0.3f;
+    p.frequency_penalty = 0.2f;
+    Sampler one(p);
+    std::vector<TokenId> expected;
+    for (int i = 0; i < 20; ++i) {
+      std::vector<float> l = random_logits(64, 100 + i);
+      const TokenId t = one.sample(l);
+      one.accept(t);
+      expected.push_back(t);
+    }
+    Sampler first(p), rest(p);
+    std::vector<float> l0 = random_logits(64, 100);
+    const TokenId t0 = first.sample(l0);
+    REQUIRE(t0 == expected[0]);
+    rest.replay(t0);
+    for (int i = 1; i < 20; ++i) {
+      std::vector<float> l = random_logits(64, 100 + i);
+      const TokenId t = rest.sample(l);
+      rest.accept(t);
+      INFO("temperature " << temperature << ", token " << i);
+      CHECK(t == expected[static_cast<size_t>(i)]);
+    }
+  }
+}
+}  // namespace pd

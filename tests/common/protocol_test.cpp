@@ -1,0 +1,133 @@
+// Protocol messages: every type survives serialize -> deserialize; garbage is
+// a Corruption value, never a crash; the KV wire header refuses a mismatched
+// peer naming the fields.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "protocol/messages.h"
+
+using namespace pd;
+using namespace pd::proto;
+
+namespace {
+template <typename T>
+T round_trip(const T& m) {
+  const std::vector<uint8_t> bytes = serialize(Message{m});
+  auto back = deserialize(bytes.data(), bytes.size());
+  INFO(back.status().to_string());
+  REQUIRE(back.is_ok());
+  REQUIRE(std::holds_alternative<T>(*back));
+  return std::get<T>(*back);
+}
+}  // namespace
+
+TEST_CASE("protocol: every message round-trips", "[protocol]") {
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.top_k = 40;
+  sp.top_p = 0.9f;
+  sp.min_p = 0.05f;
+  sp.presence_penalty = 0.5f;
+  sp.frequency_penalty = -0.25f;
+  sp.seed = 0xFFFFFFFFFFFFFFF0ULL;
+  sp.max_tokens = 77;
+  sp.ignore_eos = true;
+  sp.stop_token_ids = {2, 5};
+  PrefillRequest pr{123456789012345ULL, {1, 2, 3}, sp, 4};
+  const PrefillRequest pr2 = round_trip(pr);
+  CHECK(pr2.id == pr.id);
+  CHECK(pr2.prompt == pr.prompt);
+  CHECK(pr2.decode_rank == 4);
+  CHECK(pr2.sampling.temperature == sp.temperature);
+  CHECK(pr2.sampling.top_k == 40);
+  CHECK(pr2.sampling.seed == sp.seed);
+  CHECK(pr2.sampling.max_tokens == 77);
+  CHECK(pr2.sampling.ignore_eos);
+  CHECK(pr2.sampling.stop_token_ids == sp.stop_token_ids);
+  CHECK(pr2.sampling.frequency_penalty == sp.frequency_penalty);
+
+  KvWireHeader h;
+  h.request_id = 9;
+  h.n_tokens = 33;
+  h.block_size = 16;
+  h.n_layers = 30;
+  h.n_kv_heads = 3;
+  h.head_dim = 64;
+  h.n_embd = 576;
+  h.vocab = 49152;
+  const HandoffOffer off = round_trip(HandoffOffer{h, {7, 8}, sp});
+  CHECK(off.header.request_id == 9);
+  CHECK(off.header.n_tokens == 33);
+  CHECK(check_compatible(h, off.header).is_ok());
+  CHECK(off.prompt == std::vector<int32_t>{7, 8});
+
+  CHECK(round_trip(Cancel{5}).id == 5);
+  round_trip(Shutdown{});
+  CHECK(round_trip(HandoffAccept{5, 1234}).tag == 1234);
+  const HandoffReject rj = round_trip(HandoffReject{5, "no room", true});
+  CHECK((rj.reason == "no room" && rj.cancelled));
+  CHECK(round_trip(HandoffAbort{6, "gone"}).reason == "gone");
+  TokenEvent ev;
+  ev.id = 3;
+  ev.first_index = 1;
+  ev.tokens = {10, 11};
+  ev.finish = Finish::kLength;
+  ev.queue_s = 0.25;
+  const TokenEvents te = round_trip(TokenEvents{{ev, ev}});
+  REQUIRE(te.events.size() == 2);
+  CHECK(te.events[1].tokens == ev.tokens);
+  CHECK(te.events[1].finish == Finish::kLength);
+  CHECK(te.events[1].queue_s == 0.25);
+  CHECK(round_trip(TransferStats{3, 1000, 0.5, 0.25}).bytes == 1000);
+  const RequestFailed f = round_trip(RequestFailed{4, "boom", 503});
+  CHECK((f.reason == "boom" && f.http_status == 503));
+  LoadReport lr;
+  lr.waiting = 2;
+  lr.running = 3;
+  lr.free_blocks = 100;
+  lr.total_blocks = 200;
+  lr.preemptions = 7;
+  lr.ready = true;
+  const LoadReport lr2 = round_trip(lr);
+  CHECK((lr2.waiting == 2 && lr2.running == 3 && lr2.free_blocks == 100 && lr2.preemptions == 7 && lr2.ready));
+}
+
+TEST_CASE("protocol: malformed bytes are a Corruption value", "[protocol]") {
+  const std::vector<uint8_t> garbage{0xc1, 0x00, 0xff};
+  auto r = deserialize(garbage.data(), garbage.size());
+  REQUIRE(!r.is_ok());
+  CHECK(r.status().is_corruption());
+  // Valid MessagePack, unknown type / missing field.
+  const auto unknown = nlohmann::json::to_msgpack(nlohmann::json{{"t", "teleport"}});
+  CHECK(deserialize(unknown.data(), unknown.size()).status().is_corruption());
+  const auto missing = nlohmann::json::to_msgpack(nlohmann::json{{"t", "cancel"}});
+  CHECK(deserialize(missing.data(), missing.size()).status().is_corruption());
+  // Every truncation of a real message fails cleanly.
+  const auto bytes = serialize(Message{PrefillRequest{1, {1, 2, 3}, SamplingParams{}, 2}});
+  for (size_t n = 0; n < bytes.size(); ++n) CHECK(!deserialize(bytes.data(), n).is_ok());
+}
+
+TEST_CASE("protocol: the KV wire header refuses a mismatched peer, naming the fields", "[protocol]") {
+  KvWireHeader a;
+  a.block_size = 16;
+  a.n_layers = 30;
+  a.n_kv_heads = 3;
+  a.head_dim = 64;
+  a.n_embd = 576;
+  a.vocab = 49152;
+  KvWireHeader b = a;
+  CHECK(check_compatible(a, b).is_ok());
+  b.n_layers = 2;
+  b.block_size = 32;
+  const Status st = check_compatible(a, b);
+  REQUIRE(st.is_invalid_argument());
+  CHECK(st.message().find("n_layers 2 (sender) != 30 (receiver)") != std::string::npos);
+  CHECK(st.message().find("block_size 32") != std::string::npos);
+  b = a;
+  b.dtype = "f16";
+  CHECK(check_compatible(a, b).message().find("dtype") != std::string::npos);
+  b = a;
+  b.version = 99;
+  CHECK(check_compatible(a, b).is_unsupported());
+}

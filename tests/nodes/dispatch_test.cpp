@@ -1,0 +1,57 @@
+// The router's dispatch policy over its worker table.
+#include <catch2/catch.hpp>
+
+#include "router/dispatch.h"
+
+using pd::router::WorkerTable;
+
+namespace {
+pd::proto::LoadReport report(int64_t free_blocks, int waiting = 0) {
+  pd::proto::LoadReport r;
+  r.free_blocks = free_blocks;
+  r.total_blocks = 1000;
+  r.waiting = waiting;
+  r.ready = true;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("dispatch: least outstanding prefill work; decode with room for the request", "[router]") {
+  WorkerTable t({1, 2}, {3, 4}, 16);
+  t.on_report(1, report(100));
+  t.on_report(2, report(100));
+  t.on_report(3, report(10));   // 160 tokens of room
+  t.on_report(4, report(500));
+  auto c = t.pick(/*prompt*/ 100, /*max_tokens*/ 100, 8);
+  REQUIRE(c);
+  CHECK(c->decode_rank == 4);  // rank 3 cannot hold 200 tokens
+  t.on_dispatch(*c, 100, 100);
+  auto c2 = t.pick(10, 10, 8);
+  REQUIRE(c2);
+  CHECK(c2->prefill_rank != c->prefill_rank);  // the other prefill rank has no outstanding tokens
+  CHECK(c2->decode_rank == 3);                 // fits in rank 3 and it has fewer outstanding
+  t.on_prefill_done(c->prefill_rank, 100);
+  t.on_request_done(c->decode_rank, 100, 100);
+  CHECK(t.prefill()[0].outstanding == 0);
+  CHECK(t.decode()[1].outstanding == 0);
+}
+
+TEST_CASE("dispatch: full workers queue in the router; readiness needs every rank", "[router]") {
+  WorkerTable t({1}, {2}, 16);
+  std::string why;
+  CHECK(!t.ready(std::chrono::seconds(5), &why));
+  CHECK(why.find("rank 1") != std::string::npos);
+  t.on_report(1, report(100));
+  t.on_report(2, report(100));
+  CHECK(t.ready(std::chrono::seconds(5), &why));
+  auto c = t.pick(10, 10, 1);
+  REQUIRE(c);
+  t.on_dispatch(*c, 10, 10);
+  CHECK(!t.pick(10, 10, 1));  // both at max_inflight = 1
+  WorkerTable colocated({}, {5}, 16);
+  CHECK(colocated.colocated());
+  colocated.on_report(5, report(0));
+  auto cc = colocated.pick(10, 10, 4);
+  REQUIRE(cc);
+  CHECK((cc->prefill_rank == -1 && cc->decode_rank == 5));  // no rank has room: the one with the most free blocks
+}

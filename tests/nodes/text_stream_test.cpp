@@ -1,0 +1,75 @@
+// Output text streaming: stop strings (across token boundaries, earliest
+// wins, never returned), hold-back of possible stop prefixes, hidden control
+// tokens, and never a split UTF-8 character.
+#include <catch2/catch.hpp>
+
+#include "gguf/gguf_reader.h"
+#include "gguf/gguf_writer.h"
+#include "router/text_stream.h"
+
+using pd::router::TextStream;
+
+namespace {
+std::unique_ptr<pd::Tokenizer> tiny_tokenizer() {
+  auto f = pd::GgufFile::from_bytes(pd::make_tiny_llama_gguf({}), "tiny.gguf");
+  REQUIRE(f.is_ok());
+  auto t = pd::Tokenizer::from_gguf(**f);
+  REQUIRE(t.is_ok());
+  return std::move(t).value();
+}
+// Feeds `text` one token at a time; returns everything emitted (push + finish).
+std::string run(TextStream& s, const pd::Tokenizer& tok, const std::string& text, std::vector<std::string>* pieces = nullptr) {
+  std::string out;
+  for (pd::TokenId id : tok.encode(text, false)) {
+    std::string p = s.push(id);
+    if (pieces) pieces->push_back(p);
+    out += p;
+  }
+  return out + s.finish();
+}
+}  // namespace
+
+TEST_CASE("text stream: no stop strings passes text through", "[router]") {
+  auto tok = tiny_tokenizer();
+  TextStream s(*tok, {}, {});
+  CHECK(run(s, *tok, "hello world, caf\xC3\xA9!") == "hello world, caf\xC3\xA9!");
+  CHECK(!s.stopped());
+}
+
+TEST_CASE("text stream: a stop string ends the text before it, across tokens", "[router]") {
+  auto tok = tiny_tokenizer();
+  TextStream s(*tok, {"STOP", "xyz"}, {});
+  std::vector<std::string> pieces;
+  CHECK(run(s, *tok, "abc STOP def xyz", &pieces) == "abc ");
+  CHECK(s.stopped());
+  for (const auto& p : pieces) CHECK(p.find('S') == std::string::npos);  // never emitted, even partly
+}
+
+TEST_CASE("text stream: the earliest stop string wins; a near-miss prefix is released", "[router]") {
+  auto tok = tiny_tokenizer();
+  TextStream a(*tok, {"world", "lo w"}, {});
+  CHECK(run(a, *tok, "hello world") == "hel");
+  TextStream b(*tok, {"wombat"}, {});
+  CHECK(run(b, *tok, "hello wombre") == "hello wombre");  // "womb" was held back, then released at finish
+  CHECK(!b.stopped());
+}
+
+TEST_CASE("text stream: hidden control tokens print nothing", "[router]") {
+  auto tok = tiny_tokenizer();
+  const pd::TokenId eos = tok->eos_id();
+  TextStream s(*tok, {}, {eos});
+  std::string out;
+  for (pd::TokenId id : tok->encode("ab", false)) out += s.push(id);
+  out += s.push(eos);
+  CHECK(out + s.finish() == "ab");
+}
+
+TEST_CASE("text stream: held-back text never splits a UTF-8 character", "[router]") {
+  auto tok = tiny_tokenizer();
+  TextStream s(*tok, {"\xC3\xA9X"}, {});  // "éX": hold-back point falls inside é's two bytes otherwise
+  std::vector<std::string> pieces;
+  const std::string out = run(s, *tok, "caf\xC3\xA9 \xC3\xA9", &pieces);
+  CHECK(out == "caf\xC3\xA9 \xC3\xA9");
+  for (const auto& p : pieces)
+    if (!p.empty()) CHECK((static_cast<unsigned char>(p[0]) & 0xC0) != 0x80);
+}
