@@ -56,28 +56,19 @@ Status DecodeWorker::run() {
 }
 
 bool DecodeWorker::handle_messages() {
-  bool any = false;
-  for (int i = 0; i < 64; ++i) {
-    auto msg = channel_.poll();
-    if (!msg) break;
-    any = true;
-    if (!msg->message.is_ok()) {
-      spdlog::error("decode rank {}: from rank {}: {}", roles_.self, msg->source, msg->message.status().to_string());
-      continue;
-    }
+  return channel_.drain([&](int source, proto::Message& msg) {
     std::visit(
         [&](auto&& m) {
           using T = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<T, proto::HandoffOffer>) on_offer(std::move(m), msg->source);
+          if constexpr (std::is_same_v<T, proto::HandoffOffer>) on_offer(std::move(m), source);
           else if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_prompt(std::move(m));
           else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id, false, "cancelled");
           else if constexpr (std::is_same_v<T, proto::HandoffAbort>) on_cancel(m.id, true, m.reason);
           else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
-          else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), msg->source);
+          else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
-        *msg->message);
-  }
-  return any;
+        msg);
+  }) > 0;
 }
 
 void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = Clock::now(); }
@@ -545,7 +536,6 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
 }
 
 void DecodeWorker::report_load(bool force) {
-  const auto now = Clock::now();
   proto::LoadReport r;
   r.waiting = static_cast<int32_t>(offers_.size() + waiting_.size());
   r.running = static_cast<int32_t>(running_.size());
@@ -553,14 +543,7 @@ void DecodeWorker::report_load(bool force) {
   r.total_blocks = engine_->blocks->num_blocks();
   r.preemptions = preemptions_;
   r.ready = true;
-  const bool changed = r.waiting != last_load_.waiting || r.running != last_load_.running ||
-                       r.free_blocks != last_load_.free_blocks || r.preemptions != last_load_.preemptions;
-  if (!force && (!changed || now - last_report_ < std::chrono::milliseconds(20)) &&
-      now - last_report_ < std::chrono::seconds(1))
-    return;
-  channel_.send(roles_.router, r);
-  last_report_ = now;
-  last_load_ = r;
+  load_reporter_.maybe_send(channel_, roles_.router, r, force);
 }
 
 }  // namespace pd

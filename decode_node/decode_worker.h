@@ -93,8 +93,7 @@ class DecodeWorker {
   int next_tag_ = 0;
   int64_t preemptions_ = 0;
   bool shutdown_ = false;
-  Clock::time_point last_report_{};
-  proto::LoadReport last_load_{};
+  LoadReporter load_reporter_;
   std::vector<float> logits_;
 };
 

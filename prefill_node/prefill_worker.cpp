@@ -61,28 +61,19 @@ Status PrefillWorker::run() {
 }
 
 bool PrefillWorker::handle_messages() {
-  bool any = false;
-  for (int i = 0; i < 64; ++i) {
-    auto msg = channel_.poll();
-    if (!msg) break;
-    any = true;
-    if (!msg->message.is_ok()) {
-      spdlog::error("prefill rank {}: from rank {}: {}", roles_.self, msg->source, msg->message.status().to_string());
-      continue;
-    }
+  return channel_.drain([&](int source, proto::Message& msg) {
     std::visit(
         [&](auto&& m) {
           using T = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_request(std::move(m));
           else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id);
-          else if constexpr (std::is_same_v<T, proto::HandoffAccept>) on_accept(m, msg->source);
+          else if constexpr (std::is_same_v<T, proto::HandoffAccept>) on_accept(m, source);
           else if constexpr (std::is_same_v<T, proto::HandoffReject>) on_reject(m);
           else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
-          else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), msg->source);
+          else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
-        *msg->message);
-  }
-  return any;
+        msg);
+  }) > 0;
 }
 
 void PrefillWorker::on_request(proto::PrefillRequest req) {
@@ -357,21 +348,13 @@ void PrefillWorker::release(Job& job, bool kv_written) {
 }
 
 void PrefillWorker::report_load(bool force) {
-  const auto now = Clock::now();
   proto::LoadReport r;
   r.waiting = static_cast<int32_t>(queue_.size());
   r.running = static_cast<int32_t>(jobs_.size() - queue_.size());
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;
-  const bool changed = r.waiting != last_load_.waiting || r.running != last_load_.running ||
-                       r.free_blocks != last_load_.free_blocks;
-  if (!force && (!changed || now - last_report_ < std::chrono::milliseconds(20)) &&
-      now - last_report_ < std::chrono::seconds(1))
-    return;
-  channel_.send(roles_.router, r);
-  last_report_ = now;
-  last_load_ = r;
+  load_reporter_.maybe_send(channel_, roles_.router, r, force);
 }
 
 }  // namespace pd

@@ -80,8 +80,7 @@ class PrefillWorker {
   std::vector<proto::RequestId> batch_;  // ids in the running batch (hook reads it)
   int64_t next_seq_ = 0;
   bool shutdown_ = false;
-  Clock::time_point last_report_{};
-  proto::LoadReport last_load_{};
+  LoadReporter load_reporter_;
 };
 
 }  // namespace pd

@@ -318,29 +318,24 @@ void Router::dispatch_queued() {
 }
 
 void Router::handle_messages() {
-  for (int i = 0; i < 256; ++i) {
-    auto msg = channel_.poll();
-    if (!msg) return;
-    if (!msg->message.is_ok()) {
-      spdlog::error("router: from rank {}: {}", msg->source, msg->message.status().to_string());
-      continue;
-    }
-    std::visit(
-        [&](auto&& m) {
-          using T = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<T, proto::TokenEvents>) on_tokens(msg->source, m);
-          else if constexpr (std::is_same_v<T, proto::RequestFailed>) on_failed(msg->source, m);
-          else if constexpr (std::is_same_v<T, proto::TransferStats>) {
-            transfer_bytes_.inc(static_cast<double>(m.bytes));
-            transfer_seconds_.observe(m.exposed_s);
-            stage_.observe({"transfer"}, m.exposed_s);
-            if (m.wire_s > 0) transfer_gbps_.observe(static_cast<double>(m.bytes) / m.wire_s / 1e9);
-          }
-          else if constexpr (std::is_same_v<T, proto::LoadReport>) workers_.on_report(msg->source, m);
-          else spdlog::warn("router: unexpected {} from rank {}", proto::message_name(m), msg->source);
-        },
-        *msg->message);
-  }
+  channel_.drain(
+      [&](int source, proto::Message& msg) {
+        std::visit(
+            [&](auto&& m) {
+              using T = std::decay_t<decltype(m)>;
+              if constexpr (std::is_same_v<T, proto::TokenEvents>) on_tokens(source, m);
+              else if constexpr (std::is_same_v<T, proto::RequestFailed>) on_failed(source, m);
+              else if constexpr (std::is_same_v<T, proto::LoadReport>) workers_.on_report(source, m);
+              else if constexpr (std::is_same_v<T, proto::TransferStats>) {
+                transfer_bytes_.inc(static_cast<double>(m.bytes));
+                transfer_seconds_.observe(m.exposed_s);
+                stage_.observe({"transfer"}, m.exposed_s);
+                if (m.wire_s > 0) transfer_gbps_.observe(static_cast<double>(m.bytes) / m.wire_s / 1e9);
+              } else spdlog::warn("router: unexpected {} from rank {}", proto::message_name(m), source);
+            },
+            msg);
+      },
+      256);
 }
 
 void Router::on_tokens(int source, const proto::TokenEvents& m) {

@@ -1,5 +1,7 @@
 #include "protocol/mpi_channel.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -81,6 +83,32 @@ std::optional<ControlChannel::Received> ControlChannel::poll() {
   recv_buf_.resize(static_cast<size_t>(std::max(count, 1)));
   MPI_Recv(recv_buf_.data(), count, MPI_BYTE, st.MPI_SOURCE, proto::kTagControl, comm_, MPI_STATUS_IGNORE);
   return Received{st.MPI_SOURCE, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
+}
+
+int ControlChannel::drain(const std::function<void(int, proto::Message&)>& fn, int max) {
+  int n = 0;
+  for (; n < max; ++n) {
+    auto msg = poll();
+    if (!msg) break;
+    if (!msg->message.is_ok()) {
+      spdlog::error("control message from rank {}: {}", msg->source, msg->message.status().to_string());
+      continue;
+    }
+    fn(msg->source, *msg->message);
+  }
+  return n;
+}
+
+void LoadReporter::maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  const bool changed = r.waiting != last_report_.waiting || r.running != last_report_.running ||
+                       r.free_blocks != last_report_.free_blocks || r.preemptions != last_report_.preemptions ||
+                       r.ready != last_report_.ready;
+  const auto since = now - last_;
+  if (!force && !(changed && since >= std::chrono::milliseconds(20)) && since < std::chrono::seconds(1)) return;
+  ch.send(router, r);
+  last_ = now;
+  last_report_ = r;
 }
 
 void ControlChannel::progress() {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ class ControlChannel {
     Result<proto::Message> message;
   };
   std::optional<Received> poll();
+  // Polls up to `max` messages and hands each well-formed one to `fn`; a
+  // malformed one is logged (naming its source) and dropped. Returns how many
+  // messages arrived.
+  int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64);
   // Completes finished sends (frees their buffers). Call once per loop.
   void progress();
   size_t pending_sends() const { return sends_.size(); }
@@ -68,6 +73,17 @@ class ControlChannel {
   MPI_Comm comm_;
   std::deque<PendingSend> sends_;
   std::vector<uint8_t> recv_buf_;
+};
+
+// When a worker sends the router its LoadReport: when it changed (at most
+// every 20 ms) and at least once a second (the router's liveness signal).
+class LoadReporter {
+ public:
+  void maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force = false);
+
+ private:
+  std::chrono::steady_clock::time_point last_{};
+  proto::LoadReport last_report_{};
 };
 
 }  // namespace pd
