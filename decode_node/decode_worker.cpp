@@ -23,7 +23,15 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
                            std::unique_ptr<Transport> transport)
     : cfg_(cfg), roles_(roles), engine_(std::move(engine)), transport_(std::move(transport)) {
   header_ = engine_->wire_header();
+  // Between layers of a long forward pass (a colocated prefill, a recompute):
+  // keep sends moving and load reports flowing so /health stays truthful.
+  engine_->model->set_kv_written_hook([this](int) {
+    channel_.progress();
+    report_load(false);
+  });
 }
+
+DecodeWorker::~DecodeWorker() { engine_->model->set_kv_written_hook({}); }
 
 int64_t DecodeWorker::blocks_for_tokens(int64_t n) const {
   const int64_t bs = engine_->blocks->block_size();

@@ -32,6 +32,7 @@ class DecodeWorker {
  public:
   DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
                std::unique_ptr<Transport> transport);
+  ~DecodeWorker();
   Status run();
 
  private:

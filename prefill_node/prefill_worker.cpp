@@ -32,6 +32,7 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
       if (job.accepted && job.layers_posted == layer) post_layer(job, layer);
     }
     progress_transfers();  // keep MPI progressing while compute continues
+    report_load(false);    // a long batch must not look like a dead rank to /health
   });
 }
 

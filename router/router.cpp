@@ -211,13 +211,16 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
   req->api = std::move(api);
   req->writer = w;
   const uint64_t id = req->id;
+  // SSE headers go out before the link can send a chunk. The disconnect
+  // callback is registered under the inbox lock, so its ClientGone (posted to
+  // an io thread, never run inline) always lands after the NewRequest.
+  if (req->api.stream) w->start_sse();
+  ++queued_;
+  std::lock_guard lock(inbox_mu_);
   w->on_disconnect([this, id] {
     std::lock_guard lock(inbox_mu_);
     inbox_.push_back(ClientGone{id});
   });
-  if (req->api.stream) w->start_sse();
-  ++queued_;
-  std::lock_guard lock(inbox_mu_);
   inbox_.push_back(NewRequest{std::move(req)});
 }
 
@@ -477,7 +480,7 @@ void Router::update_gauges() {
     }
   }
   std::string why;
-  const bool ok = workers_.ready(std::chrono::milliseconds(5000), &why);
+  const bool ok = workers_.ready(std::chrono::milliseconds(10000), &why);
   if (!ok) {
     std::lock_guard lock(ready_mu_);
     not_ready_reason_ = why;

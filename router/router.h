@@ -97,7 +97,7 @@ class Router {
   Registry metrics_;
 
   // Shared between io threads and the link.
-  std::mutex inbox_mu_;
+  std::recursive_mutex inbox_mu_;  // recursive: a disconnect callback may run inline while it is held
   std::deque<std::variant<NewRequest, ClientGone>> inbox_;  // guarded by inbox_mu_
   std::atomic<int> queued_{0};          // requests accepted, not yet dispatched
   std::atomic<bool> draining_{false};

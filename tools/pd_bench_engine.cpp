@@ -1,0 +1,409 @@
+// pd-bench-engine: the CPU engine's speed against this machine's own limits,
+// measured in the same run.
+//
+//   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep]
+//                   [--prefill-tokens 512] [--prompt 128] [--gen 128] [--reps 3]
+//                   [--json FILE] [--profile FILE]
+//
+// Prints, per thread count: the machine probes (STREAM triad and read GB/s,
+// FMA GFLOP/s), prefill tok/s for one prompt and the fraction of the FMA peak
+// it reaches, aggregate decode tok/s for each batch (every sequence with a
+// --prompt-token prompt generating --gen tokens, so contexts grow
+// prompt -> prompt + gen) with the fraction of the memory bandwidth the step
+// streams (weights + KV read), then peak RSS and KV bytes per token.
+// --json writes everything; --profile writes the per-phase cost profile
+// (prefill time vs tokens, decode step time vs batch and context) that
+// pd-plan's simulator reads (common/plan/engine_profile.h). Random token ids:
+// the speed does not depend on the text. A bad flag or model: one line naming
+// it, exit status 2.
+#include <CLI/CLI.hpp>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include "backend/backend.h"
+#include "gguf/gguf_reader.h"
+#include "model/kv_cache.h"
+#include "model/llama_model.h"
+#include "plan/engine_profile.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+int fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "pd-bench-engine: error: %s\n", msg.c_str());
+  return code;
+}
+
+// ---- machine probes ------------------------------------------------------
+
+// STREAM triad a = b + s*c over arrays far larger than the caches; GB/s
+// counted as STREAM does (3 arrays x 4 bytes per element), best of 5.
+double stream_triad_gbs(int threads, size_t n) {
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  const float s = 3.0f;
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+    best = std::max(best, 3.0 * 4.0 * static_cast<double>(n) / secs(Clock::now() - t0) / 1e9);
+  }
+  if (a[n / 2] != 7.0f) std::fprintf(stderr, "triad check failed\n");
+  return best;
+}
+
+// A pure read: sum of an array (vector loads, independent accumulators); GB/s, best of 5.
+double read_gbs(int threads, size_t n) {
+  std::vector<float> a(n, 1.0f);
+  double best = 0, sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    double total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const size_t nt = static_cast<size_t>(omp_get_num_threads()), me = static_cast<size_t>(omp_get_thread_num());
+      const size_t chunk = (n / nt) & ~size_t{31}, lo = me * chunk, hi = me + 1 == nt ? n : lo + chunk;
+#if defined(__AVX2__)
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      size_t i = lo;
+      for (; i + 32 <= hi; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(&a[i]));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(&a[i + 8]));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(&a[i + 16]));
+        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(&a[i + 24]));
+      }
+      float lanes[8];
+      _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+      for (float v : lanes) total += v;
+      for (; i < hi; ++i) total += a[i];
+#else
+      float acc[16] = {};
+      size_t i = lo;
+      for (; i + 16 <= hi; i += 16)
+        for (int k = 0; k < 16; ++k) acc[k] += a[i + k];
+      for (float v : acc) total += v;
+      for (; i < hi; ++i) total += a[i];
+#endif
+    }
+    best = std::max(best, 4.0 * static_cast<double>(n) / secs(Clock::now() - t0) / 1e9);
+    sink += total;
+  }
+  if (sink <= 0) std::fprintf(stderr, "read check failed\n");
+  return best;
+}
+
+// FMA throughput: independent vector FMA chains per thread (enough to cover
+// the FMA latency), GFLOP/s (an FMA = 2 flops), best of 3.
+double fma_gflops(int threads) {
+  constexpr int64_t kIters = 20'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double flops = 0;
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    {
+#if defined(__AVX2__) && defined(__FMA__)
+      __m256 acc[10];
+      for (auto& v : acc) v = _mm256_set1_ps(0.0f);
+      const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+      for (int64_t i = 0; i < kIters; ++i)
+        for (auto& v : acc) v = _mm256_fmadd_ps(v, x, y);
+      float out[8];
+      __m256 s = acc[0];
+      for (int k = 1; k < 10; ++k) s = _mm256_add_ps(s, acc[k]);
+      _mm256_storeu_ps(out, s);
+      flops = 2.0 * 8 * 10 * static_cast<double>(kIters) + (out[0] > 1e30f ? 1 : 0);
+#else
+      float acc[80] = {};
+      for (int64_t i = 0; i < kIters; ++i)
+#pragma omp simd
+        for (int k = 0; k < 80; ++k) acc[k] = acc[k] * 0.999999f + 1e-7f;
+      flops = 2.0 * 80 * static_cast<double>(kIters) + (acc[0] > 1e30f ? 1 : 0);
+#endif
+    }
+    best = std::max(best, flops / secs(Clock::now() - t0) / 1e9);
+  }
+  return best;
+}
+
+// ---- engine runs ---------------------------------------------------------
+
+struct Engine {
+  std::unique_ptr<pd::Backend> backend;
+  std::unique_ptr<pd::LlamaModel> model;
+  pd::KvCache cache;
+  int block_size = 16;
+};
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(3 + rng() % static_cast<uint64_t>(vocab - 3));
+  return t;
+}
+
+// Matmul FLOPs of a forward pass over n tokens of one sequence starting at
+// position 0 (weights: 2 per multiply-add; attention: QK^T and PV over the
+// causal prefix), with the LM head for one row.
+double forward_flops(const pd::LlamaConfig& c, double n) {
+  const double d = c.hidden, q = static_cast<double>(c.n_heads) * c.head_dim,
+               kv = static_cast<double>(c.n_kv_heads) * c.head_dim;
+  const double per_token = 2.0 * (d * q + 2 * d * kv + q * d + 3 * d * c.ffn);
+  const double attention = 2.0 * 2.0 * q * (n * (n + 1) / 2.0);
+  return c.n_layers * (per_token * n + attention) + 2.0 * d * c.vocab;
+}
+
+// One prefill pass of `n` tokens (one sequence); seconds.
+double time_prefill(Engine& e, int n, uint64_t seed) {
+  const auto& c = e.model->config();
+  const auto toks = random_tokens(n, c.vocab, seed);
+  std::vector<int32_t> table((n + e.block_size - 1) / e.block_size);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<pd::SequenceBatch> b{{toks, 0, table, true}};
+  std::vector<float> logits;
+  const auto t0 = Clock::now();
+  if (!e.model->prefill(b, e.cache, &logits).is_ok()) return -1;
+  return secs(Clock::now() - t0);
+}
+
+struct DecodeRun {
+  int batch = 0;
+  double tokens_per_s = 0;
+  std::vector<double> step_seconds;  // per step; step i runs at context prompt + i + 1
+};
+
+// `batch` sequences with `prompt`-token prompts (prefilled, not timed), then
+// `gen` decode steps of the whole batch, each feeding the argmax token.
+DecodeRun time_decode(Engine& e, int batch, int prompt, int gen) {
+  const auto& c = e.model->config();
+  const int per_seq_blocks = (prompt + gen + e.block_size - 1) / e.block_size;
+  std::vector<std::vector<int32_t>> toks(batch), tables(batch);
+  for (int s = 0; s < batch; ++s) {
+    toks[s] = random_tokens(prompt, c.vocab, 1000 + s);
+    tables[s].resize(per_seq_blocks);
+    std::iota(tables[s].begin(), tables[s].end(), s * per_seq_blocks);
+  }
+  std::vector<float> logits;
+  for (int s0 = 0; s0 < batch; s0 += 8) {  // prefill in groups (bounded scratch)
+    std::vector<pd::SequenceBatch> b;
+    for (int s = s0; s < std::min(batch, s0 + 8); ++s) b.push_back({toks[s], 0, tables[s], false});
+    if (!e.model->prefill(b, e.cache, nullptr).is_ok()) return {};
+  }
+  DecodeRun r;
+  r.batch = batch;
+  std::vector<int32_t> next(batch, 5);
+  std::vector<pd::SequenceBatch> steps(batch);
+  const auto t_all = Clock::now();
+  for (int i = 0; i < gen; ++i) {
+    for (int s = 0; s < batch; ++s)
+      steps[s] = {std::span<const int32_t>(&next[s], 1), prompt + i, tables[s], true};
+    const auto t0 = Clock::now();
+    if (!e.model->decode(steps, e.cache, &logits).is_ok()) return {};
+    r.step_seconds.push_back(secs(Clock::now() - t0));
+    for (int s = 0; s < batch; ++s)
+      next[s] = static_cast<int32_t>(std::max_element(logits.begin() + s * c.vocab, logits.begin() + (s + 1) * c.vocab) -
+                                     (logits.begin() + s * c.vocab));
+  }
+  r.tokens_per_s = static_cast<double>(batch) * gen / secs(Clock::now() - t_all);
+  return r;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+std::vector<int> parse_list(const std::string& s, const char* flag, bool* ok) {
+  std::vector<int> out;
+  size_t pos = 0;
+  *ok = true;
+  while (pos <= s.size()) {
+    const size_t comma = s.find(',', pos);
+    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      size_t used = 0;
+      const int v = std::stoi(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "pd-bench-engine: error: %s: '%s' is not a positive integer\n", flag, item.c_str());
+      *ok = false;
+      return {};
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", threads_s = "1,2", batches_s = "1,8,32";
+  std::string json_path, profile_path;
+  int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
+  bool sweep = false;
+  CLI::App app{"pd-bench-engine: CPU engine speed vs this machine's limits, measured in one run"};
+  app.add_option("-m,--model", model_path, "GGUF model (default: the default model)");
+  app.add_option("--threads", threads_s, "comma-separated thread counts");
+  app.add_option("--batches", batches_s, "comma-separated decode batch sizes");
+  app.add_flag("--sweep", sweep, "also decode batches 16, 64 and 128");
+  app.add_option("--prefill-tokens", prefill_tokens, "prompt tokens for the prefill figure")->check(CLI::Range(1, 8192));
+  app.add_option("--prompt", prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
+  app.add_option("--gen", gen, "decode steps per batch")->check(CLI::Range(1, 8192));
+  app.add_option("--reps", reps, "prefill repetitions (median)")->check(CLI::Range(1, 100));
+  app.add_option("--json", json_path, "write all results as JSON to this file");
+  app.add_option("--profile", profile_path, "write the engine cost profile (pd-plan --profile) to this file");
+  CLI11_PARSE(app, argc, argv);
+  bool ok1 = false, ok2 = false;
+  std::vector<int> thread_counts = parse_list(threads_s, "--threads", &ok1);
+  std::vector<int> batches = parse_list(batches_s, "--batches", &ok2);
+  if (!ok1 || !ok2) return 2;
+  if (sweep)
+    for (int b : {16, 64, 128})
+      if (std::find(batches.begin(), batches.end(), b) == batches.end()) batches.push_back(b);
+  std::sort(batches.begin(), batches.end());
+  if (!std::filesystem::exists(model_path)) return fail("model file not found: " + model_path + " (--model)", 2);
+  auto file = pd::GgufFile::open(model_path);
+  if (!file.is_ok()) return fail(file.status().to_string() + " (--model)", 2);
+  std::shared_ptr<const pd::GgufFile> gguf(std::move(file).value());
+
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
+  std::printf("# %s\n", cmd.c_str());
+
+  nlohmann::json out{{"command", cmd}, {"model", model_path}, {"runs", nlohmann::json::array()}};
+  pd::plan::EngineProfile best_profile;
+  double best_decode = -1;
+  for (int t : thread_counts) {
+    Engine e;
+    pd::BackendConfig bc;
+    bc.n_threads = t;
+    auto be = pd::create_backend(bc);
+    if (!be.is_ok()) return fail(be.status().to_string());
+    e.backend = std::move(be).value();
+    auto m = pd::LlamaModel::load(gguf, *e.backend);
+    if (!m.is_ok()) return fail(m.status().to_string());
+    e.model = std::move(m).value();
+    const auto& c = e.model->config();
+    const int max_batch = batches.back();
+    const int64_t blocks = std::max<int64_t>((std::max(prefill_tokens, 256) + 15) / 16,
+                                             static_cast<int64_t>(max_batch) * ((prompt + gen + 15) / 16));
+    auto cache = pd::KvCache::create(*e.backend, c, e.block_size, blocks);
+    if (!cache.is_ok()) return fail(cache.status().to_string());
+    e.cache = std::move(cache).value();
+    const double kv_per_token = static_cast<double>(c.kv_geometry(4).bytes_per_token());
+    const double weight_bytes = static_cast<double>(e.model->weight_bytes());
+
+    // Machine limits with this thread count.
+    const size_t n = 32u << 20;  // 128 MiB per array
+    const double triad = stream_triad_gbs(t, n), rd = read_gbs(t, n), fma = fma_gflops(t);
+
+    // Prefill.
+    time_prefill(e, std::min(prefill_tokens, 32), 1);  // warm-up
+    std::vector<double> pre;
+    for (int r = 0; r < reps; ++r) pre.push_back(time_prefill(e, prefill_tokens, 7 + r));
+    const double pre_s = median(pre);
+    if (pre_s <= 0) return fail("prefill failed");
+    const double pre_tps = prefill_tokens / pre_s;
+    const double pre_gflops = forward_flops(c, prefill_tokens) / pre_s / 1e9;
+
+    std::printf("\n== %d thread%s | machine: triad %.1f GB/s, read %.1f GB/s, FMA %.1f GFLOP/s\n", t, t > 1 ? "s" : "",
+                triad, rd, fma);
+    std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GFLOP/s = %.1f%% of FMA peak)\n", prefill_tokens, pre_tps,
+                pre_s, pre_gflops, 100.0 * pre_gflops / fma);
+    std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
+    nlohmann::json run{{"threads", t},
+                       {"machine", {{"triad_gbs", triad}, {"read_gbs", rd}, {"fma_gflops", fma}}},
+                       {"prefill", {{"tokens", prefill_tokens}, {"seconds", pre_s}, {"tokens_per_s", pre_tps},
+                                    {"gflops", pre_gflops}, {"fraction_of_fma", pre_gflops / fma}}},
+                       {"decode", nlohmann::json::array()}};
+
+    pd::plan::EngineProfile prof;
+    prof.model = model_path;
+    prof.hardware = std::to_string(t) + " thread(s), triad " + std::to_string(static_cast<int>(triad)) + " GB/s";
+    prof.kv_bytes_per_token = static_cast<int64_t>(kv_per_token);
+    for (int pt : {64, 128, 256, prefill_tokens}) {
+      if (pt > c.context) continue;
+      if (std::find(prof.prefill_tokens.begin(), prof.prefill_tokens.end(), pt) != prof.prefill_tokens.end()) continue;
+      std::vector<double> v;
+      for (int r = 0; r < reps; ++r) v.push_back(time_prefill(e, pt, 100 + r));
+      prof.prefill_tokens.push_back(pt);
+      prof.prefill_seconds.push_back(pt == prefill_tokens ? pre_s : median(v));
+    }
+    // Keep the prefill points sorted.
+    std::vector<size_t> idx(prof.prefill_tokens.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return prof.prefill_tokens[a] < prof.prefill_tokens[b]; });
+    std::vector<double> pt2, ps2;
+    for (size_t i : idx) pt2.push_back(prof.prefill_tokens[i]), ps2.push_back(prof.prefill_seconds[i]);
+    prof.prefill_tokens = pt2;
+    prof.prefill_seconds = ps2;
+    const std::vector<int> ctx_points{0, gen / 2, gen - 1};  // step indices: contexts prompt+1, +gen/2, +gen
+    for (int ci : ctx_points) prof.decode_contexts.push_back(prompt + ci + 1);
+    double decode8 = 0;
+    for (int b : batches) {
+      const DecodeRun d = time_decode(e, b, prompt, gen);
+      if (d.step_seconds.empty()) return fail("decode failed at batch " + std::to_string(b));
+      const double step = median(d.step_seconds);
+      const double mean_ctx = prompt + (gen + 1) / 2.0;
+      const double streamed = (weight_bytes + b * mean_ctx * kv_per_token) / step / 1e9;
+      std::printf("%-8d %-14.1f %-14.2f %-16.1f %.1f%%\n", b, d.tokens_per_s, step * 1e3, streamed,
+                  100.0 * streamed / triad);
+      run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
+                               {"streamed_gbs", streamed}, {"fraction_of_triad", streamed / triad}});
+      prof.decode_batches.push_back(b);
+      for (int ci : ctx_points) {
+        // A few steps around each context point, for a steadier figure.
+        std::vector<double> w;
+        for (int k = std::max(0, ci - 2); k <= std::min(gen - 1, ci + 2); ++k) w.push_back(d.step_seconds[k]);
+        prof.decode_seconds.push_back(median(w));
+      }
+      if (b == 8) decode8 = d.tokens_per_s;
+    }
+    run["peak_rss_mb"] = peak_rss_mb();
+    out["runs"].push_back(run);
+    const double score = decode8 > 0 ? decode8 : pre_tps;
+    if (score > best_decode) {
+      best_decode = score;
+      best_profile = prof;
+    }
+  }
+  std::printf("\npeak RSS %.0f MB | model file %.1f MB | KV %lld bytes/token (fp32)\n", peak_rss_mb(),
+              std::filesystem::file_size(model_path) / 1e6,
+              static_cast<long long>(best_profile.kv_bytes_per_token));
+  out["peak_rss_mb"] = peak_rss_mb();
+  out["kv_bytes_per_token"] = best_profile.kv_bytes_per_token;
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+    if (!f) return fail("cannot write --json file '" + json_path + "'", 2);
+  }
+  if (!profile_path.empty()) {
+    std::ofstream f(profile_path);
+    f << pd::plan::engine_profile_to_json(best_profile) << "\n";
+    if (!f) return fail("cannot write --profile file '" + profile_path + "'", 2);
+    std::printf("profile (best thread count by batch-8 decode) written to %s\n", profile_path.c_str());
+  }
+  return 0;
+}
