@@ -494,17 +494,15 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     PD_ASSIGN_OR_RETURN(int64_t cached, blocks.allocate(seq_of(s.id), toks));
     (void)cached;  // no prefix sharing on decode ranks
     s.has_blocks = true;
-    s.kv_complete = true;  // written by the pass below (discarded on failure)
+    s.kv_complete = false;  // until the pass below has written it
     for (BlockId b : blocks.block_table(seq_of(s.id))) tables[i].push_back(b.value);
     batch[i] = SequenceBatch{toks, 0, tables[i], fresh};
   }
   const auto t0 = Clock::now();
   std::vector<float> logits;
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
-  if (!st.is_ok()) {
-    for (proto::RequestId id : ids) seqs_.at(id).kv_complete = false;
-    return st;
-  }
+  if (!st.is_ok()) return st;
+  for (proto::RequestId id : ids) seqs_.at(id).kv_complete = true;
   const double prefill_s = seconds(Clock::now() - t0);
   const int64_t vocab = engine_->config().vocab;
   size_t row = 0;

@@ -370,7 +370,10 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
       ++r.n_generated;
       generation_tokens_total_.inc();
       deliver(r, r.text->push(token));
-      if (r.text->stopped()) return finalize(r.id, End::kFinished, "stop");
+      if (r.text->stopped()) {  // a stop string matched: end it here, tell the workers
+        finalize(r.id, End::kFinished, "stop");
+        break;
+      }
       if (finish != proto::Finish::kNone) {
         deliver(r, r.text->finish());
         const uint64_t id = r.id;

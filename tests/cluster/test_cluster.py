@@ -215,6 +215,20 @@ def suite_identity(tmp):
         for case, ref in zip(cases, refs):
             for stream in (False, True):
                 expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
+        # Stop strings: the text ends before the first match, finish_reason "stop", and the
+        # workers drop the request (its blocks come back).
+        for case, ref in zip(cases, refs):
+            text = ref["text"]
+            if len(text) < 16:
+                continue
+            stop = text[8:12]
+            want = text[:text.find(stop)]
+            for stream in (False, True):
+                got = run_case(c, case[0], case[1], case[2], stream, stop=[stop, "\u0000never"])
+                check(got[0] == want and got[2] == "stop",
+                      "stop %r on %r: got %r (%s), want %r" % (stop, case, got[0], got[2], want))
+            break
+        wait_for(lambda: blocks_all_free(c), 30, "blocks of stop-string requests to be freed")
         concurrent_identity(c, DEFAULT_MODEL, mixed_prompts(64), 64)
         check(c.stop() == 0, "clean exit after SIGTERM")
 
