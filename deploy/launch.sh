@@ -86,9 +86,19 @@ PORT="${PORT:-$(cfg_get port 8000)}"
 HOST="${HOST:-$(cfg_get host 127.0.0.1)}"
 CHOST="$HOST"; [[ "$CHOST" == 0.0.0.0 ]] && CHOST=127.0.0.1
 
-"${MPIRUN[@]}" &
+# mpirun gets its own session, so a Ctrl-C reaches only this script, which then asks the
+# router to drain (SIGTERM to pd-router): in-flight requests finish, workers shut down,
+# mpirun exits 0. (A SIGINT to mpirun itself would kill every rank at once.)
+setsid "${MPIRUN[@]}" &
 PID=$!
-trap 'kill -TERM $PID 2>/dev/null; wait $PID; exit $?' INT TERM
+drain() {
+  echo "launch.sh: draining the cluster (in-flight requests finish; Ctrl-C again to kill)" >&2
+  trap 'kill -KILL -- -$PID 2>/dev/null' INT TERM
+  local router; router=$(pgrep -s "$PID" -x pd-router | head -1)
+  if [[ -n "$router" ]]; then kill -TERM "$router"; else kill -TERM "$PID" 2>/dev/null; fi
+  wait "$PID"; exit $?
+}
+trap drain INT TERM
 for _ in $(seq 1 600); do
   if curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
     MODEL_NAME=$(curl -s "http://$CHOST:$PORT/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
