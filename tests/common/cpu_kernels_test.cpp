@@ -64,3 +64,32 @@ TEST_CASE("dequant_row equals the reference dequantization exactly", "[cpu][kern
     CHECK(got == want);
   }
 }
+
+// The matmul's fast path runs weight rows in groups; the cluster's token
+// identity needs that to change nothing: bit-identical to one row at a time,
+// for full groups, partial groups, every type and input counts across tiles.
+TEST_CASE("dot_rows_grouped is bit-identical to dot_row_multi per row", "[cpu][kernels]") {
+  const pd::GgmlType types[] = {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kF16,
+                                pd::GgmlType::kF32};
+  for (pd::GgmlType type : types) {
+    const int64_t k = 160;
+    const size_t rb = pd::ggml_row_bytes(type, k);
+    std::vector<uint8_t> packed(rb * pd::cpu::kDotGroupRows);
+    for (int r = 0; r < pd::cpu::kDotGroupRows; ++r) {
+      const std::vector<float> w = random_floats(k, 300 + r);
+      pd::quantize_row(type, w.data(), packed.data() + r * rb, k);
+    }
+    for (int n_rows : {pd::cpu::kDotGroupRows, 3, 1}) {
+      for (int m : {1, 5, 8, 9, 17, 64}) {
+        const std::vector<float> x = random_floats(static_cast<size_t>(k * m), 7 + m);
+        const void* rows[pd::cpu::kDotGroupRows];
+        for (int r = 0; r < n_rows; ++r) rows[r] = packed.data() + r * rb;
+        std::vector<float> grouped(static_cast<size_t>(n_rows) * 64, 0.0f), single(grouped.size(), 0.0f);
+        pd::cpu::dot_rows_grouped(type, rows, n_rows, k, x.data(), k, m, grouped.data(), 64);
+        for (int r = 0; r < n_rows; ++r) pd::cpu::dot_row_multi(type, rows[r], k, x.data(), k, m, single.data() + r * 64);
+        INFO(pd::ggml_type_name(type) << " rows " << n_rows << " m " << m);
+        CHECK(grouped == single);
+      }
+    }
+  }
+}

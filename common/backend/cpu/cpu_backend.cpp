@@ -160,19 +160,29 @@ class CpuBackend final : public Backend {
       return Status::ok();
     }
 
-    // Row-dot kernels: each weight row is unpacked once per tile of inputs and
-    // dotted with each of them; inputs in chunks of kChunk rows so the chunk
-    // stays in cache while the weights stream past it.
+    // Row-dot kernels: weight rows in groups of kDotGroupRows, each group's
+    // blocks unpacked once per tile of inputs and dotted with each of them;
+    // inputs in chunks of kChunk rows so the chunk stays in cache while the
+    // weights stream past it. A row's result does not depend on m.
     constexpr int64_t kChunk = 64;
+    constexpr int kG = cpu::kDotGroupRows;
+    const int64_t n_groups = (n + kG - 1) / kG;
 #pragma omp parallel num_threads(n_threads_)
     for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
       const int mt = static_cast<int>(std::min(kChunk, m - i0));
 #pragma omp for schedule(static)
-      for (int64_t j = 0; j < n; ++j) {
-        float acc[kChunk];
-        for (int i = 0; i < mt; ++i) acc[i] = 0.0f;
-        cpu::dot_row_multi(w.type, wb + j * w_row_bytes, k, xs + i0 * k, k, mt, acc);
-        for (int i = 0; i < mt; ++i) os[(i0 + i) * n + j] = acc[i];
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const int64_t j0 = g * kG;
+        const int nr = static_cast<int>(std::min<int64_t>(kG, n - j0));
+        float acc[kG * kChunk];
+        const void* rows[kG];
+        for (int r = 0; r < nr; ++r) {
+          rows[r] = wb + (j0 + r) * w_row_bytes;
+          for (int i = 0; i < mt; ++i) acc[r * kChunk + i] = 0.0f;
+        }
+        cpu::dot_rows_grouped(w.type, rows, nr, k, xs + i0 * k, k, mt, acc, kChunk);
+        for (int r = 0; r < nr; ++r)
+          for (int i = 0; i < mt; ++i) os[(i0 + i) * n + j0 + r] = acc[r * kChunk + i];
       }
     }
     return Status::ok();

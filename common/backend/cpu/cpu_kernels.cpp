@@ -136,6 +136,50 @@ void dot_rows_avx2(const void* w_row, int64_t k, const float* x, int64_t x_strid
     for (int i = 0; i < mt; ++i) acc[i0 + i] += hsum256(a[i]);
   }
 }
+
+// The same dot products for a group of R weight rows at once: each input
+// block x is loaded once and used for all R rows (R times less input traffic),
+// while every (row, input) pair keeps its own accumulator and sees exactly the
+// operations dot_rows_avx2 performs — results are bit-identical to it.
+template <typename T, int R>
+void dot_rowgroup_avx2(const void* const* w_rows, int64_t k, const float* x, int64_t x_stride, int m, float* acc,
+                       int64_t acc_stride) {
+  constexpr int kTile = 8;
+  const typename T::Block* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = static_cast<const typename T::Block*>(w_rows[r]);
+  const int64_t nb = k / kQK;
+  for (int i0 = 0; i0 < m; i0 += kTile) {
+    const int mt = m - i0 < kTile ? m - i0 : kTile;
+    __m256 a[R][kTile];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < mt; ++i) a[r][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256 q[R][4], d[R], mn[R];
+      for (int r = 0; r < R; ++r) {
+        T::load(rows[r][b], q[r]);
+        d[r] = _mm256_set1_ps(half_to_float(rows[r][b].d));
+        mn[r] = _mm256_set1_ps(T::min(rows[r][b]));
+      }
+      for (int i = 0; i < mt; ++i) {
+        const float* xb = x + (i0 + i) * x_stride + b * kQK;
+        const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+        const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+        __m256 sx = _mm256_setzero_ps();
+        if constexpr (T::kHasMin) sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+        for (int r = 0; r < R; ++r) {
+          __m256 qx = _mm256_mul_ps(q[r][0], x0);
+          qx = _mm256_fmadd_ps(q[r][1], x1, qx);
+          qx = _mm256_fmadd_ps(q[r][2], x2, qx);
+          qx = _mm256_fmadd_ps(q[r][3], x3, qx);
+          a[r][i] = _mm256_fmadd_ps(d[r], qx, a[r][i]);
+          if constexpr (T::kHasMin) a[r][i] = _mm256_fmadd_ps(mn[r], sx, a[r][i]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < mt; ++i) acc[r * acc_stride + i0 + i] += hsum256(a[r][i]);
+  }
+}
 #endif  // PD_CPU_AVX2
 
 template <typename Block, void (*Decode)(const Block&, float*)>
@@ -201,6 +245,21 @@ void dot_row_multi(GgmlType type, const void* w_row, int64_t k, const float* x, 
       return;
     }
   }
+}
+
+void dot_rows_grouped(GgmlType type, const void* const* w_rows, int n_rows, int64_t k, const float* x,
+                      int64_t x_stride, int m, float* acc, int64_t acc_stride) {
+#if PD_CPU_AVX2
+  if (n_rows == kDotGroupRows) {
+    switch (type) {
+      case GgmlType::kQ4_0: return dot_rowgroup_avx2<Q4_0Avx2, kDotGroupRows>(w_rows, k, x, x_stride, m, acc, acc_stride);
+      case GgmlType::kQ4_1: return dot_rowgroup_avx2<Q4_1Avx2, kDotGroupRows>(w_rows, k, x, x_stride, m, acc, acc_stride);
+      case GgmlType::kQ8_0: return dot_rowgroup_avx2<Q8_0Avx2, kDotGroupRows>(w_rows, k, x, x_stride, m, acc, acc_stride);
+      default: break;
+    }
+  }
+#endif
+  for (int r = 0; r < n_rows; ++r) dot_row_multi(type, w_rows[r], k, x, x_stride, m, acc + r * acc_stride);
 }
 
 void dequant_row(GgmlType type, const void* w_row, int64_t k, float* dst) {

@@ -18,6 +18,15 @@ int64_t block_elems(GgmlType type);
 void dot_row_multi(GgmlType type, const void* w_row, int64_t k, const float* x, int64_t x_stride, int m,
                    float* acc);
 
+// Weight rows per group in dot_rows_grouped's fast path.
+inline constexpr int kDotGroupRows = 4;
+
+// dot_row_multi for n_rows weight rows at once: acc[r * acc_stride + i] +=
+// dot(w_rows[r], x + i * x_stride). Bit-identical to calling dot_row_multi per
+// row (each input block is loaded once for the whole group).
+void dot_rows_grouped(GgmlType type, const void* const* w_rows, int n_rows, int64_t k, const float* x,
+                      int64_t x_stride, int m, float* acc, int64_t acc_stride);
+
 // dst[0..k) = dequantized row.
 void dequant_row(GgmlType type, const void* w_row, int64_t k, float* dst);
 
