@@ -188,16 +188,16 @@ bool DecodeWorker::accept_offers() {
   // Preempted sequences have first call on freed blocks: no new handoffs until they are back.
   for (proto::RequestId w : waiting_)
     if (seqs_.at(w).state == SeqState::kPreempted) return false;
+  if (offers_.empty()) return false;
+  // Keep room for the running batch's next tokens and for received-but-not-yet-
+  // running sequences, so accepting a handoff does not force a preemption.
+  // (Accepted handoffs join neither list, so this holds for the whole loop.)
+  int64_t reserved = 0;
+  for (proto::RequestId r : running_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
+  for (proto::RequestId w : waiting_)
+    if (seqs_.at(w).has_blocks) reserved += blocks.blocks_needed_to_append(seq_of(w), 1);
   while (!offers_.empty()) {
     Seq& s = seqs_.at(offers_.front());
-    // Keep room for the running batch's next tokens and for admitted-but-not-
-    // yet-running sequences, so accepting a handoff does not force a preemption.
-    int64_t reserved = 0;
-    for (proto::RequestId r : running_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
-    for (proto::RequestId w : waiting_) {
-      const Seq& ws = seqs_.at(w);
-      reserved += ws.has_blocks ? blocks.blocks_needed_to_append(seq_of(w), 1) : 0;
-    }
     const int64_t need = blocks.blocks_needed_for_prompt(s.tokens);
     if (need + reserved > blocks.num_free_blocks()) break;
     auto alloc = blocks.allocate(seq_of(s.id), s.tokens);

@@ -245,7 +245,6 @@ bool PrefillWorker::run_batch() {
     job.first_token = sampler.sample(row);
     const StopReason stop = check_stop(job.req.sampling, job.first_token, engine_->eos_id, 1);
     job.finished_at_first = stop != StopReason::kNone;
-    job.prefill_s = prefill_s;
     job.computed = Clock::now();
     proto::TokenEvent ev;
     ev.id = job.req.id;

@@ -51,7 +51,7 @@ class PrefillWorker {
     std::vector<uint8_t> trailer;
     int32_t first_token = -1;
     bool finished_at_first = false;
-    double queue_s = 0, prefill_s = 0;
+    double queue_s = 0;
   };
 
   bool handle_messages();
