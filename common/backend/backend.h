@@ -33,6 +33,10 @@ struct Tensor {
   GgmlType type = GgmlType::kF32;
   std::array<int64_t, 4> ne{1, 1, 1, 1};
   void* data = nullptr;  // backend memory (host for CPU, device for CUDA)
+  // How a weight's data is laid out: 0 = ggml rows as in the GGUF file; other
+  // values are private to the backend that loaded it (the CPU backend repacks
+  // quantized matrices for its integer kernels). Activations are always 0.
+  uint8_t layout = 0;
 
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
   int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }
@@ -131,6 +135,9 @@ struct BackendConfig {
   int device = 0;            // CUDA device ordinal
   // CPU: same matmul kernel for every batch size (see CpuBackendConfig).
   bool batch_invariant = true;
+  // CPU: 8-bit activations and integer dot products for quantized weights
+  // (see CpuBackendConfig::int8_activations).
+  bool int8_activations = true;
 };
 
 // Creates a backend. Unsupported (naming the kind) when it wasn't built or no

@@ -23,6 +23,7 @@ Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg) {
     CpuBackendConfig c;
     c.n_threads = cfg.n_threads;
     c.batch_invariant = cfg.batch_invariant;
+    c.int8_activations = cfg.int8_activations;
     return make_cpu_backend(c);
   }
   if (cfg.kind == "cuda") {

@@ -37,11 +37,34 @@ std::vector<float> dense(const pd::GgufFile& f, const std::string& name) {
   return out;
 }
 
-// The plain reference: logits of every position of one sequence.
+// x rounded as the int8-activation path rounds it: per 32-block, d = amax/127,
+// q = round-to-nearest-even(x / d), x ~ d*q.
+std::vector<float> round_to_q8(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0.0f;
+    for (size_t j = b; j < b + 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (size_t j = b; j < b + 32; ++j) y[j] = d * std::nearbyint(x[j] * id);
+  }
+  return y;
+}
+
+// The engine's two CPU matmul paths (CpuBackendConfig::int8_activations).
+enum class Path { kFp32, kInt8 };
+
+// The plain reference: logits of every position of one sequence. With
+// int8 = true, the input of every quantized-weight matmul is first rounded
+// to 8 bits (round_to_q8), which is what the engine's fast path computes.
 std::vector<std::vector<float>> reference_forward(const pd::GgufFile& f, const pd::LlamaConfig& c,
-                                                  const std::vector<TokenId>& ids) {
+                                                  const std::vector<TokenId>& ids, Path path = Path::kFp32) {
   const int d = c.hidden, hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, n = static_cast<int>(ids.size());
-  auto matvec = [](const std::vector<float>& w, const std::vector<float>& x, int rows, int cols) {
+  const pd::GgmlType wt = f.find_tensor("blk.0.attn_q.weight")->type;
+  const bool q8_layers = path == Path::kInt8 && pd::ggml_traits(wt).block_elems == 32;
+  const pd::GgmlType et = f.find_tensor(c.tied_embeddings ? "token_embd.weight" : "output.weight")->type;
+  const bool q8_head = path == Path::kInt8 && pd::ggml_traits(et).block_elems == 32;
+  auto matvec = [&](const std::vector<float>& w, const std::vector<float>& x_in, int rows, int cols, bool q8) {
+    const std::vector<float> x = q8 ? round_to_q8(x_in) : x_in;
     std::vector<float> y(rows, 0.0f);
     for (int r = 0; r < rows; ++r) {
       double s = 0;
@@ -80,9 +103,9 @@ std::vector<std::vector<float>> reference_forward(const pd::GgufFile& f, const p
     std::vector<std::vector<float>> q(n), k(n), v(n);
     for (int t = 0; t < n; ++t) {
       const auto h = rmsnorm(x[t], an);
-      q[t] = matvec(wq, h, nh * hd, d);
-      k[t] = matvec(wk, h, nkv * hd, d);
-      v[t] = matvec(wv, h, nkv * hd, d);
+      q[t] = matvec(wq, h, nh * hd, d, q8_layers);
+      k[t] = matvec(wk, h, nkv * hd, d, q8_layers);
+      v[t] = matvec(wv, h, nkv * hd, d, q8_layers);
       rope(q[t], nh, t);
       rope(k[t], nkv, t);
     }
@@ -103,20 +126,22 @@ std::vector<std::vector<float>> reference_forward(const pd::GgufFile& f, const p
         for (int u = 0; u <= t; ++u)
           for (int j = 0; j < hd; ++j) att[h * hd + j] += static_cast<float>(s[u] / z * v[u][g * hd + j]);
       }
-      const auto o = matvec(wo, att, d, nh * hd);
+      const auto o = matvec(wo, att, d, nh * hd, q8_layers);
       for (int i = 0; i < d; ++i) x[t][i] += o[i];
       const auto h2 = rmsnorm(x[t], fn);
-      auto gate = matvec(wg, h2, c.ffn, d);
-      const auto up = matvec(wu, h2, c.ffn, d);
+      auto gate = matvec(wg, h2, c.ffn, d, q8_layers);
+      const auto up = matvec(wu, h2, c.ffn, d, q8_layers);
       for (int i = 0; i < c.ffn; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-      const auto down = matvec(wd, gate, d, c.ffn);
+      const auto down = matvec(wd, gate, d, c.ffn, q8_layers);
       for (int i = 0; i < d; ++i) x[t][i] += down[i];
     }
   }
   const auto on = dense(f, "output_norm.weight");
   const auto head = c.tied_embeddings ? embd : dense(f, "output.weight");
   std::vector<std::vector<float>> logits(n);
-  for (int t = 0; t < n; ++t) logits[t] = matvec(head, rmsnorm(x[t], on), c.vocab, d);
+  for (int t = 0; t < n; ++t) {
+    logits[t] = matvec(head, rmsnorm(x[t], on), c.vocab, d, q8_head);
+  }
   return logits;
 }
 
@@ -135,8 +160,10 @@ std::vector<TokenId> random_tokens(int n, int vocab, uint64_t seed) {
 }
 
 struct Fixture {
-  explicit Fixture(pd::TinyLlamaSpec spec = {}) : file(tiny_file(spec)) {
-    auto b = pd::create_backend(pd::BackendConfig{});
+  explicit Fixture(pd::TinyLlamaSpec spec = {}, Path path = Path::kInt8) : file(tiny_file(spec)) {
+    pd::BackendConfig bc;
+    bc.int8_activations = path == Path::kInt8;
+    auto b = pd::create_backend(bc);
     REQUIRE(b.is_ok());
     backend = std::move(b).value();
     auto m = pd::LlamaModel::load(file, *backend);
@@ -159,29 +186,31 @@ constexpr float kTol = 2e-3f;  // fp32 accumulation-order differences vs the dou
 }  // namespace
 
 TEST_CASE("prefill logits equal the plain dense implementation", "[model]") {
-  for (pd::GgmlType wt : {pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kF32}) {
+  for (Path path : {Path::kFp32, Path::kInt8})
+  for (pd::GgmlType wt : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kF32}) {
     pd::TinyLlamaSpec spec;
     spec.weight_type = wt;
     spec.tied_embeddings = (wt != pd::GgmlType::kF32);
-    Fixture fx(spec);
+    Fixture fx(spec, path);
     const auto& c = fx.model->config();
     const auto ids = random_tokens(37, c.vocab, 7);
-    const auto ref = reference_forward(*fx.file, c, ids);
+    const auto ref = reference_forward(*fx.file, c, ids, path);
     auto cache = fx.cache(8, 8);
     std::vector<int32_t> table{5, 2, 7, 0, 3};  // scattered blocks
     pd::SequenceBatch sb{ids, 0, table, true};
     std::vector<float> got;
     REQUIRE(fx.model->prefill(std::span(&sb, 1), cache, &got).is_ok());
-    INFO("weight type " << pd::ggml_type_name(wt));
+    INFO("weight type " << pd::ggml_type_name(wt) << (path == Path::kInt8 ? ", int8" : ", fp32") << " activations");
     CHECK(max_abs_diff(got, ref.back()) < kTol);
   }
 }
 
 TEST_CASE("prefill then token-by-token decode equals the reference at every position", "[model]") {
-  Fixture fx;
+  for (Path path : {Path::kFp32, Path::kInt8}) {
+  Fixture fx({}, path);
   const auto& c = fx.model->config();
   const auto ids = random_tokens(29, c.vocab, 11);
-  const auto ref = reference_forward(*fx.file, c, ids);
+  const auto ref = reference_forward(*fx.file, c, ids, path);
   auto cache = fx.cache(4, 16);
   std::vector<int32_t> table{9, 1, 14, 3, 0, 12, 6, 2};
   const int k = 10;
@@ -192,13 +221,16 @@ TEST_CASE("prefill then token-by-token decode equals the reference at every posi
   for (int t = k; t < static_cast<int>(ids.size()); ++t) {
     pd::SequenceBatch step{std::span<const TokenId>(ids).subspan(t, 1), t, table, true};
     REQUIRE(fx.model->decode(std::span(&step, 1), cache, &got).is_ok());
-    INFO("position " << t);
+    INFO("position " << t << (path == Path::kInt8 ? ", int8" : ", fp32") << " activations");
     CHECK(max_abs_diff(got, ref[t]) < kTol);
+  }
   }
 }
 
 TEST_CASE("a batch of sequences of different lengths equals each run alone", "[model]") {
-  Fixture fx;
+  for (Path path : {Path::kFp32, Path::kInt8}) {
+  INFO((path == Path::kInt8 ? "int8" : "fp32") << " activations");
+  Fixture fx({}, path);
   const auto& c = fx.model->config();
   const std::vector<std::vector<TokenId>> prompts{random_tokens(3, c.vocab, 1), random_tokens(17, c.vocab, 2),
                                                   random_tokens(1, c.vocab, 3), random_tokens(40, c.vocab, 4)};
@@ -210,7 +242,7 @@ TEST_CASE("a batch of sequences of different lengths equals each run alone", "[m
   REQUIRE(fx.model->prefill(batch, cache, &together).is_ok());
   REQUIRE(together.size() == prompts.size() * c.vocab);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto ref = reference_forward(*fx.file, c, prompts[i]);
+    const auto ref = reference_forward(*fx.file, c, prompts[i], path);
     INFO("sequence " << i);
     CHECK(max_abs_diff(std::span<const float>(together).subspan(i * c.vocab, c.vocab), ref.back()) < kTol);
   }
@@ -224,9 +256,10 @@ TEST_CASE("a batch of sequences of different lengths equals each run alone", "[m
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto ext = prompts[i];
     ext.push_back(next[i]);
-    const auto ref = reference_forward(*fx.file, c, ext);
+    const auto ref = reference_forward(*fx.file, c, ext, path);
     INFO("sequence " << i);
     CHECK(max_abs_diff(std::span<const float>(step_logits).subspan(i * c.vocab, c.vocab), ref.back()) < kTol);
+  }
   }
 }
 

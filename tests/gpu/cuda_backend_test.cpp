@@ -63,6 +63,7 @@ Backends both_or_skip(const CudaBackendConfig& cfg = {}) {
   b.gpu = cuda_or_skip(cfg);
   CpuBackendConfig cpu_cfg;
   cpu_cfg.n_threads = 2;
+  cpu_cfg.int8_activations = false;  // compare against fp32 activations, as the GPU computes
   b.cpu = make_cpu_backend(cpu_cfg);
   return b;
 }

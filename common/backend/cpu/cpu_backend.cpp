@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/q8_kernels.h"
 #include "gguf/gguf_reader.h"
 
 namespace pd {
@@ -34,6 +37,22 @@ class HostBuffer final : public BackendBuffer {
   size_t size_ = 0;
 };
 
+// Asks the kernel to drop the resident pages of [p, p + bytes) — the GGUF
+// mapping of a weight that now lives repacked — so they stop counting in RSS.
+// MADV_PAGEOUT never changes contents (pages are read back on access), so it
+// is safe on a file mapping and on GgufFile::from_bytes memory alike; where
+// the kernel lacks it, the call fails and nothing happens.
+void release_pages(const void* p, size_t bytes) {
+#ifdef MADV_PAGEOUT
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 const float* f32(const Tensor& t) { return static_cast<const float*>(t.data); }
 float* f32(Tensor& t) { return static_cast<float*>(t.data); }
 
@@ -43,15 +62,111 @@ Status expect_f32(const Tensor& t, const char* op, const char* arg) {
   return Status::ok();
 }
 
+// exp(x) for x <= 0 as the attention softmax needs it, written so the
+// compiler vectorizes it (no libm call): x = n*ln2 + r, |r| <= ln2/2, e^r by
+// Cephes' degree-6 polynomial (relative error ~1e-7), 2^n through the
+// exponent bits. Inputs below -87 give ~1e-38 (exp(-inf) must be ~0).
+inline float softmax_exp(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+constexpr int kMaxAttnHeads = 8;  // query heads sharing one pass over a kv head's blocks
+
+// Causal attention of query heads that share one kv head, for one token: the
+// sequence's blocks are read once for all of them, with an online softmax per
+// head (running max m, sum l). Each head's arithmetic is the same whatever
+// other heads or tokens run beside it (batch invariance).
+struct AttentionRun {
+  const float* q;  // nq heads of hd floats
+  float* out;
+  int nq;
+  int64_t hd;
+  const uint8_t* base;
+  const KvCacheLayout* L;
+  int layer;
+  int64_t kv_head;
+  std::span<const int32_t> table;
+  int64_t n_ctx;  // attends to positions [0, n_ctx)
+  float scale;
+};
+
+template <int HD>  // compile-time head dim (accumulators in registers), or 0: a.hd
+void attend_run(const AttentionRun& a) {
+  const int64_t hd = HD > 0 ? HD : a.hd;
+  const int64_t bs = a.L->block_size;
+  alignas(64) float acc[kMaxAttnHeads][HD > 0 ? HD : 256];
+  float m[kMaxAttnHeads], l[kMaxAttnHeads];
+  for (int h = 0; h < a.nq; ++h) {
+    m[h] = -std::numeric_limits<float>::infinity();
+    l[h] = 0.0f;
+    for (int64_t j = 0; j < hd; ++j) acc[h][j] = 0.0f;
+  }
+  alignas(64) float s[256];
+  for (int64_t p0 = 0; p0 < a.n_ctx; p0 += bs) {
+    const int64_t block = a.table[p0 / bs];
+    const float* kb = reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 0, block)) + a.kv_head * bs * hd;
+    const float* vb = reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 1, block)) + a.kv_head * bs * hd;
+    const int64_t n_in = std::min(bs, a.n_ctx - p0);
+    for (int h = 0; h < a.nq; ++h) {
+      const float* qv = a.q + h * hd;
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t r = 0; r < n_in; ++r) {
+        const float* kr = kb + r * hd;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < hd; ++j) dot += qv[j] * kr[j];
+        s[r] = dot * a.scale;
+        block_max = std::max(block_max, s[r]);
+      }
+      const float m_new = std::max(m[h], block_max);
+      const float correction = softmax_exp(m[h] - m_new);
+#pragma omp simd
+      for (int64_t r = 0; r < n_in; ++r) s[r] = softmax_exp(s[r] - m_new);
+      float block_sum = 0.0f;
+      for (int64_t r = 0; r < n_in; ++r) block_sum += s[r];
+      l[h] = l[h] * correction + block_sum;
+      float* ah = acc[h];
+#pragma omp simd
+      for (int64_t j = 0; j < hd; ++j) ah[j] *= correction;
+      for (int64_t r = 0; r < n_in; ++r) {
+        const float p = s[r];
+        const float* vr = vb + r * hd;
+#pragma omp simd
+        for (int64_t j = 0; j < hd; ++j) ah[j] += p * vr[j];
+      }
+      m[h] = m_new;
+    }
+  }
+  for (int h = 0; h < a.nq; ++h) {
+    const float inv_l = 1.0f / l[h];
+    for (int64_t j = 0; j < hd; ++j) a.out[h * hd + j] = acc[h][j] * inv_l;
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendConfig& cfg) : cfg_(cfg) {
     n_threads_ = cfg.n_threads > 0 ? cfg.n_threads : omp_get_num_procs();
+    isa_ = cpu::best_isa();
     // We split GEMMs across our own threads; each sgemm call runs on one.
     openblas_set_num_threads(1);
   }
 
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return std::string("cpu-") + cpu::isa_name(isa_); }
 
   Result<std::unique_ptr<BackendBuffer>> alloc(size_t bytes) override {
     auto buf = std::make_unique<HostBuffer>(bytes);
@@ -67,10 +182,25 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < info.ne.size(); ++i) t.ne[i] = info.ne[i];
     t.data = const_cast<uint8_t*>(info.data);  // read-only use; the mapping is PROT_READ
     if (storage) storage->reset();
+    // Quantized matrices are repacked for the integer kernels (q8_kernels.h);
+    // the file's pages are then released, so memory holds one copy.
+    const cpu::PackedFormat f = cpu::packed_format_for(info.type);
+    if (!cfg_.int8_activations || f == cpu::PackedFormat::kNone || !storage || t.ne[2] != 1 || t.ne[3] != 1 ||
+        t.ne[0] % cpu::kQBlock != 0)
+      return t;
+    const size_t bytes = cpu::packed_bytes(f, t.ne[1], t.ne[0]);
+    auto buf = std::make_unique<HostBuffer>(bytes);
+    if (!buf->ok()) return Status::resource_exhausted("cpu: cannot allocate " + std::to_string(bytes) + " bytes");
+    if (!cpu::pack_rows(info.type, info.data, t.ne[1], t.ne[0], buf->data())) return t;  // kept as in the file
+    release_pages(info.data, info.nbytes);
+    t.data = buf->data();
+    t.layout = static_cast<uint8_t>(f);
+    *storage = std::move(buf);
     return t;
   }
 
   Status copy_to_host(const Tensor& src, void* dst, size_t bytes) override {
+    if (src.layout != 0) return Status::unsupported("cpu: copy_to_host of a repacked weight");
     if (bytes > src.n_bytes()) return Status::invalid_argument("cpu: copy_to_host past end of tensor");
     std::memcpy(dst, src.data, bytes);
     return Status::ok();
@@ -95,8 +225,13 @@ class CpuBackend final : public Backend {
                                         std::to_string(table.n_rows()) + ")");
     }
     const int64_t n = static_cast<int64_t>(ids.size());
+    const auto packed = static_cast<cpu::PackedFormat>(table.layout);
 #pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4)
     for (int64_t i = 0; i < n; ++i) {
+      if (packed != cpu::PackedFormat::kNone) {
+        cpu::unpack_row(packed, table.data, d, ids[i], f32(out) + i * d);
+        continue;
+      }
       cpu::dequant_row(table.type, base + static_cast<size_t>(ids[i]) * row_bytes, d, f32(out) + i * d);
     }
     return Status::ok();
@@ -135,6 +270,7 @@ class CpuBackend final : public Backend {
     float* os = f32(out);
     const uint8_t* wb = static_cast<const uint8_t*>(w.data);
     const size_t w_row_bytes = w.row_bytes();
+    if (w.layout != 0) return matmul_packed(xs, m, k, w, n, os);
 
     if (!cfg_.batch_invariant && m >= cfg_.gemm_min_rows) {
       // Panels of kPanel weight rows: dequantize once, then one sgemm per panel.
@@ -183,6 +319,46 @@ class CpuBackend final : public Backend {
         cpu::dot_rows_grouped(w.type, rows, nr, k, xs + i0 * k, k, mt, acc, kChunk);
         for (int r = 0; r < nr; ++r)
           for (int i = 0; i < mt; ++i) os[(i0 + i) * n + j0 + r] = acc[r * kChunk + i];
+      }
+    }
+    return Status::ok();
+  }
+
+  // Integer path: x quantized to 8 bits per 32-block once per call, then each
+  // thread takes whole 8-row weight groups and runs them against a chunk of
+  // tokens (kChunk rows stay in cache while the weights stream past).
+  Status matmul_packed(const float* xs, int64_t m, int64_t k, const Tensor& w, int64_t n, float* os) {
+    const cpu::Kernels& kern = cpu::kernels(isa_);
+    const int64_t nb = k / cpu::kQBlock;
+    if (static_cast<int64_t>(xq_.size()) < m * nb) xq_.resize(m * nb);
+    cpu::BlockQ8A* xq = xq_.data();
+#pragma omp parallel for num_threads(n_threads_) schedule(static) if (m > 1)
+    for (int64_t i = 0; i < m; ++i) kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
+
+    const auto f = static_cast<cpu::PackedFormat>(w.layout);
+    const size_t group_bytes = cpu::packed_group_bytes(f, k);
+    const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+    constexpr int64_t kChunk = 64;
+    constexpr int kR = cpu::kPackRows;
+    const int64_t n_groups = (n + kR - 1) / kR;
+#pragma omp parallel num_threads(n_threads_)
+    for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
+      const int mt = static_cast<int>(std::min(kChunk, m - i0));
+#pragma omp for schedule(static)
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const void* group = wb + g * group_bytes;
+        const cpu::BlockQ8A* xc = xq + i0 * nb;
+        const bool whole = (g + 1) * kR <= n;
+        float tail[kChunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
+        float* dst = whole ? os + i0 * n + g * kR : tail;
+        const int64_t stride = whole ? n : kR;
+        if (cpu::is_q4x8(f))
+          kern.gemm_q4x8(static_cast<const cpu::PackedQ4x8*>(group), nb, xc, mt, dst, stride);
+        else
+          kern.gemm_q8x8(static_cast<const cpu::PackedQ8x8*>(group), nb, xc, mt, dst, stride);
+        if (!whole)
+          for (int i = 0; i < mt; ++i)
+            for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
       }
     }
     return Status::ok();
@@ -282,49 +458,24 @@ class CpuBackend final : public Backend {
     const uint8_t* base = static_cast<const uint8_t*>(const_cast<BackendBuffer&>(cache).data());
     const float* qs = f32(q);
     float* os = f32(out);
-#pragma omp parallel for collapse(2) num_threads(n_threads_) schedule(dynamic, 1)
+    // Work items: (token, kv head, run of that kv head's query heads). The
+    // heads of a run share every K/V row load; runs are split finer when
+    // there are too few items to keep the threads busy (small decode batches).
+    const int64_t per_item = nt * nkv >= 4 * n_threads_ ? std::min<int64_t>(group, kMaxAttnHeads) : 1;
+    const int64_t runs = (group + per_item - 1) / per_item;
+#pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
     for (int64_t t = 0; t < nt; ++t) {
-      for (int64_t h = 0; h < nh; ++h) {
-        const AttentionToken tok = tokens[t];
-        const std::span<const int32_t> table = block_tables[tok.seq];
-        const int64_t g = h / group;
-        const float* qv = qs + (t * nh + h) * hd;
-        float acc[256];
-        for (int64_t j = 0; j < hd; ++j) acc[j] = 0.0f;
-        float m = -std::numeric_limits<float>::infinity();
-        float l = 0.0f;
-        const int64_t n_ctx = tok.position + 1;
-        for (int64_t p0 = 0; p0 < n_ctx; p0 += bs) {
-          const int64_t block = table[p0 / bs];
-          const float* kb = reinterpret_cast<const float*>(base + L.offset(layer, 0, block)) + g * bs * hd;
-          const float* vb = reinterpret_cast<const float*>(base + L.offset(layer, 1, block)) + g * bs * hd;
-          const int64_t n_in = std::min(bs, n_ctx - p0);
-          float s[256];
-          float block_max = -std::numeric_limits<float>::infinity();
-          for (int64_t r = 0; r < n_in; ++r) {
-            const float* kr = kb + r * hd;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t j = 0; j < hd; ++j) dot += qv[j] * kr[j];
-            s[r] = dot * scale;
-            block_max = std::max(block_max, s[r]);
-          }
-          const float m_new = std::max(m, block_max);
-          const float correction = std::exp(m - m_new);
-          l *= correction;
-          for (int64_t j = 0; j < hd; ++j) acc[j] *= correction;
-          for (int64_t r = 0; r < n_in; ++r) {
-            const float p = std::exp(s[r] - m_new);
-            l += p;
-            const float* vr = vb + r * hd;
-#pragma omp simd
-            for (int64_t j = 0; j < hd; ++j) acc[j] += p * vr[j];
-          }
-          m = m_new;
+      for (int64_t g = 0; g < nkv; ++g) {
+        for (int64_t run = 0; run < runs; ++run) {
+          const int64_t h0 = g * group + run * per_item;
+          const int nq = static_cast<int>(std::min(per_item, (g + 1) * group - h0));
+          const AttentionRun a{qs + (t * nh + h0) * hd, os + (t * nh + h0) * hd, nq, hd, base, &L, layer, g,
+                               block_tables[tokens[t].seq], tokens[t].position + 1, scale};
+          if (hd == 64)
+            attend_run<64>(a);
+          else
+            attend_run<0>(a);
         }
-        float* ov = os + (t * nh + h) * hd;
-        const float inv_l = 1.0f / l;
-        for (int64_t j = 0; j < hd; ++j) ov[j] = acc[j] * inv_l;
       }
     }
     return Status::ok();
@@ -343,6 +494,8 @@ class CpuBackend final : public Backend {
  private:
   CpuBackendConfig cfg_;
   int n_threads_ = 1;
+  cpu::Isa isa_ = cpu::Isa::kScalar;
+  std::vector<cpu::BlockQ8A> xq_;  // quantized activations of the current matmul (grow-only)
   std::vector<std::vector<float>> panel_bufs_;  // per-thread dequantized weight panels
   std::vector<double> inv_freq_;
   float inv_freq_base_ = 0.0f;

@@ -1,0 +1,102 @@
+// Integer matmul kernels of the CPU backend: quantized weights repacked at
+// load into groups of 8 interleaved rows, activations quantized to 8 bits per
+// 32-element block, dot products in integer arithmetic (AVX2 maddubs), one
+// float scale-and-accumulate per block.
+//
+// Layout. A packed group holds 8 weight rows (the last group of a matrix is
+// padded with zero rows). For each 32-element block b of those rows, 4-byte
+// runs of the 8 rows are interleaved so that one 32-byte vector holds elements
+// [4g, 4g+4) of every row, row r in 32-bit lane r. Broadcasting the matching
+// four activation bytes to all lanes and multiplying gives 8 rows' partial
+// dot products at once, each row in its own lane: no horizontal sums, and the
+// output of row r is lane r of the accumulator.
+//
+// Numbers. For weights w = d*q + m (Q4_1; Q4_0 is packed as m = -8d) and
+// activations x = dx*qx with sx = dx * sum(qx):
+//   dot(w, x) = sum over blocks [ (float)isum_b * (d_b*dx_b) + m_b * sx_b ]
+// accumulated with fused multiply-adds in block order. The same sequence of
+// operations runs for a (row, token) pair whatever the other rows and tokens
+// of the call are, so results are batch invariant; the scalar and AVX2
+// paths perform the same operations and agree bit for bit (tested).
+//
+// Dispatch. kernels(isa) returns the table for one instruction set;
+// best_isa() picks the widest one this CPU runs (PD_CPU_ISA=scalar|avx2
+// overrides, for comparisons). The AVX2 table lives in its own translation
+// unit compiled with -mavx2 -mfma -mf16c, so the rest of the binary runs on
+// any x86-64 (or other) CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/ggml_types.h"
+
+namespace pd::cpu {
+
+inline constexpr int kPackRows = 8;   // rows per packed group
+inline constexpr int kQBlock = 32;    // elements per quantization block
+
+// One 32-element block of a quantized activation row.
+struct BlockQ8A {
+  float d;         // scale: x ~ d * qs
+  float s;         // d * sum(qs), for the weights' offset term
+  int8_t qs[32];   // in [-127, 127]
+};
+static_assert(sizeof(BlockQ8A) == 40);
+
+// 8 rows x 32 elements of Q4_0/Q4_1 weights: w = d*q + m, q in [0, 15].
+// qs[32c + 4r + i] holds element 4c+i of row r in its low nibble and element
+// 16+4c+i in its high nibble (c < 4, r < 8, i < 4) — which is byte 4c+i of
+// row r's original Q4 block, so packing only moves bytes.
+struct PackedQ4x8 {
+  uint16_t d[8];  // fp16 scales, row r at r
+  uint16_t m[8];  // fp16 offsets (Q4_0: -8d)
+  uint8_t qs[128];
+};
+static_assert(sizeof(PackedQ4x8) == 160);
+
+// 8 rows x 32 elements of Q8_0 weights: w = d*q, q in [-128, 127].
+// qs[32g + 4r + i] = element 4g+i of row r (g < 8).
+struct PackedQ8x8 {
+  uint16_t d[8];
+  int8_t qs[256];
+};
+static_assert(sizeof(PackedQ8x8) == 272);
+
+// Packed formats; Q4_0 and Q4_1 share PackedQ4x8 and its kernel (Q4_0 is
+// kept apart only so that unpacking reproduces d*(q-8) exactly).
+enum class PackedFormat : uint8_t { kNone = 0, kQ4_0x8 = 1, kQ4_1x8 = 2, kQ8_0x8 = 3 };
+inline bool is_q4x8(PackedFormat f) { return f == PackedFormat::kQ4_0x8 || f == PackedFormat::kQ4_1x8; }
+
+// The packed format for a GGUF weight type (kNone: not packable).
+PackedFormat packed_format_for(GgmlType type);
+size_t packed_group_bytes(PackedFormat f, int64_t k);  // one 8-row group, k elements per row
+size_t packed_bytes(PackedFormat f, int64_t n_rows, int64_t k);
+// Repacks n_rows ggml rows of k elements (k a multiple of 32) into dst
+// (packed_bytes() long). Fails only if Q4_0's -8d offset overflows fp16.
+bool pack_rows(GgmlType type, const void* src, int64_t n_rows, int64_t k, void* dst);
+// Row `row` of a packed matrix back to k floats (exactly what dequantizing the
+// original ggml row gives).
+void unpack_row(PackedFormat f, const void* packed, int64_t k, int64_t row, float* dst);
+
+enum class Isa { kScalar, kAvx2 };
+const char* isa_name(Isa isa);
+bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)
+Isa best_isa();               // widest supported, or PD_CPU_ISA if set and supported
+
+struct Kernels {
+  // Quantizes m rows of k floats (row stride x_stride) to k/32 blocks each,
+  // row i at out + i * (k/32).
+  void (*quantize_rows)(const float* x, int64_t k, int64_t x_stride, int m, BlockQ8A* out);
+  // One packed group of 8 rows against m quantized activation rows of nb
+  // blocks: out[t * out_stride + r] = dot(row r, x_t), r < 8, t < m.
+  void (*gemm_q4x8)(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
+  void (*gemm_q8x8)(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
+};
+// The table for one instruction set; isa must be supported.
+const Kernels& kernels(Isa isa);
+
+// The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
+const Kernels* avx2_kernels();
+
+}  // namespace pd::cpu

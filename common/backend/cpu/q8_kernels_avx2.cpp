@@ -1,0 +1,174 @@
+// AVX2 kernels for q8_kernels.h. This file alone is compiled with
+// -mavx2 -mfma -mf16c (common/CMakeLists.txt); it includes no library
+// templates, so no AVX2 code can leak into functions the rest of the binary
+// shares, and is only called after best_isa() saw the CPU support it.
+#include "backend/cpu/q8_kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace pd::cpu {
+namespace {
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+void quantize_rows_avx2(const float* x, int64_t k, int64_t x_stride, int m, BlockQ8A* out) {
+  const int64_t nb = k / kQBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * x_stride + b * kQBlock;
+      BlockQ8A& o = out[i * nb + b];
+      __m256 v[4];
+      for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(xb + 8 * j);
+      __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_movehdup_ps(h));
+      const float amax = _mm_cvtss_f32(h);
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const __m256 vid = _mm256_set1_ps(id);
+      __m256i q[4];
+      for (int j = 0; j < 4; ++j)
+        q[j] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(v[j], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      // Sum of the 32 integers (exact), then pack to bytes in element order.
+      __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+      const int32_t sum = _mm_cvtsi128_si32(s4);
+      __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      p = _mm256_permutevar8x32_epi32(p, order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), p);
+      o.d = d;
+      o.s = d * static_cast<float>(sum);
+    }
+  }
+}
+
+// Software prefetch distance: the weights stream from memory once per call
+// (decode), and one core's hardware prefetcher alone leaves bandwidth unused.
+constexpr int kPrefetchBytes = 2048;
+
+// T tokens against one packed group of 8 Q4 rows. Per block: the 128 bytes of
+// nibbles are loaded once for all T tokens; each token's 8 broadcast
+// 4-byte runs are multiplied (u8 x s8 -> pairs of i16) and summed in i16
+// (at most 16 products of |15 * 127| per lane: no overflow), widened once.
+template <int T>
+inline void q4x8_tile(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+                      int64_t out_stride) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedQ4x8& B = w[b];
+    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 128, _MM_HINT_T0);
+    __m256i s[T];
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * c));
+      const __m256i lo = _mm256_and_si256(v, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* q = x[t * x_rows_stride + b].qs;
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(q + 4 * c)),
+                                           _mm256_maddubs_epi16(hi, broadcast4(q + 16 + 4 * c)));
+        s[t] = c == 0 ? p : _mm256_add_epi16(s[t], p);
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.m)));
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8A& xb = x[t * x_rows_stride + b];
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));
+      acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[t]);
+      acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb.s), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+// T tokens against one packed group of 8 Q8_0 rows: signed x signed through
+// maddubs(|w|, sign(x, w)); pairs of products fit i16, widened per run.
+template <int T>
+inline void q8x8_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+                      int64_t out_stride) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedQ8x8& B = w[b];
+    for (int l = 0; l < 5; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+    __m256i s[T];
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = broadcast4(x[t * x_rows_stride + b].qs + 4 * g);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(xv, v)), ones);
+        s[t] = g == 0 ? p : _mm256_add_epi32(s[t], p);
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 f = _mm256_cvtepi32_ps(s[t]);
+      acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(x[t * x_rows_stride + b].d)), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+constexpr int kTileTokens = 4;
+
+void gemm_q4x8_avx2(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  int t = 0;
+  for (; t + kTileTokens <= m; t += kTileTokens)
+    q4x8_tile<kTileTokens>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
+  switch (m - t) {
+    case 3: q4x8_tile<3>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 2: q4x8_tile<2>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 1: q4x8_tile<1>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    default: break;
+  }
+}
+
+void gemm_q8x8_avx2(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  int t = 0;
+  for (; t + kTileTokens <= m; t += kTileTokens)
+    q8x8_tile<kTileTokens>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
+  switch (m - t) {
+    case 3: q8x8_tile<3>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 2: q8x8_tile<2>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 1: q8x8_tile<1>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    default: break;
+  }
+}
+
+const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2, gemm_q8x8_avx2};
+
+}  // namespace
+
+const Kernels* avx2_kernels() { return &kAvx2Kernels; }
+
+}  // namespace pd::cpu
+
+#else  // not compiled for AVX2 (a non-x86 target)
+
+namespace pd::cpu {
+const Kernels* avx2_kernels() { return nullptr; }
+}  // namespace pd::cpu
+
+#endif
