@@ -427,9 +427,12 @@ bool DecodeWorker::step() {
   // ---- one decode step for every running sequence
   if (!running_.empty()) {
     const auto step_start = Clock::now();
-    std::vector<std::vector<int32_t>> tables(running_.size());
-    std::vector<SequenceBatch> batch(running_.size());
-    std::vector<proto::RequestId> stepped;
+    if (step_tables_.size() < running_.size()) step_tables_.resize(running_.size());
+    step_batch_.resize(running_.size());
+    std::vector<std::vector<int32_t>>& tables = step_tables_;
+    std::vector<SequenceBatch>& batch = step_batch_;
+    std::vector<proto::RequestId>& stepped = stepped_;
+    stepped.clear();
     for (size_t i = 0; i < running_.size(); ++i) {
       Seq& s = seqs_.at(running_[i]);
       const SeqId sid = seq_of(s.id);
@@ -437,6 +440,7 @@ bool DecodeWorker::step() {
         spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
         continue;  // the scheduler planned room; should not happen — retried next iteration
       }
+      tables[i].clear();
       for (BlockId b : blocks.block_table(sid)) tables[i].push_back(b.value);
       SequenceBatch& sb = batch[stepped.size()];
       sb.tokens = std::span<const int32_t>(&s.tokens.back(), 1);

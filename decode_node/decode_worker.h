@@ -96,6 +96,11 @@ class DecodeWorker {
   bool shutdown_ = false;
   LoadReporter load_reporter_;
   std::vector<float> logits_;
+  // The decode step's per-sequence inputs, reused from step to step (the
+  // inner tables keep their capacity): a step allocates nothing in steady state.
+  std::vector<std::vector<int32_t>> step_tables_;
+  std::vector<SequenceBatch> step_batch_;
+  std::vector<proto::RequestId> stepped_;
 };
 
 }  // namespace pd

@@ -1,5 +1,7 @@
 #include "model/generate.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <string>
 
@@ -9,10 +11,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::vector<int32_t> table_of(const KvBlockManager& blocks, SeqId seq) {
-  std::vector<int32_t> t;
+// Refills `t` with the sequence's block ids (its capacity is reused: no
+// allocation once it has grown to the sequence's size).
+void fill_table(const KvBlockManager& blocks, SeqId seq, std::vector<int32_t>& t) {
+  t.clear();
   for (BlockId b : blocks.block_table(seq)) t.push_back(b.value);
-  return t;
 }
 
 // Runs requests [first, last) together.
@@ -49,7 +52,10 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
     const std::vector<TokenId>& p = reqs[i].prompt;
     if (p.empty()) return Status::invalid_argument("request " + std::to_string(first + i) + ": empty prompt");
     PD_ASSIGN_OR_RETURN(int64_t cached, blocks.allocate(seqs[i], p));
-    tables[i] = table_of(blocks, seqs[i]);
+    // Room for the whole sequence, so decode steps never grow it.
+    const int64_t max_len = static_cast<int64_t>(p.size()) + std::max(reqs[i].sampling.max_tokens, 0);
+    tables[i].reserve(static_cast<size_t>(max_len / blocks.block_size() + 2));
+    fill_table(blocks, seqs[i], tables[i]);
     batch[i].tokens = std::span<const TokenId>(p).subspan(static_cast<size_t>(cached));
     batch[i].start_pos = static_cast<int32_t>(cached);
     batch[i].block_table = tables[i];
@@ -81,11 +87,14 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
   }
 
   // ---- decode: one step for every active sequence per iteration
+  // Per-step buffers live outside the loop: a step allocates nothing.
   std::vector<BlockCopy> copies;
+  std::vector<TokenId> step_tokens(active.size());
+  std::vector<size_t> still;
+  still.reserve(active.size());
   while (!active.empty()) {
     t0 = Clock::now();
     batch.clear();
-    std::vector<TokenId> step_tokens(active.size());
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
       if (blocks.num_tokens(seqs[i]) + 1 > model.config().context)
@@ -95,7 +104,7 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       PD_RETURN_IF_ERROR(blocks.append(seqs[i], std::span<const TokenId>(&tok, 1), &copies));
       for (const BlockCopy& c : copies)
         PD_RETURN_IF_ERROR(model.backend().kv_copy_block(*cache.buffer, cache.layout, c.src.value, c.dst.value));
-      tables[i] = table_of(blocks, seqs[i]);
+      fill_table(blocks, seqs[i], tables[i]);
       step_tokens[a] = tok;
     }
     for (size_t a = 0; a < active.size(); ++a) {
@@ -107,7 +116,7 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       batch.push_back(sb);
     }
     PD_RETURN_IF_ERROR(model.decode(batch, cache, &logits));
-    std::vector<size_t> still;
+    still.clear();
     for (size_t a = 0; a < active.size(); ++a) {
       if (emit(active[a], std::span<float>(logits).subspan(a * vocab, vocab))) still.push_back(active[a]);
     }

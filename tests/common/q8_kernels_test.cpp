@@ -1,14 +1,16 @@
-// The integer matmul kernels (backend/cpu/q8_kernels.h) against plain scalar
-// arithmetic written here: dequantize with gguf/ggml_types, dot in double.
-// Every instruction-set path this machine runs is checked, and each must
-// equal the portable path bit for bit.
+// The CPU kernel table (backend/cpu/q8_kernels.h) against plain scalar
+// arithmetic written here: dequantize with gguf/ggml_types, dot and exp in
+// double. Every instruction-set path this machine runs is checked; the integer
+// matmul paths must also equal the portable path bit for bit.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <string>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/q8_kernels.h"
@@ -192,4 +194,73 @@ TEST_CASE("dispatch: best_isa is a runnable path and names itself", "[cpu][kerne
   CHECK(pd::cpu::isa_supported(best));
   CHECK(std::string(pd::cpu::isa_name(best)).size() > 0);
   CHECK(pd::cpu::isa_supported(Isa::kScalar));
+}
+
+TEST_CASE("attention and activation kernels equal plain double arithmetic on every ISA path", "[cpu][kernels]") {
+  for (Isa isa : runnable_isas()) {
+    const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
+    for (int64_t hd : {8, 64, 72, 136}) {
+      for (int n : {1, 3, 4, 7, 16, 17}) {  // the 4-key groups, the 8-lane exp and every tail
+        INFO(pd::cpu::isa_name(isa) << " hd=" << hd << " n=" << n);
+        const std::vector<float> q = random_floats(hd, 1 + hd), k = random_floats(hd * n, 2 + n);
+        const float scale = 0.125f;
+        std::vector<float> s(n);
+        kern.qk_scores(q.data(), k.data(), hd, n, scale, s.data());
+        for (int r = 0; r < n; ++r) {
+          double dot = 0, mag = 0;
+          for (int64_t j = 0; j < hd; ++j) {
+            dot += static_cast<double>(q[j]) * k[r * hd + j];
+            mag += std::fabs(static_cast<double>(q[j]) * k[r * hd + j]);
+          }
+          CHECK(std::fabs(s[r] - dot * scale) <= 1e-6 * mag * scale + 1e-7);
+        }
+        // exp of scores shifted by their max (all <= 0), and far below it.
+        std::vector<float> e(s);
+        e[0] -= 200.0f;  // underflows to (nearly) 0
+        const float mx = *std::max_element(s.begin(), s.end());
+        std::vector<float> e_in = e;
+        const float sum = kern.exp_shifted(e.data(), n, mx);
+        double want_sum = 0;
+        for (int r = 0; r < n; ++r) {
+          const float x = e_in[r] - mx;  // the kernel exponentiates this float difference
+          const double want = std::exp(static_cast<double>(x));
+          want_sum += want;
+          CHECK(std::fabs(e[r] - want) <= 2e-7 * want + 1e-37);
+        }
+        CHECK(std::fabs(sum - want_sum) <= 1e-6 * want_sum + 1e-37);
+        // acc = acc * c + sum p[r] v[r]
+        const std::vector<float> v = random_floats(hd * n, 3 + n), acc0 = random_floats(hd, 4);
+        std::vector<float> acc = acc0;
+        kern.pv_accumulate(e.data(), v.data(), hd, n, 0.75f, acc.data());
+        for (int64_t j = 0; j < hd; ++j) {
+          double want = 0.75 * acc0[j], mag = std::fabs(want);
+          for (int r = 0; r < n; ++r) {
+            want += static_cast<double>(e[r]) * v[r * hd + j];
+            mag += std::fabs(static_cast<double>(e[r]) * v[r * hd + j]);
+          }
+          CHECK(std::fabs(acc[j] - want) <= 1e-6 * mag + 1e-7);
+        }
+      }
+    }
+    for (int64_t n : {1, 7, 8, 9, 100}) {
+      std::vector<float> g = random_floats(n, 5 + n, 4.0f), u = random_floats(n, 6 + n), o(n);
+      if (n > 2) g[1] = 100.0f, g[2] = -100.0f;  // saturating ends of the exp range
+      kern.silu_mul(g.data(), u.data(), n, o.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+        INFO(pd::cpu::isa_name(isa) << " silu n=" << n << " i=" << i << " g=" << g[i]);
+        CHECK(std::fabs(o[i] - want) <= 1e-6 * std::fabs(want) + 1e-30);
+      }
+    }
+  }
+}
+
+TEST_CASE("exp_approx stays within 2e-7 relative error over the softmax range", "[cpu][kernels]") {
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+    const double want = std::exp(static_cast<double>(x));
+    INFO("x=" << x);
+    REQUIRE(std::fabs(pd::cpu::exp_approx(x) - want) <= 2e-7 * want);
+  }
+  CHECK(pd::cpu::exp_approx(-1e30f) < 1e-37f);  // clamped: exp(-inf) ~ 0, never NaN
+  CHECK(pd::cpu::exp_approx(-std::numeric_limits<float>::infinity()) < 1e-37f);
 }

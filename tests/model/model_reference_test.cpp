@@ -34,11 +34,11 @@ constexpr float kLogitAbsTol = 1e-3f;  // measured: <= 5e-5 on the CPU backend
 constexpr float kNearTieGap = 0.05f;
 // int8-activation path: activations are rounded to 8 bits per 32-block before
 // every matmul, as llama.cpp does, which moves logits by up to ~1 (measured
-// max 0.86, mean 0.11-0.19). Checked as a distribution instead: KL(ref || ours)
+// max 1.0, mean 0.08-0.28). Checked as a distribution instead: KL(ref || ours)
 // of the next-token softmax, the same argmax, and greedy divergences only where
 // the reference's top-2 gap is small.
-constexpr double kInt8MaxKl = 0.01;     // measured 1.5e-3 to 2.2e-3
-constexpr float kInt8LogitAbsTol = 2.0f;
+constexpr double kInt8MaxKl = 0.05;  // measured 1.3e-3 to 7.8e-3 (it moves with any rounding change upstream)
+constexpr float kInt8LogitAbsTol = 3.0f;  // measured up to 1.0
 constexpr float kInt8NearTieGap = 0.5f;
 
 nlohmann::json read_json(const std::string& path) {

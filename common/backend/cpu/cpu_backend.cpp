@@ -21,11 +21,23 @@
 namespace pd {
 namespace {
 
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Host memory, 64-byte aligned. Allocations of a huge page or more are
+// huge-page aligned and marked MADV_HUGEPAGE: weights and the KV pool are
+// streamed every step, and with 4 KiB pages (worse under a hypervisor's
+// nested paging) TLB misses cost more than the arithmetic.
 class HostBuffer final : public BackendBuffer {
  public:
   explicit HostBuffer(size_t bytes) : size_(bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    data_ = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (bytes >= kHugePage) {
+      const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+      data_ = std::aligned_alloc(kHugePage, rounded);
+      if (data_) madvise(data_, rounded, MADV_HUGEPAGE);  // a hint: fails harmlessly without THP
+    } else {
+      const size_t rounded = (bytes + 63) / 64 * 64;
+      data_ = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    }
   }
   ~HostBuffer() override { std::free(data_); }
   void* data() override { return data_; }
@@ -35,6 +47,21 @@ class HostBuffer final : public BackendBuffer {
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// Repacked weights live in shared huge-page arenas (most matrices are well
+// under 2 MiB, so one allocation each would defeat the huge pages); each
+// weight's buffer keeps its arena alive.
+class ArenaSlice final : public BackendBuffer {
+ public:
+  ArenaSlice(std::shared_ptr<HostBuffer> arena, size_t offset, size_t bytes)
+      : arena_(std::move(arena)), offset_(offset), size_(bytes) {}
+  void* data() override { return static_cast<uint8_t*>(arena_->data()) + offset_; }
+  size_t size() const override { return size_; }
+
+ private:
+  std::shared_ptr<HostBuffer> arena_;
+  size_t offset_, size_;
 };
 
 // Asks the kernel to drop the resident pages of [p, p + bytes) — the GGUF
@@ -62,28 +89,6 @@ Status expect_f32(const Tensor& t, const char* op, const char* arg) {
   return Status::ok();
 }
 
-// exp(x) for x <= 0 as the attention softmax needs it, written so the
-// compiler vectorizes it (no libm call): x = n*ln2 + r, |r| <= ln2/2, e^r by
-// Cephes' degree-6 polynomial (relative error ~1e-7), 2^n through the
-// exponent bits. Inputs below -87 give ~1e-38 (exp(-inf) must be ~0).
-inline float softmax_exp(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 constexpr int kMaxAttnHeads = 8;  // query heads sharing one pass over a kv head's blocks
 
 // Causal attention of query heads that share one kv head, for one token: the
@@ -104,11 +109,9 @@ struct AttentionRun {
   float scale;
 };
 
-template <int HD>  // compile-time head dim (accumulators in registers), or 0: a.hd
-void attend_run(const AttentionRun& a) {
-  const int64_t hd = HD > 0 ? HD : a.hd;
-  const int64_t bs = a.L->block_size;
-  alignas(64) float acc[kMaxAttnHeads][HD > 0 ? HD : 256];
+void attend_run(const cpu::Kernels& kern, const AttentionRun& a) {
+  const int64_t hd = a.hd, bs = a.L->block_size;
+  alignas(64) float acc[kMaxAttnHeads][256];
   float m[kMaxAttnHeads], l[kMaxAttnHeads];
   for (int h = 0; h < a.nq; ++h) {
     m[h] = -std::numeric_limits<float>::infinity();
@@ -120,34 +123,15 @@ void attend_run(const AttentionRun& a) {
     const int64_t block = a.table[p0 / bs];
     const float* kb = reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 0, block)) + a.kv_head * bs * hd;
     const float* vb = reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 1, block)) + a.kv_head * bs * hd;
-    const int64_t n_in = std::min(bs, a.n_ctx - p0);
+    const int n_in = static_cast<int>(std::min(bs, a.n_ctx - p0));
     for (int h = 0; h < a.nq; ++h) {
-      const float* qv = a.q + h * hd;
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t r = 0; r < n_in; ++r) {
-        const float* kr = kb + r * hd;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < hd; ++j) dot += qv[j] * kr[j];
-        s[r] = dot * a.scale;
-        block_max = std::max(block_max, s[r]);
-      }
+      kern.qk_scores(a.q + h * hd, kb, hd, n_in, a.scale, s);
+      float block_max = s[0];
+      for (int r = 1; r < n_in; ++r) block_max = std::max(block_max, s[r]);
       const float m_new = std::max(m[h], block_max);
-      const float correction = softmax_exp(m[h] - m_new);
-#pragma omp simd
-      for (int64_t r = 0; r < n_in; ++r) s[r] = softmax_exp(s[r] - m_new);
-      float block_sum = 0.0f;
-      for (int64_t r = 0; r < n_in; ++r) block_sum += s[r];
-      l[h] = l[h] * correction + block_sum;
-      float* ah = acc[h];
-#pragma omp simd
-      for (int64_t j = 0; j < hd; ++j) ah[j] *= correction;
-      for (int64_t r = 0; r < n_in; ++r) {
-        const float p = s[r];
-        const float* vr = vb + r * hd;
-#pragma omp simd
-        for (int64_t j = 0; j < hd; ++j) ah[j] += p * vr[j];
-      }
+      const float correction = cpu::exp_approx(m[h] - m_new);  // 0 (1e-38 * 0) on the first block
+      l[h] = l[h] * correction + kern.exp_shifted(s, n_in, m_new);
+      kern.pv_accumulate(s, vb, hd, n_in, correction, acc[h]);
       m[h] = m_new;
     }
   }
@@ -188,10 +172,18 @@ class CpuBackend final : public Backend {
     if (!cfg_.int8_activations || f == cpu::PackedFormat::kNone || !storage || t.ne[2] != 1 || t.ne[3] != 1 ||
         t.ne[0] % cpu::kQBlock != 0)
       return t;
-    const size_t bytes = cpu::packed_bytes(f, t.ne[1], t.ne[0]);
-    auto buf = std::make_unique<HostBuffer>(bytes);
-    if (!buf->ok()) return Status::resource_exhausted("cpu: cannot allocate " + std::to_string(bytes) + " bytes");
+    const size_t bytes = (cpu::packed_bytes(f, t.ne[1], t.ne[0]) + 63) / 64 * 64;
+    if (!arena_ || arena_used_ + bytes > arena_->size()) {
+      arena_ = std::make_shared<HostBuffer>(std::max(bytes, kArenaBytes));
+      arena_used_ = 0;
+      if (!arena_->ok()) {
+        arena_.reset();
+        return Status::resource_exhausted("cpu: cannot allocate " + std::to_string(bytes) + " bytes");
+      }
+    }
+    auto buf = std::make_unique<ArenaSlice>(arena_, arena_used_, bytes);
     if (!cpu::pack_rows(info.type, info.data, t.ne[1], t.ne[0], buf->data())) return t;  // kept as in the file
+    arena_used_ += bytes;
     release_pages(info.data, info.nbytes);
     t.data = buf->data();
     t.layout = static_cast<uint8_t>(f);
@@ -348,6 +340,11 @@ class CpuBackend final : public Backend {
       for (int64_t g = 0; g < n_groups; ++g) {
         const void* group = wb + g * group_bytes;
         const cpu::BlockQ8A* xc = xq + i0 * nb;
+        // With several token tiles the kernel reads this group many times
+        // from L1; start the next group's memory reads now so its first pass
+        // does not wait on them (one tile runs at memory speed by itself).
+        if (mt > 4 && g + 1 < n_groups)
+          for (size_t off = 0; off < group_bytes; off += 64) __builtin_prefetch(wb + (g + 1) * group_bytes + off);
         const bool whole = (g + 1) * kR <= n;
         float tail[kChunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
         float* dst = whole ? os + i0 * n + g * kR : tail;
@@ -403,8 +400,11 @@ class CpuBackend final : public Backend {
     const float* g = f32(gate);
     const float* u = f32(up);
     float* o = f32(out);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
-    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    const cpu::Kernels& kern = cpu::kernels(isa_);
+    constexpr int64_t kSlice = 4096;
+    const int64_t slices = (n + kSlice - 1) / kSlice;
+#pragma omp parallel for num_threads(n_threads_) schedule(static) if (slices > 1)
+    for (int64_t i = 0; i < slices; ++i) kern.silu_mul(g + i * kSlice, u + i * kSlice, std::min(kSlice, n - i * kSlice), o + i * kSlice);
     return Status::ok();
   }
 
@@ -461,6 +461,8 @@ class CpuBackend final : public Backend {
     // Work items: (token, kv head, run of that kv head's query heads). The
     // heads of a run share every K/V row load; runs are split finer when
     // there are too few items to keep the threads busy (small decode batches).
+    // The SIMD attention kernels take rows of a multiple of 8 floats.
+    const cpu::Kernels& kern = cpu::kernels(hd % 8 == 0 ? isa_ : cpu::Isa::kScalar);
     const int64_t per_item = nt * nkv >= 4 * n_threads_ ? std::min<int64_t>(group, kMaxAttnHeads) : 1;
     const int64_t runs = (group + per_item - 1) / per_item;
 #pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
@@ -471,10 +473,7 @@ class CpuBackend final : public Backend {
           const int nq = static_cast<int>(std::min(per_item, (g + 1) * group - h0));
           const AttentionRun a{qs + (t * nh + h0) * hd, os + (t * nh + h0) * hd, nq, hd, base, &L, layer, g,
                                block_tables[tokens[t].seq], tokens[t].position + 1, scale};
-          if (hd == 64)
-            attend_run<64>(a);
-          else
-            attend_run<0>(a);
+          attend_run(kern, a);
         }
       }
     }
@@ -496,6 +495,9 @@ class CpuBackend final : public Backend {
   int n_threads_ = 1;
   cpu::Isa isa_ = cpu::Isa::kScalar;
   std::vector<cpu::BlockQ8A> xq_;  // quantized activations of the current matmul (grow-only)
+  static constexpr size_t kArenaBytes = size_t{16} << 20;
+  std::shared_ptr<HostBuffer> arena_;  // where the next repacked weight goes
+  size_t arena_used_ = 0;
   std::vector<std::vector<float>> panel_bufs_;  // per-thread dequantized weight panels
   std::vector<double> inv_freq_;
   float inv_freq_base_ = 0.0f;

@@ -75,7 +75,35 @@ void gemm_q8x8_scalar(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m,
   }
 }
 
-const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar, gemm_q8x8_scalar};
+void qk_scores_scalar(const float* q, const float* k, int64_t hd, int n, float scale, float* s) {
+  for (int r = 0; r < n; ++r) {
+    float dot = 0.0f;
+    for (int64_t j = 0; j < hd; ++j) dot += q[j] * k[r * hd + j];
+    s[r] = dot * scale;
+  }
+}
+
+float exp_shifted_scalar(float* s, int n, float max) {
+  float sum = 0.0f;
+  for (int r = 0; r < n; ++r) {
+    s[r] = exp_approx(s[r] - max);
+    sum += s[r];
+  }
+  return sum;
+}
+
+void pv_accumulate_scalar(const float* p, const float* v, int64_t hd, int n, float c, float* acc) {
+  for (int64_t j = 0; j < hd; ++j) acc[j] *= c;
+  for (int r = 0; r < n; ++r)
+    for (int64_t j = 0; j < hd; ++j) acc[j] += p[r] * v[r * hd + j];
+}
+
+void silu_mul_scalar(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+}
+
+const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar,  gemm_q8x8_scalar,    qk_scores_scalar,
+                             exp_shifted_scalar,   pv_accumulate_scalar, silu_mul_scalar};
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,4 +1,5 @@
-// Integer matmul kernels of the CPU backend: quantized weights repacked at
+// The CPU backend's hot kernels, in one table per instruction set. First of
+// all the integer matmul kernels: quantized weights repacked at
 // load into groups of 8 interleaved rows, activations quantized to 8 bits per
 // 32-element block, dot products in integer arithmetic (AVX2 maddubs), one
 // float scale-and-accumulate per block.
@@ -79,6 +80,25 @@ bool pack_rows(GgmlType type, const void* src, int64_t n_rows, int64_t k, void* 
 // original ggml row gives).
 void unpack_row(PackedFormat f, const void* packed, int64_t k, int64_t row, float* dst);
 
+// exp(x) to ~1e-7 relative error for x in [-87, 88] (clamped there): x =
+// n*ln2 + r with |r| <= ln2/2, e^r by Cephes' degree-6 polynomial, 2^n through
+// the exponent bits. The AVX2 kernels evaluate the same formula 8 at a time.
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = __builtin_nearbyintf(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
+  return p * __builtin_bit_cast(float, bits);
+}
+
 enum class Isa { kScalar, kAvx2 };
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)
@@ -92,6 +112,16 @@ struct Kernels {
   // blocks: out[t * out_stride + r] = dot(row r, x_t), r < 8, t < m.
   void (*gemm_q4x8)(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
   void (*gemm_q8x8)(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
+
+  // Attention pieces (fp32; hd a multiple of 8):
+  // s[r] = scale * dot(q, k + r*hd) for r < n.
+  void (*qk_scores)(const float* q, const float* k, int64_t hd, int n, float scale, float* s);
+  // s[r] = exp(s[r] - max) for r < n; returns their sum (in index order).
+  float (*exp_shifted)(float* s, int n, float max);
+  // acc = acc * c + sum over r < n of p[r] * (v + r*hd).
+  void (*pv_accumulate)(const float* p, const float* v, int64_t hd, int n, float c, float* acc);
+  // out[i] = silu(gate[i]) * up[i] for i < n.
+  void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
 };
 // The table for one instruction set; isa must be supported.
 const Kernels& kernels(Isa isa);

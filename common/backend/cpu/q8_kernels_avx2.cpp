@@ -157,7 +157,106 @@ void gemm_q8x8_avx2(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, f
   }
 }
 
-const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2, gemm_q8x8_avx2};
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp_approx (q8_kernels.h), 8 lanes.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Four keys at a time (four independent FMA chains), summed pairwise at the end.
+void qk_scores_avx2(const float* q, const float* k, int64_t hd, int n, float scale, float* s) {
+  int r = 0;
+  for (; r + 4 <= n; r += 4) {
+    const float* k0 = k + r * hd;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < hd; j += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + j);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + j), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + j), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + j), a3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(s + r, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+  }
+  for (; r < n; ++r) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < hd; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + r * hd + j), a);
+    s[r] = hsum(a) * scale;
+  }
+}
+
+float exp_shifted_avx2(float* s, int n, float max) {
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 sum = _mm256_setzero_ps();
+  int r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + r), m));
+    _mm256_storeu_ps(s + r, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float total = hsum(sum);
+  for (; r < n; ++r) {
+    s[r] = exp_approx(s[r] - max);
+    total += s[r];
+  }
+  return total;
+}
+
+// acc in registers 64 floats at a time; one broadcast weight per key.
+void pv_accumulate_avx2(const float* p, const float* v, int64_t hd, int n, float c, float* acc) {
+  const __m256 cv = _mm256_set1_ps(c);
+  int64_t j0 = 0;
+  for (; j0 + 64 <= hd; j0 += 64) {
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + j0 + 8 * i), cv);
+    for (int r = 0; r < n; ++r) {
+      const __m256 pr = _mm256_set1_ps(p[r]);
+      const float* vr = v + r * hd + j0;
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pr, _mm256_loadu_ps(vr + 8 * i), a[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + j0 + 8 * i, a[i]);
+  }
+  for (; j0 < hd; j0 += 8) {
+    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + j0), cv);
+    for (int r = 0; r < n; ++r) a = _mm256_fmadd_ps(_mm256_set1_ps(p[r]), _mm256_loadu_ps(v + r * hd + j0), a);
+    _mm256_storeu_ps(acc + j0, a);
+  }
+}
+
+void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp8(_mm256_xor_ps(g, sign));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+}
+
+const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2,     gemm_q8x8_avx2, qk_scores_avx2,
+                           exp_shifted_avx2,   pv_accumulate_avx2, silu_mul_avx2};
 
 }  // namespace
 
