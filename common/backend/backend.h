@@ -103,6 +103,14 @@ class Backend {
   virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // out[i, j] = sum_k x[i, k] * w[j, k].                 x [k, m], w [k, n] (any type), out [n, m]
   virtual Status matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  // outs[i] = x * ws[i] for each i: several matmuls of one input (Q/K/V,
+  // gate/up). By default one matmul() each; a backend may prepare the input
+  // once and run them all in one parallel pass. Results equal matmul()'s.
+  virtual Status matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+    if (ws.size() != outs.size()) return Status::invalid_argument("matmul_multi: weight and output counts differ");
+    for (size_t i = 0; i < ws.size(); ++i) PD_RETURN_IF_ERROR(matmul(x, *ws[i], *outs[i]));
+    return Status::ok();
+  }
   // Rotary embedding in place over adjacent pairs (x[2i], x[2i+1]) of each head
   // (ggml's "normal" mode, matching GGUF's permuted Q/K rows).
   // x [head_dim, n_heads, n_tokens]; positions[n_tokens].

@@ -192,9 +192,11 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Layer& W = layers_[l];
     PD_RETURN_IF_ERROR(be.rms_norm(x, W.attn_norm, cfg_.rms_eps, h));
-    PD_RETURN_IF_ERROR(be.matmul(h, W.wq, q2));
-    PD_RETURN_IF_ERROR(be.matmul(h, W.wk, k2));
-    PD_RETURN_IF_ERROR(be.matmul(h, W.wv, v2));
+    {
+      const Tensor* w[] = {&W.wq, &W.wk, &W.wv};
+      Tensor* out[] = {&q2, &k2, &v2};
+      PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
+    }
     PD_RETURN_IF_ERROR(be.rope(q, positions_, cfg_.rope_base));
     PD_RETURN_IF_ERROR(be.rope(k, positions_, cfg_.rope_base));
     PD_RETURN_IF_ERROR(be.kv_write(*cache.buffer, L, l, k, v, slots_));
@@ -206,8 +208,11 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
     PD_RETURN_IF_ERROR(be.matmul(attn2, W.wo, o));
     PD_RETURN_IF_ERROR(be.add(x, o, x));
     PD_RETURN_IF_ERROR(be.rms_norm(x, W.ffn_norm, cfg_.rms_eps, h));
-    PD_RETURN_IF_ERROR(be.matmul(h, W.w_gate, gate));
-    PD_RETURN_IF_ERROR(be.matmul(h, W.w_up, up));
+    {
+      const Tensor* w[] = {&W.w_gate, &W.w_up};
+      Tensor* out[] = {&gate, &up};
+      PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
+    }
     PD_RETURN_IF_ERROR(be.swiglu(gate, up, gate));
     PD_RETURN_IF_ERROR(be.matmul(gate, W.w_down, o));
     PD_RETURN_IF_ERROR(be.add(x, o, x));

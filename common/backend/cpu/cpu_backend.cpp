@@ -249,7 +249,7 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
-  Status matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+  static Status check_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
     PD_RETURN_IF_ERROR(expect_f32(x, "matmul", "x"));
     PD_RETURN_IF_ERROR(expect_f32(out, "matmul", "out"));
     const int64_t k = w.ne[0], n = w.n_rows(), m = x.n_rows();
@@ -258,11 +258,34 @@ class CpuBackend final : public Backend {
                                       std::to_string(m) + "], w [" + std::to_string(k) + ", " +
                                       std::to_string(n) + "], out [" + std::to_string(out.ne[0]) + "])");
     if (k % cpu::block_elems(w.type) != 0) return Status::invalid_argument("matmul: k not a multiple of the block size");
+    return Status::ok();
+  }
+
+  Status matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
+    if (ws.size() != outs.size() || ws.size() > kMaxMulti)
+      return Status::invalid_argument("matmul_multi: weight and output counts differ or exceed " +
+                                      std::to_string(kMaxMulti));
+    bool all_packed = true;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      PD_RETURN_IF_ERROR(check_matmul(x, *ws[i], *outs[i]));
+      all_packed = all_packed && ws[i]->layout != 0;
+    }
+    if (!all_packed) return Backend::matmul_multi(x, ws, outs);
+    return matmul_packed(x, ws, outs);
+  }
+
+  Status matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    PD_RETURN_IF_ERROR(check_matmul(x, w, out));
+    if (w.layout != 0) {
+      const Tensor* wp = &w;
+      Tensor* op = &out;
+      return matmul_packed(x, std::span<const Tensor* const>(&wp, 1), std::span<Tensor* const>(&op, 1));
+    }
+    const int64_t k = w.ne[0], n = w.n_rows(), m = x.n_rows();
     const float* xs = f32(x);
     float* os = f32(out);
     const uint8_t* wb = static_cast<const uint8_t*>(w.data);
     const size_t w_row_bytes = w.row_bytes();
-    if (w.layout != 0) return matmul_packed(xs, m, k, w, n, os);
 
     if (!cfg_.batch_invariant && m >= cfg_.gemm_min_rows) {
       // Panels of kPanel weight rows: dequantize once, then one sgemm per panel.
@@ -316,46 +339,57 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
-  // Integer path: x quantized to 8 bits per 32-block once per call, then each
-  // thread takes whole 8-row weight groups and runs them against a chunk of
-  // tokens (kChunk rows stay in cache while the weights stream past).
-  Status matmul_packed(const float* xs, int64_t m, int64_t k, const Tensor& w, int64_t n, float* os) {
+  // Integer path: x quantized to 8 bits per 32-block once per call, then
+  // one parallel pass over the 8-row groups of every weight (so Q/K/V or
+  // gate/up share the input and a single fork/join): each thread takes whole
+  // groups and runs them against a chunk of tokens (kChunk rows stay in
+  // cache while the weights stream past).
+  static constexpr size_t kMaxMulti = 4;
+  Status matmul_packed(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
     const cpu::Kernels& kern = cpu::kernels(isa_);
-    const int64_t nb = k / cpu::kQBlock;
+    const int64_t k = x.ne[0], m = x.n_rows(), nb = k / cpu::kQBlock;
     if (static_cast<int64_t>(xq_.size()) < m * nb) xq_.resize(m * nb);
     cpu::BlockQ8A* xq = xq_.data();
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (m > 1)
-    for (int64_t i = 0; i < m; ++i) kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
-
-    const auto f = static_cast<cpu::PackedFormat>(w.layout);
-    const size_t group_bytes = cpu::packed_group_bytes(f, k);
-    const uint8_t* wb = static_cast<const uint8_t*>(w.data);
-    constexpr int64_t kChunk = 64;
+    const float* xs = f32(x);
     constexpr int kR = cpu::kPackRows;
-    const int64_t n_groups = (n + kR - 1) / kR;
+    int64_t first_group[kMaxMulti + 1] = {0};
+    for (size_t j = 0; j < ws.size(); ++j) first_group[j + 1] = first_group[j] + (ws[j]->n_rows() + kR - 1) / kR;
+    const int64_t total_groups = first_group[ws.size()];
+    constexpr int64_t kChunk = 64;
 #pragma omp parallel num_threads(n_threads_)
-    for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
-      const int mt = static_cast<int>(std::min(kChunk, m - i0));
+    {
 #pragma omp for schedule(static)
-      for (int64_t g = 0; g < n_groups; ++g) {
-        const void* group = wb + g * group_bytes;
+      for (int64_t i = 0; i < m; ++i) kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
+      for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
+        const int mt = static_cast<int>(std::min(kChunk, m - i0));
         const cpu::BlockQ8A* xc = xq + i0 * nb;
-        // With several token tiles the kernel reads this group many times
-        // from L1; start the next group's memory reads now so its first pass
-        // does not wait on them (one tile runs at memory speed by itself).
-        if (mt > 4 && g + 1 < n_groups)
-          for (size_t off = 0; off < group_bytes; off += 64) __builtin_prefetch(wb + (g + 1) * group_bytes + off);
-        const bool whole = (g + 1) * kR <= n;
-        float tail[kChunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
-        float* dst = whole ? os + i0 * n + g * kR : tail;
-        const int64_t stride = whole ? n : kR;
-        if (cpu::is_q4x8(f))
-          kern.gemm_q4x8(static_cast<const cpu::PackedQ4x8*>(group), nb, xc, mt, dst, stride);
-        else
-          kern.gemm_q8x8(static_cast<const cpu::PackedQ8x8*>(group), nb, xc, mt, dst, stride);
-        if (!whole)
-          for (int i = 0; i < mt; ++i)
-            for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
+#pragma omp for schedule(static)
+        for (int64_t gg = 0; gg < total_groups; ++gg) {
+          size_t j = 0;
+          while (gg >= first_group[j + 1]) ++j;
+          const int64_t g = gg - first_group[j], n = ws[j]->n_rows();
+          const auto f = static_cast<cpu::PackedFormat>(ws[j]->layout);
+          const size_t group_bytes = cpu::packed_group_bytes(f, k);
+          const uint8_t* wb = static_cast<const uint8_t*>(ws[j]->data);
+          float* os = f32(*outs[j]);
+          // With several token tiles the kernel reads this group many times
+          // from L1; start the next group's memory reads now so its first
+          // pass does not wait on them (one tile runs at memory speed).
+          if (mt > 4 && g + 1 < first_group[j + 1] - first_group[j])
+            for (size_t off = 0; off < group_bytes; off += 64) __builtin_prefetch(wb + (g + 1) * group_bytes + off);
+          const void* group = wb + g * group_bytes;
+          const bool whole = (g + 1) * kR <= n;
+          float tail[kChunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
+          float* dst = whole ? os + i0 * n + g * kR : tail;
+          const int64_t stride = whole ? n : kR;
+          if (cpu::is_q4x8(f))
+            kern.gemm_q4x8(static_cast<const cpu::PackedQ4x8*>(group), nb, xc, mt, dst, stride);
+          else
+            kern.gemm_q8x8(static_cast<const cpu::PackedQ8x8*>(group), nb, xc, mt, dst, stride);
+          if (!whole)
+            for (int i = 0; i < mt; ++i)
+              for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
+        }
       }
     }
     return Status::ok();
