@@ -1,7 +1,7 @@
 // pd-bench-engine: the CPU engine's speed against this machine's own limits,
 // measured in the same run.
 //
-//   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep]
+//   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep] [--fp32-activations]
 //                   [--prefill-tokens 512] [--prompt 128] [--gen 128] [--reps 3]
 //                   [--json FILE] [--profile FILE]
 //
@@ -307,12 +307,15 @@ int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", threads_s = "1,2", batches_s = "1,8,32";
   std::string json_path, profile_path;
   int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
-  bool sweep = false;
+  bool sweep = false, fp32_activations = false;
   CLI::App app{"pd-bench-engine: CPU engine speed vs this machine's limits, measured in one run"};
   app.add_option("-m,--model", model_path, "GGUF model (default: the default model)");
   app.add_option("--threads", threads_s, "comma-separated thread counts");
   app.add_option("--batches", batches_s, "comma-separated decode batch sizes");
   app.add_flag("--sweep", sweep, "also decode batches 16, 64 and 128");
+  app.add_flag("--fp32-activations", fp32_activations,
+               "measure the CPU reference path (fp32 activations, weights as stored) instead of the default "
+               "8-bit activations with integer dot products");
   app.add_option("--prefill-tokens", prefill_tokens, "prompt tokens for the prefill figure")->check(CLI::Range(1, 8192));
   app.add_option("--prompt", prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
   app.add_option("--gen", gen, "decode steps per batch")->check(CLI::Range(1, 8192));
@@ -344,6 +347,7 @@ int main(int argc, char** argv) {
     Engine e;
     pd::BackendConfig bc;
     bc.n_threads = t;
+    bc.int8_activations = !fp32_activations;
     auto be = pd::create_backend(bc);
     if (!be.is_ok()) return fail(be.status().to_string());
     e.backend = std::move(be).value();

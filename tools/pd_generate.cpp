@@ -46,7 +46,7 @@ int fail(const std::string& msg, int code = 1) {
 
 int main(int argc, char** argv) {
   std::string model_path, prompt, system_prompt, backend_kind = "cpu";
-  bool chat = false, raw_specials = false;
+  bool chat = false, raw_specials = false, fp32_activations = false;
   int n_predict = 64, threads = 0, block_size = 16;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f;
   int top_k = 0;
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_option("--backend", backend_kind, "compute backend: cpu or cuda");
+  app.add_flag("--fp32-activations", fp32_activations,
+               "CPU: multiply fp32 activations by the weights as stored (the reference path) instead of "
+               "8-bit activations with integer dot products");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
     pd::BackendConfig bc;
     bc.kind = backend_kind;
     bc.n_threads = threads;
+    bc.int8_activations = !fp32_activations;
     auto backend = pd::create_backend(bc);
     if (!backend.is_ok()) return fail(backend.status().to_string() + " (--backend)", 2);
     auto model = pd::LlamaModel::load(gguf, **backend);
@@ -185,6 +189,7 @@ int main(int argc, char** argv) {
   pd::BackendConfig bc;
   bc.kind = backend_kind;
   bc.n_threads = threads;
+  bc.int8_activations = !fp32_activations;
   auto backend = pd::create_backend(bc);
   if (!backend.is_ok()) return fail(backend.status().to_string() + " (--backend)", 2);
   auto model = pd::LlamaModel::load(gguf, **backend);

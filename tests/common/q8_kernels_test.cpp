@@ -15,6 +15,12 @@
 
 #include "backend/cpu/q8_kernels.h"
 #include "gguf/ggml_types.h"
+#include "test_support.h"
+
+namespace pd::cpu {
+// tests/common/vnni_emulation.cpp: the VNNI kernels with vpdpbusd emulated (AVX2).
+const IntegerGemm* avx512vnni_gemm_emulated();
+}  // namespace pd::cpu
 
 namespace {
 
@@ -29,12 +35,17 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
+// Every path this CPU runs; the others are named once (not counted as tested).
 std::vector<Isa> runnable_isas() {
-  std::vector<Isa> out{Isa::kScalar};
-  if (pd::cpu::isa_supported(Isa::kAvx2))
-    out.push_back(Isa::kAvx2);
-  else
-    std::printf("note: this CPU cannot run the AVX2 kernels; only the scalar path is tested\n");
+  std::vector<Isa> out;
+  static bool noted = false;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}) {
+    if (pd::cpu::isa_supported(isa))
+      out.push_back(isa);
+    else if (!noted)
+      std::printf("note: this CPU cannot run the %s kernels; they are not tested here\n", pd::cpu::isa_name(isa));
+  }
+  noted = true;
   return out;
 }
 
@@ -166,6 +177,27 @@ TEST_CASE("integer gemm equals the scalar dot of the dequantized operands on eve
             CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bit", "[cpu][kernels]") {
+  if (!pd::cpu::isa_supported(Isa::kAvx2)) pd::test::skip("the emulated VNNI kernels need AVX2, which this CPU lacks");
+  pd::cpu::Kernels emulated = pd::cpu::kernels(Isa::kAvx2);
+  emulated.gemm_q4x8 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8;
+  emulated.gemm_q8x8 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8;
+  for (pd::GgmlType type : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0}) {
+    for (int64_t k : {32, 608}) {
+      const Weights w = make_weights(type, 21, k, 3 * k);
+      for (int m : {1, 2, 3, 4, 5, 9}) {
+        const std::vector<float> x = random_floats(k * m, 13 + m);
+        std::vector<BlockQ8A> xq(m * (k / 32));
+        pd::cpu::kernels(Isa::kScalar).quantize_rows(x.data(), k, k, m, xq.data());
+        const std::vector<float> ref = run_gemm(pd::cpu::kernels(Isa::kScalar), w, xq, m);
+        const std::vector<float> got = run_gemm(emulated, w, xq, m);
+        INFO(pd::ggml_type_name(type) << " k=" << k << " m=" << m);
+        CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
       }
     }
   }

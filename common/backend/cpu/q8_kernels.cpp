@@ -114,6 +114,16 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 PackedFormat packed_format_for(GgmlType type) {
@@ -210,27 +220,51 @@ void unpack_row(PackedFormat f, const void* packed, int64_t k, int64_t row, floa
   }
 }
 
-const char* isa_name(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512Vnni: return "avx512vnni";
+    case Isa::kScalar: break;
+  }
+  return "scalar";
+}
 
+// The CPU is asked first: an ISA's translation unit is not entered at all
+// on a CPU without it.
 bool isa_supported(Isa isa) {
-  if (isa == Isa::kScalar) return true;
-  static const bool avx2 = avx2_kernels() != nullptr && cpu_has_avx2();
-  return avx2;
+  static const bool avx2 = cpu_has_avx2() && avx2_kernels() != nullptr;
+  static const bool vnni = avx2 && cpu_has_avx512vnni() && avx512vnni_gemm() != nullptr;
+  switch (isa) {
+    case Isa::kAvx2: return avx2;
+    case Isa::kAvx512Vnni: return vnni;
+    case Isa::kScalar: break;
+  }
+  return true;
 }
 
 Isa best_isa() {
   static const Isa chosen = [] {
     if (const char* env = std::getenv("PD_CPU_ISA")) {
-      if (std::strcmp(env, "scalar") == 0) return Isa::kScalar;
-      if (std::strcmp(env, "avx2") == 0 && isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+      for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni})
+        if (std::strcmp(env, isa_name(isa)) == 0 && isa_supported(isa)) return isa;
     }
+    if (isa_supported(Isa::kAvx512Vnni)) return Isa::kAvx512Vnni;
     return isa_supported(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar;
   }();
   return chosen;
 }
 
 const Kernels& kernels(Isa isa) {
-  if (isa == Isa::kAvx2 && isa_supported(Isa::kAvx2)) return *avx2_kernels();
+  if (isa == Isa::kAvx512Vnni && isa_supported(isa)) {
+    static const Kernels vnni = [] {
+      Kernels k = *avx2_kernels();
+      k.gemm_q4x8 = avx512vnni_gemm()->gemm_q4x8;
+      k.gemm_q8x8 = avx512vnni_gemm()->gemm_q8x8;
+      return k;
+    }();
+    return vnni;
+  }
+  if (isa == Isa::kAvx2 && isa_supported(isa)) return *avx2_kernels();
   return kScalarKernels;
 }
 

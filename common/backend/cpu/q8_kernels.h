@@ -21,10 +21,12 @@
 // paths perform the same operations and agree bit for bit (tested).
 //
 // Dispatch. kernels(isa) returns the table for one instruction set;
-// best_isa() picks the widest one this CPU runs (PD_CPU_ISA=scalar|avx2
-// overrides, for comparisons). The AVX2 table lives in its own translation
-// unit compiled with -mavx2 -mfma -mf16c, so the rest of the binary runs on
-// any x86-64 (or other) CPU.
+// best_isa() picks the widest one this CPU runs (PD_CPU_ISA=scalar|avx2|
+// avx512vnni overrides, for comparisons). Each ISA's kernels live in their own
+// translation unit compiled for it (q8_kernels_avx2.cpp with -mavx2 -mfma
+// -mf16c; q8_kernels_avx512vnni.cpp adds AVX512 F/BW/VL/VNNI: vpdpbusd does a
+// 4-byte dot product per lane in one instruction), so the rest of the binary
+// runs on any x86-64 (or other) CPU.
 #pragma once
 
 #include <cstddef>
@@ -99,7 +101,7 @@ inline float exp_approx(float x) {
   return p * __builtin_bit_cast(float, bits);
 }
 
-enum class Isa { kScalar, kAvx2 };
+enum class Isa { kScalar, kAvx2, kAvx512Vnni };
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)
 Isa best_isa();               // widest supported, or PD_CPU_ISA if set and supported
@@ -128,5 +130,12 @@ const Kernels& kernels(Isa isa);
 
 // The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
 const Kernels* avx2_kernels();
+// The AVX512-VNNI integer matmul kernels (q8_kernels_avx512vnni.cpp); the
+// rest of that ISA's table is the AVX2 one. nullptr where not compiled.
+struct IntegerGemm {
+  decltype(Kernels::gemm_q4x8) gemm_q4x8;
+  decltype(Kernels::gemm_q8x8) gemm_q8x8;
+};
+const IntegerGemm* avx512vnni_gemm();
 
 }  // namespace pd::cpu

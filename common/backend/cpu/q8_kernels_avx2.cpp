@@ -1,7 +1,8 @@
 // AVX2 kernels for q8_kernels.h. This file alone is compiled with
-// -mavx2 -mfma -mf16c (common/CMakeLists.txt); it includes no library
-// templates, so no AVX2 code can leak into functions the rest of the binary
-// shares, and is only called after best_isa() saw the CPU support it.
+// -mavx2 -mfma -mf16c (common/CMakeLists.txt). It must not use any inline
+// function or template defined outside it (not even exp_approx): a Debug build
+// would emit an AVX2 copy of it that the linker may pick for the whole
+// program. Its functions run only after best_isa() saw the CPU support them.
 #include "backend/cpu/q8_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -216,9 +217,11 @@ float exp_shifted_avx2(float* s, int n, float max) {
     sum = _mm256_add_ps(sum, e);
   }
   float total = hsum(sum);
-  for (; r < n; ++r) {
-    s[r] = exp_approx(s[r] - max);
-    total += s[r];
+  if (r < n) {  // the tail through the same vector formula, padded
+    alignas(32) float t[8];
+    for (int i = 0; i < 8; ++i) t[i] = r + i < n ? s[r + i] : max;
+    _mm256_store_ps(t, exp8(_mm256_sub_ps(_mm256_load_ps(t), m)));
+    for (; r < n; ++r) total += (s[r] = t[r % 8]);
   }
   return total;
 }
@@ -252,7 +255,14 @@ void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
     const __m256 e = exp8(_mm256_xor_ps(g, sign));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
   }
-  for (; i < n; ++i) out[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+  if (i < n) {  // the tail through the same vector formula, padded
+    alignas(32) float g[8] = {}, u[8] = {}, o[8];
+    for (int64_t j = i; j < n; ++j) g[j - i] = gate[j], u[j - i] = up[j];
+    const __m256 gv = _mm256_load_ps(g);
+    const __m256 e = exp8(_mm256_xor_ps(gv, sign));
+    _mm256_store_ps(o, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_load_ps(u)));
+    for (int64_t j = i; j < n; ++j) out[j] = o[j - i];
+  }
 }
 
 const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2,     gemm_q8x8_avx2, qk_scores_avx2,

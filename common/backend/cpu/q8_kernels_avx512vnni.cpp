@@ -1,0 +1,153 @@
+// AVX512-VNNI integer matmul kernels for q8_kernels.h (256-bit vectors,
+// AVX512VL encodings). vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes
+// and adds the four products into an i32 lane — exactly the 4-byte runs the
+// packed layout puts in each row's lane — so a block's 8 runs are 8
+// instructions, with no i16 stage and no widening. Everything after the
+// integer sums is the AVX2 kernels' float arithmetic, so results equal the
+// scalar and AVX2 paths bit for bit.
+//
+// This file alone is compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni (plus AVX2/FMA/F16C). Like q8_kernels_avx2.cpp it uses no
+// inline function or template from outside itself, and only runs after
+// best_isa() saw the CPU support it.
+#include "backend/cpu/q8_kernels.h"
+
+#if ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(PD_VNNI_EMULATION)) && defined(__FMA__) && \
+    defined(__F16C__)
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace pd::cpu {
+namespace {
+
+#if defined(PD_VNNI_EMULATION)
+// Test build (tests/common/vnni_emulation.cpp): vpdpbusd computed exactly
+// with AVX2, so these kernels' layout, loops and tails run on any AVX2 CPU.
+inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
+  const __m256i byte = _mm256_set1_epi16(0x00FF);
+  const __m256i a_even = _mm256_and_si256(a, byte), a_odd = _mm256_srli_epi16(a, 8);
+  const __m256i b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), b_odd = _mm256_srai_epi16(b, 8);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(a_even, b_even), _mm256_madd_epi16(a_odd, b_odd)));
+}
+#else
+inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_epi32(acc, a, b); }
+#endif
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+constexpr int kPrefetchBytes = 2048;  // as in the AVX2 kernels: weights stream once per call
+
+template <int T>
+inline void q4x8_tile(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+                      int64_t out_stride) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedQ4x8& B = w[b];
+    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 128, _MM_HINT_T0);
+    __m256i s[T];
+    for (int t = 0; t < T; ++t) s[t] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * c));
+      const __m256i lo = _mm256_and_si256(v, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* q = x[t * x_rows_stride + b].qs;
+        s[t] = dpbusd(s[t], lo, broadcast4(q + 4 * c));
+        s[t] = dpbusd(s[t], hi, broadcast4(q + 16 + 4 * c));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.m)));
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8A& xb = x[t * x_rows_stride + b];
+      const __m256 f = _mm256_cvtepi32_ps(s[t]);
+      acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[t]);
+      acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb.s), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+// Q8_0 weights are signed: |w| as the unsigned operand, x with w's sign.
+template <int T>
+inline void q8x8_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+                      int64_t out_stride) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedQ8x8& B = w[b];
+    for (int l = 0; l < 5; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+    __m256i s[T];
+    for (int t = 0; t < T; ++t) s[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = broadcast4(x[t * x_rows_stride + b].qs + 4 * g);
+        s[t] = dpbusd(s[t], av, _mm256_sign_epi8(xv, v));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 f = _mm256_cvtepi32_ps(s[t]);
+      acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(x[t * x_rows_stride + b].d)), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+constexpr int kTileTokens = 4;
+
+void gemm_q4x8_vnni(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  int t = 0;
+  for (; t + kTileTokens <= m; t += kTileTokens)
+    q4x8_tile<kTileTokens>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
+  switch (m - t) {
+    case 3: q4x8_tile<3>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 2: q4x8_tile<2>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 1: q4x8_tile<1>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    default: break;
+  }
+}
+
+void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  int t = 0;
+  for (; t + kTileTokens <= m; t += kTileTokens)
+    q8x8_tile<kTileTokens>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
+  switch (m - t) {
+    case 3: q8x8_tile<3>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 2: q8x8_tile<2>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 1: q8x8_tile<1>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    default: break;
+  }
+}
+
+constexpr IntegerGemm kVnniGemm{gemm_q4x8_vnni, gemm_q8x8_vnni};
+
+}  // namespace
+
+#if defined(PD_VNNI_EMULATION)
+const IntegerGemm* avx512vnni_gemm_emulated() { return &kVnniGemm; }
+#else
+const IntegerGemm* avx512vnni_gemm() { return &kVnniGemm; }
+#endif
+
+}  // namespace pd::cpu
+
+#elif !defined(PD_VNNI_EMULATION)  // not compiled for AVX512-VNNI (a non-x86 target)
+
+namespace pd::cpu {
+const IntegerGemm* avx512vnni_gemm() { return nullptr; }
+}  // namespace pd::cpu
+
+#endif
