@@ -1,7 +1,10 @@
-// The CPU backend: weights used in place from the GGUF mapping (quantized),
-// activations F32, GEMMs through OpenBLAS on dequantized weight panels for
-// large batches and fused dequantize-dot kernels for small ones (or for all, in
-// batch-invariant mode, the default), OpenMP threads.
+// The CPU backend: quantized weights repacked at load for integer kernels that
+// multiply them by 8-bit activations (q8_kernels.h; AVX512-VNNI, AVX2 or
+// portable, chosen at run time), attention and SiLU through the same kernel
+// table, OpenMP threads. With int8_activations off, weights are used in
+// place from the GGUF mapping against fp32 activations (cpu_kernels.h), and
+// OpenBLAS sgemm on dequantized panels serves large batches when
+// batch_invariant is off as well.
 #pragma once
 
 #include <memory>

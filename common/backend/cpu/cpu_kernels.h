@@ -1,6 +1,9 @@
-// Scalar-portable CPU kernels over ggml block formats (auto-vectorized with
-// -O3; explicit SIMD paths belong to the CPU-speed work). Single-threaded:
-// the CPU backend splits work across threads around them.
+// The CPU backend's fp32-activation kernels (CpuBackendConfig::int8_activations
+// = false, the reference path): quantized weights dotted with fp32 inputs
+// straight from the GGUF blocks. AVX2/F16C where the compiler targets it
+// (-march=native), portable otherwise — chosen at compile time, unlike the
+// default integer kernels (q8_kernels.h), which dispatch at run time.
+// Single-threaded: the CPU backend splits work across threads around them.
 #pragma once
 
 #include <cstdint>
