@@ -4,11 +4,12 @@
 // made by scripts/make_reference.py (transformers loads the same GGUF,
 // dequantizes it to fp32 and runs its own Llama implementation).
 //
-// Tolerances (see tests/data/reference/README.md):
-//  - last-position logits: max |ours - ref| <= kLogitAbsTol, same argmax.
+// Both CPU matmul paths are checked. Tolerances (tests/data/reference/README.md):
+//  - last-position logits: max |ours - ref| <= kLogitAbsTol (fp32 activations)
+//    or kInt8LogitAbsTol plus KL <= kInt8MaxKl (int8 activations); same argmax.
 //  - greedy continuations: identical token for token; where one diverges the
-//    reference's top-2 logit gap at that step must be below kNearTieGap (a
-//    near-tie that fp32 rounding order may legitimately flip), else it fails.
+//    reference's top-2 logit gap at that step must be below kNearTieGap /
+//    kInt8NearTieGap (a near-tie the path's rounding may legitimately flip).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -37,9 +38,10 @@ constexpr float kNearTieGap = 0.05f;
 // max 1.0, mean 0.08-0.28). Checked as a distribution instead: KL(ref || ours)
 // of the next-token softmax, the same argmax, and greedy divergences only where
 // the reference's top-2 gap is small.
-constexpr double kInt8MaxKl = 0.05;  // measured 1.3e-3 to 7.8e-3 (it moves with any rounding change upstream)
-constexpr float kInt8LogitAbsTol = 3.0f;  // measured up to 1.0
-constexpr float kInt8NearTieGap = 0.5f;
+constexpr double kInt8MaxKl = 0.03;       // measured 1.3e-3 to 7.8e-3 (moves with any rounding change upstream)
+constexpr float kInt8LogitAbsTol = 1.5f;  // measured up to 1.0
+constexpr float kInt8NearTieGap = 1.0f;   // tests/data/reference/README.md's tau for quantized activations
+                                          // (measured: divergences at gaps <= 0.29)
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
