@@ -36,6 +36,7 @@ def main() -> int:
         return 2
 
     print(f"# llama-cpp-python {llama_cpp.__version__}; model {args.model}")
+    print(f"# {llama_cpp.llama_print_system_info().decode().strip()}")
     print(f"{'threads':<8} {'prefill tok/s':<15} {'decode b=1 tok/s':<18}")
     rng = random.Random(7)
     for t in [int(x) for x in args.threads.split(",")]:
