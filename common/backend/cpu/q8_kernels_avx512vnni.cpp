@@ -108,28 +108,28 @@ inline void q8x8_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_
 
 constexpr int kTileTokens = 4;
 
-void gemm_q4x8_vnni(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+// Tiles of kTileTokens tokens, then one tile for the remaining 1-3.
+template <typename Block, void (*Tile4)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t),
+          void (*Tile3)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t),
+          void (*Tile2)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t),
+          void (*Tile1)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t)>
+void gemm_tiles(const Block* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
   int t = 0;
-  for (; t + kTileTokens <= m; t += kTileTokens)
-    q4x8_tile<kTileTokens>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
+  for (; t + kTileTokens <= m; t += kTileTokens) Tile4(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
   switch (m - t) {
-    case 3: q4x8_tile<3>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    case 2: q4x8_tile<2>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    case 1: q4x8_tile<1>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 3: Tile3(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 2: Tile2(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
+    case 1: Tile1(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
     default: break;
   }
 }
 
+void gemm_q4x8_vnni(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  gemm_tiles<PackedQ4x8, q4x8_tile<4>, q4x8_tile<3>, q4x8_tile<2>, q4x8_tile<1>>(w, nb, x, m, out, out_stride);
+}
+
 void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  int t = 0;
-  for (; t + kTileTokens <= m; t += kTileTokens)
-    q8x8_tile<kTileTokens>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
-  switch (m - t) {
-    case 3: q8x8_tile<3>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    case 2: q8x8_tile<2>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    case 1: q8x8_tile<1>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    default: break;
-  }
+  gemm_tiles<PackedQ8x8, q8x8_tile<4>, q8x8_tile<3>, q8x8_tile<2>, q8x8_tile<1>>(w, nb, x, m, out, out_stride);
 }
 
 constexpr IntegerGemm kVnniGemm{gemm_q4x8_vnni, gemm_q8x8_vnni};
