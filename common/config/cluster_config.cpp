@@ -80,12 +80,15 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   Reader top(root, "");
   top.get("model", c.model).get("served_model_name", c.served_model_name);
   // Sections are read below; list them as known keys.
-  for (const char* s : {"http", "kv", "prefill", "decode", "router", "timeouts"}) top.known(s);
+  for (const char* s : {"http", "engine", "kv", "prefill", "decode", "router", "timeouts"}) top.known(s);
   PD_RETURN_IF_ERROR(top.finish());
   PD_RETURN_IF_ERROR(section(root, "http", [&](const json& j, std::string p) {
     return Reader(j, p).get("host", c.http.host).get("port", c.http.port).get("threads", c.http.threads)
         .get("max_body_bytes", c.http.max_body_bytes).get("api_key", c.http.api_key)
         .get("read_timeout_ms", c.http.read_timeout_ms).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "engine", [&](const json& j, std::string p) {
+    return Reader(j, p).get("int8_activations", c.engine.int8_activations).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "kv", [&](const json& j, std::string p) {
     return Reader(j, p).get("block_size", c.kv.block_size).get("decode_budget_mb", c.kv.decode_budget_mb)

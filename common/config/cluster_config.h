@@ -23,6 +23,12 @@ struct ClusterConfig {
     int read_timeout_ms = 30000;
   } http;
 
+  struct EngineSection {
+    // CPU: 8-bit activations with integer dot products (fast, the default) or
+    // fp32 activations against the weights as stored (the reference path).
+    bool int8_activations = true;
+  } engine;
+
   struct Kv {
     int block_size = 16;                 // tokens per KV block (prefill and decode must agree)
     int64_t decode_budget_mb = 512;      // KV pool per decode rank

@@ -19,6 +19,7 @@ struct EngineConfig {
   std::string model_path;
   std::string backend = "cpu";
   int threads = 0;                 // 0 = all cores
+  bool int8_activations = true;    // CPU matmul path (BackendConfig::int8_activations)
   int block_size = 16;
   int64_t kv_budget_bytes = 0;     // KV pool size
   bool prefix_sharing = true;

@@ -72,6 +72,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   ec.model_path = cfg->model;
   ec.block_size = cfg->kv.block_size;
   ec.kv_checksum = cfg->kv.checksum;
+  ec.int8_activations = cfg->engine.int8_activations;
   if (role == Role::kPrefill) {
     ec.threads = cfg->prefill.threads;
     ec.kv_budget_bytes = cfg->kv.prefill_budget_mb << 20;

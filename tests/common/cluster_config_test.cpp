@@ -14,6 +14,7 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->model == d.model);
   CHECK(c->http.port == d.http.port);
   CHECK(c->http.host == d.http.host);
+  CHECK(c->engine.int8_activations == d.engine.int8_activations);
   CHECK(c->kv.block_size == d.kv.block_size);
   CHECK(c->kv.decode_budget_mb == d.kv.decode_budget_mb);
   CHECK(c->kv.prefill_budget_mb == d.kv.prefill_budget_mb);
@@ -44,9 +45,13 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(err(R"({"http": {"port": 70000}})").find("'http.port'") != std::string::npos);
   CHECK(err(R"({"timeouts": {"transfer_ms": 0}})").find("'timeouts.transfer_ms'") != std::string::npos);
   CHECK(err(R"({"decode": 3})").find("'decode' must be an object") != std::string::npos);
-  auto ok = ClusterConfig::parse(R"({"kv": {"block_size": 32}, "served_model_name": "m"})");
+  CHECK(err(R"({"engine": {"int8_activations": 1}})").find("'engine.int8_activations' has the wrong type") !=
+        std::string::npos);
+  auto ok = ClusterConfig::parse(R"({"kv": {"block_size": 32}, "served_model_name": "m",
+                                     "engine": {"int8_activations": false}})");
   REQUIRE(ok.is_ok());
   CHECK(ok->kv.block_size == 32);
+  CHECK(!ok->engine.int8_activations);
   CHECK(ok->model_name() == "m");
   CHECK(ClusterConfig::load("/nonexistent/cluster.json").status().is_io_error());
 }
