@@ -205,6 +205,21 @@ TEST_CASE("prefill logits equal the plain dense implementation", "[model]") {
   }
 }
 
+TEST_CASE("KV blocks larger than the attention kernels' 256-key run give the reference logits", "[model]") {
+  pd::TinyLlamaSpec spec;
+  spec.context = 512;
+  Fixture fx(spec);  // int8 path; the attention code is shared by both
+  const auto& c = fx.model->config();
+  const auto ids = random_tokens(300, c.vocab, 21);  // 300 positions in one 512-token block
+  const auto ref = reference_forward(*fx.file, c, ids, Path::kInt8);
+  auto cache = fx.cache(512, 2);
+  std::vector<int32_t> table{1};
+  pd::SequenceBatch sb{ids, 0, table, true};
+  std::vector<float> got;
+  REQUIRE(fx.model->prefill(std::span(&sb, 1), cache, &got).is_ok());
+  CHECK(max_abs_diff(got, ref.back()) < kTol);
+}
+
 TEST_CASE("prefill then token-by-token decode equals the reference at every position", "[model]") {
   for (Path path : {Path::kFp32, Path::kInt8}) {
   Fixture fx({}, path);

@@ -118,12 +118,17 @@ void attend_run(const cpu::Kernels& kern, const AttentionRun& a) {
     l[h] = 0.0f;
     for (int64_t j = 0; j < hd; ++j) acc[h][j] = 0.0f;
   }
-  alignas(64) float s[256];
-  for (int64_t p0 = 0; p0 < a.n_ctx; p0 += bs) {
-    const int64_t block = a.table[p0 / bs];
-    const float* kb = reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 0, block)) + a.kv_head * bs * hd;
-    const float* vb = reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 1, block)) + a.kv_head * bs * hd;
-    const int n_in = static_cast<int>(std::min(bs, a.n_ctx - p0));
+  // Keys in runs of at most kScoreRun (a block, or a slice of a large one).
+  constexpr int64_t kScoreRun = 256;
+  alignas(64) float s[kScoreRun];
+  for (int64_t p0 = 0; p0 < a.n_ctx;) {
+    const int64_t block = a.table[p0 / bs], off = p0 % bs;
+    const float* kb =
+        reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 0, block)) + (a.kv_head * bs + off) * hd;
+    const float* vb =
+        reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 1, block)) + (a.kv_head * bs + off) * hd;
+    const int n_in = static_cast<int>(std::min({bs - off, a.n_ctx - p0, kScoreRun}));
+    p0 += n_in;
     for (int h = 0; h < a.nq; ++h) {
       kern.qk_scores(a.q + h * hd, kb, hd, n_in, a.scale, s);
       float block_max = s[0];
