@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 
 namespace pd::test {
 
@@ -25,5 +26,13 @@ void require_default_model() {
 }
 
 std::string test_data_dir() { return PD_TEST_DATA_DIR; }
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
 
 }  // namespace pd::test

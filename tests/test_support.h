@@ -1,7 +1,10 @@
 // Helpers shared by the test executables.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pd::test {
 
@@ -20,5 +23,8 @@ std::string default_model_path();
 void require_default_model();
 
 std::string test_data_dir();
+
+// n floats drawn from N(0, scale^2), reproducible from the seed.
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f);
 
 }  // namespace pd::test

@@ -3,23 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "gguf/ggml_types.h"
+#include "test_support.h"
 
-namespace {
-
-std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-}  // namespace
+using pd::test::random_floats;
 
 TEST_CASE("dot_row_multi equals dequantize-then-dot for every weight type and batch size", "[cpu][kernels]") {
   const pd::GgmlType types[] = {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0,

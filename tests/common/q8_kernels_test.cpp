@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -27,13 +26,7 @@ namespace {
 using pd::cpu::BlockQ8A;
 using pd::cpu::Isa;
 
-std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using pd::test::random_floats;
 
 // Every path this CPU runs; the others are named once (not counted as tested).
 std::vector<Isa> runnable_isas() {
