@@ -65,6 +65,8 @@ Status DecodeWorker::run() {
 
 bool DecodeWorker::handle_messages() {
   return channel_.drain([&](int source, proto::Message& msg) {
+    // One bad message must not end the rank (and, with it, every request on it).
+    try {
     std::visit(
         [&](auto&& m) {
           using T = std::decay_t<decltype(m)>;
@@ -76,7 +78,16 @@ bool DecodeWorker::handle_messages() {
           else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
         msg);
+    } catch (const std::exception& e) {
+      spdlog::error("decode rank {}: handling {} from rank {}: {}", roles_.self, proto::message_name(msg), source,
+                    e.what());
+    }
   }) > 0;
+}
+
+DecodeWorker::Seq* DecodeWorker::find_seq(proto::RequestId id) {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
 }
 
 void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = Clock::now(); }
@@ -187,7 +198,7 @@ bool DecodeWorker::accept_offers() {
   KvBlockManager& blocks = *engine_->blocks;
   // Preempted sequences have first call on freed blocks: no new handoffs until they are back.
   for (proto::RequestId w : waiting_)
-    if (seqs_.at(w).state == SeqState::kPreempted) return false;
+    if (const Seq* s = find_seq(w); s != nullptr && s->state == SeqState::kPreempted) return false;
   if (offers_.empty()) return false;
   // Keep room for the running batch's next tokens and for received-but-not-yet-
   // running sequences, so accepting a handoff does not force a preemption.
@@ -195,9 +206,14 @@ bool DecodeWorker::accept_offers() {
   int64_t reserved = 0;
   for (proto::RequestId r : running_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
   for (proto::RequestId w : waiting_)
-    if (seqs_.at(w).has_blocks) reserved += blocks.blocks_needed_to_append(seq_of(w), 1);
+    if (const Seq* s = find_seq(w); s != nullptr && s->has_blocks) reserved += blocks.blocks_needed_to_append(seq_of(w), 1);
   while (!offers_.empty()) {
-    Seq& s = seqs_.at(offers_.front());
+    Seq* offered = find_seq(offers_.front());
+    if (offered == nullptr || offered->state != SeqState::kOffered) {  // ended while it waited
+      offers_.pop_front();
+      continue;
+    }
+    Seq& s = *offered;
     const int64_t need = blocks.blocks_needed_for_prompt(s.tokens);
     if (need + reserved > blocks.num_free_blocks()) break;
     auto alloc = blocks.allocate(seq_of(s.id), s.tokens);
@@ -221,7 +237,7 @@ bool DecodeWorker::accept_offers() {
       else st = op.status();
     }
     s.state = SeqState::kReceiving;
-    s.accepted = Clock::now();
+    s.accepted = s.last_progress = Clock::now();
     if (!st.is_ok()) {
       channel_.send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false});
       for (TransferOp op : s.ops) transport_->cancel(op);
@@ -247,6 +263,8 @@ bool DecodeWorker::progress_transfers() {
       auto r = transport_->test(*op);
       if (!r.is_ok() || *r != OpState::kPending) {
         if (r.is_ok() && *r == OpState::kCancelled) s.cancelled = true;
+        if (r.is_ok() && *r == OpState::kDone) s.data_seen = true;
+        s.last_progress = Clock::now();
         op = s.ops.erase(op);
         any = true;
       } else {
@@ -256,7 +274,9 @@ bool DecodeWorker::progress_transfers() {
     if (s.ops.empty()) done.push_back(id);
   }
   for (proto::RequestId id : done) {
-    Seq& s = seqs_.at(id);
+    Seq* found = find_seq(id);
+    if (found == nullptr) continue;
+    Seq& s = *found;
     if (s.state == SeqState::kDying || s.cancelled || s.failed) {
       release(s);
       seqs_.erase(id);
@@ -300,7 +320,12 @@ void DecodeWorker::check_deadlines() {
   const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
   for (auto it = offers_.begin(); it != offers_.end();) {
-    Seq& s = seqs_.at(*it);
+    Seq* found = find_seq(*it);
+    if (found == nullptr) {
+      it = offers_.erase(it);
+      continue;
+    }
+    Seq& s = *found;
     if (now - s.arrived > handoff) {
       channel_.send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
                                                              " within " + std::to_string(cfg_.timeouts.handoff_ms) + " ms",
@@ -311,14 +336,28 @@ void DecodeWorker::check_deadlines() {
       ++it;
     }
   }
+  // A transfer fails when it stops making progress, not for time its prompt
+  // spent queued on the prefill rank: before the first layer lands, the
+  // prefill rank's own queue bound applies too (it aborts the handoff when its
+  // prompt waited that long), so this side waits for both.
+  const auto first_layer = std::chrono::milliseconds(cfg_.timeouts.prefill_queue_ms) + transfer;
+  std::vector<proto::RequestId> stalled;
   for (auto& [id, s] : seqs_) {
-    if (s.state == SeqState::kReceiving && now - s.accepted > transfer) {
-      fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " did not complete within " +
-                  std::to_string(cfg_.timeouts.transfer_ms) + " ms",
-           504);
-    } else if (s.state == SeqState::kDying && !s.ops.empty() && now - s.accepted > transfer) {
+    const auto bound = s.data_seen ? transfer : first_layer;
+    if (s.state == SeqState::kReceiving && now - s.last_progress > bound) {
+      stalled.push_back(id);
+    } else if (s.state == SeqState::kDying && !s.ops.empty() && now - s.last_progress > bound) {
       for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
     }
+  }
+  for (proto::RequestId id : stalled) {  // fail() may erase: not while iterating seqs_
+    Seq* s = find_seq(id);
+    if (s == nullptr) continue;
+    fail(*s, "KV transfer from prefill rank " + std::to_string(s->source) + " did not complete: no progress for " +
+                 std::to_string(s->data_seen ? cfg_.timeouts.transfer_ms
+                                             : cfg_.timeouts.prefill_queue_ms + cfg_.timeouts.transfer_ms) +
+                 " ms (timeouts.transfer_ms" + (s->data_seen ? "" : " + timeouts.prefill_queue_ms") + ")",
+         504);
   }
   const auto keep = std::max(handoff, transfer) * 2;
   for (auto it = cancelled_.begin(); it != cancelled_.end();)
@@ -350,6 +389,10 @@ void DecodeWorker::release(Seq& s) {
 }
 
 bool DecodeWorker::step() {
+  // Every id in these lists has its Seq (cancel and fail remove both); drop any
+  // that does not rather than trust it, so a missed erase cannot end the rank.
+  std::erase_if(running_, [&](proto::RequestId id) { return !seqs_.count(id); });
+  std::erase_if(waiting_, [&](proto::RequestId id) { return !seqs_.count(id); });
   if (running_.empty() && waiting_.empty()) return false;
   KvBlockManager& blocks = *engine_->blocks;
 

@@ -58,6 +58,8 @@ class DecodeWorker {
     bool cancelled = false;            // cancelled/aborted while receiving: discard when ops finish
     bool failed = false;
     Clock::time_point arrived, accepted, received;  // received: KV complete (or arrival, colocated)
+    Clock::time_point last_progress;   // accept, then each receive that completed (transfer deadline)
+    bool data_seen = false;            // at least one KV layer has landed
     bool timing_sent = false;
   };
 
@@ -75,6 +77,7 @@ class DecodeWorker {
   void release(Seq& s);
   int64_t blocks_for_tokens(int64_t n) const;
   void report_load(bool force);
+  Seq* find_seq(proto::RequestId id);
   void remember_cancelled(proto::RequestId id);
   bool was_cancelled(proto::RequestId id);
 

@@ -90,6 +90,7 @@ PY
 }
 PORT="${PORT:-$(cfg_get port 8000)}"
 HOST="${HOST:-$(cfg_get host 127.0.0.1)}"
+API_KEY="$(cfg_get api_key '')"
 CHOST="$HOST"; [[ "$CHOST" == 0.0.0.0 ]] && CHOST=127.0.0.1
 
 # mpirun gets its own session, so a Ctrl-C reaches only this script, which then asks the
@@ -97,6 +98,9 @@ CHOST="$HOST"; [[ "$CHOST" == 0.0.0.0 ]] && CHOST=127.0.0.1
 # mpirun exits 0. (A SIGINT to mpirun itself would kill every rank at once.)
 setsid "${MPIRUN[@]}" &
 PID=$!
+# From here on nothing may end this script while the job runs undrained: no
+# set -e, and any exit other than the cluster's own drains it first.
+set +e
 drain() {
   echo "launch.sh: draining the cluster (in-flight requests finish; Ctrl-C again to kill)" >&2
   trap 'kill -KILL -- -$PID 2>/dev/null' INT TERM
@@ -105,14 +109,21 @@ drain() {
   wait "$PID"; exit $?
 }
 trap drain INT TERM
+AUTH=() AUTH_HINT=""
+if [[ -n "$API_KEY" ]]; then
+  AUTH=(-H "Authorization: Bearer $API_KEY")
+  AUTH_HINT=" -H 'Authorization: Bearer <http.api_key>'"
+fi
 for _ in $(seq 1 600); do
   if curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
-    MODEL_NAME=$(curl -s "http://$CHOST:$PORT/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+    MODEL_NAME=$(curl -s "${AUTH[@]}" "http://$CHOST:$PORT/v1/models" |
+                 python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' 2>/dev/null)
+    [[ -n "$MODEL_NAME" ]] || MODEL_NAME="<model>"
     cat <<MSG
 
 pdcluster is up: http://$CHOST:$PORT  ($P prefill + $D decode ranks${COLOCATED:+, colocated})
 Try:
-  curl http://$CHOST:$PORT/v1/chat/completions -H 'Content-Type: application/json' \\
+  curl http://$CHOST:$PORT/v1/chat/completions -H 'Content-Type: application/json'$AUTH_HINT \\
     -d '{"model": "$MODEL_NAME", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64}'
 Metrics: curl http://$CHOST:$PORT/metrics     Stop: Ctrl-C (drains in-flight requests)
 MSG

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "sampling/sampler.h"
@@ -31,8 +32,8 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
             kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table));
       if (job.accepted && job.layers_posted == layer) post_layer(job, layer);
     }
-    progress_transfers();  // keep MPI progressing while compute continues
-    report_load(false);    // a long batch must not look like a dead rank to /health
+    pump_transfers();    // keep MPI progressing while compute continues
+    report_load(false);  // a long batch must not look like a dead rank to /health
   });
 }
 
@@ -46,6 +47,7 @@ Status PrefillWorker::run() {
     bool busy = handle_messages();
     busy |= progress_transfers();
     check_deadlines();
+    if (!queue_.empty()) pump_transfers();  // a batch is next: push pending sends out first
     busy |= run_batch();
     channel_.progress();
     report_load(false);
@@ -63,6 +65,8 @@ Status PrefillWorker::run() {
 
 bool PrefillWorker::handle_messages() {
   return channel_.drain([&](int source, proto::Message& msg) {
+    // One bad message must not end the rank (and, with it, every request on it).
+    try {
     std::visit(
         [&](auto&& m) {
           using T = std::decay_t<decltype(m)>;
@@ -74,7 +78,20 @@ bool PrefillWorker::handle_messages() {
           else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
         msg);
+    } catch (const std::exception& e) {
+      spdlog::error("prefill rank {}: handling {} from rank {}: {}", roles_.self, proto::message_name(msg), source,
+                    e.what());
+    }
   }) > 0;
+}
+
+PrefillWorker::Job* PrefillWorker::find_job(proto::RequestId id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+bool PrefillWorker::in_batch(proto::RequestId id) const {
+  return std::find(batch_.begin(), batch_.end(), id) != batch_.end();
 }
 
 void PrefillWorker::on_request(proto::PrefillRequest req) {
@@ -107,6 +124,7 @@ void PrefillWorker::on_cancel(proto::RequestId id) {
     case JobState::kHeld:
       channel_.send(job.req.decode_rank, proto::HandoffAbort{id, "cancelled"});
       release(job, job.state == JobState::kHeld);
+      if (job.state == JobState::kQueued) std::erase(queue_, id);
       jobs_.erase(it);
       break;
     case JobState::kSending:  // the decode rank was cancelled too; the transfer completes, then we free
@@ -156,6 +174,7 @@ void PrefillWorker::post_layer(Job& job, int layer) {
   }
   job.ops.push_back(*op);
   if (job.layers_posted == 0) job.send_started = Clock::now();
+  job.last_progress = Clock::now();
   job.layers_posted = layer + 1;
   job.bytes_posted += region.total_bytes();
 }
@@ -181,7 +200,12 @@ bool PrefillWorker::run_batch() {
   batch_.clear();
   int64_t budget = cfg_.prefill.token_budget;
   while (!queue_.empty() && static_cast<int>(batch_.size()) < cfg_.prefill.max_batch) {
-    Job& job = jobs_.at(queue_.front());
+    Job* queued = find_job(queue_.front());
+    if (queued == nullptr || queued->state != JobState::kQueued) {  // ended while queued
+      queue_.pop_front();
+      continue;
+    }
+    Job& job = *queued;
     const int64_t n = static_cast<int64_t>(job.req.prompt.size());
     if (!batch_.empty() && n > budget) break;  // one prompt may exceed the budget alone
     if (blocks.blocks_needed_for_prompt(job.req.prompt) > blocks.num_free_blocks()) {
@@ -232,14 +256,16 @@ bool PrefillWorker::run_batch() {
   ran.swap(batch_);
   if (!st.is_ok()) {
     spdlog::error("prefill rank {}: batch of {} failed: {}", roles_.self, ran.size(), st.to_string());
-    for (proto::RequestId id : ran) fail(jobs_.at(id), "prefill failed: " + st.message(), 500, true);
+    for (proto::RequestId id : ran)
+      if (Job* job = find_job(id)) fail(*job, "prefill failed: " + st.message(), 500, true);
     return true;
   }
   const int64_t vocab = engine_->config().vocab;
   proto::TokenEvents events;
   for (size_t i = 0; i < ran.size(); ++i) {
-    Job& job = jobs_.at(ran[i]);
-    if (job.state == JobState::kZombie) continue;
+    Job* found = find_job(ran[i]);
+    if (found == nullptr || found->state == JobState::kZombie) continue;
+    Job& job = *found;
     Sampler sampler(job.req.sampling);
     std::span<float> row(logits.data() + i * vocab, static_cast<size_t>(vocab));
     job.first_token = sampler.sample(row);
@@ -268,6 +294,20 @@ bool PrefillWorker::run_batch() {
   return true;
 }
 
+void PrefillWorker::pump_transfers() {
+  // MPI moves a large send only while this rank calls into it: OpenMPI's ob1
+  // layer keeps a few fragments of each send in flight and schedules the next
+  // ones on a later call. Called once per layer of a long pass, a single test
+  // per op would let a layer's KV trickle out over many layers' compute time
+  // (and, to the decode rank, look like a stalled transfer). So call it until
+  // nothing is pending or a short slice is spent.
+  constexpr auto kSlice = std::chrono::milliseconds(2);
+  const auto end = Clock::now() + kSlice;
+  do {
+    progress_transfers();
+  } while (transport_->pending() && Clock::now() < end);
+}
+
 bool PrefillWorker::progress_transfers() {
   bool any = false;
   for (auto it = jobs_.begin(); it != jobs_.end();) {
@@ -280,13 +320,16 @@ bool PrefillWorker::progress_transfers() {
       auto r = transport_->test(*op);
       if (!r.is_ok() || *r != OpState::kPending) {
         op = job.ops.erase(op);
+        job.last_progress = Clock::now();
         any = true;
       } else {
         ++op;
       }
     }
     const bool trailer_posted = !job.trailer.empty();
-    if (job.ops.empty() && (trailer_posted || job.state == JobState::kZombie)) {
+    // A job of the batch that forward() is computing keeps its blocks until the
+    // pass ends (the layer hook runs this function mid-pass).
+    if (job.ops.empty() && (trailer_posted || job.state == JobState::kZombie) && !in_batch(it->first)) {
       // Every byte is out: the blocks may be reused (a zombie's KV may be partial).
       if (job.state == JobState::kSending) {
         const auto now = Clock::now();
@@ -306,20 +349,26 @@ void PrefillWorker::check_deadlines() {
   const auto now = Clock::now();
   const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
+  const auto queue_bound = std::chrono::milliseconds(cfg_.timeouts.prefill_queue_ms);
   for (auto& [id, job] : jobs_) {
-    if (!job.accepted && job.state != JobState::kZombie && now - job.offered > handoff) {
+    if (job.state == JobState::kQueued && now - job.arrived > queue_bound) {
+      // Each deadline measures what it names: this one the wait for a batch.
+      fail(job, "waited " + std::to_string(cfg_.timeouts.prefill_queue_ms) + " ms in prefill rank " +
+                    std::to_string(roles_.self) + "'s queue without starting (timeouts.prefill_queue_ms)",
+           503, true);
+    } else if (!job.accepted && job.state != JobState::kZombie && now - job.offered > handoff) {
       fail(job, "decode rank " + std::to_string(job.req.decode_rank) + " did not accept the KV handoff within " +
                     std::to_string(cfg_.timeouts.handoff_ms) + " ms",
            503, true);
-    } else if (job.state == JobState::kSending && now - job.send_started > transfer) {
-      fail(job, "KV transfer to decode rank " + std::to_string(job.req.decode_rank) + " did not complete within " +
-                    std::to_string(cfg_.timeouts.transfer_ms) + " ms",
+    } else if (job.state == JobState::kSending && now - job.last_progress > transfer) {
+      fail(job, "KV transfer to decode rank " + std::to_string(job.req.decode_rank) + " did not complete: no progress for " +
+                    std::to_string(cfg_.timeouts.transfer_ms) + " ms (timeouts.transfer_ms)",
            504, true);
     }
   }
   // Queued jobs that failed above are zombies without ops: drop them now.
   for (auto it = jobs_.begin(); it != jobs_.end();) {
-    if (it->second.state == JobState::kZombie && it->second.ops.empty()) {
+    if (it->second.state == JobState::kZombie && it->second.ops.empty() && !in_batch(it->first)) {
       std::erase(queue_, it->first);
       release(it->second, false);
       it = jobs_.erase(it);

@@ -39,6 +39,7 @@ class PrefillWorker {
     proto::PrefillRequest req;
     JobState state = JobState::kQueued;
     Clock::time_point arrived, offered, computed, send_started;
+    Clock::time_point last_progress;     // last layer posted or send completed (transfer deadline)
     int64_t bytes_posted = 0;
     bool accepted = false;
     int tag = 0;
@@ -63,10 +64,13 @@ class PrefillWorker {
   void post_layer(Job& job, int layer);
   void post_trailer(Job& job);
   bool progress_transfers();
+  void pump_transfers();
   void check_deadlines();
   void fail(Job& job, const std::string& reason, int http_status, bool tell_decode);
   void release(Job& job, bool kv_written);
   void report_load(bool force);
+  Job* find_job(proto::RequestId id);
+  bool in_batch(proto::RequestId id) const;
 
   const ClusterConfig cfg_;
   const RoleTable roles_;

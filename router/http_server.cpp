@@ -6,6 +6,7 @@
 #include <deque>
 #include <exception>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -36,12 +37,41 @@ namespace detail {
 using Strand = net::strand<net::io_context::executor_type>;
 class Connection;
 
+// A watch read (see Connection::start_watch) reads at most this much at once.
+constexpr size_t kWatchReadBytes = 4096;
+// Bytes a client may send ahead (pipelining) while an answer is pending; past
+// this they are discarded and the connection closes after the answer.
+constexpr size_t kMaxPipelinedBytes = 64 * 1024;
+// Added to max_body_bytes + max_header_bytes for the default max_request_bytes.
+constexpr size_t kRequestOverheadBytes = 48 * 1024;
+// Limits of an overflow connection (admitted beyond max_connections).
+constexpr size_t kOverflowHeaderBytes = 4 * 1024;
+constexpr size_t kOverflowBodyBytes = 1024;
+constexpr size_t kOverflowRequestBytes = 8 * 1024;
+constexpr std::chrono::milliseconds kOverflowReadTimeout{2000};
+// Retry-After of the 503 that an overflow connection gets.
+constexpr const char* kOverflowRetryAfter = "1";
+
+size_t request_limit_of(const HttpServerConfig& c) {
+  return c.max_request_bytes != 0 ? c.max_request_bytes
+                                  : c.max_body_bytes + c.max_header_bytes + kRequestOverheadBytes;
+}
+
+// The most unparsed bytes a connection's read buffer holds: a header up to its
+// limit (the parser reports header_limit before the buffer fills) or the bytes
+// sent ahead during an exchange, plus one watch read.
+size_t buffer_limit_of(const HttpServerConfig& c) {
+  return std::max(c.max_header_bytes + 1, kMaxPipelinedBytes) + kWatchReadBytes;
+}
+
 // State shared by the server object, its io threads and every connection. A
 // connection holds a shared_ptr to it, so the io_context outlives every socket
 // and strand that uses it, even when a ResponseWriter outlives the server.
 struct ServerCore : std::enable_shared_from_this<ServerCore> {
   explicit ServerCore(HttpServerConfig c)
       : cfg(std::move(c)),
+        request_limit(request_limit_of(cfg)),
+        buffer_limit(buffer_limit_of(cfg)),
         ioc(std::max(1, cfg.threads)),
         work(net::make_work_guard(ioc)),
         accept_strand(net::make_strand(ioc)),
@@ -50,6 +80,8 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
 
   // Constant after start().
   const HttpServerConfig cfg;
+  const size_t request_limit;  // cfg.max_request_bytes, or its default when 0
+  const size_t buffer_limit;   // buffer_limit_of(cfg)
   HttpHandler handler;
 
   net::io_context ioc;
@@ -60,10 +92,23 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
   std::shared_mutex stop_mu;
   bool stopped = false;  // guarded by stop_mu
 
+  // One per open connection (from accept until close).
+  struct ConnEntry {
+    std::weak_ptr<Connection> conn;
+    bool slot = false;      // holds one of the max_connections slots
+    uint64_t idle_seq = 0;  // its key in `idle` while listed there, else 0
+  };
+
   std::atomic<size_t> open_connections{0};
   std::mutex conns_mu;
-  std::unordered_map<uint64_t, std::weak_ptr<Connection>> conns;  // guarded by conns_mu
-  uint64_t next_conn_id = 0;                                     // guarded by conns_mu
+  std::unordered_map<uint64_t, ConnEntry> conns;  // guarded by conns_mu
+  uint64_t next_conn_id = 0;                     // guarded by conns_mu
+  size_t slots_used = 0;                         // guarded by conns_mu: entries with slot
+  // Slot holders waiting for their next keep-alive request with nothing of it
+  // received, longest idle first (idle_seq -> connection id): the candidates
+  // for eviction when every slot is taken. Guarded by conns_mu.
+  std::map<uint64_t, uint64_t> idle;
+  uint64_t next_idle_seq = 1;  // guarded by conns_mu
 
   // Used on accept_strand only.
   Strand accept_strand;
@@ -124,19 +169,24 @@ class Writer;
 
 // One accepted socket. Every member function runs on strand_ (the socket's
 // executor); nothing here blocks. Life cycle:
-//   reading (header, maybe "100 Continue", body; under read_timeout)
+//   reading (header, maybe "100 Continue", body; under read_timeout and the
+//   size limits, counted as the parser consumes)
 //   -> exchange (handler called; writes queued by the Writer; a "watch" read
 //      stays outstanding to notice the client leaving)
 //   -> reading the next request (keep-alive) or closing.
+// An overflow connection (admitted beyond max_connections) reads one request
+// under small limits and then closes; see HttpServerConfig::max_connections.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::shared_ptr<ServerCore> core, tcp::socket socket, Strand strand, uint64_t id)
+  Connection(std::shared_ptr<ServerCore> core, tcp::socket socket, Strand strand, uint64_t id, bool overflow)
       : core_(std::move(core)),
         strand_(std::move(strand)),
         socket_(std::move(socket)),
         read_timer_(strand_),
         write_timer_(strand_),
-        id_(id) {
+        id_(id),
+        overflow_(overflow),
+        buffer_(core_->buffer_limit) {
     core_->open_connections.fetch_add(1);
   }
   ~Connection() { mark_closed(); }
@@ -148,7 +198,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (core_->is_stopped()) return close();
     beast::error_code ec;
     socket_.set_option(tcp::no_delay(true), ec);  // SSE events go out as they are made
-    start_read();
+    start_read(/*after_exchange=*/false);
+  }
+
+  // Posted by the acceptor after it gave this connection's slot to a new one
+  // (it was listed idle): an idle connection closes now; one that meanwhile
+  // got (part of) a request serves that request, with Connection: close, and
+  // then closes.
+  void evict() {
+    if (closed_) return;
+    evicted_ = true;
+    // (The parser may have consumed a request line while its header is incomplete.)
+    if (idle_ && buffer_.size() == 0 && parser_ && !parser_->got_some()) return close();
+    if (in_exchange_) close_after_ = true;
   }
 
   // Closes the socket; a pending exchange sees on_disconnect. Idempotent.
@@ -172,6 +234,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send_response(uint64_t exchange, std::shared_ptr<http::response<http::string_body>> res, bool close_after) {
     if (!accepts(exchange)) return;
     if (close_after) close_after_ = true;
+    if (close_after_) res->keep_alive(false);  // the connection closes after it: say so
     push({Outgoing::kResponse, std::move(res), {}, /*final=*/true});
   }
 
@@ -229,11 +292,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::optional<http::response_serializer<http::empty_body>> sr;  // over res, made once res is set
   };
 
-  static constexpr size_t kWatchReadBytes = 4096;
-  // Bytes a client may send ahead (pipelining) while an answer is pending; past
-  // this the watch read stops and a departure is noticed by a failed write.
-  static constexpr size_t kMaxPipelinedBytes = 64 * 1024;
-
   bool accepts(uint64_t exchange) const { return !closed_ && in_exchange_ && exchange == exchange_ && !final_queued_; }
 
   void mark_closed() {
@@ -241,7 +299,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
     counted_closed_ = true;
     core_->open_connections.fetch_sub(1);
     std::lock_guard lock(core_->conns_mu);
-    core_->conns.erase(id_);
+    auto it = core_->conns.find(id_);
+    if (it == core_->conns.end()) return;
+    if (it->second.slot) --core_->slots_used;
+    if (it->second.idle_seq != 0) core_->idle.erase(it->second.idle_seq);
+    core_->conns.erase(it);
+  }
+
+  // Lists this connection as idle (an eviction candidate) or unlists it. Only
+  // a slot holder is listed; a no-op when there is no connection limit.
+  void set_idle(bool idle) {
+    idle_ = idle;
+    if (core_->cfg.max_connections == 0) return;
+    std::lock_guard lock(core_->conns_mu);
+    auto it = core_->conns.find(id_);
+    if (it == core_->conns.end()) return;
+    ServerCore::ConnEntry& e = it->second;
+    if (idle && e.slot && e.idle_seq == 0) {
+      e.idle_seq = core_->next_idle_seq++;
+      core_->idle.emplace(e.idle_seq, id_);
+    } else if (!idle && e.idle_seq != 0) {
+      core_->idle.erase(e.idle_seq);
+      e.idle_seq = 0;
+    }
   }
 
   // ---- Timers: a generation number tells a stale expiry from a live one.
@@ -269,57 +349,102 @@ class Connection : public std::enable_shared_from_this<Connection> {
     write_timer_.cancel();
   }
 
-  // ---- Reading a request.
+  // ---- Reading a request: async_read_some in a loop, so that every byte the
+  // parser consumes is counted against request_limit; one element the parser
+  // cannot consume yet (a header, a chunk-size line, the trailers) is bounded
+  // by the header limit or by the buffer's own limit.
 
-  void start_read() {
+  // `after_exchange`: waiting for a keep-alive request, not the first one.
+  void start_read(bool after_exchange) {
     if (closed_) return;
+    if (after_exchange && evicted_ && buffer_.size() == 0) return close();
     parser_.emplace();
-    parser_->body_limit(core_->cfg.max_body_bytes);
-    arm_read_timer(core_->cfg.read_timeout);
-    http::async_read_header(socket_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    parser_->header_limit(static_cast<std::uint32_t>(
+        std::min<size_t>(overflow_ ? kOverflowHeaderBytes : core_->cfg.max_header_bytes, UINT32_MAX)));
+    body_limit_ = overflow_ ? kOverflowBodyBytes : core_->cfg.max_body_bytes;
+    parser_->body_limit(body_limit_);
+    request_bytes_ = 0;
+    header_handled_ = false;
+    arm_read_timer(overflow_ ? std::min(core_->cfg.read_timeout, kOverflowReadTimeout) : core_->cfg.read_timeout);
+    if (after_exchange && buffer_.size() == 0) set_idle(true);
+    read_some();
   }
 
-  void on_header(beast::error_code ec) {
+  void read_some() {
+    http::async_read_some(socket_, buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_read_some(ec, n); });
+  }
+
+  size_t request_limit() const { return overflow_ ? kOverflowRequestBytes : core_->request_limit; }
+
+  bool always_served(const http::request<http::string_body>& req) const {
+    if (req.method() != http::verb::get) return false;
+    const beast::string_view target = req.target();
+    const beast::string_view path = target.substr(0, target.find('?'));
+    const auto& paths = core_->cfg.always_served_paths;
+    return std::any_of(paths.begin(), paths.end(), [&](const std::string& p) { return path == p; });
+  }
+
+  void on_read_some(beast::error_code ec, size_t n) {
+    if (idle_) set_idle(false);  // (part of) a request arrived, or the read ended
     if (closed_) return;
+    request_bytes_ += n;
     if (ec) return on_read_error(ec);
-    const auto& req = parser_->get();
-    if (beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
-      // The client waits for this before sending the body (curl does for > 1 KiB).
-      auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, req.version());
-      write_pending_ = true;
-      arm_write_timer();
-      http::async_write(socket_, *res, [self = shared_from_this(), res](beast::error_code wec, size_t) {
-        self->write_pending_ = false;
-        self->disarm_write_timer();
-        if (self->closed_) return;
-        if (wec) return self->close();
-        self->read_body();
-      });
-      return;
+    if (request_bytes_ > request_limit()) {
+      return send_error(parser_->is_header_done() ? parser_->get().version() : 11, 413,
+                        "request exceeds the limit of " + std::to_string(request_limit()) +
+                            " bytes (header, chunk metadata, trailers and body together)");
     }
-    read_body();
-  }
-
-  void read_body() {
-    http::async_read(socket_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
-  }
-
-  void on_body(beast::error_code ec) {
-    if (closed_) return;
-    disarm_read_timer();
-    if (ec) return on_read_error(ec);
-    dispatch();
+    if (!header_handled_ && parser_->is_header_done()) {
+      header_handled_ = true;
+      parser_->eager(true);  // from here, parse as much of the body as each read brings
+      const auto& req = parser_->get();
+      if (overflow_ && !always_served(req)) {
+        return send_error(req.version(), 503,
+                          "the server is at its limit of " + std::to_string(core_->cfg.max_connections) +
+                              " connections; retry later",
+                          "service_unavailable", {{"Retry-After", kOverflowRetryAfter}});
+      }
+      if (beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
+        // The client waits for this before sending the body (curl does for > 1 KiB).
+        auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, req.version());
+        write_pending_ = true;
+        arm_write_timer();
+        http::async_write(socket_, *res, [self = shared_from_this(), res](beast::error_code wec, size_t) {
+          self->write_pending_ = false;
+          self->disarm_write_timer();
+          if (self->closed_) return;
+          if (wec) return self->close();
+          self->read_some();
+        });
+        return;
+      }
+    }
+    if (parser_->is_done()) {
+      disarm_read_timer();
+      return dispatch();
+    }
+    read_some();
   }
 
   void on_read_error(beast::error_code ec) {
     const unsigned version = parser_ && parser_->is_header_done() ? parser_->get().version() : 11;
     if (ec == http::error::body_limit) {
-      return send_error(version, 413,
-                        "request body exceeds the limit of " + std::to_string(core_->cfg.max_body_bytes) + " bytes");
+      return send_error(version, 413, "request body exceeds the limit of " + std::to_string(body_limit_) + " bytes");
     }
-    if (ec == http::error::header_limit) return send_error(version, 431, "request header fields too large");
+    if (ec == http::error::buffer_overflow) {
+      // Only after the header (header_limit comes first): a chunk-size line with
+      // its extensions, or the trailer section, did not fit in the buffer.
+      return send_error(version, 413,
+                        "a chunk-size line or the trailer section of the request exceeds the limit of " +
+                            std::to_string(core_->buffer_limit) + " bytes");
+    }
+    if (ec == http::error::header_limit) {
+      return send_error(version, 431,
+                        "request header fields too large (limit " +
+                            std::to_string(overflow_ ? kOverflowHeaderBytes : core_->cfg.max_header_bytes) +
+                            " bytes)");
+    }
     // The peer left (or the deadline closed the socket): nobody to answer.
     if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
         ec.category() != http::make_error_code(http::error::bad_method).category()) {
@@ -328,15 +453,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     send_error(version, 400, "malformed HTTP request: " + ec.message());
   }
 
-  // The server's own answer to a request it could not read; closes afterwards.
-  void send_error(unsigned version, int status, std::string message) {
+  // The server's own answer to a request it could not (or would not) read;
+  // closes afterwards.
+  void send_error(unsigned version, int status, std::string message, std::string type = "invalid_request_error",
+                  std::vector<std::pair<std::string, std::string>> headers = {}) {
     disarm_read_timer();
+    parser_.reset();
     ++exchange_;
     in_exchange_ = true;
     final_queued_ = false;
     close_after_ = true;
-    push({Outgoing::kResponse, make_error_response(version, status, std::move(message), "invalid_request_error"),
-          {}, true});
+    auto res = make_error_response(version, status, std::move(message), std::move(type));
+    for (auto& [name, value] : headers) res->set(name, value);
+    push({Outgoing::kResponse, std::move(res), {}, true});
   }
 
   void dispatch();  // below Writer
@@ -404,7 +533,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       socket_.cancel(ec);
       return;
     }
-    start_read();
+    start_read(/*after_exchange=*/true);
   }
 
   // Closing after an answer: stop sending, then read and discard what the
@@ -428,14 +557,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // A read kept outstanding during an exchange: EOF or an error means the client
-  // left; bytes it sends ahead are kept in buffer_ for the next request.
+  // left; bytes it sends ahead are kept in buffer_ for the next request, up to
+  // kMaxPipelinedBytes. Past that they are all discarded, and so is whatever
+  // follows (read into drain_buf_), and the connection closes after the
+  // answer: the read never stops, so a departure is still noticed.
   void start_watch() {
-    if (watch_pending_ || closed_ || buffer_.size() >= kMaxPipelinedBytes) return;
+    if (watch_pending_ || closed_) return;
+    if (!discard_ahead_ && buffer_.size() >= kMaxPipelinedBytes) {
+      discard_ahead_ = true;
+      close_after_ = true;  // the requests sent ahead are not served
+      buffer_.consume(buffer_.size());
+    }
     watch_pending_ = true;
+    if (discard_ahead_) {
+      drain_buf_.resize(kWatchReadBytes);
+      socket_.async_read_some(net::buffer(drain_buf_),
+                              [self = shared_from_this()](beast::error_code ec, size_t) { self->on_watch(ec, 0); });
+      return;
+    }
+    // size() < kMaxPipelinedBytes, so this stays within buffer_'s limit.
     socket_.async_read_some(buffer_.prepare(kWatchReadBytes),
                             [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
+  // `n`: bytes read into buffer_ (0 when they went to drain_buf_).
   void on_watch(beast::error_code ec, size_t n) {
     watch_pending_ = false;
     if (n > 0) buffer_.commit(n);
@@ -452,7 +597,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     // The exchange ended while this read was outstanding (cancelled or not).
     if (ec && ec != net::error::operation_aborted) return close();
-    start_read();
+    start_read(/*after_exchange=*/true);
   }
 
   void client_gone();  // below Writer
@@ -465,10 +610,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   net::steady_timer read_timer_;
   net::steady_timer write_timer_;
   const uint64_t id_;
+  const bool overflow_;  // admitted beyond max_connections: one restricted request
 
   // All below: used on strand_ only.
-  beast::flat_buffer buffer_;
+  beast::flat_buffer buffer_;  // limited to core_->buffer_limit bytes
   std::optional<http::request_parser<http::string_body>> parser_;
+  size_t body_limit_ = 0;       // the current request's
+  size_t request_bytes_ = 0;    // bytes of the current request the parser consumed
+  bool header_handled_ = false;  // the current request's header was looked at
+  bool idle_ = false;           // waiting for a keep-alive request, nothing of it parsed (set_idle)
+  bool evicted_ = false;        // lost its slot (evict()): no request after the current one
+  bool discard_ahead_ = false;  // the client sent too much ahead: see start_watch()
   std::string drain_buf_;
   uint64_t read_timer_gen_ = 0;
   uint64_t write_timer_gen_ = 0;
@@ -635,7 +787,8 @@ void Connection::dispatch() {
   in_exchange_ = true;
   final_queued_ = false;
   version_ = req.version();
-  keep_alive_ = req.keep_alive();
+  // Without a slot, this is the connection's last request.
+  keep_alive_ = req.keep_alive() && !overflow_ && !evicted_;
   close_after_ = !keep_alive_;
   auto writer = std::make_shared<Writer>(shared_from_this(), exchange_, version_, keep_alive_);
   writer_ = writer;
@@ -664,14 +817,46 @@ void on_accept(ServerCore* core, Strand strand, beast::error_code ec, tcp::socke
     });
     return;
   }
+  // Admission (see HttpServerConfig::max_connections).
   std::shared_ptr<Connection> conn;
+  std::weak_ptr<Connection> victim;
   {
     std::lock_guard lock(core->conns_mu);
-    const uint64_t id = core->next_conn_id++;
-    conn = std::make_shared<Connection>(core->shared_from_this(), std::move(socket), strand, id);
-    core->conns.emplace(id, conn);
+    const size_t cap = core->cfg.max_connections;
+    bool slot = false;
+    bool refused = false;
+    if (cap != 0) {
+      if (core->conns.size() >= cap + core->cfg.max_overflow_connections) {
+        refused = true;
+      } else if (core->slots_used < cap) {
+        slot = true;
+        ++core->slots_used;
+      } else if (!core->idle.empty()) {
+        // Take the slot of the longest idle keep-alive connection.
+        const auto oldest = core->idle.begin();
+        ServerCore::ConnEntry& e = core->conns.at(oldest->second);
+        core->idle.erase(oldest);
+        e.idle_seq = 0;
+        e.slot = false;
+        victim = e.conn;
+        slot = true;
+      }
+    }
+    if (!refused) {
+      const uint64_t id = core->next_conn_id++;
+      conn = std::make_shared<Connection>(core->shared_from_this(), std::move(socket), strand, id,
+                                          /*overflow=*/cap != 0 && !slot);
+      core->conns.emplace(id, ServerCore::ConnEntry{conn, slot, 0});
+    }
   }
-  net::post(conn->strand(), [conn] { conn->start(); });
+  if (conn) {
+    net::post(conn->strand(), [conn] { conn->start(); });
+  } else {
+    beast::error_code cec;
+    socket.close(cec);  // beyond the ceiling: not even an answer
+  }
+  // Locked outside conns_mu: dropping the last reference takes it.
+  if (auto v = victim.lock()) net::post(v->strand(), [v] { v->evict(); });
   do_accept(core);
 }
 
@@ -786,8 +971,8 @@ bool HttpServer::close_all_connections() {
   std::vector<std::shared_ptr<detail::Connection>> open;
   {
     std::lock_guard lock(core_->conns_mu);
-    for (auto& [id, weak] : core_->conns) {
-      if (auto conn = weak.lock()) open.push_back(std::move(conn));
+    for (auto& [id, entry] : core_->conns) {
+      if (auto conn = entry.conn.lock()) open.push_back(std::move(conn));
     }
   }
   for (auto& conn : open) net::post(conn->strand(), [conn] { conn->close(); });

@@ -1,6 +1,7 @@
 // The router's HTTP/1.1 server (Boost.Beast over Asio): keep-alive, request
-// size and time limits, plain responses and Server-Sent Events, and prompt
-// detection of clients that go away mid-response.
+// size and time limits, a connection limit that keeps health checks answered,
+// plain responses and Server-Sent Events, and prompt detection of clients that
+// go away mid-response.
 //
 // Threading: `threads` io threads run one io_context; each connection is
 // serialized on its own strand, and no connection ever blocks an io thread.
@@ -36,6 +37,48 @@ struct HttpServerConfig {
   // long means the client stopped reading: the connection is closed and the
   // exchange's on_disconnect fires.
   std::chrono::milliseconds write_timeout{30000};
+
+  // ---- Request size limits. Every byte of a request the parser consumes
+  // counts: request line and header fields, chunk-size lines with their chunk
+  // extensions, chunk data, trailers, Content-Length body.
+  //
+  // The request line and header fields together; past this the server answers
+  // 431 and closes. The read buffer holds at most max(max_header_bytes, 64 KiB)
+  // + 4 KiB unparsed bytes, so a single chunk-size line (with extensions) or a
+  // trailer section longer than that is answered 413 as soon as the buffer is
+  // full, however long the client keeps sending. Must be > 0.
+  size_t max_header_bytes = 16 * 1024;
+  // All the bytes of one request; past this the server answers 413 and closes.
+  // 0 = max_body_bytes + max_header_bytes + 48 KiB (with the defaults:
+  // max_body_bytes + 64 KiB). The check runs as the parser consumes, so memory
+  // stays bounded by max_body_bytes plus the read buffer.
+  size_t max_request_bytes = 0;
+
+  // ---- Connection limits.
+  //
+  // A connection is admitted into one of max_connections slots (0 = unlimited:
+  // no slots, no overflow, no ceiling). When every slot is taken:
+  //  - If some slot holder is an idle keep-alive connection (it finished an
+  //    exchange and nothing of its next request has arrived), the longest idle
+  //    one is evicted: it is closed at once (as an idle timeout would), or, if
+  //    bytes of a request reached it meanwhile, it answers that request with
+  //    Connection: close and closes. The new connection takes its slot.
+  //    Connections that never sent a request are never evicted.
+  //  - Otherwise the new connection is an overflow connection, up to
+  //    max_overflow_connections of them: it gets one request, read under a
+  //    4 KiB header limit, an 8 KiB request limit and a 2 s deadline
+  //    (min(read_timeout, 2 s)). A GET of a path in always_served_paths goes to
+  //    the handler and is answered with Connection: close; anything else is
+  //    answered by the server itself, right after the header: 503, JSON error
+  //    body (type "service_unavailable"), Retry-After: 1, Connection: close.
+  //    An overflow connection never gets a slot, even when one frees up.
+  //  - Beyond max_connections + max_overflow_connections open connections, a
+  //    newly accepted socket is closed at once, without an answer.
+  size_t max_connections = 1024;
+  size_t max_overflow_connections = 64;
+  // Paths (without the query string) that a GET on an overflow connection may
+  // still reach the handler with, so health checks work under connection floods.
+  std::vector<std::string> always_served_paths = {"/health"};
 };
 
 struct HttpRequest {
@@ -87,6 +130,13 @@ namespace detail {
 struct ServerCore;
 }
 
+// Pipelining: while an answer is pending, the server keeps reading so that it
+// notices a client leaving. A client may send up to 64 KiB ahead; those
+// requests are served in order after the pending one. Once more than that has
+// arrived, everything sent ahead is discarded unread (complete requests among
+// it are not served either), the pending answer carries Connection: close and
+// the connection closes after it; the read goes on, discarding, so a client
+// that leaves is still noticed (on_disconnect fires).
 class HttpServer {
  public:
   explicit HttpServer(HttpServerConfig cfg);
@@ -108,7 +158,9 @@ class HttpServer {
   // joins the io threads. Idempotent. Must not be called from an io thread
   // (that is, not from the handler or a disconnect callback).
   void stop();
-  // Connections accepted and not yet closed.
+  // Connections accepted and not yet closed (slot holders and overflow
+  // connections; never more than max_connections + max_overflow_connections
+  // when max_connections != 0).
   size_t open_connections() const;
 
  private:

@@ -21,6 +21,10 @@ struct ClusterConfig {
     int64_t max_body_bytes = 1 << 20;
     std::string api_key;            // "" = no authentication
     int read_timeout_ms = 30000;
+    int max_connections = 1024;     // open client connections; beyond: /health only, else 503
+    int max_header_bytes = 16384;   // request line + header fields (431 beyond)
+    bool metrics_require_key = false;  // true: GET /metrics needs the API key too
+    std::string port_file;          // "" = none; else the bound port is written there (use with port 0)
   } http;
 
   struct EngineSection {
@@ -55,7 +59,8 @@ struct ClusterConfig {
 
   struct Timeouts {
     int handoff_ms = 120000;   // offer -> accept (the decode rank has no KV room yet)
-    int transfer_ms = 30000;   // accept -> all KV layers received
+    int transfer_ms = 30000;   // a KV transfer making no progress (no layer landed) this long fails
+    int prefill_queue_ms = 300000;  // waiting in a prefill rank's queue for a batch to start
     int request_ms = 600000;   // whole request, router side
     int queue_ms = 60000;      // waiting in the router's queue
     int drain_ms = 30000;      // SIGTERM: in-flight requests get this long to finish

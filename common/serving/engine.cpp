@@ -1,5 +1,7 @@
 #include "serving/engine.h"
 
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 
 #include "tokenizer/tokenizer.h"
@@ -22,7 +24,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
   PD_ASSIGN_OR_RETURN(e->model, LlamaModel::load(e->gguf, *e->backend));
   const LlamaConfig& mc = e->model->config();
   const KvGeometry g = mc.kv_geometry();
-  const int64_t n_blocks = kv_blocks_for_budget(g, cfg.block_size, cfg.kv_budget_bytes);
+  int64_t n_blocks = kv_blocks_for_budget(g, cfg.block_size, cfg.kv_budget_bytes);
+  if (cfg.kv_fit_context && cfg.block_size > 0) {
+    const int64_t context_blocks = (static_cast<int64_t>(mc.context) + cfg.block_size - 1) / cfg.block_size;
+    if (n_blocks < context_blocks) {
+      spdlog::info("KV budget of {} MiB holds {} tokens, less than the model's context of {}: pool raised to {} blocks",
+                   cfg.kv_budget_bytes >> 20, n_blocks * cfg.block_size, mc.context, context_blocks);
+      n_blocks = context_blocks;
+    }
+  }
   if (n_blocks < 1)
     return Status::resource_exhausted("KV budget of " + std::to_string(cfg.kv_budget_bytes) +
                                       " bytes holds no block of " + std::to_string(cfg.block_size) + " tokens");

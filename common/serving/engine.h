@@ -22,6 +22,9 @@ struct EngineConfig {
   bool int8_activations = true;    // CPU matmul path (BackendConfig::int8_activations)
   int block_size = 16;
   int64_t kv_budget_bytes = 0;     // KV pool size
+  // true: the pool is raised, when the budget is smaller, to hold one sequence
+  // of the model's whole context, so any prompt the router admits fits.
+  bool kv_fit_context = false;
   bool prefix_sharing = true;
   bool kv_checksum = true;
 };

@@ -76,6 +76,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   if (role == Role::kPrefill) {
     ec.threads = cfg->prefill.threads;
     ec.kv_budget_bytes = cfg->kv.prefill_budget_mb << 20;
+    ec.kv_fit_context = true;  // any prompt the router admits (< context) fits one prefill rank
     ec.prefix_sharing = true;
   } else {
     ec.threads = cfg->decode.threads;

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,12 +14,6 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("PD_BUILD_DIR", os.path.join(ROOT, "build"))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SKIP = 77  # ctest SKIP_RETURN_CODE
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_model(path, layers=2, seed=1):
@@ -56,9 +49,14 @@ class Cluster:
 
     def __init__(self, prefill=1, decode=1, colocated=None, model=DEFAULT_MODEL, config=None, threads=1,
                  mpirun=None, startup_s=180, env=None):
-        self.port = free_port()
+        # The router binds port 0 and writes the port it got to a file: no
+        # window in which another process can take a port picked for it.
+        self.port = None
+        fd, self.port_file = tempfile.mkstemp(suffix=".port")
+        os.close(fd)
+        os.unlink(self.port_file)
         self.model = model
-        cfg = {"model": model, "http": {"port": self.port}}
+        cfg = {"model": model, "http": {"port": 0, "port_file": self.port_file}}
         for k, v in (config or {}).items():
             if isinstance(v, dict):
                 cfg.setdefault(k, {}).update(v)
@@ -85,6 +83,13 @@ class Cluster:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("cluster exited during start-up:\n" + self.logs())
+            if self.port is None:
+                try:
+                    with open(self.port_file) as f:
+                        self.port = int(f.read().strip())
+                except (OSError, ValueError):
+                    time.sleep(0.1)
+                    continue
             try:
                 if self.get("/health").status == 200:
                     return self
@@ -118,7 +123,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        for p in (self.config_path,):
+        for p in (self.config_path, self.port_file):
             if os.path.exists(p):
                 os.unlink(p)
         return self.proc.returncode

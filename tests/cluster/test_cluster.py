@@ -304,10 +304,17 @@ def suite_lifecycle(tmp):
             check(r.status == 200, "%s: the next request failed: HTTP %d %s" % (fault, r.status, r.body))
             wait_for(lambda: blocks_all_free(c), 20, "%s: every block back in its pool" % fault)
             check(c.stop() == 0, "%s: clean exit" % fault)
-    # A router that may queue nothing answers 503 with Retry-After.
-    with Cluster(1, 1, model=model, config={"router": {"max_queued": 0, "retry_after_s": 3}}) as c:
-        r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4})
+    # A router that may queue nothing answers 503 with Retry-After. /metrics behind
+    # the API key when asked; the Bearer scheme is matched in any letter case.
+    cfg = {"router": {"max_queued": 0, "retry_after_s": 3}, "http": {"api_key": "k3y", "metrics_require_key": True}}
+    with Cluster(1, 1, model=model, config=cfg) as c:
+        key = {"Authorization": "bearer k3y"}
+        r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4}, headers=key)
         check(r.status == 503 and r.headers.get("Retry-After") == "3", "queue full: HTTP %d %s" % (r.status, r.headers))
+        check(c.get("/metrics").status == 401, "/metrics without the key when metrics_require_key is set")
+        check(c.get("/metrics", {"Authorization": "Bearer k3y"}).status == 200, "/metrics with the key")
+        check(c.get("/metrics", {"Authorization": "Bearer k3y2"}).status == 401, "/metrics with a wrong key")
+        check(c.get("/health").status == 200, "/health needs no key")
 
 
 SUITES = {"api": suite_api, "identity": suite_identity, "preemption": suite_preemption,

@@ -1,15 +1,17 @@
 // Tests of the HTTP server against a real client on loopback (Beast's
 // synchronous client): plain responses, the body limit, SSE chunking,
-// keep-alive, disconnect detection, malformed requests, time limits and
-// shutdown. Every wait is bounded: a blocked client read is cut by a watchdog
+// keep-alive, disconnect detection, malformed requests, time and size limits,
+// connection limits and shutdown. Every wait is bounded: a blocked client read is cut by a watchdog
 // that shuts the socket down, and every handshake with the handler has a
 // timeout.
 #include "router/http_server.h"
 
 #include <catch2/catch.hpp>
 
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -176,6 +178,28 @@ nlohmann::json error_of(const http::response<http::string_body>& res) {
   const nlohmann::json j = nlohmann::json::parse(res.body());
   REQUIRE(j.contains("error"));
   return j["error"];
+}
+
+// Sends `prefix`, then up to `total` bytes of `fill` in 16 KiB pieces, and
+// stops as soon as the server answers (or resets the connection). Returns the
+// bytes sent by then; nullopt if it never answered within `give_up` bytes.
+std::optional<size_t> send_until_answered(Client& c, const std::string& prefix, char fill, size_t total,
+                                          size_t give_up) {
+  c.send_raw(prefix);
+  const int fd = c.socket().native_handle();
+  const std::string piece(16 * 1024, fill);
+  size_t sent = prefix.size();
+  for (size_t filled = 0; filled < total && sent < give_up;) {
+    const ssize_t k = ::send(fd, piece.data(), std::min(piece.size(), total - filled), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return sent;  // reset
+    if (k > 0) {
+      sent += static_cast<size_t>(k);
+      filled += static_cast<size_t>(k);
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 20) > 0) return sent;
+  }
+  return std::nullopt;
 }
 
 TEST_CASE("http_server: a plain response from the handler", "[http_server]") {
@@ -541,6 +565,246 @@ TEST_CASE("http_server: bind failure names host:port, stop_accepting refuses new
   REQUIRE(got);
   got->second->respond(200, "text/plain", "still here");
   CHECK(c.read().body() == "still here");
+}
+
+
+TEST_CASE("http_server: an endless chunk extension line is answered 413 after a bounded read", "[http_server]") {
+  Fixture f;  // default limits: the read buffer holds 68 KiB
+  Client c(f.server.port());
+  // One chunk-size line "1;aaaa..." of 32 MiB, sent in pieces: the server must
+  // give up once its buffer is full, not hold the line until the read timeout.
+  const auto sent = send_until_answered(
+      c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;", 'a', size_t{32} << 20,
+      /*give_up=*/size_t{1} << 20);
+  REQUIRE(sent);
+  INFO("answered after " << *sent << " bytes");
+  CHECK(*sent <= 512 * 1024);
+  const auto res = c.read();
+  CHECK(res.result_int() == 413);
+  CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("chunk-size line"));
+  CHECK_FALSE(res.keep_alive());
+  CHECK(c.closed_by_server());
+  CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: a huge trailer section is answered 413 after a bounded read", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  const auto sent = send_until_answered(c,
+                                        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                        "5\r\nhello\r\n0\r\nX-Trailer: ",
+                                        'b', size_t{32} << 20, /*give_up=*/size_t{1} << 20);
+  REQUIRE(sent);
+  CHECK(*sent <= 512 * 1024);
+  CHECK(c.read().result_int() == 413);
+  CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: chunk metadata counts toward max_request_bytes", "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_body_bytes = 1024;  // max_request_bytes 0: 1024 + 16 KiB + 48 KiB = 66560
+  Fixture f(cfg);
+  {
+    // 1000 one-byte chunks (a body within max_body_bytes), each with a 100-byte
+    // extension: 113 KB in all.
+    Client c(f.server.port());
+    std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (int i = 0; i < 1000; ++i) req += "1;e=" + std::string(100, 'a') + "\r\nx\r\n";
+    req += "0\r\n\r\n";
+    c.send_raw(req);
+    const auto res = c.read();
+    CHECK(res.result_int() == 413);
+    CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("66560"));
+    CHECK(c.closed_by_server());
+  }
+  {
+    // An explicit limit counts the header and the body together.
+    HttpServerConfig small;
+    small.max_request_bytes = 4096;
+    Fixture g(small);
+    Client c(g.server.port());
+    c.post("/v1/completions", std::string(5000, 'x'));  // within max_body_bytes
+    const auto res = c.read();
+    CHECK(res.result_int() == 413);
+    CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("4096"));
+    CHECK(g.calls.load() == 0);
+  }
+  CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: header fields are limited by max_header_bytes (431)", "[http_server]") {
+  Fixture f;  // 16 KiB
+  {
+    Client c(f.server.port());
+    c.send_raw("GET /a HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(12 * 1024, 'h') + "\r\n\r\n");
+    auto got = f.mailbox.take();
+    REQUIRE(got);  // above Beast's own 8 KiB default, within the configured limit
+    got->second->respond(200, "text/plain", "ok");
+    CHECK(c.read().result_int() == 200);
+  }
+  Client c(f.server.port());
+  c.send_raw("GET /b HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20 * 1024, 'h') + "\r\n\r\n");
+  const auto res = c.read();
+  CHECK(res.result_int() == 431);
+  CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("16384"));
+  CHECK(c.closed_by_server());
+  CHECK(f.calls.load() == 1);
+}
+
+TEST_CASE("http_server: a chunked request with extensions and trailers within the limits is served",
+          "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.send_raw(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n"
+      "5;name=value;flag\r\nhello\r\n1\r\n \r\n5;q=\"quoted\"\r\nworld\r\n0\r\nX-Sum: 11\r\n\r\n");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.body == "hello world");
+  got->second->respond(200, "text/plain", "ok");
+  const auto res = c.read();
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+  // The connection is reused for a second, plain chunked request.
+  c.send_raw("POST /again HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+  got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.body == "abc");
+  got->second->respond(200, "text/plain", "ok");
+  CHECK(c.read().result_int() == 200);
+}
+
+TEST_CASE("http_server: beyond max_connections /health is served, the rest gets 503, the ceiling holds",
+          "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_connections = 8;  // max_overflow_connections 64: at most 72 open
+  Fixture f(cfg);
+  std::vector<std::unique_ptr<Client>> idle;
+  for (int i = 0; i < 8; ++i) idle.push_back(std::make_unique<Client>(f.server.port()));
+  REQUIRE(f.wait_open_connections(8));
+
+  {
+    // A health check still reaches the handler; answered with Connection: close.
+    Client h(f.server.port());
+    h.send(http::request<http::string_body>{http::verb::get, "/health?verbose=1", 11});
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    CHECK(got->first.target == "/health");
+    got->second->respond(200, "application/json", R"({"status":"ok"})");
+    const auto res = h.read();
+    CHECK(res.result_int() == 200);
+    CHECK_FALSE(res.keep_alive());
+    CHECK(h.closed_by_server());
+  }
+  for (const auto& raw : {std::string("POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"),
+                          std::string("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"),
+                          std::string("POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")}) {
+    INFO(raw);
+    Client p(f.server.port());
+    p.send_raw(raw);
+    const auto res = p.read();
+    CHECK(res.result_int() == 503);
+    CHECK(res["Retry-After"] == "1");
+    CHECK(error_of(res)["type"] == "service_unavailable");
+    CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("8"));
+    CHECK_FALSE(res.keep_alive());
+    CHECK(p.closed_by_server());
+  }
+  CHECK(f.calls.load() == 1);
+
+  // A flood: the server never holds more than 8 + 64 sockets.
+  std::atomic<bool> flooding{true};
+  std::atomic<size_t> most{0};
+  std::thread sampler([&] {
+    while (flooding.load()) {
+      const size_t n = f.server.open_connections();
+      if (n > most.load()) most = n;
+      std::this_thread::sleep_for(200us);
+    }
+  });
+  std::vector<std::unique_ptr<Client>> flood;
+  for (int i = 0; i < 100; ++i) flood.push_back(std::make_unique<Client>(f.server.port()));
+  std::this_thread::sleep_for(300ms);
+  flooding = false;
+  sampler.join();
+  CHECK(most.load() <= 72);
+  CHECK(most.load() >= 8);
+  // The overflow connections that send nothing are dropped after 2 s; the 8
+  // slot holders stay (read_timeout is 30 s).
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (f.server.open_connections() > 8 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK(f.server.open_connections() == 8);
+  flood.clear();
+  idle.clear();
+  CHECK(f.wait_open_connections(0));
+
+  // With the slots free again, any request is served.
+  Client c(f.server.port());
+  c.post("/v1/x", "{}");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  got->second->respond(200, "text/plain", "ok");
+  const auto res = c.read();
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+}
+
+TEST_CASE("http_server: at max_connections the longest idle keep-alive connection makes room", "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_connections = 2;
+  Fixture f(cfg);
+  auto serve = [&](Client& c, const std::string& target) {
+    c.post(target, "{}");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    CHECK(got->first.target == target);
+    got->second->respond(200, "text/plain", "ok");
+    const auto res = c.read();
+    CHECK(res.result_int() == 200);
+    return res.keep_alive();
+  };
+  Client a(f.server.port());
+  CHECK(serve(a, "/a"));  // a, then b: idle keep-alive connections holding both slots
+  Client b(f.server.port());
+  CHECK(serve(b, "/b"));
+  Client c(f.server.port());
+  CHECK(serve(c, "/c"));  // not 503: a made room
+  CHECK(a.closed_by_server());
+  CHECK(serve(b, "/b2"));  // b kept its slot
+  CHECK(f.wait_open_connections(2));
+}
+
+TEST_CASE("http_server: a client that sends more than 64 KiB ahead and leaves is still noticed", "[http_server]") {
+  Fixture f;
+  {
+    Client c(f.server.port());
+    c.post("/v1/completions", "{}");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    std::promise<void> fired;
+    got->second->on_disconnect([&] { fired.set_value(); });  // the handler never answers
+    c.send_raw(std::string(100 * 1024, 'j'));
+    c.close();
+    CHECK(fired.get_future().wait_for(2s) == std::future_status::ready);
+    CHECK(f.wait_open_connections(0));
+  }
+  {
+    // Answered: with Connection: close, and the requests sent ahead are not served.
+    Client c(f.server.port());
+    c.post("/v1/completions", "{}");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    std::string ahead;
+    while (ahead.size() < 100 * 1024) ahead += "GET /ahead HTTP/1.1\r\nHost: x\r\n\r\n";
+    c.send_raw(ahead);
+    std::this_thread::sleep_for(300ms);  // the server reads it all meanwhile
+    got->second->respond(200, "text/plain", "ok");
+    const auto res = c.read();
+    CHECK(res.result_int() == 200);
+    CHECK_FALSE(res.keep_alive());
+    CHECK(c.closed_by_server());
+    CHECK(f.calls.load() == 2);
+  }
 }
 
 }  // namespace
