@@ -91,6 +91,17 @@ PY
 PORT="${PORT:-$(cfg_get port 8000)}"
 HOST="${HOST:-$(cfg_get host 127.0.0.1)}"
 API_KEY="$(cfg_get api_key '')"
+PORT_FILE=""
+if [[ "$PORT" == 0 ]]; then  # any free port: the router tells which one through a file
+  PORT_DIR=$(mktemp -d)
+  PORT_FILE="$PORT_DIR/port"
+  for i in "${!MPIRUN[@]}"; do
+    if [[ "${MPIRUN[$i]}" == "$BUILD/router/pd-router" ]]; then
+      MPIRUN=("${MPIRUN[@]:0:$((i + 1))}" --port-file "$PORT_FILE" "${MPIRUN[@]:$((i + 1))}")
+      break
+    fi
+  done
+fi
 CHOST="$HOST"; [[ "$CHOST" == 0.0.0.0 ]] && CHOST=127.0.0.1
 
 # mpirun gets its own session, so a Ctrl-C reaches only this script, which then asks the
@@ -115,7 +126,8 @@ if [[ -n "$API_KEY" ]]; then
   AUTH_HINT=" -H 'Authorization: Bearer <http.api_key>'"
 fi
 for _ in $(seq 1 600); do
-  if curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
+  if [[ -n "$PORT_FILE" && "$PORT" == 0 && -s "$PORT_FILE" ]]; then PORT=$(cat "$PORT_FILE"); rm -rf "$PORT_DIR"; fi
+  if [[ "$PORT" != 0 ]] && curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
     MODEL_NAME=$(curl -s "${AUTH[@]}" "http://$CHOST:$PORT/v1/models" |
                  python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' 2>/dev/null)
     [[ -n "$MODEL_NAME" ]] || MODEL_NAME="<model>"

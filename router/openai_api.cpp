@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,11 +34,59 @@ ApiError bad_request(std::string param, std::string message) {
 
 ApiError unsupported(const std::string& field) { return bad_request(field, field + " is not supported"); }
 
-// A JSON value as the client wrote it, for "got ..." in messages (bounded in length).
+// `s` cut to at most `max` bytes at a UTF-8 character boundary, "..." appended when cut.
+std::string cut(std::string_view s, size_t max = kMaxShownChars) {
+  if (s.size() <= max) return std::string(s);
+  size_t n = max - 3;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // not inside a character
+  return std::string(s.substr(0, n)) + "...";
+}
+
+// A client's key as shown in messages and `param` (bounded).
+std::string shown_key(std::string_view key) { return cut(key); }
+
+// Appends a preview of `v` to `out`, stopping once out holds `budget` bytes.
+// Every call appends at least one byte before recursing, so the recursion is
+// at most `budget` deep and the work is O(budget) whatever the size of `v`.
+void preview(const json& v, std::string& out, size_t budget) {
+  if (out.size() >= budget) return;
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    // Quote at most budget bytes of it; dump() escapes (and replaces invalid UTF-8).
+    out += dump(json(s.substr(0, std::min(s.size(), budget))));
+  } else if (v.is_array()) {
+    out += '[';
+    bool first = true;
+    for (const json& e : v) {
+      if (out.size() >= budget) return;
+      if (!first) out += ',';
+      first = false;
+      preview(e, out, budget);
+    }
+    out += ']';
+  } else if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [k, e] : v.items()) {
+      if (out.size() >= budget) return;
+      if (!first) out += ',';
+      first = false;
+      out += dump(json(k.substr(0, std::min(k.size(), budget))));
+      out += ':';
+      preview(e, out, budget);
+    }
+    out += '}';
+  } else {
+    out += dump(v);  // a number, a boolean or null: short
+  }
+}
+
+// A JSON value as the client wrote it, for "got ..." in messages: at most
+// kMaxShownChars bytes, never a full dump of an arbitrarily large value.
 std::string shown(const json& v) {
-  std::string s = dump(v);
-  if (s.size() > 64) s = s.substr(0, 61) + "...";
-  return s;
+  std::string s;
+  preview(v, s, kMaxShownChars + 1);
+  return cut(s);
 }
 
 // The field's value, or nullptr when it is absent or null (null means "default").
@@ -47,45 +96,74 @@ const json* field(const json& obj, const char* key) {
   return &*it;
 }
 
-// An integer value: a JSON integer, or a float with an integral value (5.0).
-std::optional<int64_t> as_int64(const json& v) {
+// An integer read from JSON: a JSON integer, or a float with an integral value (5.0).
+struct IntRead {
+  enum Kind { kOk, kNotInteger, kOutOfRange } kind = kNotInteger;
+  int64_t value = 0;  // kOk only
+};
+
+// -2^63 and 2^63 as doubles (both exact): an integral double d converts to
+// int64 without UB iff kInt64Lo <= d < kInt64End.
+constexpr double kInt64Lo = -9223372036854775808.0;
+constexpr double kInt64End = 9223372036854775808.0;
+constexpr double kUint64End = 18446744073709551616.0;  // 2^64
+
+// `v` as an int64: kNotInteger for non-numbers and fractions, kOutOfRange for
+// integers beyond int64 (a uint64 above 2^63 - 1, or a float such as 1e300).
+IntRead as_int64(const json& v) {
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
-    return static_cast<int64_t>(u);
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return {IntRead::kOutOfRange, 0};
+    return {IntRead::kOk, static_cast<int64_t>(u)};
   }
-  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_integer()) return {IntRead::kOk, v.get<int64_t>()};
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (std::isfinite(d) && std::trunc(d) == d && std::fabs(d) < 9.0e18) return static_cast<int64_t>(d);
+    if (!std::isfinite(d) || std::trunc(d) != d) return {IntRead::kNotInteger, 0};
+    if (d < kInt64Lo || d >= kInt64End) return {IntRead::kOutOfRange, 0};
+    return {IntRead::kOk, static_cast<int64_t>(d)};
   }
-  return std::nullopt;
+  return {IntRead::kNotInteger, 0};
 }
 
-// Reads an optional number into `out`, checking lo <= v <= hi (lo < v when lo_open).
+// Reads an optional number into `out`, checking lo <= v <= hi (lo < v when
+// lo_open) on the double. The float stored is the nearest one, except that a
+// value just above an open bound that rounds onto it (top_p 1e-320 -> 0) gets
+// the next float inside, so what the sampler gets is always in range.
 std::optional<ApiError> read_float(const json& obj, const char* key, double lo, double hi, bool lo_open,
                                    float& out) {
   const json* v = field(obj, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) return bad_request(key, std::string(key) + " must be a number, got " + shown(*v));
   const double d = v->get<double>();
-  const bool low_ok = lo_open ? d > lo : d >= lo;
-  if (!low_ok || d > hi) {
+  auto in_range = [&](double x) { return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi; };
+  // Only convert once d is known to be in range: a double beyond FLT_MAX converts to float with UB.
+  if (!in_range(d)) {
     char range[64];
     std::snprintf(range, sizeof(range), "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
     return bad_request(key, std::string(key) + " must be in " + range + ", got " + shown(*v));
   }
+  // lo and hi are small integers, exact as floats, so rounding never leaves [lo, hi].
   out = static_cast<float>(d);
+  if (lo_open && out <= static_cast<float>(lo)) out = std::nextafter(static_cast<float>(lo), static_cast<float>(hi));
   return std::nullopt;
 }
 
-// Reads an optional integer into `out` (left empty when the field is absent or null).
-std::optional<ApiError> read_int(const json& obj, const char* key, std::optional<int64_t>& out) {
+// Reads an optional integer into `out` (left empty when the field is absent or
+// null). Values beyond int64 are refused as out of range, naming [lo, hi].
+std::optional<ApiError> read_int(const json& obj, const char* key, int64_t lo, int64_t hi,
+                                 std::optional<int64_t>& out) {
   const json* v = field(obj, key);
   if (!v) return std::nullopt;
-  const std::optional<int64_t> i = as_int64(*v);
-  if (!i) return bad_request(key, std::string(key) + " must be an integer, got " + shown(*v));
-  out = *i;
+  const IntRead i = as_int64(*v);
+  if (i.kind == IntRead::kNotInteger) {
+    return bad_request(key, std::string(key) + " must be an integer, got " + shown(*v));
+  }
+  if (i.kind == IntRead::kOutOfRange || i.value < lo || i.value > hi) {
+    return bad_request(key, std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "], got " + shown(*v));
+  }
+  out = i.value;
   return std::nullopt;
 }
 
@@ -134,7 +212,10 @@ std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
 // it can be accepted (clients often send best_of: 1, logprobs: false, tools: []).
 bool asks_for_nothing(const std::string& key, const json& v) {
   if (v.is_null()) return true;
-  if (key == "best_of" || key == "top_logprobs") return as_int64(v) == (key == "best_of" ? 1 : 0);
+  if (key == "best_of" || key == "top_logprobs") {
+    const IntRead i = as_int64(v);
+    return i.kind == IntRead::kOk && i.value == (key == "best_of" ? 1 : 0);
+  }
   if (key == "logprobs") return v.is_boolean() && !v.get<bool>();
   if (key == "logit_bias") return v.is_object() && v.empty();
   if (key == "tools" || key == "functions") return v.is_array() && v.empty();
@@ -245,7 +326,10 @@ std::optional<ApiError> parse_stream(const json& obj, ApiRequest& r) {
   if (!opts->is_object()) return bad_request("stream_options", "stream_options must be an object");
   if (!r.stream) return bad_request("stream_options", "stream_options is only allowed when stream is true");
   for (const auto& [key, value] : opts->items()) {
-    if (key != "include_usage") return bad_request("stream_options." + key, "unknown field: stream_options." + key);
+    if (key != "include_usage") {
+      const std::string where = "stream_options." + shown_key(key);
+      return bad_request(where, "unknown field: " + where);
+    }
   }
   if (const json* u = field(*opts, "include_usage")) {
     if (!u->is_boolean()) {
@@ -266,21 +350,28 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
   if (auto e = read_float(obj, "frequency_penalty", -2.0, 2.0, false, s.frequency_penalty)) return e;
   if (auto e = read_bool(obj, "ignore_eos", s.ignore_eos)) return e;
 
-  std::optional<int64_t> top_k;
-  if (auto e = read_int(obj, "top_k", top_k)) return e;
-  if (top_k) {
-    if (*top_k < -1) {
-      return bad_request("top_k", "top_k must be -1 or 0 (disabled) or >= 1, got " + std::to_string(*top_k));
-    }
-    s.top_k = static_cast<int32_t>(std::clamp<int64_t>(*top_k, 0, std::numeric_limits<int32_t>::max()));
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  if (const json* v = field(obj, "top_k"); v && as_int64(*v).kind == IntRead::kOk && as_int64(*v).value < -1) {
+    return bad_request("top_k", "top_k must be -1 or 0 (disabled) or >= 1, got " + shown(*v));
   }
+  std::optional<int64_t> top_k;
+  if (auto e = read_int(obj, "top_k", -1, kInt64Max, top_k)) return e;
+  if (top_k) s.top_k = static_cast<int32_t>(std::clamp<int64_t>(*top_k, 0, std::numeric_limits<int32_t>::max()));
 
-  // seed: any 64-bit integer, signed or not; stored as its two's-complement bits.
+  // seed: any 64-bit integer, signed or not, in [-2^63, 2^64 - 1]; stored as its
+  // two's-complement bits. An integral float is converted only inside that range.
   if (const json* seed = field(obj, "seed")) {
+    const IntRead i = as_int64(*seed);
+    const double d = seed->is_number_float() ? seed->get<double>() : 0.0;
     if (seed->is_number_unsigned()) {
       s.seed = seed->get<uint64_t>();
-    } else if (const std::optional<int64_t> i = as_int64(*seed)) {
-      s.seed = static_cast<uint64_t>(*i);
+    } else if (i.kind == IntRead::kOk) {
+      s.seed = static_cast<uint64_t>(i.value);
+    } else if (i.kind == IntRead::kOutOfRange && d >= 0 && d < kUint64End) {
+      s.seed = static_cast<uint64_t>(d);  // an integral float in [2^63, 2^64)
+    } else if (i.kind == IntRead::kOutOfRange) {
+      return bad_request("seed", "seed must be an integer in [-9223372036854775808, 18446744073709551615], got " +
+                                     shown(*seed));
     } else {
       return bad_request("seed", "seed must be an integer, got " + shown(*seed));
     }
@@ -290,27 +381,157 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
   const char* max_key = "max_tokens";
   if (ep == Endpoint::kChatCompletions && field(obj, "max_completion_tokens")) max_key = "max_completion_tokens";
   std::optional<int64_t> max_tokens;
-  if (auto e = read_int(obj, "max_tokens", max_tokens)) return e;
-  if (max_key != std::string_view("max_tokens")) {
-    if (auto e = read_int(obj, max_key, max_tokens)) return e;
+  for (const char* key : {"max_tokens", max_key}) {
+    const json* v = field(obj, key);
+    const IntRead i = v ? as_int64(*v) : IntRead{};
+    const bool below = v && ((i.kind == IntRead::kOk && i.value < 1) ||
+                             (i.kind == IntRead::kOutOfRange && v->is_number_float() && v->get<double>() < 0));
+    if (below) return bad_request(key, std::string(key) + " must be >= 1, got " + shown(*v));
+    if (auto e = read_int(obj, key, 1, kInt64Max, max_tokens)) return e;
   }
   if (max_tokens) {
-    if (*max_tokens < 1) {
-      return bad_request(max_key, std::string(max_key) + " must be >= 1, got " + std::to_string(*max_tokens));
-    }
     // Larger than any context: the caller clamps to the context left anyway.
     s.max_tokens = static_cast<int32_t>(std::min<int64_t>(*max_tokens, std::numeric_limits<int32_t>::max()));
     r.max_tokens_given = true;
   }
 
-  std::optional<int64_t> n;
-  if (auto e = read_int(obj, "n", n)) return e;
-  if (n && *n > 1) return bad_request("n", "n > 1 is not supported");
-  if (n && *n < 1) return bad_request("n", "n must be 1, got " + std::to_string(*n));
+  // n: only 1. Integers beyond int64 are refused like any other n != 1.
+  if (const json* n = field(obj, "n")) {
+    const IntRead i = as_int64(*n);
+    if (i.kind == IntRead::kNotInteger) return bad_request("n", "n must be an integer, got " + shown(*n));
+    const bool above = i.kind == IntRead::kOk ? i.value > 1 : !n->is_number_float() || n->get<double>() > 0;
+    if (above) return bad_request("n", "n > 1 is not supported");
+    if (i.kind != IntRead::kOk || i.value < 1) return bad_request("n", "n must be 1, got " + shown(*n));
+  }
   return std::nullopt;
 }
 
+// The deepest nesting of arrays and objects in `body`, counting only brackets
+// outside strings (escapes honoured). Linear, no recursion; stops counting once
+// past `limit` (a body whose JSON is invalid may be over-counted, which only
+// turns one 400 into another).
+int json_depth(std::string_view body, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// nlohmann's SAX interface building the DOM (as json::parse does) while
+// tracking where it is, so that a number beyond double range (which nlohmann
+// reports as a parse error, 406) is named by its path ("temperature",
+// "messages[0].content"). Never throws for bad input: sax_parse returns false
+// and error() says why.
+class PathTrackingParser {
+ public:
+  explicit PathTrackingParser(json& root) : root_(root) {}
+
+  bool null() { return add(nullptr); }
+  bool boolean(bool v) { return add(v); }
+  bool number_integer(json::number_integer_t v) { return add(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return add(v); }
+  bool number_float(json::number_float_t v, const json::string_t& text) {
+    // An integer literal beyond int64 and uint64 arrives as a double. Those
+    // just below -2^63 round to exactly -2^63 and would pass as an int64:
+    // keep them out of range (the next double down).
+    if (v == kInt64Lo && text.find_first_of(".eE") == std::string::npos) v = std::nextafter(v, -HUGE_VAL);
+    return add(v);
+  }
+  bool string(json::string_t& v) { return add(std::move(v)); }
+  bool binary(json::binary_t& v) { return add(json::binary(std::move(v))); }
+  bool start_object(std::size_t /*size*/) { return open(json::object()); }
+  bool start_array(std::size_t /*size*/) { return open(json::array()); }
+  bool key(json::string_t& k) {
+    keys_.back() = k;
+    slot_ = &(*stack_.back())[k];  // a repeated key: the last one wins, as in json::parse
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t /*position*/, const std::string& token, const json::exception& ex) {
+    if (ex.id == 406) {  // out_of_range: number overflow
+      const std::string where = path();
+      error_ = bad_request(where, (where.empty() ? std::string("a number") : where) +
+                                      " is beyond the range of a double (about 1.8e308), got " + cut(token));
+    } else {
+      error_ = bad_request("", "invalid JSON: " + cut(ex.what(), 2 * kMaxShownChars));
+    }
+    return false;
+  }
+
+  const ApiError& error() const { return error_; }
+
+ private:
+  // Where the next value goes: the root, the end of the open array, or the
+  // open object's slot for the last key. Pointers on stack_ stay valid: a
+  // container only grows while it is the innermost open one.
+  json* place(json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+  bool add(json&& v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(json&& container) {
+    stack_.push_back(place(std::move(container)));
+    keys_.emplace_back();
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    keys_.pop_back();
+    return true;
+  }
+  // The path of the value being read: keys of open objects, indexes of open arrays.
+  std::string path() const {
+    std::string p;
+    for (size_t i = 0; i < stack_.size(); ++i) {
+      if (stack_[i]->is_array()) {
+        // An outer array's current element is its last (the open container);
+        // the innermost one's is the value not yet added.
+        const size_t n = stack_[i]->size();
+        p += "[" + std::to_string(i + 1 < stack_.size() ? n - 1 : n) + "]";
+      } else {
+        if (!p.empty()) p += ".";
+        p += shown_key(keys_[i]);
+      }
+    }
+    return p;
+  }
+
+  json& root_;
+  std::vector<json*> stack_;       // the open containers, outermost first
+  std::vector<std::string> keys_;  // per open container: its last key (objects)
+  json* slot_ = nullptr;
+  ApiError error_;
+};
+
 }  // namespace
+
+std::string shown_text(std::string_view text) { return cut(text); }
 
 std::string error_body(const ApiError& e) {
   ojson err = ojson::object();
@@ -324,18 +545,21 @@ std::string error_body(const ApiError& e) {
 }
 
 ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body) {
-  json obj;
-  try {
-    obj = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
-    return bad_request("", std::string("invalid JSON: ") + e.what());
+  // Depth first: deep nesting is cheap to send and costly to handle (recursive
+  // dump(), destruction); nothing deeper than kMaxJsonDepth reaches the parser.
+  if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+    return bad_request("", "the request body nests arrays and objects deeper than the limit of " +
+                               std::to_string(kMaxJsonDepth) + " levels");
   }
+  json obj;
+  PathTrackingParser sax(obj);
+  if (!json::sax_parse(body.begin(), body.end(), &sax)) return sax.error();
   if (!obj.is_object()) return bad_request("", "the request body must be a JSON object");
 
   // Unknown and unsupported fields first, so a request is never half-understood.
   for (const auto& [key, value] : obj.items()) {
     const std::optional<FieldKind> kind = classify(ep, key);
-    if (!kind) return bad_request(key, "unknown field: " + key);
+    if (!kind) return bad_request(shown_key(key), "unknown field: " + shown_key(key));
     if (*kind == FieldKind::kUnsupported && !asks_for_nothing(key, value)) return unsupported(key);
   }
 

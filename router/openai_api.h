@@ -10,6 +10,7 @@
 // and ignored.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -70,16 +71,34 @@ class ApiResult {
   std::variant<T, ApiError> v_;
 };
 
+// Limits on what parse_request accepts and shows (each one a 400, never a crash).
+// The deepest nesting of arrays and objects in a request body; the body's
+// brackets are counted before it is parsed, so no deeper body reaches the parser.
+inline constexpr int kMaxJsonDepth = 64;
+// The most characters of a client's value (or key) quoted in an error message;
+// longer ones are cut and end in "...".
+inline constexpr size_t kMaxShownChars = 100;
+
+// `text` (a client's string: a model name, a path) as quoted in an error
+// message: at most kMaxShownChars bytes, cut at a UTF-8 character boundary and
+// ending in "..." when cut.
+std::string shown_text(std::string_view text);
+
 // Parses and validates the JSON body of a request to `ep`. Every failure is a
 // 400 invalid_request_error whose message and `param` name the field at fault:
-// invalid JSON, a body that is not an object, a missing required field
+// invalid JSON, nesting deeper than kMaxJsonDepth (param null), a number beyond
+// the range of a double (1e400; param = the path to it, e.g. "temperature" or
+// "messages[0].content"), a body that is not an object, a missing required field
 // (prompt / messages), a wrong type, a value out of range (temperature [0, 2],
 // top_p (0, 1], top_k -1, 0 or >= 1, min_p [0, 1], penalties [-2, 2],
-// max_tokens >= 1), an unsupported feature ("<field> is not supported": n > 1,
+// max_tokens >= 1; integer fields must also fit their type: max_tokens and top_k
+// in int64, seed in [-2^63, 2^64 - 1]), an unsupported feature ("<field> is not supported": n > 1,
 // best_of, logprobs, top_logprobs, logit_bias, tools, functions, tool_choice,
 // function_call, response_format other than text, suffix, echo = true,
 // token-id prompts, batched prompts), or an unknown field ("unknown field: X").
-// JSON null counts as absent for every optional field.
+// JSON null counts as absent for every optional field. Values and keys quoted in
+// messages (and keys in `param`) are cut to kMaxShownChars. Integral floats (5.0)
+// count as integers.
 ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body);
 
 struct Usage {

@@ -1,8 +1,12 @@
 #include "router/router.h"
 
+#include "router/auth.h"
+
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -30,6 +34,18 @@ void respond_error(ResponseWriter& w, const ApiError& e,
 }
 std::vector<double> gbps_buckets() { return {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64}; }
 
+HttpServerConfig http_server_config(const ClusterConfig::Http& h) {
+  HttpServerConfig c;
+  c.host = h.host;
+  c.port = static_cast<uint16_t>(h.port);
+  c.threads = h.threads;
+  c.max_body_bytes = static_cast<size_t>(h.max_body_bytes);
+  c.read_timeout = c.write_timeout = std::chrono::milliseconds(h.read_timeout_ms);
+  c.max_header_bytes = static_cast<size_t>(h.max_header_bytes);
+  c.max_connections = static_cast<size_t>(h.max_connections);
+  return c;
+}
+
 }  // namespace
 
 void Router::request_stop() { g_stop.store(true); }
@@ -38,10 +54,7 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
     : cfg_(cfg),
       roles_(roles),
       model_(std::move(model)),
-      http_(HttpServerConfig{cfg.http.host, static_cast<uint16_t>(cfg.http.port), cfg.http.threads,
-                             static_cast<size_t>(cfg.http.max_body_bytes),
-                             std::chrono::milliseconds(cfg.http.read_timeout_ms),
-                             std::chrono::milliseconds(cfg.http.read_timeout_ms)}),
+      http_(http_server_config(cfg.http)),
       workers_(roles.prefill, roles.decode, cfg.kv.block_size),
       requests_total_(metrics_.counter("pd_requests_total", "Requests by final outcome", {"outcome"})),
       ttft_(metrics_.histogram("pd_time_to_first_token_seconds", "Arrival at the router to the first token")),
@@ -77,7 +90,7 @@ Router::~Router() { http_.stop(); }
 void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   const std::string& path = http.target;
   auto method_not_allowed = [&](const char* allow) {
-    respond_error(*w, api_error(405, "method " + http.method + " is not allowed on " + path + " (use " + allow + ")"),
+    respond_error(*w, api_error(405, "method " + shown_text(http.method) + " is not allowed on " + shown_text(path) + " (use " + allow + ")"),
                   {{"Allow", allow}});
   };
   if (path == "/health") {
@@ -94,16 +107,17 @@ void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
     }
     return;
   }
+  const bool v1 = path.rfind("/v1/", 0) == 0;
+  const bool needs_key = v1 || (path == "/metrics" && cfg_.http.metrics_require_key);
+  if (needs_key && !authorized(http.authorization, cfg_.http.api_key)) {
+    ApiError e = api_error(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", "", "invalid_request_error");
+    e.code = "invalid_api_key";
+    return respond_error(*w, e, {{"WWW-Authenticate", "Bearer"}});
+  }
   if (path == "/metrics") {
     if (http.method != "GET") return method_not_allowed("GET");
     w->respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render());
     return;
-  }
-  const bool v1 = path.rfind("/v1/", 0) == 0;
-  if (v1 && !cfg_.http.api_key.empty() && http.authorization != "Bearer " + cfg_.http.api_key) {
-    ApiError e = api_error(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", "", "invalid_request_error");
-    e.code = "invalid_api_key";
-    return respond_error(*w, e, {{"WWW-Authenticate", "Bearer"}});
   }
   if (path == "/v1/models") {
     if (http.method != "GET") return method_not_allowed("GET");
@@ -116,7 +130,7 @@ void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
                       std::move(w));
     return;
   }
-  ApiError e = api_error(404, "no route for " + http.method + " " + path, "", "invalid_request_error");
+  ApiError e = api_error(404, "no route for " + shown_text(http.method) + " " + shown_text(path), "", "invalid_request_error");
   e.code = "not_found";
   respond_error(*w, e);
 }
@@ -159,7 +173,7 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
   if (!parsed.is_ok()) return reject(parsed.error());
   ApiRequest api = std::move(parsed).value();
   if (!api.model.empty() && api.model != model_.name) {
-    ApiError e = api_error(404, "the model '" + api.model + "' does not exist (this server serves '" + model_.name + "')",
+    ApiError e = api_error(404, "the model '" + shown_text(api.model) + "' does not exist (this server serves '" + model_.name + "')",
                            "model", "invalid_request_error");
     e.code = "model_not_found";
     return reject(e);
@@ -226,6 +240,24 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
 
 // ---------------------------------------------------------------- link thread
 
+namespace {
+
+// Writes "<port>\n" to `path` atomically (a temporary file renamed over it), so
+// a reader polling for the file never sees it half written.
+Status write_port_file(const std::string& path, uint16_t port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.flush()) return Status::io_error("cannot write http.port_file '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Status::io_error("cannot rename '" + tmp + "' to http.port_file '" + path + "'");
+  return Status::ok();
+}
+
+}  // namespace
+
 Status Router::run() {
   struct sigaction sa {};
   sa.sa_handler = [](int) { Router::request_stop(); };
@@ -237,6 +269,7 @@ Status Router::run() {
   PD_RETURN_IF_ERROR(http_.start([this](HttpRequest h, std::shared_ptr<ResponseWriter> w) {
     handle_http(std::move(h), std::move(w));
   }));
+  if (!cfg_.http.port_file.empty()) PD_RETURN_IF_ERROR(write_port_file(cfg_.http.port_file, http_.port()));
   spdlog::info("router listening on http://{}:{} (model '{}', {} prefill + {} decode ranks{})", cfg_.http.host,
                http_.port(), model_.name, roles_.prefill.size(), roles_.decode.size(),
                workers_.colocated() ? ", colocated" : "");

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian package pdcluster's build and tests use.
-# Idempotent and non-interactive; run as root (or with sudo available).
+# Installs every Debian package pdcluster's build and tests use, and the Python
+# packages of the tests. Idempotent and non-interactive; run as root (or with
+# sudo available).
 set -euo pipefail
 
 PACKAGES=(
@@ -28,10 +29,23 @@ done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup.sh: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+else
+  echo "setup.sh: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup.sh: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Python packages (PyPI), for the python3 on PATH (the one CMake's FindPython3
+# picks for the cluster tests). Schemathesis: the API fuzz suite
+# (tests/cluster/test_fuzz.py, ctest cluster.fuzz_api), which skips when it
+# cannot import it, so a failed install is a warning, not an error.
+SCHEMATHESIS_VERSION=4.32.5
+if python3 -c 'import schemathesis' 2>/dev/null; then
+  echo "setup.sh: schemathesis already installed"
+else
+  echo "setup.sh: installing schemathesis ${SCHEMATHESIS_VERSION}"
+  python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+      "schemathesis==${SCHEMATHESIS_VERSION}" ||
+    echo "setup.sh: warning: could not install schemathesis; cluster.fuzz_api will be skipped"
+fi
 echo "setup.sh: done"

@@ -4,8 +4,11 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace pd {
 namespace {
@@ -21,13 +24,28 @@ class Reader {
     known_.push_back(key);
     if (!status_.is_ok() || !j_.contains(key)) return *this;
     const json& v = j_.at(key);
+    constexpr bool kInt = std::is_integral_v<T> && !std::is_same_v<T, bool>;
     const bool ok = std::is_same_v<T, bool>          ? v.is_boolean()
                     : std::is_same_v<T, std::string> ? v.is_string()
-                    : std::is_integral_v<T>          ? v.is_number_integer()
+                    : kInt                           ? v.is_number_integer()
                                                      : v.is_number();
     if (!ok) {
-      status_ = Status::invalid_argument("config: '" + prefix_ + key + "' has the wrong type (" + v.type_name() + ")");
+      status_ = Status::invalid_argument("config: '" + prefix_ + key + "' has the wrong type (" + v.type_name() +
+                                         (kInt ? ", want an integer)" : ")"));
       return *this;
+    }
+    if constexpr (kInt) {
+      // JSON integers are int64 or uint64; a value beyond T is refused, never wrapped.
+      const bool fits = v.is_number_unsigned()
+                            ? v.template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                            : v.template get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                  v.template get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+      if (!fits) {
+        status_ = Status::invalid_argument("config: '" + prefix_ + key + "' = " + v.dump() + " is out of range [" +
+                                           std::to_string(std::numeric_limits<T>::min()) + ", " +
+                                           std::to_string(std::numeric_limits<T>::max()) + "]");
+        return *this;
+      }
     }
     out = v.get<T>();
     return *this;
@@ -70,9 +88,25 @@ Status range(const char* key, int64_t v, int64_t lo, int64_t hi) {
 
 Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   json root;
+  // The key path being read ("kv.block_size"), kept by the parser callback so
+  // that a number beyond double range (an exception thrown mid-parse) is named.
+  std::vector<std::string> keys;
+  const json::parser_callback_t track = [&keys](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key) {
+      keys.resize(static_cast<size_t>(std::max(depth - 1, 0)));  // depth = open containers
+      keys.push_back(parsed.get<std::string>());
+    } else if (event == json::parse_event_t::object_end || event == json::parse_event_t::array_end) {
+      keys.resize(std::min(keys.size(), static_cast<size_t>(std::max(depth, 0))));
+    }
+    return true;
+  };
   try {
-    root = json::parse(text, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+    root = json::parse(text, track, true, /*ignore_comments=*/true);
+  } catch (const json::out_of_range& e) {  // 406: a number such as 1e400
+    std::string key;
+    for (const std::string& k : keys) key += (key.empty() ? "" : ".") + k;
+    return Status::invalid_argument("config: '" + key + "' is beyond the range of a double (" + e.what() + ")");
+  } catch (const json::exception& e) {
     return Status::invalid_argument(std::string("config: invalid JSON: ") + e.what());
   }
   if (!root.is_object()) return Status::invalid_argument("config: the top level must be an object");
@@ -85,7 +119,9 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   PD_RETURN_IF_ERROR(section(root, "http", [&](const json& j, std::string p) {
     return Reader(j, p).get("host", c.http.host).get("port", c.http.port).get("threads", c.http.threads)
         .get("max_body_bytes", c.http.max_body_bytes).get("api_key", c.http.api_key)
-        .get("read_timeout_ms", c.http.read_timeout_ms).finish();
+        .get("read_timeout_ms", c.http.read_timeout_ms).get("max_connections", c.http.max_connections)
+        .get("max_header_bytes", c.http.max_header_bytes).get("metrics_require_key", c.http.metrics_require_key)
+        .get("port_file", c.http.port_file).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "engine", [&](const json& j, std::string p) {
     return Reader(j, p).get("int8_activations", c.engine.int8_activations).finish();
@@ -108,7 +144,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   }));
   PD_RETURN_IF_ERROR(section(root, "timeouts", [&](const json& j, std::string p) {
     return Reader(j, p).get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
-        .get("request_ms", c.timeouts.request_ms).get("queue_ms", c.timeouts.queue_ms)
+        .get("prefill_queue_ms", c.timeouts.prefill_queue_ms).get("request_ms", c.timeouts.request_ms)
+        .get("queue_ms", c.timeouts.queue_ms)
         .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms).finish();
   }));
   PD_RETURN_IF_ERROR(c.validate());
@@ -131,6 +168,8 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("http.threads", http.threads, 1, 64));
   PD_RETURN_IF_ERROR(range("http.max_body_bytes", http.max_body_bytes, 1024, int64_t{1} << 30));
   PD_RETURN_IF_ERROR(range("http.read_timeout_ms", http.read_timeout_ms, 100, 3600000));
+  PD_RETURN_IF_ERROR(range("http.max_connections", http.max_connections, 0, 1 << 20));  // 0 = unlimited
+  PD_RETURN_IF_ERROR(range("http.max_header_bytes", http.max_header_bytes, 1024, 1 << 20));
   PD_RETURN_IF_ERROR(range("kv.block_size", kv.block_size, 1, 1024));
   PD_RETURN_IF_ERROR(range("kv.decode_budget_mb", kv.decode_budget_mb, 1, int64_t{1} << 20));
   PD_RETURN_IF_ERROR(range("kv.prefill_budget_mb", kv.prefill_budget_mb, 1, int64_t{1} << 20));
@@ -143,6 +182,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.retry_after_s", router.retry_after_s, 0, 3600));
   for (auto [k, v] : {std::pair{"timeouts.handoff_ms", timeouts.handoff_ms}, {"timeouts.transfer_ms", timeouts.transfer_ms},
+                      {"timeouts.prefill_queue_ms", timeouts.prefill_queue_ms},
                       {"timeouts.request_ms", timeouts.request_ms}, {"timeouts.queue_ms", timeouts.queue_ms},
                       {"timeouts.drain_ms", timeouts.drain_ms}, {"timeouts.startup_ms", timeouts.startup_ms}})
     PD_RETURN_IF_ERROR(range(k, v, 1, 86400000));

@@ -9,7 +9,7 @@
 namespace pd {
 
 Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* program, bool* help) {
-  std::string config_path, model, host;
+  std::string config_path, model, host, port_file;
   int threads = -1, port = -1;
   CLI::App app{std::string(program) + ": a pdcluster rank (start all ranks with one mpirun; see deploy/launch.sh)"};
   app.add_option("config", config_path, "cluster config JSON (deploy/cluster.json); defaults apply without one");
@@ -17,7 +17,8 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   app.add_option("--threads", threads, "compute threads of this rank (overrides prefill/decode.threads)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--host", host, "HTTP bind address (router; overrides http.host)");
-  app.add_option("--port", port, "HTTP port (router; overrides http.port)")->check(CLI::Range(0, 65535));
+  app.add_option("--port", port, "HTTP port (router; overrides http.port; 0 = any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--port-file", port_file, "file the router writes its bound port to (overrides http.port_file)");
   *help = false;
   try {
     app.parse(argc, argv);
@@ -36,6 +37,7 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   if (threads >= 0) cfg.prefill.threads = cfg.decode.threads = threads;
   if (port >= 0) cfg.http.port = port;
   if (!host.empty()) cfg.http.host = host;
+  if (!port_file.empty()) cfg.http.port_file = port_file;
   PD_RETURN_IF_ERROR(cfg.validate());
   return cfg;
 }

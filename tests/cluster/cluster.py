@@ -16,9 +16,9 @@ DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SKIP = 77  # ctest SKIP_RETURN_CODE
 
 
-def tiny_model(path, layers=2, seed=1):
+def tiny_model(path, layers=2, seed=1, context=512):
     subprocess.run([os.path.join(BUILD, "tools", "pd-make-tiny-model"), "-o", path, "--layers", str(layers),
-                    "--seed", str(seed)], check=True)
+                    "--seed", str(seed), "--context", str(context)], check=True)
     return path
 
 

@@ -6,7 +6,10 @@ mpirun --oversubscribe) driven over HTTP. Run one suite per process:
 
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
 import concurrent.futures
+import json
 import os
+import signal
+import subprocess
 import shutil
 import socket
 import sys
@@ -15,7 +18,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (BUILD, DEFAULT_MODEL, SKIP, Cluster, completion_text, joined_stream, path_of,  # noqa: E402
+from cluster import (BUILD, DEFAULT_MODEL, ROOT, SKIP, Cluster, completion_text, joined_stream, path_of,  # noqa: E402
                      reference, request_body, tiny_model)
 
 SENTENCES = [
@@ -317,7 +320,47 @@ def suite_lifecycle(tmp):
         check(c.get("/health").status == 200, "/health needs no key")
 
 
-SUITES = {"api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
+def suite_limits(tmp):
+    """Tiny models: a prompt longer than the prefill KV budget but within the context is
+    served (the pool is raised to one context); launch.sh with an API key comes up, stays
+    up, and drains on SIGTERM (its own /v1/models lookup sends the key)."""
+    model = tiny_model(os.path.join(tmp, "tiny8k.gguf"), context=8192)
+    # 1 MiB holds ~2,000 tokens of this model's KV: a ~3,000-token prompt needs more.
+    with Cluster(1, 1, model=model, config={"kv": {"prefill_budget_mb": 1}}) as c:
+        prompt = " ".join(["lorem ipsum dolor sit amet"] * 220)
+        r = c.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        check(r.status == 200, "a prompt within the context but over the prefill budget: HTTP %d %s" %
+              (r.status, r.body))
+        check(r.json()["usage"]["prompt_tokens"] > 2100, "prompt too short to test: %s" % r.json()["usage"])
+        check(c.stop() == 0, "clean exit")
+    # launch.sh as a user runs it (waits for /health, prints the URL), on any free port.
+    small = tiny_model(os.path.join(tmp, "tiny.gguf"))
+    cfg_path = os.path.join(tmp, "key.json")
+    with open(cfg_path, "w") as f:
+        json.dump({"model": small, "http": {"port": 0, "api_key": "sekret"}}, f)
+    out_path = os.path.join(tmp, "launch.out")
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([os.path.join(ROOT, "deploy", "launch.sh"), "--config", cfg_path, "--build", BUILD,
+                                 "--threads", "1", "--prefill", "1", "--decode", "1"], stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        text = lambda: open(out_path).read()  # noqa: E731
+        wait_for(lambda: "pdcluster is up" in text() or proc.poll() is not None, 120, "launch.sh to report the cluster up")
+        time.sleep(1.0)
+        check(proc.poll() is None, "launch.sh exited after start-up (rc %s):\n%s" % (proc.returncode, text()))
+        check('"model": "tiny"' in text(), "launch.sh's example lacks the model name (its /v1/models lookup "
+              "failed):\n" + text())
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        check(rc == 0, "launch.sh exit code %s after SIGTERM:\n%s" % (rc, text()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = subprocess.run(["pgrep", "-f", cfg_path], capture_output=True, text=True).stdout.split()
+    check(not left, "processes of the launched cluster still running: %s" % left)
+
+
+SUITES = {"limits": suite_limits, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
           "colocated": suite_colocated, "lifecycle": suite_lifecycle}
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->model == d.model);
   CHECK(c->http.port == d.http.port);
   CHECK(c->http.host == d.http.host);
+  CHECK(c->http.max_connections == d.http.max_connections);
+  CHECK(c->http.max_header_bytes == d.http.max_header_bytes);
+  CHECK(c->http.metrics_require_key == d.http.metrics_require_key);
+  CHECK(c->http.port_file == d.http.port_file);
   CHECK(c->engine.int8_activations == d.engine.int8_activations);
   CHECK(c->kv.block_size == d.kv.block_size);
   CHECK(c->kv.decode_budget_mb == d.kv.decode_budget_mb);
@@ -25,6 +29,7 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->router.max_inflight_per_worker == d.router.max_inflight_per_worker);
   CHECK(c->timeouts.handoff_ms == d.timeouts.handoff_ms);
   CHECK(c->timeouts.transfer_ms == d.timeouts.transfer_ms);
+  CHECK(c->timeouts.prefill_queue_ms == d.timeouts.prefill_queue_ms);
   CHECK(c->timeouts.drain_ms == d.timeouts.drain_ms);
   CHECK(c->model_name() == "SmolLM2-135M-Instruct.Q4_1");
 }
@@ -54,4 +59,57 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(!ok->engine.int8_activations);
   CHECK(ok->model_name() == "m");
   CHECK(ClusterConfig::load("/nonexistent/cluster.json").status().is_io_error());
+}
+
+TEST_CASE("config: numbers beyond their type are refused naming the key", "[config]") {
+  auto err = [](const std::string& text) {
+    INFO(text);
+    auto c = ClusterConfig::parse(text);
+    REQUIRE(!c.is_ok());
+    CHECK(c.status().is_invalid_argument());
+    return c.status().message();
+  };
+  // Beyond double range: nlohmann throws mid-parse; the key is still named.
+  CHECK(err(R"({"timeouts": {"request_ms": 1e400}})").find("'timeouts.request_ms' is beyond the range of a double") !=
+        std::string::npos);
+  CHECK(err(R"({"kv": {"checksum": true}, "http": {"port": -1e400}})").find("'http.port'") != std::string::npos);
+  CHECK(err(R"({"decode": {"max_running": 8}, "prefill": {"threads": 1E+999}})").find("'prefill.threads'") !=
+        std::string::npos);
+  CHECK(err(R"({"model": 1e400})").find("'model'") != std::string::npos);
+  // A float for an integer key, however large, is the wrong type.
+  CHECK(err(R"({"kv": {"block_size": 1e300}})").find("'kv.block_size' has the wrong type (number, want an integer)") !=
+        std::string::npos);
+  CHECK(err(R"({"kv": {"decode_budget_mb": 16.0}})").find("'kv.decode_budget_mb' has the wrong type") !=
+        std::string::npos);
+  // An integer beyond the key's C++ type is refused, never wrapped (2^32 + 8000 is not port 8000).
+  CHECK(err(R"({"http": {"port": 4294975296}})").find("'http.port' = 4294975296 is out of range") != std::string::npos);
+  CHECK(err(R"({"router": {"max_queued": -4294967040}})").find("'router.max_queued' = -4294967040 is out of range") !=
+        std::string::npos);
+  CHECK(err(R"({"http": {"max_body_bytes": 18446744073709551615}})").find("'http.max_body_bytes' = 18446744073709551615 is out of range") !=
+        std::string::npos);
+  CHECK(err(R"({"timeouts": {"drain_ms": 9223372036854775807}})").find("'timeouts.drain_ms'") != std::string::npos);
+  CHECK(err(R"({"http": {"max_body_bytes": 99999999999999999999}})").find("'http.max_body_bytes' has the wrong type") !=
+        std::string::npos);  // beyond uint64: parsed as a float
+}
+
+TEST_CASE("config: the http and timeouts keys added for the router", "[config]") {
+  auto ok = ClusterConfig::parse(R"({"http": {"metrics_require_key": true, "port_file": "/tmp/p", "port": 0,
+                                              "max_connections": 10, "max_header_bytes": 4096},
+                                     "timeouts": {"prefill_queue_ms": 5000}})");
+  INFO(ok.status().to_string());
+  REQUIRE(ok.is_ok());
+  CHECK(ok->http.metrics_require_key);
+  CHECK(ok->http.port_file == "/tmp/p");
+  CHECK(ok->http.max_connections == 10);
+  CHECK(ok->http.max_header_bytes == 4096);
+  CHECK(ok->timeouts.prefill_queue_ms == 5000);
+  const ClusterConfig d;
+  CHECK_FALSE(d.http.metrics_require_key);
+  auto bad = ClusterConfig::parse(R"({"http": {"metrics_require_key": 1}})");
+  REQUIRE(!bad.is_ok());
+  CHECK(bad.status().message().find("'http.metrics_require_key' has the wrong type") != std::string::npos);
+  CHECK(ClusterConfig::parse(R"({"http": {"max_connections": 0}})").is_ok());  // 0 = unlimited
+  CHECK(!ClusterConfig::parse(R"({"http": {"max_connections": -1}})").is_ok());
+  CHECK(!ClusterConfig::parse(R"({"http": {"max_header_bytes": 10}})").is_ok());
+  CHECK(!ClusterConfig::parse(R"({"timeouts": {"prefill_queue_ms": 0}})").is_ok());
 }

@@ -763,10 +763,14 @@ TEST_CASE("http_server: at max_connections the longest idle keep-alive connectio
     CHECK(res.result_int() == 200);
     return res.keep_alive();
   };
+  // The server lists a connection as idle once its answer is written, which can
+  // come after the client has read it: give it a moment, so the order is a, b.
   Client a(f.server.port());
   CHECK(serve(a, "/a"));  // a, then b: idle keep-alive connections holding both slots
+  std::this_thread::sleep_for(200ms);
   Client b(f.server.port());
   CHECK(serve(b, "/b"));
+  std::this_thread::sleep_for(200ms);
   Client c(f.server.port());
   CHECK(serve(c, "/c"));  // not 503: a made room
   CHECK(a.closed_by_server());

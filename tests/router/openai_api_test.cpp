@@ -326,6 +326,161 @@ TEST_CASE("openai_api: chat messages validation", "[openai_api]") {
   }
 }
 
+TEST_CASE("openai_api: nesting deeper than kMaxJsonDepth is refused before parsing", "[openai_api]") {
+  // 500k levels in 1 MB: the parser itself is iterative, but showing the value
+  // in an error message (dump()) recursed once per level and overflowed the stack.
+  constexpr size_t kDeep = 500000;
+  const std::string deep = R"({"model": )" + std::string(kDeep, '[') + std::string(kDeep, ']') + "}";
+  ApiError e = parse_err(Endpoint::kCompletions, deep);
+  CHECK(e.status == 400);
+  CHECK(e.param.empty());
+  CHECK_THAT(e.message, Catch::Matchers::Contains("deeper than the limit of 64 levels"));
+  const std::string deep_objects = std::string(kDeep, '{') + std::string(kDeep, '}');  // invalid, still 400
+  CHECK(parse_err(Endpoint::kChatCompletions, deep_objects).status == 400);
+
+  auto nested = [](int depth) {  // a body of exactly `depth` levels, the root counting as one
+    return R"({"prompt":"x","metadata":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+  };
+  parse_ok(Endpoint::kCompletions, nested(kMaxJsonDepth));
+  e = parse_err(Endpoint::kCompletions, nested(kMaxJsonDepth + 1));
+  CHECK_THAT(e.message, Catch::Matchers::Contains("64"));
+
+  // Brackets inside strings (escaped quotes included) are text, not nesting.
+  const std::string brackets(1000, '[');
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\")" + brackets + R"("})").prompt == "\"" + brackets);
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\\", "stop":")" + brackets + R"("})").stop[0] == brackets);
+
+  // At the limit, the value shown in the message is still bounded.
+  const std::string at_limit = R"({"model":)" + std::string(kMaxJsonDepth - 1, '[') +
+                               std::string(kMaxJsonDepth - 1, ']') + "}";
+  e = parse_err(Endpoint::kCompletions, at_limit);
+  CHECK(e.param == "model");
+  CHECK(e.message.size() < 40 + kMaxShownChars);
+}
+
+TEST_CASE("openai_api: values and keys shown in errors are bounded", "[openai_api]") {
+  const std::string big(1 << 20, 'x');
+  struct Case {
+    std::string extra;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {R"("temperature": ")" + big + R"(")", "temperature"},
+      {R"("max_tokens": [")" + big + R"(", 1, 2])", "max_tokens"},
+      {R"("seed": {")" + big + R"(": ")" + big + R"("})", "seed"},
+      {R"("stop": ["a", [")" + big + R"("]])", "stop"},
+      {R"("model": [)" + [] {
+         std::string many;
+         for (int i = 0; i < 100000; ++i) many += (i ? ",1" : "1");
+         return many;
+       }() + "]",
+       "model"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = parse_err(Endpoint::kCompletions, completions_with(c.extra));
+    CHECK(e.param == c.param);
+    CHECK(e.message.size() < 60 + kMaxShownChars);
+    CHECK_THAT(e.message, Catch::Matchers::EndsWith("..."));
+  }
+  // An unknown key (top level or in stream_options) is cut in the message and in param.
+  ApiError e = parse_err(Endpoint::kCompletions, completions_with(R"(")" + big + R"(": 1)"));
+  CHECK(e.param.size() <= kMaxShownChars);
+  CHECK(e.message.size() < 40 + kMaxShownChars);
+  CHECK_THAT(e.message, Catch::Matchers::StartsWith("unknown field: xxx"));
+  e = parse_err(Endpoint::kCompletions, completions_with(R"("stream": true, "stream_options": {")" + big + R"(": 1})"));
+  CHECK(e.param.size() <= 20 + kMaxShownChars);
+  CHECK(e.message.size() < 60 + kMaxShownChars);
+  // A cut never splits a UTF-8 character.
+  std::string utf8;
+  for (int i = 0; i < 200; ++i) utf8 += "\xc3\xa9";  // é
+  e = parse_err(Endpoint::kCompletions, completions_with(R"(")" + utf8 + R"(": 1)"));
+  CHECK_NOTHROW(json(e.param).dump());  // strict: throws on invalid UTF-8
+  CHECK_NOTHROW(json(e.message).dump());
+  // shown_text: for the router's own messages (a model name, a path).
+  CHECK(shown_text("tiny") == "tiny");
+  CHECK(shown_text(std::string(kMaxShownChars, 'm')) == std::string(kMaxShownChars, 'm'));
+  CHECK(shown_text(big) == std::string(kMaxShownChars - 3, 'x') + "...");
+  CHECK(shown_text(utf8).size() <= kMaxShownChars);
+  CHECK_NOTHROW(json(shown_text(utf8)).dump());
+  // Invalid JSON with a huge token: the parser's message is cut too.
+  e = parse_err(Endpoint::kCompletions, R"({"prompt": ")" + big);
+  CHECK_THAT(e.message, Catch::Matchers::StartsWith("invalid JSON: "));
+  CHECK(e.message.size() < 20 + 2 * kMaxShownChars);
+}
+
+TEST_CASE("openai_api: numbers beyond double range are a 400 naming the field", "[openai_api]") {
+  const std::vector<BadCase> cases = {
+      {R"("temperature": 1e400)", "temperature", "temperature is beyond the range of a double"},
+      {R"("temperature": -1e400)", "temperature", "got -1e400"},
+      {R"("max_tokens": 1E+999)", "max_tokens", "max_tokens is beyond the range of a double"},
+      {R"("seed": -123e456)", "seed", "seed is beyond"},
+      {R"("metadata": {"x": [1, 2, 1e400]})", "metadata.x[2]", "metadata.x[2] is beyond"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+  ApiError e = parse_err(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"a"},
+      {"role":"user","content":[{"type":"text","text":"b"},{"type":"text","text":1e999}]}]})");
+  CHECK(e.status == 400);
+  CHECK(e.param == "messages[1].content[1].text");
+  e = parse_err(Endpoint::kCompletions, "1e400");
+  CHECK(e.status == 400);
+  CHECK(e.param.empty());
+  // Huge but finite is an ordinary range error.
+  check_bad(Endpoint::kCompletions, {R"("temperature": 1e300)", "temperature", "temperature must be in [0, 2]"});
+  check_bad(Endpoint::kCompletions, {R"("top_p": -1.7e308)", "top_p", "top_p must be in (0, 1]"});
+  // In range as a double, 0 as a float: the sampler gets the smallest float above 0, never 0.
+  const ApiRequest tiny = parse_ok(Endpoint::kCompletions, completions_with(R"("top_p": 1e-320, "temperature": 1e-320)"));
+  CHECK(tiny.sampling.top_p > 0.0f);
+  CHECK(tiny.sampling.temperature == 0.0f);  // a closed bound: 0 is in range
+  CHECK(tiny.sampling.validate().is_ok());
+}
+
+TEST_CASE("openai_api: integers beyond their type are a 400 naming the field", "[openai_api]") {
+  const std::vector<BadCase> cases = {
+      {R"("max_tokens": 1e300)", "max_tokens", "max_tokens must be an integer in [1, 9223372036854775807]"},
+      {R"("max_tokens": 18446744073709551615)", "max_tokens", "max_tokens must be an integer in [1, "},
+      {R"("max_tokens": 9223372036854775808)", "max_tokens", "max_tokens must be an integer in [1, "},
+      {R"("max_tokens": -1e300)", "max_tokens", "max_tokens must be >= 1"},
+      {R"("max_tokens": -9223372036854775808)", "max_tokens", "max_tokens must be >= 1"},
+      {R"("seed": 1e30)", "seed", "seed must be an integer in [-9223372036854775808, 18446744073709551615]"},
+      {R"("seed": -1e30)", "seed", "seed must be an integer in ["},
+      {R"("seed": 18446744073709551616)", "seed", "seed must be an integer in ["},  // 2^64: parsed as a float
+      // -2^63 - 1: parsed as a float that rounds to exactly -2^63, yet still out of range.
+      {R"("seed": -9223372036854775809)", "seed", "seed must be an integer in ["},
+      {R"("top_k": -9223372036854775809)", "top_k", "top_k must be an integer in [-1, "},
+      {R"("seed": 0.5)", "seed", "seed must be an integer, got 0.5"},
+      {R"("n": 1e20)", "n", "n > 1 is not supported"},
+      {R"("n": 18446744073709551615)", "n", "n > 1 is not supported"},
+      {R"("n": -1e20)", "n", "n must be 1"},
+      {R"("top_k": 1e19)", "top_k", "top_k must be an integer in [-1, 9223372036854775807]"},
+      {R"("top_k": 18446744073709551615)", "top_k", "top_k must be an integer in [-1, "},
+      {R"("top_k": -1e19)", "top_k", "top_k must be an integer in [-1, "},
+      {R"("top_k": -9223372036854775808)", "top_k", "top_k must be -1 or 0 (disabled) or >= 1"},
+      {R"("best_of": 1e300)", "best_of", "best_of is not supported"},
+      {R"("top_logprobs": -1e300)", "top_logprobs", "top_logprobs is not supported"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+  check_bad(Endpoint::kChatCompletions,
+            {R"("max_completion_tokens": 1e300)", "max_completion_tokens", "max_completion_tokens must be an integer in"});
+  // The edges of each type are accepted (and clamped where documented).
+  ApiRequest r = parse_ok(Endpoint::kCompletions, completions_with(R"("max_tokens": 9223372036854775807,
+      "top_k": 9223372036854775807, "seed": -9223372036854775808)"));
+  CHECK(r.sampling.max_tokens == 2147483647);
+  CHECK(r.sampling.top_k == 2147483647);
+  CHECK(r.sampling.seed == uint64_t{1} << 63);
+  r = parse_ok(Endpoint::kCompletions, completions_with(R"("seed": 1.5e19, "max_tokens": 9.0e18, "top_k": 3e9)"));
+  CHECK(r.sampling.seed == 15000000000000000000u);
+  CHECK(r.sampling.max_tokens == 2147483647);
+  CHECK(r.sampling.top_k == 2147483647);
+  r = parse_ok(Endpoint::kCompletions, completions_with(R"("seed": -9.223372036854775808e18, "n": 1.0)"));
+  CHECK(r.sampling.seed == uint64_t{1} << 63);
+}
+
 TEST_CASE("openai_api: error_body has OpenAI's shape", "[openai_api]") {
   ApiError e;
   e.message = "temperature must be in [0, 2], got 3";
