@@ -20,13 +20,17 @@ proto::Finish finish_of(StopReason r) {
 }  // namespace
 
 DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
-                           std::unique_ptr<Transport> transport)
-    : cfg_(cfg), roles_(roles), engine_(std::move(engine)), transport_(std::move(transport)) {
+                           std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
+    : cfg_(cfg),
+      roles_(roles),
+      engine_(std::move(engine)),
+      transport_(std::move(transport)),
+      channel_(std::move(channel)) {
   header_ = engine_->wire_header();
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
   engine_->model->set_kv_written_hook([this](int) {
-    channel_.progress();
+    channel_->progress();
     report_load(false);
   });
 }
@@ -42,16 +46,8 @@ Status DecodeWorker::run() {
   spdlog::info("decode rank {} ready ({} KV blocks of {} tokens{})", roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size(), roles_.colocated() ? ", colocated: prefills its own prompts" : "");
   report_load(true);
-  while (!shutdown_) {
-    bool busy = handle_messages();
-    busy |= progress_transfers();
-    check_deadlines();
-    busy |= accept_offers();
-    busy |= step();
-    channel_.progress();
-    report_load(false);
-    if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
-  }
+  while (!shutdown_)
+    if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
   for (auto& [id, s] : seqs_)
     for (TransferOp op : s.ops) transport_->cancel(op);
   const auto end = Clock::now() + std::chrono::milliseconds(2000);
@@ -59,12 +55,23 @@ Status DecodeWorker::run() {
     progress_transfers();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  channel_.flush(std::chrono::milliseconds(2000));
+  channel_->flush(std::chrono::milliseconds(2000));
   return Status::ok();
 }
 
+bool DecodeWorker::run_once() {
+  bool busy = handle_messages();
+  busy |= progress_transfers();
+  check_deadlines();
+  busy |= accept_offers();
+  busy |= step();
+  channel_->progress();
+  report_load(false);
+  return busy;
+}
+
 bool DecodeWorker::handle_messages() {
-  return channel_.drain([&](int source, proto::Message& msg) {
+  return channel_->drain([&](int source, proto::Message& msg) {
     // One bad message must not end the rank (and, with it, every request on it).
     try {
     std::visit(
@@ -96,7 +103,7 @@ bool DecodeWorker::was_cancelled(proto::RequestId id) { return cancelled_.erase(
 void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
   const proto::RequestId id = m.header.request_id;
   auto reject = [&](const std::string& reason, bool cancelled) {
-    channel_.send(source, proto::HandoffReject{id, reason, cancelled});
+    channel_->send(source, proto::HandoffReject{id, reason, cancelled});
   };
   if (was_cancelled(id)) return reject("cancelled", true);
   if (seqs_.count(id)) return reject("duplicate request id " + std::to_string(id), false);
@@ -130,7 +137,7 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
 void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   const proto::RequestId id = m.id;
   auto fail_now = [&](const std::string& reason, int status) {
-    channel_.send(roles_.router, proto::RequestFailed{id, reason, status});
+    channel_->send(roles_.router, proto::RequestFailed{id, reason, status});
   };
   if (was_cancelled(id)) return;
   if (seqs_.count(id)) return fail_now("duplicate request id " + std::to_string(id), 500);
@@ -162,7 +169,7 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
   Seq& s = it->second;
   switch (s.state) {
     case SeqState::kOffered:
-      if (!from_prefill) channel_.send(s.source, proto::HandoffReject{id, "cancelled", true});
+      if (!from_prefill) channel_->send(s.source, proto::HandoffReject{id, "cancelled", true});
       std::erase(offers_, id);
       seqs_.erase(it);
       return;
@@ -172,7 +179,7 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
       s.cancelled = true;
       if (from_prefill) {
         if (reason != "cancelled")
-          channel_.send(roles_.router, proto::RequestFailed{id, "prefill rank " + std::to_string(s.source) +
+          channel_->send(roles_.router, proto::RequestFailed{id, "prefill rank " + std::to_string(s.source) +
                                                                     " aborted the KV handoff: " + reason, 500});
         for (TransferOp op : s.ops) transport_->cancel(op);
       }
@@ -239,13 +246,13 @@ bool DecodeWorker::accept_offers() {
     s.state = SeqState::kReceiving;
     s.accepted = s.last_progress = Clock::now();
     if (!st.is_ok()) {
-      channel_.send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false});
+      channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false});
       for (TransferOp op : s.ops) transport_->cancel(op);
       s.cancelled = true;
       s.state = SeqState::kDying;
       continue;
     }
-    channel_.send(s.source, proto::HandoffAccept{s.id, s.tag});
+    channel_->send(s.source, proto::HandoffAccept{s.id, s.tag});
     any = true;
   }
   return any;
@@ -327,7 +334,7 @@ void DecodeWorker::check_deadlines() {
     }
     Seq& s = *found;
     if (now - s.arrived > handoff) {
-      channel_.send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
+      channel_->send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
                                                              " within " + std::to_string(cfg_.timeouts.handoff_ms) + " ms",
                                                    false});
       seqs_.erase(*it);
@@ -366,7 +373,7 @@ void DecodeWorker::check_deadlines() {
 
 void DecodeWorker::fail(Seq& s, const std::string& reason, int http_status) {
   spdlog::warn("decode rank {}: request {} failed: {}", roles_.self, s.id, reason);
-  channel_.send(roles_.router, proto::RequestFailed{s.id, reason, http_status});
+  channel_->send(roles_.router, proto::RequestFailed{s.id, reason, http_status});
   std::erase(running_, s.id);
   std::erase(waiting_, s.id);
   std::erase(offers_, s.id);
@@ -523,7 +530,7 @@ bool DecodeWorker::step() {
       }
     }
   }
-  if (!events.events.empty()) channel_.send(roles_.router, events);
+  if (!events.events.empty()) channel_->send(roles_.router, events);
   return progressed;
 }
 
@@ -596,7 +603,7 @@ void DecodeWorker::report_load(bool force) {
   r.total_blocks = engine_->blocks->num_blocks();
   r.preemptions = preemptions_;
   r.ready = true;
-  load_reporter_.maybe_send(channel_, roles_.router, r, force);
+  load_reporter_.maybe_send(*channel_, roles_.router, r, force);
 }
 
 }  // namespace pd

@@ -22,6 +22,7 @@
 
 #include "config/cluster_config.h"
 #include "kvtransfer/transport.h"
+#include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
 #include "sampling/sampler.h"
 #include "serving/engine.h"
@@ -30,10 +31,20 @@ namespace pd {
 
 class DecodeWorker {
  public:
+  // `channel` carries the control messages (MpiControlChannel in the cluster),
+  // `transport` the KV bytes.
   DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
-               std::unique_ptr<Transport> transport);
+               std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
   ~DecodeWorker();
+  // Serves until the router sends Shutdown. Returns OK on a clean shutdown.
   Status run();
+  // One iteration of run()'s loop (for tests and run()): handles the messages
+  // that arrived, progresses transfers, applies deadlines, accepts offers that
+  // fit, runs at most one decode step. Never sleeps. Returns whether it did
+  // work (run() sleeps when not).
+  bool run_once();
+  // The router sent Shutdown: run() leaves its loop.
+  bool shutting_down() const { return shutdown_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -85,7 +96,7 @@ class DecodeWorker {
   const RoleTable roles_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Transport> transport_;
-  ControlChannel channel_;
+  std::unique_ptr<ControlChannel> channel_;
   proto::KvWireHeader header_;
 
   std::unordered_map<proto::RequestId, Seq> seqs_;

@@ -8,7 +8,8 @@
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
                                                             std::unique_ptr<pd::Engine> engine) {
-    pd::DecodeWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>());
+    pd::DecodeWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>(),
+                       std::make_unique<pd::MpiControlChannel>());
     return w.run();
   });
 }

@@ -10,7 +10,8 @@
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kPrefill, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
                                                              std::unique_ptr<pd::Engine> engine) {
-    pd::PrefillWorker w(cfg, roles, std::move(engine), pd::FaultInjectionTransport::from_env(std::make_unique<pd::MpiTransport>()));
+    pd::PrefillWorker w(cfg, roles, std::move(engine), pd::FaultInjectionTransport::from_env(std::make_unique<pd::MpiTransport>()),
+                        std::make_unique<pd::MpiControlChannel>());
     return w.run();
   });
 }

@@ -16,8 +16,12 @@ SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
 }  // namespace
 
 PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
-                             std::unique_ptr<Transport> transport)
-    : cfg_(cfg), roles_(roles), engine_(std::move(engine)), transport_(std::move(transport)) {
+                             std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
+    : cfg_(cfg),
+      roles_(roles),
+      engine_(std::move(engine)),
+      transport_(std::move(transport)),
+      channel_(std::move(channel)) {
   header_ = engine_->wire_header();
   // Layer hook: runs on this thread inside forward(), right after a layer's KV
   // is in the cache. Checksums are taken for every request of the batch (a
@@ -43,28 +47,31 @@ Status PrefillWorker::run() {
   spdlog::info("prefill rank {} ready ({} KV blocks of {} tokens)", roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size());
   report_load(true);
-  while (!shutdown_) {
-    bool busy = handle_messages();
-    busy |= progress_transfers();
-    check_deadlines();
-    if (!queue_.empty()) pump_transfers();  // a batch is next: push pending sends out first
-    busy |= run_batch();
-    channel_.progress();
-    report_load(false);
-    if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
-  }
+  while (!shutdown_)
+    if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
   // Shutdown: the router drained first; give in-flight sends a bounded chance.
   const auto end = Clock::now() + std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
   while (transport_->pending() && Clock::now() < end) {
     progress_transfers();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  channel_.flush(std::chrono::milliseconds(2000));
+  channel_->flush(std::chrono::milliseconds(2000));
   return Status::ok();
 }
 
+bool PrefillWorker::run_once() {
+  bool busy = handle_messages();
+  busy |= progress_transfers();
+  check_deadlines();
+  if (!queue_.empty()) pump_transfers();  // a batch is next: push pending sends out first
+  busy |= run_batch();
+  channel_->progress();
+  report_load(false);
+  return busy;
+}
+
 bool PrefillWorker::handle_messages() {
-  return channel_.drain([&](int source, proto::Message& msg) {
+  return channel_->drain([&](int source, proto::Message& msg) {
     // One bad message must not end the rank (and, with it, every request on it).
     try {
     std::visit(
@@ -111,7 +118,7 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   offer.header.n_tokens = static_cast<int32_t>(job.req.prompt.size());
   offer.prompt = job.req.prompt;
   offer.sampling = job.req.sampling;
-  channel_.send(job.req.decode_rank, offer);
+  channel_->send(job.req.decode_rank, offer);
   queue_.push_back(id);
 }
 
@@ -122,7 +129,7 @@ void PrefillWorker::on_cancel(proto::RequestId id) {
   switch (job.state) {
     case JobState::kQueued:
     case JobState::kHeld:
-      channel_.send(job.req.decode_rank, proto::HandoffAbort{id, "cancelled"});
+      channel_->send(job.req.decode_rank, proto::HandoffAbort{id, "cancelled"});
       release(job, job.state == JobState::kHeld);
       if (job.state == JobState::kQueued) std::erase(queue_, id);
       jobs_.erase(it);
@@ -158,7 +165,7 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m) {
   if (!m.cancelled) {
     proto::RequestFailed f{m.id, "decode rank " + std::to_string(job.req.decode_rank) + " refused the KV handoff: " +
                                      m.reason, 503};
-    channel_.send(roles_.router, f);
+    channel_->send(roles_.router, f);
   }
   release(job, job.state == JobState::kHeld);
   if (job.state == JobState::kQueued) std::erase(queue_, m.id);
@@ -290,7 +297,7 @@ bool PrefillWorker::run_batch() {
       job.state = JobState::kHeld;
     }
   }
-  if (!events.events.empty()) channel_.send(roles_.router, events);
+  if (!events.events.empty()) channel_->send(roles_.router, events);
   return true;
 }
 
@@ -333,7 +340,7 @@ bool PrefillWorker::progress_transfers() {
       // Every byte is out: the blocks may be reused (a zombie's KV may be partial).
       if (job.state == JobState::kSending) {
         const auto now = Clock::now();
-        channel_.send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
+        channel_->send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
                                                           seconds(now - job.send_started)});
       }
       release(job, job.state == JobState::kSending);
@@ -381,8 +388,8 @@ void PrefillWorker::check_deadlines() {
 void PrefillWorker::fail(Job& job, const std::string& reason, int http_status, bool tell_decode) {
   if (job.state == JobState::kZombie) return;
   spdlog::warn("prefill rank {}: request {} failed: {}", roles_.self, job.req.id, reason);
-  channel_.send(roles_.router, proto::RequestFailed{job.req.id, reason, http_status});
-  if (tell_decode) channel_.send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason});
+  channel_->send(roles_.router, proto::RequestFailed{job.req.id, reason, http_status});
+  if (tell_decode) channel_->send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason});
   // Posted operations must finish (or be cancelled) before the blocks are reused.
   for (TransferOp op : job.ops) transport_->cancel(op);
   job.state = JobState::kZombie;
@@ -403,7 +410,7 @@ void PrefillWorker::report_load(bool force) {
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;
-  load_reporter_.maybe_send(channel_, roles_.router, r, force);
+  load_reporter_.maybe_send(*channel_, roles_.router, r, force);
 }
 
 }  // namespace pd

@@ -19,6 +19,7 @@
 
 #include "config/cluster_config.h"
 #include "kvtransfer/transport.h"
+#include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
 #include "serving/engine.h"
 
@@ -26,11 +27,19 @@ namespace pd {
 
 class PrefillWorker {
  public:
+  // `channel` carries the control messages (MpiControlChannel in the cluster),
+  // `transport` the KV bytes.
   PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
-                std::unique_ptr<Transport> transport);
+                std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
   ~PrefillWorker();
   // Serves until the router sends Shutdown. Returns OK on a clean shutdown.
   Status run();
+  // One iteration of run()'s loop (for tests and run()): handles the messages
+  // that arrived, progresses transfers, applies deadlines, runs at most one
+  // batch. Never sleeps. Returns whether it did work (run() sleeps when not).
+  bool run_once();
+  // The router sent Shutdown: run() leaves its loop.
+  bool shutting_down() const { return shutdown_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -76,7 +85,7 @@ class PrefillWorker {
   const RoleTable roles_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Transport> transport_;
-  ControlChannel channel_;
+  std::unique_ptr<ControlChannel> channel_;
   proto::KvWireHeader header_;
 
   std::unordered_map<proto::RequestId, Job> jobs_;

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
 
   int rc = 0;
   {
-    pd::router::Router router(*cfg, *roles, std::move(info));
+    pd::router::Router router(*cfg, *roles, std::move(info), std::make_unique<pd::MpiControlChannel>());
     pd::Status st = router.run();
     if (!st.is_ok()) return abort_job(st.to_string());
   }

@@ -50,11 +50,13 @@ HttpServerConfig http_server_config(const ClusterConfig::Http& h) {
 
 void Router::request_stop() { g_stop.store(true); }
 
-Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model)
+Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model,
+               std::unique_ptr<ControlChannel> channel)
     : cfg_(cfg),
       roles_(roles),
       model_(std::move(model)),
       http_(http_server_config(cfg.http)),
+      channel_(std::move(channel)),
       workers_(roles.prefill, roles.decode, cfg.kv.block_size),
       requests_total_(metrics_.counter("pd_requests_total", "Requests by final outcome", {"outcome"})),
       ttft_(metrics_.histogram("pd_time_to_first_token_seconds", "Arrival at the router to the first token")),
@@ -281,7 +283,7 @@ Status Router::run() {
     drain_inbox();
     handle_messages();
     dispatch_queued();
-    channel_.progress();
+    channel_->progress();
     // Deadlines and gauges are O(requests + ranks): every 10 ms is plenty.
     if (Clock::now() - last_housekeeping >= std::chrono::milliseconds(10)) {
       check_deadlines();
@@ -308,8 +310,8 @@ Status Router::run() {
   for (uint64_t id : left)
     finalize(id, End::kFailed, "", api_error(503, "the server shut down before the request finished"));
   for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
-    if (r != roles_.self) channel_.send(r, proto::Shutdown{});
-  channel_.flush(std::chrono::milliseconds(5000));
+    if (r != roles_.self) channel_->send(r, proto::Shutdown{});
+  channel_->flush(std::chrono::milliseconds(5000));
   http_.stop();
   spdlog::info("router: shut down");
   return Status::ok();
@@ -354,12 +356,12 @@ void Router::dispatch_queued() {
     stage_.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
     prompt_tokens_total_.inc(static_cast<double>(n));
     proto::PrefillRequest m{r.id, r.prompt, r.api.sampling, choice->decode_rank};
-    channel_.send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank, m);
+    channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank, m);
   }
 }
 
 void Router::handle_messages() {
-  channel_.drain(
+  channel_->drain(
       [&](int source, proto::Message& msg) {
         std::visit(
             [&](auto&& m) {
@@ -467,8 +469,8 @@ void Router::finalize(uint64_t id, End how, const std::string& finish_reason, co
   } else {
     // Tell both legs; a worker that already finished ignores an unknown id.
     if (tell_workers || how != End::kFinished) {
-      if (r.where.prefill_rank >= 0 && !r.prefill_done) channel_.send(r.where.prefill_rank, proto::Cancel{id});
-      channel_.send(r.where.decode_rank, proto::Cancel{id});
+      if (r.where.prefill_rank >= 0 && !r.prefill_done) channel_->send(r.where.prefill_rank, proto::Cancel{id});
+      channel_->send(r.where.decode_rank, proto::Cancel{id});
     }
     if (!r.prefill_done && r.where.prefill_rank >= 0)
       workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));

@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "config/cluster_config.h"
+#include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
 #include "router/dispatch.h"
 #include "router/http_server.h"
@@ -40,7 +41,9 @@ struct ModelInfo {
 
 class Router {
  public:
-  Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model);
+  // `channel` carries the control messages to and from the workers
+  // (MpiControlChannel in the cluster); only the link thread uses it.
+  Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model, std::unique_ptr<ControlChannel> channel);
   ~Router();
   // Serves until SIGTERM/SIGINT (or request_stop()), then drains: no new
   // requests, in-flight ones get timeouts.drain_ms to finish, workers are told
@@ -107,7 +110,7 @@ class Router {
   std::atomic<uint64_t> next_id_{1};
 
   // Link thread only.
-  ControlChannel channel_;
+  std::unique_ptr<ControlChannel> channel_;
   WorkerTable workers_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<uint64_t> queue_;          // accepted, waiting for a worker

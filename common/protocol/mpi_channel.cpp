@@ -60,20 +60,20 @@ Result<RoleTable> exchange_roles(Role mine) {
   return t;
 }
 
-ControlChannel::~ControlChannel() {
+MpiControlChannel::~MpiControlChannel() {
   // Unfinished sends at destruction: the peer is gone or never received; free
   // the requests without waiting (MPI may still be finalizing).
   for (PendingSend& s : sends_)
     if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);
 }
 
-void ControlChannel::send(int dest, const proto::Message& m) {
+void MpiControlChannel::send(int dest, const proto::Message& m) {
   PendingSend& s = sends_.emplace_back();
   s.bytes = proto::serialize(m);
   MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, dest, proto::kTagControl, comm_, &s.req);
 }
 
-std::optional<ControlChannel::Received> ControlChannel::poll() {
+std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
   int flag = 0;
   MPI_Status st;
   MPI_Iprobe(MPI_ANY_SOURCE, proto::kTagControl, comm_, &flag, &st);
@@ -85,7 +85,7 @@ std::optional<ControlChannel::Received> ControlChannel::poll() {
   return Received{st.MPI_SOURCE, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
 }
 
-int ControlChannel::drain(const std::function<void(int, proto::Message&)>& fn, int max) {
+int MpiControlChannel::drain(const std::function<void(int, proto::Message&)>& fn, int max) {
   int n = 0;
   for (; n < max; ++n) {
     auto msg = poll();
@@ -99,19 +99,7 @@ int ControlChannel::drain(const std::function<void(int, proto::Message&)>& fn, i
   return n;
 }
 
-void LoadReporter::maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force) {
-  const auto now = std::chrono::steady_clock::now();
-  const bool changed = r.waiting != last_report_.waiting || r.running != last_report_.running ||
-                       r.free_blocks != last_report_.free_blocks || r.preemptions != last_report_.preemptions ||
-                       r.ready != last_report_.ready;
-  const auto since = now - last_;
-  if (!force && !(changed && since >= std::chrono::milliseconds(20)) && since < std::chrono::seconds(1)) return;
-  ch.send(router, r);
-  last_ = now;
-  last_report_ = r;
-}
-
-void ControlChannel::progress() {
+void MpiControlChannel::progress() {
   while (!sends_.empty()) {
     int done = 0;
     MPI_Test(&sends_.front().req, &done, MPI_STATUS_IGNORE);
@@ -126,7 +114,7 @@ void ControlChannel::progress() {
   }
 }
 
-bool ControlChannel::flush(std::chrono::milliseconds deadline) {
+bool MpiControlChannel::flush(std::chrono::milliseconds deadline) {
   const auto end = std::chrono::steady_clock::now() + deadline;
   while (!sends_.empty() && std::chrono::steady_clock::now() < end) {
     progress();

@@ -1,5 +1,5 @@
 // The MPI side of the control plane: who is who in the job (the role table)
-// and a non-blocking channel for protocol messages.
+// and the ControlChannel over MPI (see protocol/control_channel.h).
 //
 // Threading: MPI is called from one thread per process (MPI_THREAD_FUNNELED);
 // every object here belongs to that thread.
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "protocol/control_channel.h"
 #include "protocol/messages.h"
 #include "util/status.h"
 
@@ -38,16 +39,16 @@ Status mpi_init(int* argc, char*** argv);
 // there is exactly one router and at least one decode rank.
 Result<RoleTable> exchange_roles(Role mine);
 
-// Sends and receives protocol messages on kTagControl.
-class ControlChannel {
+// The ControlChannel of the cluster: protocol messages on kTagControl.
+class MpiControlChannel final : public ControlChannel {
  public:
-  explicit ControlChannel(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {}
-  ~ControlChannel();
-  ControlChannel(const ControlChannel&) = delete;
-  ControlChannel& operator=(const ControlChannel&) = delete;
+  explicit MpiControlChannel(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {}
+  ~MpiControlChannel() override;
+  MpiControlChannel(const MpiControlChannel&) = delete;
+  MpiControlChannel& operator=(const MpiControlChannel&) = delete;
 
   // Posts the message (MPI_Isend); its bytes are kept until the send completes.
-  void send(int dest, const proto::Message& m);
+  void send(int dest, const proto::Message& m) override;
   // The next received message, if one is waiting (MPI_Iprobe, never blocks).
   // A message that does not parse comes back as its Status (with the source).
   struct Received {
@@ -58,12 +59,12 @@ class ControlChannel {
   // Polls up to `max` messages and hands each well-formed one to `fn`; a
   // malformed one is logged (naming its source) and dropped. Returns how many
   // messages arrived.
-  int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64);
+  int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) override;
   // Completes finished sends (frees their buffers). Call once per loop.
-  void progress();
-  size_t pending_sends() const { return sends_.size(); }
+  void progress() override;
+  size_t pending_sends() const override { return sends_.size(); }
   // Waits up to `deadline` for pending sends (shutdown); false if some remain.
-  bool flush(std::chrono::milliseconds deadline);
+  bool flush(std::chrono::milliseconds deadline) override;
 
  private:
   struct PendingSend {
@@ -73,17 +74,6 @@ class ControlChannel {
   MPI_Comm comm_;
   std::deque<PendingSend> sends_;
   std::vector<uint8_t> recv_buf_;
-};
-
-// When a worker sends the router its LoadReport: when it changed (at most
-// every 20 ms) and at least once a second (the router's liveness signal).
-class LoadReporter {
- public:
-  void maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force = false);
-
- private:
-  std::chrono::steady_clock::time_point last_{};
-  proto::LoadReport last_report_{};
 };
 
 }  // namespace pd

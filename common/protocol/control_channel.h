@@ -1,0 +1,50 @@
+// The control plane's message channel, as the router and the workers see it:
+// send protocol messages to a rank, drain the ones that arrived. The cluster
+// runs MpiControlChannel (protocol/mpi_channel.h); tests run the workers and
+// the router against an in-process fake (tests/nodes/fake_channel.h), as the
+// KV path runs against a fake Transport.
+//
+// Threading: an object belongs to one thread (the engine loop or the router's
+// link); nothing here is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+
+#include "protocol/messages.h"
+
+namespace pd {
+
+class ControlChannel {
+ public:
+  virtual ~ControlChannel() = default;
+
+  // Posts the message to rank `dest`; never blocks. The bytes are the channel's
+  // until the send completes (progress()/flush()).
+  virtual void send(int dest, const proto::Message& m) = 0;
+  // Takes up to `max` messages that arrived and hands each well-formed one to
+  // `fn` (in arrival order per source); a malformed one is logged (naming its
+  // source) and dropped. Never blocks. Returns how many messages arrived,
+  // malformed ones included.
+  virtual int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) = 0;
+  // Completes finished sends (frees their buffers). Call once per loop.
+  virtual void progress() = 0;
+  // Sends posted and not yet complete.
+  virtual size_t pending_sends() const = 0;
+  // Waits up to `deadline` for pending sends (shutdown); false if some remain.
+  virtual bool flush(std::chrono::milliseconds deadline) = 0;
+};
+
+// When a worker sends the router its LoadReport: when it changed (at most
+// every 20 ms) and at least once a second (the router's liveness signal).
+class LoadReporter {
+ public:
+  void maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force = false);
+
+ private:
+  std::chrono::steady_clock::time_point last_{};
+  proto::LoadReport last_report_{};
+};
+
+}  // namespace pd

@@ -1,0 +1,401 @@
+// The prefill and decode workers' state machines, stepped by hand: one of each
+// on a tiny random model, joined by an in-process control channel
+// (fake_channel.h) and an in-process KV transport (loopback_transport.h), the
+// test playing the router (rank 0). No MPI job; each test runs in milliseconds
+// to a few hundred (the deadline tests wait on purpose).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "decode_node/decode_worker.h"
+#include "gguf/gguf_writer.h"
+#include "nodes/fake_channel.h"
+#include "nodes/loopback_transport.h"
+#include "prefill_node/prefill_worker.h"
+
+namespace pd {
+namespace {
+
+using test::FakeChannelHub;
+using test::LoopbackNetwork;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRouter = 0, kPrefill = 1, kDecode = 2;
+
+// The tiny model as a file (Engine::create reads a path): written once per
+// process, removed at exit.
+std::filesystem::path tiny_model_file() {
+  return std::filesystem::temp_directory_path() / ("pd_worker_test_" + std::to_string(::getpid()) + ".gguf");
+}
+const std::string& tiny_model_path() {
+  static const std::string path = [] {
+    const std::vector<uint8_t> bytes = make_tiny_llama_gguf(TinyLlamaSpec{});
+    std::ofstream f(tiny_model_file(), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    REQUIRE(f.good());
+    return tiny_model_file().string();
+  }();
+  return path;
+}
+struct TinyModelFileRemover {
+  ~TinyModelFileRemover() {
+    std::error_code ec;
+    std::filesystem::remove(tiny_model_file(), ec);
+  }
+} remove_tiny_model_at_exit;
+
+RoleTable roles_as(int self) {
+  RoleTable t;
+  t.roles = {Role::kRouter, Role::kPrefill, Role::kDecode};
+  t.hosts = {"test", "test", "test"};
+  t.self = self;
+  t.router = kRouter;
+  t.prefill = {kPrefill};
+  t.decode = {kDecode};
+  return t;
+}
+
+std::unique_ptr<Engine> make_engine(bool prefill_side) {
+  EngineConfig ec;
+  ec.model_path = tiny_model_path();
+  ec.threads = 1;
+  ec.block_size = 16;
+  ec.kv_budget_bytes = 256 << 10;  // a few dozen blocks of the tiny model
+  ec.kv_fit_context = prefill_side;
+  ec.prefix_sharing = prefill_side;
+  auto e = Engine::create(ec);
+  INFO(e.status().to_string());
+  REQUIRE(e.is_ok());
+  return std::move(e).value();
+}
+
+// A prefill rank and a decode rank, and what reached the router.
+struct MiniCluster {
+  ClusterConfig cfg;
+  FakeChannelHub hub;
+  LoopbackNetwork net;
+  Engine* prefill_engine = nullptr;
+  Engine* decode_engine = nullptr;
+  std::unique_ptr<PrefillWorker> prefill;
+  std::unique_ptr<DecodeWorker> decode;
+  // Router's view.
+  std::map<proto::RequestId, std::vector<proto::TokenEvent>> events;
+  std::vector<std::pair<int, proto::RequestFailed>> failed;
+  std::vector<proto::TransferStats> transfers;
+
+  explicit MiniCluster(ClusterConfig c) : cfg(std::move(c)) {
+    auto pe = make_engine(true);
+    auto de = make_engine(false);
+    prefill_engine = pe.get();
+    decode_engine = de.get();
+    prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), net.endpoint(kPrefill),
+                                              hub.endpoint(kPrefill));
+    decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de), net.endpoint(kDecode),
+                                            hub.endpoint(kDecode));
+  }
+
+  static proto::PrefillRequest request(proto::RequestId id, int n_prompt = 20, int max_tokens = 6) {
+    proto::PrefillRequest r;
+    r.id = id;
+    for (int i = 0; i < n_prompt; ++i) r.prompt.push_back(3 + static_cast<int32_t>((id * 31 + i * 7) % 250));
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;  // random weights: end by length only
+    r.decode_rank = kDecode;
+    return r;
+  }
+  // As the router: a prompt to the prefill rank; a cancel to both ranks.
+  void submit(const proto::PrefillRequest& r) { hub.send(kRouter, kPrefill, r); }
+  void cancel(proto::RequestId id) {
+    hub.send(kRouter, kPrefill, proto::Cancel{id});
+    hub.send(kRouter, kDecode, proto::Cancel{id});
+  }
+
+  void collect() {
+    for (auto& [source, m] : hub.take_all(kRouter)) {
+      if (auto* te = std::get_if<proto::TokenEvents>(&m))
+        for (auto& e : te->events) events[e.id].push_back(e);
+      else if (auto* f = std::get_if<proto::RequestFailed>(&m)) failed.emplace_back(source, *f);
+      else if (auto* t = std::get_if<proto::TransferStats>(&m)) transfers.push_back(*t);
+    }
+  }
+  bool step_prefill() {
+    const bool busy = prefill->run_once();
+    collect();
+    return busy;
+  }
+  bool step_decode() {
+    const bool busy = decode->run_once();
+    collect();
+    return busy;
+  }
+  bool step_both() {
+    const bool busy = step_prefill();
+    return step_decode() || busy;
+  }
+  // Steps both ranks until `done` holds; false after `max_iters` iterations.
+  // An iteration where neither rank had work sleeps 100 us (as run() does), so
+  // a deadline-driven condition sees the same wall time in Debug and Release.
+  bool run_until(const std::function<bool()>& done, int max_iters = 2000) {
+    for (int i = 0; i < max_iters; ++i) {
+      if (done()) return true;
+      if (!step_both()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return done();
+  }
+  // Steps only the decode rank for `d` (the prefill rank stalls meanwhile).
+  void step_decode_for(std::chrono::milliseconds d) {
+    const auto end = Clock::now() + d;
+    while (Clock::now() < end) {
+      step_decode();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  int64_t tokens(proto::RequestId id) const {
+    auto it = events.find(id);
+    if (it == events.end()) return 0;
+    int64_t n = 0;
+    for (const auto& e : it->second) n += static_cast<int64_t>(e.tokens.size());
+    return n;
+  }
+  bool finished(proto::RequestId id) const {
+    auto it = events.find(id);
+    if (it == events.end()) return false;
+    for (const auto& e : it->second)
+      if (e.finish != proto::Finish::kNone) return true;
+    return false;
+  }
+  // Token indices 0..n-1, each once, the last event marked finished.
+  void check_stream(proto::RequestId id, int max_tokens) const {
+    INFO("request " << id);
+    REQUIRE(events.count(id));
+    std::vector<int> seen(static_cast<size_t>(max_tokens), 0);
+    for (const auto& e : events.at(id))
+      for (size_t k = 0; k < e.tokens.size(); ++k) {
+        const int idx = e.first_index + static_cast<int>(k);
+        REQUIRE(idx >= 0);
+        REQUIRE(idx < max_tokens);
+        ++seen[static_cast<size_t>(idx)];
+      }
+    for (int n : seen) CHECK(n == 1);
+    CHECK(events.at(id).back().finish == proto::Finish::kLength);
+  }
+  bool failed_with(proto::RequestId id, int source, int status) const {
+    for (const auto& [src, f] : failed)
+      if (f.id == id && src == source && f.http_status == status) return true;
+    return false;
+  }
+  bool pools_free() const {
+    return prefill_engine->blocks->num_free_blocks() == prefill_engine->blocks->num_blocks() &&
+           decode_engine->blocks->num_free_blocks() == decode_engine->blocks->num_blocks();
+  }
+  // Steps until both pools are free again (transfers tested, blocks released).
+  bool settle() { return run_until([&] { return pools_free(); }, 200); }
+};
+
+ClusterConfig small_config() {
+  ClusterConfig cfg;
+  cfg.prefill.threads = cfg.decode.threads = 1;
+  return cfg;
+}
+
+TEST_CASE("workers: a request goes end to end through prefill, handoff and decode", "[workers]") {
+  MiniCluster c(small_config());
+  c.submit(MiniCluster::request(1, 40, 8));
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  c.check_stream(1, 8);
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
+  REQUIRE(c.transfers.size() == 1);
+  CHECK(c.transfers[0].id == 1);
+  CHECK(c.transfers[0].bytes > 0);
+  CHECK(c.net.bytes_moved() >= c.transfers[0].bytes);
+}
+
+TEST_CASE("workers: a cancel reaching the prefill rank while its prompt is queued", "[workers]") {
+  // The fix: on_cancel used to erase the job but leave its id in queue_, and
+  // the next batch's jobs_.at() threw out of run_once (the rank died).
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  MiniCluster c(cfg);
+  for (proto::RequestId id : {1, 2, 3}) c.submit(MiniCluster::request(id));
+  c.cancel(2);  // arrives before the prefill rank runs any batch
+  REQUIRE_NOTHROW(c.run_until([&] { return c.finished(1) && c.finished(3); }));
+  REQUIRE(c.finished(1));
+  REQUIRE(c.finished(3));
+  c.check_stream(1, 6);
+  c.check_stream(3, 6);
+  CHECK(c.tokens(2) == 0);
+  CHECK(c.failed.empty());
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: a cancel for a prompt in each state leaves nothing behind", "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  MiniCluster c(cfg);
+  for (proto::RequestId id : {1, 2, 3, 4}) c.submit(MiniCluster::request(id, 20, 12));
+  c.step_prefill();  // 1 computed (held, not accepted yet); 2..4 queued
+  c.cancel(1);       // held on the prefill rank, offered on the decode rank
+  c.step_decode();
+  c.step_prefill();  // 2 computed
+  c.cancel(3);       // queued, accepted by the decode rank
+  REQUIRE_NOTHROW(c.run_until([&] { return c.finished(2) && c.finished(4); }));
+  c.cancel(2);  // already finished: ignored
+  REQUIRE(c.finished(4));
+  CHECK(c.tokens(3) == 0);
+  CHECK(c.failed.empty());
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: the decode rank's transfer deadline ignores time the prompt spent queued", "[workers]") {
+  // Before the fix the decode rank gave an accepted handoff transfer_ms from
+  // the accept, so a prompt still queued (or computing) on the prefill rank
+  // failed with 504 although nothing was stalled. Now it allows
+  // prefill_queue_ms + transfer_ms before the first layer, transfer_ms after.
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  cfg.timeouts.transfer_ms = 50;
+  MiniCluster c(cfg);
+  c.submit(MiniCluster::request(1));
+  c.submit(MiniCluster::request(2));
+  c.step_prefill();  // offers both; 1 computed and held, 2 queued
+  c.step_decode_for(std::chrono::milliseconds(200));  // accepts both; the prefill rank is busy elsewhere
+  CHECK(c.failed.empty());
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.finished(2); }));
+  c.check_stream(1, 6);
+  c.check_stream(2, 6);
+  CHECK(c.failed.empty());
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: a stalled transfer fails on both ranks and frees both pools", "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.timeouts.transfer_ms = 50;
+  MiniCluster c(cfg);
+  c.net.hang_sends(true);
+  c.submit(MiniCluster::request(1));
+  const auto start = Clock::now();
+  REQUIRE(c.run_until(
+      [&] { return c.failed_with(1, kPrefill, 504) || Clock::now() - start > std::chrono::seconds(5); }, 100000));
+  CHECK(c.failed_with(1, kPrefill, 504));
+  CHECK(c.tokens(1) == 1);  // the first token came from the prefill rank
+  c.net.hang_sends(false);
+  CHECK(c.settle());
+  // The ranks still serve.
+  c.submit(MiniCluster::request(2));
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  c.check_stream(2, 6);
+}
+
+TEST_CASE("workers: a prompt queued past prefill_queue_ms fails with 503 and the decode rank lets go", "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  cfg.timeouts.prefill_queue_ms = 50;
+  MiniCluster c(cfg);
+  c.submit(MiniCluster::request(1));
+  c.submit(MiniCluster::request(2));
+  c.step_prefill();                                   // 1 computed and held; 2 queued
+  c.step_decode_for(std::chrono::milliseconds(100));  // accepts (reserves blocks for) both
+  CHECK(c.decode_engine->blocks->num_free_blocks() < c.decode_engine->blocks->num_blocks());
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.failed_with(2, kPrefill, 503); }));
+  c.check_stream(1, 6);
+  CHECK(c.tokens(2) == 0);
+  // The decode rank got the HandoffAbort: it tells the router, cancels its receives.
+  bool decode_saw_abort = false;
+  for (const auto& [src, f] : c.failed)
+    if (f.id == 2 && src == kDecode && f.reason.find("aborted") != std::string::npos) decode_saw_abort = true;
+  CHECK(decode_saw_abort);
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: control messages about unknown or ended requests are ignored", "[workers]") {
+  MiniCluster c(small_config());
+  auto garbage_about = [&](proto::RequestId id) {
+    c.hub.send(kRouter, kPrefill, proto::Cancel{id});
+    c.hub.send(kDecode, kPrefill, proto::HandoffAccept{id, proto::kTagKvFirst + 7});
+    c.hub.send(kDecode, kPrefill, proto::HandoffReject{id, "no", false});
+    c.hub.send(kDecode, kPrefill, proto::HandoffReject{id, "cancelled", true});
+    c.hub.send(kRouter, kDecode, proto::Cancel{id});
+    c.hub.send(kPrefill, kDecode, proto::HandoffAbort{id, "gone"});
+    c.hub.send(kPrefill, kDecode, proto::HandoffAbort{id, "cancelled"});
+  };
+  garbage_about(999);
+  garbage_about(999);
+  c.hub.send_raw(kRouter, kPrefill, {0x01, 0x02, 0x03});  // not a message
+  c.hub.send_raw(kRouter, kDecode, {0xff});
+  // Duplicates: the same PrefillRequest twice, every accept delivered twice.
+  c.hub.duplicate_next(100, [](int, int, const proto::Message& m) {
+    return std::holds_alternative<proto::HandoffAccept>(m);
+  });
+  c.submit(MiniCluster::request(5));
+  c.submit(MiniCluster::request(5));
+  REQUIRE_NOTHROW(c.run_until([&] { return c.finished(5); }));
+  REQUIRE(c.finished(5));
+  c.check_stream(5, 6);
+  REQUIRE(c.settle());
+  // Everything again about the request that just ended, and one never seen.
+  garbage_about(5);
+  garbage_about(12345);
+  c.submit(MiniCluster::request(6));
+  REQUIRE_NOTHROW(c.run_until([&] { return c.finished(6); }));
+  c.check_stream(6, 6);
+  CHECK(c.failed.empty());
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: a lost accept ends in the prefill rank's handoff deadline on both ranks", "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.timeouts.handoff_ms = 50;
+  MiniCluster c(cfg);
+  c.hub.drop_next(1, [](int, int, const proto::Message& m) { return std::holds_alternative<proto::HandoffAccept>(m); });
+  c.submit(MiniCluster::request(1));
+  const auto start = Clock::now();
+  REQUIRE(c.run_until(
+      [&] { return c.failed_with(1, kPrefill, 503) || Clock::now() - start > std::chrono::seconds(5); }, 100000));
+  CHECK(c.failed_with(1, kPrefill, 503));
+  CHECK(c.settle());  // the decode rank got the abort and cancelled its receives
+  c.submit(MiniCluster::request(2));
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  c.check_stream(2, 6);
+}
+
+TEST_CASE("workers: a dead decode rank costs the prefill rank nothing but the request", "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.timeouts.handoff_ms = 50;
+  MiniCluster c(cfg);
+  c.hub.kill(kDecode);
+  c.submit(MiniCluster::request(1));
+  const auto start = Clock::now();
+  REQUIRE(c.run_until(
+      [&] { return c.failed_with(1, kPrefill, 503) || Clock::now() - start > std::chrono::seconds(5); }, 100000));
+  CHECK(c.failed_with(1, kPrefill, 503));
+  const KvBlockManager& pool = *c.prefill_engine->blocks;
+  CHECK(c.run_until([&] { return pool.num_free_blocks() == pool.num_blocks(); }, 200));
+}
+
+TEST_CASE("workers: reordered control messages still end every request", "[workers]") {
+  // A cancel overtaking its offer at the decode rank (the tombstone path) and
+  // a batch of messages delivered in reverse.
+  ClusterConfig cfg = small_config();
+  MiniCluster c(cfg);
+  c.submit(MiniCluster::request(1));
+  c.submit(MiniCluster::request(2));
+  c.hub.hold();
+  c.step_prefill();  // offers for 1 and 2 held in the hub
+  c.cancel(2);       // held too
+  c.hub.release(/*reversed=*/true);
+  REQUIRE_NOTHROW(c.run_until([&] { return c.finished(1); }));
+  c.check_stream(1, 6);
+  CHECK(c.tokens(2) <= 1);  // at most the prefill rank's first token
+  CHECK(c.settle());
+}
+
+}  // namespace
+}  // namespace pd
