@@ -165,6 +165,24 @@ std::shared_ptr<http::response<http::string_body>> make_error_response(unsigned 
   return make_response(version, /*keep_alive=*/false, status, "application/json", error_body(e));
 }
 
+// Beast stores a field's name and value lengths in 16 bits and throws
+// std::length_error, out of the read operation and the io thread, for a longer
+// one. The header limit keeps header fields shorter by default, but trailer
+// fields (chunked bodies) and a configured header limit above 64 KiB do not:
+// this parser refuses such a field as header_limit (431) instead.
+class RequestParser : public http::request_parser<http::string_body> {
+ private:
+  static constexpr size_t kMaxFieldPart = 65535 - 2;  // Beast's bound on a name or a value
+  void on_field_impl(http::field name, beast::string_view name_string, beast::string_view value,
+                     beast::error_code& ec) override {
+    if (name_string.size() > kMaxFieldPart || value.size() > kMaxFieldPart) {
+      ec = http::error::header_limit;
+      return;
+    }
+    get().insert(name, name_string, value);
+  }
+};
+
 class Writer;
 
 // One accepted socket. Every member function runs on strand_ (the socket's
@@ -614,7 +632,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // All below: used on strand_ only.
   beast::flat_buffer buffer_;  // limited to core_->buffer_limit bytes
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<RequestParser> parser_;
   size_t body_limit_ = 0;       // the current request's
   size_t request_bytes_ = 0;    // bytes of the current request the parser consumed
   bool header_handled_ = false;  // the current request's header was looked at
@@ -917,7 +935,21 @@ Status HttpServer::start(HttpHandler handler) {
   const int n = std::max(1, cfg_.threads);
   threads_.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
-    threads_.emplace_back([core = core_.get()] { core->ioc.run(); });
+    threads_.emplace_back([core = core_.get()] {
+      // An exception out of a completion handler must not end the process:
+      // the operation that threw is dropped (its connection closes when the
+      // last reference goes) and the thread goes back to serving.
+      for (;;) {
+        try {
+          core->ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "pd::router::HttpServer: io thread caught: %s\n", e.what());
+        } catch (...) {
+          std::fprintf(stderr, "pd::router::HttpServer: io thread caught an unknown exception\n");
+        }
+      }
+    });
   }
   started_ = true;
   return Status::ok();

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -46,6 +47,11 @@ using Rng = std::mt19937_64;
 
 constexpr uint64_t kSeed = 0x5eed'f00d'2024ULL;
 constexpr int kCases = 360;
+// PD_FUZZ_CASES / PD_FUZZ_FIRST run another range of cases (longer runs by hand).
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? std::atoi(v) : fallback;
+}
 constexpr int kWorkers = 4;  // client threads (they mostly wait on sockets)
 
 size_t pick(Rng& r, size_t n) { return static_cast<size_t>(r() % n); }
@@ -395,11 +401,13 @@ TEST_CASE("http_framing_fuzz: odd and malformed framing never crashes the server
   std::mutex mu;
   std::vector<std::string> failures;  // Catch2 assertions stay on this thread
   std::map<int, int> statuses;        // answers seen, by status
-  std::atomic<int> next{0};
+  const int first = env_int("PD_FUZZ_FIRST", 0);
+  const int n_cases = env_int("PD_FUZZ_CASES", kCases);
+  std::atomic<int> next{first};
   std::vector<std::thread> workers;
   for (int t = 0; t < kWorkers; ++t) {
     workers.emplace_back([&] {
-      for (int i = next.fetch_add(1); i < kCases; i = next.fetch_add(1)) {
+      for (int i = next.fetch_add(1); i < first + n_cases; i = next.fetch_add(1)) {
         const Case c = make_case(static_cast<uint64_t>(i));
         std::map<int, int> seen;
         const std::string error = run_case(server.port(), c, &seen);

@@ -600,6 +600,34 @@ TEST_CASE("http_server: a huge trailer section is answered 413 after a bounded r
   CHECK(f.calls.load() == 0);
 }
 
+TEST_CASE("http_server: a field longer than Beast can store is refused, not thrown", "[http_server]") {
+  // Beast keeps field lengths in 16 bits and throws past them, out of the read
+  // and the io thread (it ended the process). A trailer field of 66,000 bytes
+  // fits the read buffer, and a header limit above 64 KiB lets a header field
+  // through: both must get an answer, and the server must keep serving.
+  HttpServerConfig cfg;
+  cfg.max_header_bytes = 256 * 1024;
+  cfg.max_body_bytes = 1 << 20;
+  Fixture f(cfg);
+  {
+    Client c(f.server.port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "5\r\nhello\r\n0\r\nX-Trailer: " + std::string(66000, 't') + "\r\n\r\n");
+    CHECK(c.read().result_int() == 431);
+  }
+  {
+    Client c(f.server.port());
+    c.send_raw("GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(70000, 'h') + "\r\n\r\n");
+    CHECK(c.read().result_int() == 431);
+  }
+  Client c(f.server.port());
+  c.post("/v1/completions", "{}");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  got->second->respond(200, "text/plain", "ok");
+  CHECK(c.read().result_int() == 200);
+}
+
 TEST_CASE("http_server: chunk metadata counts toward max_request_bytes", "[http_server]") {
   HttpServerConfig cfg;
   cfg.max_body_bytes = 1024;  // max_request_bytes 0: 1024 + 16 KiB + 48 KiB = 66560
