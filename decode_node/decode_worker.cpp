@@ -270,7 +270,6 @@ bool DecodeWorker::progress_transfers() {
       auto r = transport_->test(*op);
       if (!r.is_ok() || *r != OpState::kPending) {
         if (r.is_ok() && *r == OpState::kCancelled) s.cancelled = true;
-        if (r.is_ok() && *r == OpState::kDone) s.data_seen = true;
         s.last_progress = Clock::now();
         op = s.ops.erase(op);
         any = true;
@@ -343,27 +342,27 @@ void DecodeWorker::check_deadlines() {
       ++it;
     }
   }
-  // A transfer fails when it stops making progress, not for time its prompt
-  // spent queued on the prefill rank: before the first layer lands, the
-  // prefill rank's own queue bound applies too (it aborts the handoff when its
-  // prompt waited that long), so this side waits for both.
-  const auto first_layer = std::chrono::milliseconds(cfg_.timeouts.prefill_queue_ms) + transfer;
+  // The prefill rank enforces timeouts.transfer_ms: it knows whether it is
+  // computing the next layers or stalled, and aborts the handoff (HandoffAbort)
+  // when its sends stop moving or its prompt waited prefill_queue_ms in its
+  // queue. This side only guards against a prefill rank that went silent: no
+  // layer landing for prefill_queue_ms + transfer_ms. Time spent queued or
+  // computing between layers is never taken for a stall.
+  const int backstop_ms = cfg_.timeouts.prefill_queue_ms + cfg_.timeouts.transfer_ms;
+  const auto backstop = std::chrono::milliseconds(backstop_ms);
   std::vector<proto::RequestId> stalled;
   for (auto& [id, s] : seqs_) {
-    const auto bound = s.data_seen ? transfer : first_layer;
-    if (s.state == SeqState::kReceiving && now - s.last_progress > bound) {
+    if (s.state == SeqState::kReceiving && now - s.last_progress > backstop) {
       stalled.push_back(id);
-    } else if (s.state == SeqState::kDying && !s.ops.empty() && now - s.last_progress > bound) {
+    } else if (s.state == SeqState::kDying && !s.ops.empty() && now - s.last_progress > backstop) {
       for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
     }
   }
   for (proto::RequestId id : stalled) {  // fail() may erase: not while iterating seqs_
     Seq* s = find_seq(id);
     if (s == nullptr) continue;
-    fail(*s, "KV transfer from prefill rank " + std::to_string(s->source) + " did not complete: no progress for " +
-                 std::to_string(s->data_seen ? cfg_.timeouts.transfer_ms
-                                             : cfg_.timeouts.prefill_queue_ms + cfg_.timeouts.transfer_ms) +
-                 " ms (timeouts.transfer_ms" + (s->data_seen ? "" : " + timeouts.prefill_queue_ms") + ")",
+    fail(*s, "KV transfer from prefill rank " + std::to_string(s->source) + " did not complete: nothing arrived for " +
+                 std::to_string(backstop_ms) + " ms (timeouts.prefill_queue_ms + timeouts.transfer_ms)",
          504);
   }
   const auto keep = std::max(handoff, transfer) * 2;

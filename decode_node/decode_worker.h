@@ -69,8 +69,7 @@ class DecodeWorker {
     bool cancelled = false;            // cancelled/aborted while receiving: discard when ops finish
     bool failed = false;
     Clock::time_point arrived, accepted, received;  // received: KV complete (or arrival, colocated)
-    Clock::time_point last_progress;   // accept, then each receive that completed (transfer deadline)
-    bool data_seen = false;            // at least one KV layer has landed
+    Clock::time_point last_progress;   // accept, then each receive that completed (silent-sender backstop)
     bool timing_sent = false;
   };
 
