@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import subprocess
+import shutil
+import sys
 import tempfile
 import time
 
@@ -220,3 +222,51 @@ def request_body(endpoint, prompt, max_tokens, stream=False, **extra):
 
 def path_of(endpoint):
     return "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+
+
+# ---- shared by the suite files
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def blocks_all_free(c):
+    m = c.metrics()
+    free = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_free_kv_blocks{")}
+    total = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_kv_blocks{")}
+    return bool(total) and free == total
+
+
+def need_default_model():
+    if not os.path.exists(DEFAULT_MODEL):
+        print("SKIP: default model missing (%s); run scripts/fetch_model.sh" % DEFAULT_MODEL)
+        sys.exit(SKIP)
+
+
+def run_suite(suites, script):
+    """The command line of a suite file: `script SUITE`; exit 0 pass, 1 fail, 77 skip."""
+    if len(sys.argv) != 2 or sys.argv[1] not in suites:
+        print("usage: %s {%s}" % (script, ",".join(suites)))
+        sys.exit(2)
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+        sys.exit(SKIP)
+    tmp = tempfile.mkdtemp(prefix="pdcluster-test-")
+    try:
+        suites[sys.argv[1]](tmp)
+    except AssertionError as e:
+        print("FAIL:", e)
+        sys.exit(1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS:", sys.argv[1])

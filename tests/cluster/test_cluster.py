@@ -10,16 +10,15 @@ import json
 import os
 import signal
 import subprocess
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (BUILD, DEFAULT_MODEL, ROOT, SKIP, Cluster, completion_text, joined_stream, path_of,  # noqa: E402
-                     reference, request_body, tiny_model)
+from cluster import (BUILD, DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check, completion_text,  # noqa: E402
+                     joined_stream, need_default_model, path_of, reference, request_body, run_suite, tiny_model,
+                     wait_for)
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -41,11 +40,6 @@ QUESTIONS = [
     "Give me a short tip for learning to code.",
     "Describe a cat in one sentence.",
 ]
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
 
 
 def mixed_prompts(n):
@@ -88,22 +82,6 @@ def expect_same(case, got, ref):
     check((text, n, finish) == (ref["text"], ref["completion_tokens"], ref["finish_reason"]),
           "cluster output differs from pd-generate for %r:\n  cluster:     %r (%d tokens, %s)\n  pd-generate: %r (%d tokens, %s)"
           % (case, text, n, finish, ref["text"], ref["completion_tokens"], ref["finish_reason"]))
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
-
-
-def blocks_all_free(c):
-    m = c.metrics()
-    free = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_free_kv_blocks{")}
-    total = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_kv_blocks{")}
-    return bool(total) and free == total
 
 
 def concurrent_identity(c, model, cases, workers):
@@ -201,12 +179,6 @@ def run_case_key(c, key, case, stream):
     text, finishes, usage, done = joined_stream(endpoint, events)
     check(len(finishes) == 1 and done == 1, "stream framing: %s" % events[-3:])
     return text, usage["completion_tokens"], finishes[0]
-
-
-def need_default_model():
-    if not os.path.exists(DEFAULT_MODEL):
-        print("SKIP: default model missing (%s); run scripts/fetch_model.sh" % DEFAULT_MODEL)
-        sys.exit(SKIP)
 
 
 def suite_identity(tmp):
@@ -364,18 +336,4 @@ SUITES = {"limits": suite_limits, "api": suite_api, "identity": suite_identity, 
           "colocated": suite_colocated, "lifecycle": suite_lifecycle}
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in SUITES:
-        print("usage: test_cluster.py {%s}" % ",".join(SUITES))
-        sys.exit(2)
-    if not shutil.which("mpirun"):
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
-        sys.exit(SKIP)
-    tmp = tempfile.mkdtemp(prefix="pdcluster-test-")
-    try:
-        SUITES[sys.argv[1]](tmp)
-    except AssertionError as e:
-        print("FAIL:", e)
-        sys.exit(1)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print("PASS:", sys.argv[1])
+    run_suite(SUITES, "test_cluster.py")

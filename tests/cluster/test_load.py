@@ -17,29 +17,14 @@ soak (tiny model): 2,000 mixed requests (chat/completion, stream or not, a fifth
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
 import os
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import DEFAULT_MODEL, SKIP, Cluster, tiny_model  # noqa: E402
+from cluster import (Cluster, blocks_all_free, check, need_default_model, run_suite, tiny_model,  # noqa: E402
+                     wait_for)
 from loadgen import Spec, mixed_specs, run_load, summary, words  # noqa: E402
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting for " + what)
 
 
 def outcomes(c):
@@ -54,10 +39,7 @@ def delta(after, before):
 
 def pools_settled(c):
     """Every KV block back in its pool and nothing in flight."""
-    m = c.metrics()
-    free = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_free_kv_blocks{")}
-    total = {k.split("{")[1]: v for k, v in m.items() if k.startswith("pd_kv_blocks{")}
-    return bool(total) and free == total and m.get("pd_requests_in_flight", 1) == 0
+    return blocks_all_free(c) and c.metric("pd_requests_in_flight", 1) == 0
 
 
 def rss_kib(pid):
@@ -66,12 +48,6 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
-
-
-def need_default_model():
-    if not os.path.exists(DEFAULT_MODEL):
-        print("SKIP: default model missing (%s); run scripts/fetch_model.sh" % DEFAULT_MODEL)
-        sys.exit(SKIP)
 
 
 # ------------------------------------------------------------------ load
@@ -185,18 +161,4 @@ def suite_soak(tmp):
 SUITES = {"load": suite_load, "soak": suite_soak}
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in SUITES:
-        print("usage: test_load.py {%s}" % ",".join(SUITES))
-        sys.exit(2)
-    if not shutil.which("mpirun"):
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
-        sys.exit(SKIP)
-    tmp = tempfile.mkdtemp(prefix="pdcluster-load-")
-    try:
-        SUITES[sys.argv[1]](tmp)
-    except AssertionError as e:
-        print("FAIL:", e)
-        sys.exit(1)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print("PASS:", sys.argv[1])
+    run_suite(SUITES, "test_load.py")
