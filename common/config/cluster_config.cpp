@@ -146,7 +146,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
     return Reader(j, p).get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
         .get("prefill_queue_ms", c.timeouts.prefill_queue_ms).get("request_ms", c.timeouts.request_ms)
         .get("queue_ms", c.timeouts.queue_ms)
-        .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms).finish();
+        .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms)
+        .get("heartbeat_ms", c.timeouts.heartbeat_ms).finish();
   }));
   PD_RETURN_IF_ERROR(c.validate());
   return c;
@@ -186,6 +187,8 @@ Status ClusterConfig::validate() const {
                       {"timeouts.request_ms", timeouts.request_ms}, {"timeouts.queue_ms", timeouts.queue_ms},
                       {"timeouts.drain_ms", timeouts.drain_ms}, {"timeouts.startup_ms", timeouts.startup_ms}})
     PD_RETURN_IF_ERROR(range(k, v, 1, 86400000));
+  // Workers report at least once a second: a shorter deadline would take healthy ranks for dead.
+  PD_RETURN_IF_ERROR(range("timeouts.heartbeat_ms", timeouts.heartbeat_ms, 1500, 86400000));
   return Status::ok();
 }
 

@@ -65,6 +65,7 @@ struct ClusterConfig {
     int queue_ms = 60000;      // waiting in the router's queue
     int drain_ms = 30000;      // SIGTERM: in-flight requests get this long to finish
     int startup_ms = 120000;   // workers to report ready
+    int heartbeat_ms = 5000;   // a rank silent this long is declared down (its requests re-run or fail)
   } timeouts;
 
   // Reads a JSON file. IoError naming the path; InvalidArgument naming the key.
