@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "decode_node/scheduler.h"
+#include "util/lifecycle.h"
 
 namespace pd {
 namespace {
@@ -19,6 +20,34 @@ proto::Finish finish_of(StopReason r) {
 
 }  // namespace
 
+const char* state_name(DecodeWorker::SeqState s) {
+  using S = DecodeWorker::SeqState;
+  switch (s) {
+    case S::kOffered: return "offered";
+    case S::kReceiving: return "receiving";
+    case S::kReady: return "ready";
+    case S::kRunning: return "running";
+    case S::kPreempted: return "preempted";
+    case S::kDraining: return "draining";
+  }
+  return "?";
+}
+
+bool legal(DecodeWorker::SeqState from, DecodeWorker::SeqState to) {
+  using S = DecodeWorker::SeqState;
+  switch (from) {
+    case S::kOffered: return to == S::kReceiving;
+    case S::kReceiving: return to == S::kReady || to == S::kDraining;
+    case S::kReady: return to == S::kRunning || to == S::kPreempted;
+    case S::kRunning: return to == S::kPreempted;
+    case S::kPreempted: return to == S::kRunning;
+    case S::kDraining: return false;  // only ended (erased) from here
+  }
+  return false;
+}
+
+void DecodeWorker::set_state(Seq& s, SeqState to) { transition(s.state, to, s.id, "decode"); }
+
 DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
                            std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
     : cfg_(cfg),
@@ -27,6 +56,7 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
       transport_(std::move(transport)),
       channel_(std::move(channel)) {
   header_ = engine_->wire_header();
+  confirmed_dead_ = [this](int rank) { return rank_confirmed_dead(roles_, rank); };
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
   engine_->model->set_kv_written_hook([this](int) {
@@ -77,10 +107,18 @@ bool DecodeWorker::handle_messages() {
     std::visit(
         [&](auto&& m) {
           using T = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<T, proto::HandoffOffer>) on_offer(std::move(m), source);
-          else if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_prompt(std::move(m));
+          if constexpr (std::is_same_v<T, proto::HandoffOffer>) {
+            if (current(source, m.epoch)) on_offer(std::move(m), source);
+          } else if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_prompt(std::move(m));
           else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id, false, "cancelled");
-          else if constexpr (std::is_same_v<T, proto::HandoffAbort>) on_cancel(m.id, true, m.reason);
+          else if constexpr (std::is_same_v<T, proto::HandoffAbort>) {
+            if (current(source, m.epoch)) {
+              // Only the handoff's own prefill rank may abort it.
+              if (const Seq* s = find_seq(m.id); s != nullptr && s->source == source) on_cancel(m.id, true, m.reason);
+            }
+          } else if constexpr (std::is_same_v<T, proto::PeerDown>) on_peer_down(m.rank, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::PeerUp>) on_peer_up(m.rank, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Rejoin>) on_rejoin(m.epoch);
           else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
           else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
@@ -95,6 +133,93 @@ bool DecodeWorker::handle_messages() {
 DecodeWorker::Seq* DecodeWorker::find_seq(proto::RequestId id) {
   auto it = seqs_.find(id);
   return it == seqs_.end() ? nullptr : &it->second;
+}
+
+bool DecodeWorker::current(int source, proto::Epoch epoch) {
+  proto::Epoch& known = peer_epoch_[source];
+  if (epoch < known) {
+    spdlog::warn("decode rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
+    return false;
+  }
+  if (epoch > known) {
+    // Only the router hands out epochs: `source` was declared down and
+    // re-admitted before the PeerDown/PeerUp reached us. Its old work is over.
+    on_peer_down(source, known);
+    on_peer_up(source, epoch);
+  }
+  if (down_.count(source)) {
+    spdlog::warn("decode rank {}: dropped a message from rank {}, which is down", roles_.self, source);
+    return false;
+  }
+  return true;
+}
+
+void DecodeWorker::on_peer_down(int rank, proto::Epoch epoch) {
+  if (epoch < peer_epoch_[rank]) return;
+  down_.insert(rank);
+  std::vector<proto::RequestId> ids;
+  for (auto& [id, s] : seqs_)
+    if (s.source == rank && (s.state == SeqState::kOffered || s.state == SeqState::kReceiving)) ids.push_back(id);
+  for (proto::RequestId id : ids)
+    if (Seq* s = find_seq(id))
+      fail(*s, "prefill rank " + std::to_string(rank) + " went down before the KV handoff completed",
+           proto::FailureKind::kPeerDown);
+  if (!ids.empty())
+    spdlog::warn("decode rank {}: prefill rank {} is down; ended {} handoffs from it", roles_.self, rank, ids.size());
+  // Sequences whose KV arrived do not need it: they keep running.
+}
+
+void DecodeWorker::on_peer_up(int rank, proto::Epoch epoch) {
+  if (epoch < peer_epoch_[rank]) return;
+  peer_epoch_[rank] = epoch;
+  down_.erase(rank);
+}
+
+void DecodeWorker::on_rejoin(proto::Epoch epoch) {
+  if (epoch <= epoch_) return;
+  // The router declared this rank down and re-ran or failed all it held: drop
+  // everything, silently. Posted receives drain (and quarantine) as usual.
+  spdlog::warn("decode rank {}: rejoining under epoch {} (was declared down); dropping {} sequences", roles_.self,
+               epoch, seqs_.size());
+  std::vector<proto::RequestId> ids;
+  for (auto& [id, s] : seqs_) ids.push_back(id);
+  for (proto::RequestId id : ids) {
+    Seq* s = find_seq(id);
+    if (s == nullptr || s->state == SeqState::kDraining) continue;
+    if (s->state == SeqState::kReceiving) drain(*s);
+    else erase(*s);
+  }
+  offers_.clear();
+  running_.clear();
+  waiting_.clear();
+  epoch_ = epoch;
+  report_load(true);
+}
+
+void DecodeWorker::drain(Seq& s) {
+  for (TransferOp op : s.ops) transport_->cancel(op);
+  if (s.ops.empty()) return erase(s);
+  set_state(s, SeqState::kDraining);
+}
+
+void DecodeWorker::erase(Seq& s) {
+  if (s.tag != 0) {
+    // A receive that did not complete may leave its peer's send pending under this tag.
+    // Free again only if every receive under it completed: each of the
+    // peer's sends under it then matched and completed too.
+    KvTagPool& pool = tags_[s.source];
+    if (s.ops.empty() && s.ops_clean) pool.release(s.tag);
+    else pool.retire(s.tag);
+    s.tag = 0;
+  }
+  for (TransferOp op : s.ops) transport_->abandon(op);  // only a confirmed-dead sender's leave any here
+  s.ops.clear();
+  release(s);
+  const proto::RequestId id = s.id;
+  std::erase(running_, id);
+  std::erase(waiting_, id);
+  std::erase(offers_, id);
+  seqs_.erase(id);
 }
 
 void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = Clock::now(); }
@@ -136,17 +261,17 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
 
 void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   const proto::RequestId id = m.id;
-  auto fail_now = [&](const std::string& reason, int status) {
-    channel_->send(roles_.router, proto::RequestFailed{id, reason, status});
+  auto fail_now = [&](const std::string& reason, proto::FailureKind kind) {
+    channel_->send(roles_.router, proto::RequestFailed{id, reason, kind});
   };
   if (was_cancelled(id)) return;
-  if (seqs_.count(id)) return fail_now("duplicate request id " + std::to_string(id), 500);
-  if (Status st = m.sampling.validate(); !st.is_ok()) return fail_now(st.message(), 400);
+  if (seqs_.count(id)) return fail_now("duplicate request id " + std::to_string(id), proto::FailureKind::kInternal);
+  if (Status st = m.sampling.validate(); !st.is_ok()) return fail_now(st.message(), proto::FailureKind::kInvalid);
   const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
   if (m.prompt.empty() || need > engine_->blocks->num_blocks())
     return fail_now("request needs " + std::to_string(need) + " KV blocks at its longest; this rank has " +
                         std::to_string(engine_->blocks->num_blocks()) + " (raise kv.decode_budget_mb)",
-                    400);
+                    proto::FailureKind::kInvalid);
   Seq& s = seqs_[id];
   s.id = id;
   s.state = SeqState::kReady;
@@ -160,40 +285,29 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
 }
 
 void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::string& reason) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) {
+  (void)reason;  // an aborting prefill rank told the router why itself
+  Seq* found = find_seq(id);
+  if (found == nullptr) {
     // The router's cancel can overtake the prefill rank's offer: remember it.
     if (!from_prefill) remember_cancelled(id);
     return;
   }
-  Seq& s = it->second;
+  Seq& s = *found;
   switch (s.state) {
     case SeqState::kOffered:
-      if (!from_prefill) channel_->send(s.source, proto::HandoffReject{id, "cancelled", true});
-      std::erase(offers_, id);
-      seqs_.erase(it);
-      return;
+      if (!from_prefill) channel_->send(s.source, proto::HandoffReject{id, "cancelled", true, epoch_});
+      return erase(s);
     case SeqState::kReceiving:
       // An aborting prefill rank will never send: cancel the receives now. A
-      // router cancel waits for the prefill rank's abort or its data.
-      s.cancelled = true;
-      if (from_prefill) {
-        if (reason != "cancelled")
-          channel_->send(roles_.router, proto::RequestFailed{id, "prefill rank " + std::to_string(s.source) +
-                                                                    " aborted the KV handoff: " + reason, 500});
-        for (TransferOp op : s.ops) transport_->cancel(op);
-      }
-      s.state = SeqState::kDying;
-      return;
+      // router cancel waits for the prefill rank's abort or its data (a
+      // receive cancelled under a live sender would retire the tag).
+      if (from_prefill) return drain(s);
+      return set_state(s, SeqState::kDraining);
     case SeqState::kReady:
     case SeqState::kRunning:
     case SeqState::kPreempted:
-      release(s);
-      std::erase(running_, id);
-      std::erase(waiting_, id);
-      seqs_.erase(it);
-      return;
-    case SeqState::kDying:
+      return erase(s);
+    case SeqState::kDraining:
       if (from_prefill)
         for (TransferOp op : s.ops) transport_->cancel(op);
       return;
@@ -228,7 +342,14 @@ bool DecodeWorker::accept_offers() {
     s.has_blocks = true;
     s.kv_complete = false;
     offers_.pop_front();
-    s.tag = proto::kTagKvFirst + (next_tag_++ % proto::kKvTagSpan);
+    std::optional<int> tag = tags_[s.source].acquire();
+    if (!tag) {  // every tag of this peer in use or retired: refuse this handoff
+      channel_->send(s.source, proto::HandoffReject{s.id, "decode rank has no free KV transfer tag for this prefill rank",
+                                                    false, epoch_});
+      erase(s);
+      continue;
+    }
+    s.tag = *tag;
     std::vector<int32_t> table;
     for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
     Status st;
@@ -243,16 +364,16 @@ bool DecodeWorker::accept_offers() {
       if (op.is_ok()) s.ops.push_back(*op);
       else st = op.status();
     }
-    s.state = SeqState::kReceiving;
+    set_state(s, SeqState::kReceiving);
     s.accepted = s.last_progress = Clock::now();
     if (!st.is_ok()) {
-      channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false});
-      for (TransferOp op : s.ops) transport_->cancel(op);
-      s.cancelled = true;
-      s.state = SeqState::kDying;
+      channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false,
+                                                    epoch_});
+      s.ops_clean = false;
+      drain(s);
       continue;
     }
-    channel_->send(s.source, proto::HandoffAccept{s.id, s.tag});
+    channel_->send(s.source, proto::HandoffAccept{s.id, s.tag, epoch_});
     any = true;
   }
   return any;
@@ -262,14 +383,11 @@ bool DecodeWorker::progress_transfers() {
   bool any = false;
   std::vector<proto::RequestId> done;
   for (auto& [id, s] : seqs_) {
-    if (s.ops.empty()) {
-      if (s.state == SeqState::kDying) done.push_back(id);
-      continue;
-    }
+    if (s.ops.empty()) continue;
     for (auto op = s.ops.begin(); op != s.ops.end();) {
       auto r = transport_->test(*op);
       if (!r.is_ok() || *r != OpState::kPending) {
-        if (r.is_ok() && *r == OpState::kCancelled) s.cancelled = true;
+        if (!r.is_ok() || *r == OpState::kCancelled) s.ops_clean = false;
         s.last_progress = Clock::now();
         op = s.ops.erase(op);
         any = true;
@@ -283,12 +401,10 @@ bool DecodeWorker::progress_transfers() {
     Seq* found = find_seq(id);
     if (found == nullptr) continue;
     Seq& s = *found;
-    if (s.state == SeqState::kDying || s.cancelled || s.failed) {
-      release(s);
-      seqs_.erase(id);
-    } else if (s.state == SeqState::kReceiving) {
-      finish_transfer(s);
-    }
+    if (s.state == SeqState::kDraining) erase(s);
+    else if (s.state == SeqState::kReceiving && !s.ops_clean)
+      fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " failed", proto::FailureKind::kTransfer);
+    else if (s.state == SeqState::kReceiving) finish_transfer(s);
   }
   return any;
 }
@@ -296,7 +412,17 @@ bool DecodeWorker::progress_transfers() {
 void DecodeWorker::finish_transfer(Seq& s) {
   s.received = Clock::now();
   auto trailer = KvTrailer::deserialize(s.trailer, header_.n_layers);
-  if (!trailer.is_ok()) return fail(s, trailer.status().message(), 500);
+  if (!trailer.is_ok()) return fail(s, trailer.status().message(), proto::FailureKind::kTransfer);
+  if (trailer->request_id != s.id || trailer->epoch != peer_epoch_[s.source]) {
+    // Another handoff's data under this tag: this one's own sends may still be
+    // pending (fail() retires the tag). Never decoded.
+    s.ops_clean = false;
+    return fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " carried request " +
+                       std::to_string(trailer->request_id) + " (epoch " + std::to_string(trailer->epoch) +
+                       "), expected " + std::to_string(s.id) + " (epoch " + std::to_string(peer_epoch_[s.source]) +
+                       "): a stale transfer, dropped",
+                proto::FailureKind::kTransfer);
+  }
   std::vector<int32_t> table;
   for (BlockId b : engine_->blocks->block_table(seq_of(s.id))) table.push_back(b.value);
   for (int l = 0; l < header_.n_layers; ++l) {
@@ -305,19 +431,18 @@ void DecodeWorker::finish_transfer(Seq& s) {
     if (got != trailer->checksums[l])
       return fail(s, "KV checksum mismatch at layer " + std::to_string(l) + " (transfer from prefill rank " +
                          std::to_string(s.source) + " corrupted)",
-                  500);
+                  proto::FailureKind::kTransfer);
   }
+  // Every message under the tag arrived: the peer has no send pending on it.
+  tags_[s.source].release(s.tag);
+  s.tag = 0;
   s.kv_complete = true;
-  if (trailer->finished) {  // ended at its first token; the prefill rank told the router
-    release(s);
-    seqs_.erase(s.id);
-    return;
-  }
+  if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router
   s.tokens.push_back(trailer->first_token);
   s.n_generated = 1;
   s.sampler.emplace(s.params);
   s.sampler->replay(trailer->first_token);
-  s.state = SeqState::kReady;
+  set_state(s, SeqState::kReady);
   waiting_.push_back(s.id);
 }
 
@@ -325,37 +450,35 @@ void DecodeWorker::check_deadlines() {
   const auto now = Clock::now();
   const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
-  for (auto it = offers_.begin(); it != offers_.end();) {
-    Seq* found = find_seq(*it);
-    if (found == nullptr) {
-      it = offers_.erase(it);
-      continue;
-    }
-    Seq& s = *found;
-    if (now - s.arrived > handoff) {
-      channel_->send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
-                                                             " within " + std::to_string(cfg_.timeouts.handoff_ms) + " ms",
-                                                   false});
-      seqs_.erase(*it);
-      it = offers_.erase(it);
-    } else {
-      ++it;
-    }
+  std::vector<proto::RequestId> expired_offers;
+  for (proto::RequestId id : offers_) {
+    const Seq* s = find_seq(id);
+    if (s != nullptr && s->state == SeqState::kOffered && now - s->arrived > handoff) expired_offers.push_back(id);
+  }
+  for (proto::RequestId id : expired_offers) {
+    Seq& s = seqs_.at(id);
+    channel_->send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
+                                                           " within " + std::to_string(cfg_.timeouts.handoff_ms) + " ms",
+                                                 false, epoch_});
+    erase(s);
   }
   // The prefill rank enforces timeouts.transfer_ms: it knows whether it is
   // computing the next layers or stalled, and aborts the handoff (HandoffAbort)
   // when its sends stop moving or its prompt waited prefill_queue_ms in its
   // queue. This side only guards against a prefill rank that went silent: no
   // layer landing for prefill_queue_ms + transfer_ms. Time spent queued or
-  // computing between layers is never taken for a stall.
+  // computing between layers is never taken for a stall. (A prefill rank that
+  // stops altogether is declared down by the router after heartbeat_ms.)
   const int backstop_ms = cfg_.timeouts.prefill_queue_ms + cfg_.timeouts.transfer_ms;
   const auto backstop = std::chrono::milliseconds(backstop_ms);
-  std::vector<proto::RequestId> stalled;
+  std::vector<proto::RequestId> stalled, gone;
   for (auto& [id, s] : seqs_) {
     if (s.state == SeqState::kReceiving && now - s.last_progress > backstop) {
       stalled.push_back(id);
-    } else if (s.state == SeqState::kDying && !s.ops.empty() && now - s.last_progress > backstop) {
-      for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
+    } else if (s.state == SeqState::kDraining && !s.ops.empty()) {
+      if (down_.count(s.source) && confirmed_dead_(s.source)) gone.push_back(id);
+      else if (now - s.last_progress > backstop)
+        for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
     }
   }
   for (proto::RequestId id : stalled) {  // fail() may erase: not while iterating seqs_
@@ -363,27 +486,32 @@ void DecodeWorker::check_deadlines() {
     if (s == nullptr) continue;
     fail(*s, "KV transfer from prefill rank " + std::to_string(s->source) + " did not complete: nothing arrived for " +
                  std::to_string(backstop_ms) + " ms (timeouts.prefill_queue_ms + timeouts.transfer_ms)",
-         504);
+         proto::FailureKind::kTimeout);
+  }
+  for (proto::RequestId id : gone) {
+    // The sender's process has ended: nothing can write into these blocks any
+    // more (what it sent before dying was consumed by the progress calls since
+    // it was declared down). Abandon the receives MPI cannot cancel; free the blocks.
+    Seq* s = find_seq(id);
+    if (s == nullptr) continue;
+    spdlog::info("decode rank {}: prefill rank {} is gone; releasing request {}'s quarantined blocks", roles_.self,
+                 s->source, id);
+    erase(*s);
   }
   const auto keep = std::max(handoff, transfer) * 2;
   for (auto it = cancelled_.begin(); it != cancelled_.end();)
     it = now - it->second > keep ? cancelled_.erase(it) : std::next(it);
 }
 
-void DecodeWorker::fail(Seq& s, const std::string& reason, int http_status) {
+void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind kind) {
   spdlog::warn("decode rank {}: request {} failed: {}", roles_.self, s.id, reason);
-  channel_->send(roles_.router, proto::RequestFailed{s.id, reason, http_status});
+  channel_->send(roles_.router, proto::RequestFailed{s.id, reason, kind});
   std::erase(running_, s.id);
   std::erase(waiting_, s.id);
   std::erase(offers_, s.id);
-  s.failed = true;
-  if (!s.ops.empty()) {  // receives still posted: they must finish before the blocks are reused
-    for (TransferOp op : s.ops) transport_->cancel(op);
-    s.state = SeqState::kDying;
-    return;
-  }
-  release(s);
-  seqs_.erase(s.id);
+  if (s.state == SeqState::kReceiving) return drain(s);  // receives posted: blocks freed when they end
+  if (s.state == SeqState::kDraining) return;
+  erase(s);
 }
 
 void DecodeWorker::release(Seq& s) {
@@ -408,7 +536,7 @@ bool DecodeWorker::step() {
   in.max_running = cfg_.decode.max_running;
   for (proto::RequestId id : running_)
     in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1),
-                          static_cast<int64_t>(blocks.block_table(seq_of(id)).size())});
+                          static_cast<int64_t>(blocks.block_table(seq_of(id)).size()), seqs_.at(id).order});
   // Admission order: sequences whose KV arrived (they hold blocks and need at
   // most one more), then preempted ones (oldest first), then prompts this rank
   // prefills itself (colocated), which count against the prefill token budget.
@@ -441,7 +569,7 @@ bool DecodeWorker::step() {
     Seq& s = seqs_.at(id);
     release(s);
     s.needs_compute = true;
-    s.state = SeqState::kPreempted;
+    set_state(s, SeqState::kPreempted);
     std::erase(running_, id);
     waiting_.push_front(id);
     ++preemptions_;
@@ -451,7 +579,7 @@ bool DecodeWorker::step() {
     Seq& s = seqs_.at(id);
     release(s);
     s.needs_compute = true;
-    s.state = SeqState::kPreempted;
+    set_state(s, SeqState::kPreempted);
     ++preemptions_;
   }
   const bool progressed = !plan.admit.empty() || !running_.empty() || !plan.evict.empty();
@@ -462,14 +590,14 @@ bool DecodeWorker::step() {
     std::erase(waiting_, id);
     if (s.needs_compute) to_compute.push_back(id);
     else {
-      s.state = SeqState::kRunning;
+      set_state(s, SeqState::kRunning);
       running_.push_back(id);
     }
   }
   if (!to_compute.empty()) {
     if (Status st = compute_local(to_compute, events); !st.is_ok()) {
       for (proto::RequestId id : to_compute)
-        if (seqs_.count(id)) fail(seqs_.at(id), "prefill on decode rank failed: " + st.message(), 500);
+        if (seqs_.count(id)) fail(seqs_.at(id), "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
     }
   }
 
@@ -501,7 +629,7 @@ bool DecodeWorker::step() {
     batch.resize(stepped.size());
     Status st = engine_->model->decode(batch, engine_->cache, &logits_);
     if (!st.is_ok()) {
-      for (proto::RequestId id : stepped) fail(seqs_.at(id), "decode step failed: " + st.message(), 500);
+      for (proto::RequestId id : stepped) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
     } else {
       const int64_t vocab = engine_->config().vocab;
       for (size_t i = 0; i < stepped.size(); ++i) {
@@ -521,11 +649,7 @@ bool DecodeWorker::step() {
           s.timing_sent = true;
         }
         events.events.push_back(std::move(ev));
-        if (stop != StopReason::kNone) {
-          release(s);
-          std::erase(running_, s.id);
-          seqs_.erase(s.id);
-        }
+        if (stop != StopReason::kNone) erase(s);
       }
     }
   }
@@ -563,7 +687,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     Seq& s = seqs_.at(id);
     s.needs_compute = false;
     if (s.n_generated > 0) {  // resumed after preemption
-      s.state = SeqState::kRunning;
+      set_state(s, SeqState::kRunning);
       running_.push_back(id);
       continue;
     }
@@ -584,10 +708,9 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     s.timing_sent = true;
     events.events.push_back(std::move(ev));
     if (stop != StopReason::kNone) {
-      release(s);
-      seqs_.erase(id);
+      erase(s);
     } else {
-      s.state = SeqState::kRunning;
+      set_state(s, SeqState::kRunning);
       running_.push_back(id);
     }
   }
@@ -602,6 +725,10 @@ void DecodeWorker::report_load(bool force) {
   r.total_blocks = engine_->blocks->num_blocks();
   r.preemptions = preemptions_;
   r.ready = true;
+  r.epoch = epoch_;
+  for (const auto& [id, s] : seqs_)
+    if (s.state == SeqState::kDraining && down_.count(s.source) && s.has_blocks)
+      r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
   load_reporter_.maybe_send(*channel_, roles_.router, r, force);
 }
 

@@ -1,19 +1,33 @@
 // The decode worker: receives KV handoffs straight into its paged blocks and
 // runs continuous batching over them, streaming token events to the router.
 //
-// A sequence's life here: offered (waiting for room) -> receiving (blocks
-// reserved, receives posted) -> ready (KV verified, waiting for admission) ->
-// running (one token per iteration) -> finished/cancelled/failed; a running
-// sequence may be preempted (blocks freed) and comes back by recomputing its
-// KV from its tokens, which gives the same output (the CPU backend's kernels
-// are batch-invariant). In colocated mode the router sends prompts here
-// directly and this rank prefills them itself before they join the batch.
+// A sequence's life here (SeqState; every change checked, util/lifecycle.h):
+//   kOffered (waiting for room) -> kReceiving (blocks reserved, receives
+//   posted) -> kReady (KV verified, waiting for admission) -> kRunning (one
+//   token per iteration) <-> kPreempted (blocks freed; comes back by
+//   recomputing its KV from its tokens, which gives the same output: the CPU
+//   backend's kernels are batch-invariant) -> ended (erased).
+//   kReady -> kPreempted: a waiting holder evicted to break a deadlock.
+//   kReceiving -> kDraining: ended while receives are posted; the blocks are
+//   freed only when MPI can no longer write into them (below).
+// In colocated mode the router sends prompts here directly (kReady, KV to
+// compute) and this rank prefills them itself before they join the batch.
+//
+// When may blocks under a receive be reused? When every receive completed or
+// was cancelled (MPI reports it). A receive already matched to a send cannot
+// be cancelled; if its sender is declared down, the sequence stays kDraining
+// and its blocks are quarantined: a stopped sender that resumes completes the
+// send into them. They are released when the receives complete, or when the
+// sender's process is confirmed gone (same host, pid ended: nothing can write
+// any more). A sender on another host that never resumes keeps them
+// quarantined (reported in LoadReport.quarantined_blocks). Tags: kv_tags.h.
 //
 // Threading: one thread (the engine loop) calls everything, including MPI.
 #pragma once
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -21,6 +35,7 @@
 #include <unordered_set>
 
 #include "config/cluster_config.h"
+#include "decode_node/kv_tags.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
@@ -45,10 +60,15 @@ class DecodeWorker {
   bool run_once();
   // The router sent Shutdown: run() leaves its loop.
   bool shutting_down() const { return shutdown_; }
+  using Clock = std::chrono::steady_clock;
+  // Whether `rank`'s process has ended for sure (default: rank_confirmed_dead).
+  // Tests substitute their own.
+  void set_death_oracle(std::function<bool(int rank)> oracle) { confirmed_dead_ = std::move(oracle); }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kDying };
+  enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kDraining };
+  friend const char* state_name(SeqState s);
+  friend bool legal(SeqState from, SeqState to);
   struct Seq {
     proto::RequestId id = 0;
     int source = -1;                   // prefill rank (-1: colocated, prompt came from the router)
@@ -66,8 +86,7 @@ class DecodeWorker {
     int tag = 0;
     std::vector<TransferOp> ops;
     std::vector<uint8_t> trailer;
-    bool cancelled = false;            // cancelled/aborted while receiving: discard when ops finish
-    bool failed = false;
+    bool ops_clean = true;             // every receive that ended so far completed (none cancelled/failed)
     Clock::time_point arrived, accepted, received;  // received: KV complete (or arrival, colocated)
     Clock::time_point last_progress;   // accept, then each receive that completed (silent-sender backstop)
     bool timing_sent = false;
@@ -77,13 +96,23 @@ class DecodeWorker {
   void on_offer(proto::HandoffOffer m, int source);
   void on_prompt(proto::PrefillRequest m);
   void on_cancel(proto::RequestId id, bool from_prefill, const std::string& reason);
+  void on_peer_down(int rank, proto::Epoch epoch);
+  void on_peer_up(int rank, proto::Epoch epoch);
+  void on_rejoin(proto::Epoch epoch);
+  bool current(int source, proto::Epoch epoch);
+  void set_state(Seq& s, SeqState to);
+  // Ends a sequence whose receives are posted: cancels them (kDraining) or,
+  // with none left, frees it.
+  void drain(Seq& s);
+  // Erases an ended sequence: its tag back to the pool (or retired), blocks freed.
+  void erase(Seq& s);
   bool accept_offers();
   bool progress_transfers();
   void check_deadlines();
   bool step();
   Status compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events);
   void finish_transfer(Seq& s);
-  void fail(Seq& s, const std::string& reason, int http_status);
+  void fail(Seq& s, const std::string& reason, proto::FailureKind kind);
   void release(Seq& s);
   int64_t blocks_for_tokens(int64_t n) const;
   void report_load(bool force);
@@ -104,7 +133,11 @@ class DecodeWorker {
   std::deque<proto::RequestId> waiting_;   // ready or preempted, in admission order
   std::map<proto::RequestId, Clock::time_point> cancelled_;  // tombstones: cancel before offer
   uint64_t next_order_ = 0;
-  int next_tag_ = 0;
+  std::unordered_map<int, KvTagPool> tags_;           // by prefill rank
+  proto::Epoch epoch_ = 0;
+  std::unordered_map<int, proto::Epoch> peer_epoch_;  // prefill rank -> its current epoch
+  std::unordered_set<int> down_;                      // prefill ranks declared down
+  std::function<bool(int)> confirmed_dead_;
   int64_t preemptions_ = 0;
   bool shutdown_ = false;
   LoadReporter load_reporter_;

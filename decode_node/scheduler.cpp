@@ -1,6 +1,9 @@
 #include "decode_node/scheduler.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <numeric>
+#include <vector>
 
 namespace pd {
 
@@ -9,14 +12,25 @@ SchedulerPlan schedule_iteration(const SchedulerInput& in) {
   int64_t free = in.free_blocks;
   int64_t need = 0;
   for (const auto& r : in.running) need += r.blocks_for_next;
-  // 1. Capacity: preempt newest-first until the survivors' next tokens fit.
+  // 1. Capacity: preempt the newest arrival first until the survivors' next
+  // tokens fit. Victims go by (arrival, position in the list), newest first, so
+  // a resumed sequence the caller appended last keeps its original turn; with
+  // all-zero arrivals this is the list order, newest last.
   std::size_t n_running = in.running.size();
-  while (need > free && n_running > 0) {
-    const auto& victim = in.running[n_running - 1];
-    plan.preempt.push_back(victim.id);
-    need -= victim.blocks_for_next;
-    free += victim.blocks_held;
-    --n_running;
+  if (need > free) {
+    std::vector<std::size_t> order(in.running.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      const uint64_t aa = in.running[a].arrival, ab = in.running[b].arrival;
+      return aa != ab ? aa > ab : a > b;
+    });
+    for (std::size_t i = 0; i < order.size() && need > free; ++i) {
+      const auto& victim = in.running[order[i]];
+      plan.preempt.push_back(victim.id);
+      need -= victim.blocks_for_next;
+      free += victim.blocks_held;
+      --n_running;
+    }
   }
   free -= need;
   // 2. Admission, in order, no overtaking.

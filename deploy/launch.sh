@@ -67,9 +67,12 @@ if [[ -n "$HOSTFILE" ]]; then MPIRUN+=(--hostfile "$HOSTFILE"); else MPIRUN+=(--
 # outnumber the cores (or the hosts are unknown: --hostfile); when every
 # thread has a core, spinning briefly between a forward pass's parallel
 # regions is faster (batch-1 decode ~25% on a 2-core machine).
+# orte_enable_recovery: a rank that dies (killed, crashed) does not take the job
+# down with it; the router declares it down after timeouts.heartbeat_ms and
+# serves on with the ranks left.
 OMP_ENV=(-x OMP_WAIT_POLICY=PASSIVE)
 if [[ -z "$HOSTFILE" && -n "$THREADS" ]] && (( (P + D) * THREADS <= $(nproc) )); then OMP_ENV=(); fi
-MPIRUN+=(--mca mpi_yield_when_idle 1 "${OMP_ENV[@]}" "${MPI_EXTRA[@]}")
+MPIRUN+=(--mca mpi_yield_when_idle 1 --mca orte_enable_recovery 1 "${OMP_ENV[@]}" "${MPI_EXTRA[@]}")
 MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
 [[ "$P" -gt 0 ]] && MPIRUN+=(: -np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}")
 MPIRUN+=(: -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")

@@ -71,8 +71,16 @@ Result<OpState> FaultInjectionTransport::test(TransferOp op) {
   auto it = ops_.find(op.value);
   if (it == ops_.end()) return Status::not_found("fault transport: unknown op " + std::to_string(op.value));
   auto r = inner_->test(it->second);
-  if (r.is_ok() && *r != OpState::kPending) ops_.erase(it);
+  if (!r.is_ok() || *r != OpState::kPending) ops_.erase(it);
   return r;
+}
+
+void FaultInjectionTransport::abandon(TransferOp op) {
+  if (hung_.erase(op.value)) return;
+  if (auto it = ops_.find(op.value); it != ops_.end()) {
+    inner_->abandon(it->second);
+    ops_.erase(it);
+  }
 }
 
 void FaultInjectionTransport::cancel(TransferOp op) {

@@ -38,6 +38,7 @@ class FaultInjectionTransport final : public Transport {
   }
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
+  void abandon(TransferOp op) override;
   size_t pending() const override { return inner_->pending() + hung_.size(); }
 
  private:

@@ -27,9 +27,11 @@ uint64_t kv_region_checksum(const KvRegion& r) {
 
 std::vector<uint8_t> KvTrailer::serialize() const {
   std::vector<uint8_t> out(serialized_size(static_cast<int>(checksums.size())));
-  std::memcpy(out.data(), &first_token, 4);
-  std::memcpy(out.data() + 4, &finished, 4);
-  if (!checksums.empty()) std::memcpy(out.data() + 8, checksums.data(), checksums.size() * 8);
+  std::memcpy(out.data(), &request_id, 8);
+  std::memcpy(out.data() + 8, &epoch, 4);
+  std::memcpy(out.data() + 12, &first_token, 4);
+  std::memcpy(out.data() + 16, &finished, 4);
+  if (!checksums.empty()) std::memcpy(out.data() + 20, checksums.data(), checksums.size() * 8);
   return out;
 }
 
@@ -38,10 +40,12 @@ Result<KvTrailer> KvTrailer::deserialize(std::span<const uint8_t> bytes, int n_l
     return Status::corruption("KV trailer of " + std::to_string(bytes.size()) + " bytes, expected " +
                               std::to_string(serialized_size(n_layers)));
   KvTrailer t;
-  std::memcpy(&t.first_token, bytes.data(), 4);
-  std::memcpy(&t.finished, bytes.data() + 4, 4);
+  std::memcpy(&t.request_id, bytes.data(), 8);
+  std::memcpy(&t.epoch, bytes.data() + 8, 4);
+  std::memcpy(&t.first_token, bytes.data() + 12, 4);
+  std::memcpy(&t.finished, bytes.data() + 16, 4);
   t.checksums.resize(static_cast<size_t>(n_layers));
-  if (n_layers > 0) std::memcpy(t.checksums.data(), bytes.data() + 8, static_cast<size_t>(n_layers) * 8);
+  if (n_layers > 0) std::memcpy(t.checksums.data(), bytes.data() + 20, static_cast<size_t>(n_layers) * 8);
   return t;
 }
 

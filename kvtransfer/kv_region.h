@@ -26,14 +26,18 @@ KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int laye
 uint64_t kv_region_checksum(const KvRegion& r);
 
 // The fixed-size message that ends a transfer (same tag, after the layers):
-// the first generated token and a checksum per layer.
+// whose KV it is (request id and the sender's epoch, checked on arrival so a
+// late transfer of another request is never decoded), the first generated
+// token and a checksum per layer.
 struct KvTrailer {
+  uint64_t request_id = 0;
+  uint32_t epoch = 0;
   int32_t first_token = -1;
   int32_t finished = 0;     // 1 = the request ended at its first token: don't decode it
   std::vector<uint64_t> checksums;  // one per layer (0s when checksums are off)
 
   std::vector<uint8_t> serialize() const;
-  static size_t serialized_size(int n_layers) { return 8 + 8 * static_cast<size_t>(n_layers); }
+  static size_t serialized_size(int n_layers) { return 20 + 8 * static_cast<size_t>(n_layers); }
   // Corruption if the size does not match n_layers.
   static Result<KvTrailer> deserialize(std::span<const uint8_t> bytes, int n_layers);
 };

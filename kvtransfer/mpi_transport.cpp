@@ -68,12 +68,25 @@ Result<OpState> MpiTransport::test(TransferOp op) {
   if (it == ops_.end()) return Status::not_found("mpi transport: unknown transfer op " + std::to_string(op.value));
   int done = 0;
   MPI_Status st;
-  MPI_Test(&it->second, &done, &st);
+  if (MPI_Test(&it->second, &done, &st) != MPI_SUCCESS) {  // MPI_ERRORS_RETURN: the op ended in error
+    if (it->second != MPI_REQUEST_NULL) MPI_Request_free(&it->second);
+    ops_.erase(it);
+    return Status::io_error("mpi transport: transfer op " + std::to_string(op.value) + " failed");
+  }
   if (!done) return OpState::kPending;
   int cancelled = 0;
   MPI_Test_cancelled(&st, &cancelled);
   ops_.erase(it);
   return cancelled ? OpState::kCancelled : OpState::kDone;
+}
+
+void MpiTransport::abandon(TransferOp op) {
+  auto it = ops_.find(op.value);
+  if (it == ops_.end()) return;
+  // MPI_Request_free on an active request: MPI completes it in the background
+  // (or never, if the peer is dead) and frees it then; we never look again.
+  if (it->second != MPI_REQUEST_NULL) MPI_Request_free(&it->second);
+  ops_.erase(it);
 }
 
 void MpiTransport::cancel(TransferOp op) {

@@ -22,6 +22,7 @@ class MpiTransport final : public Transport {
   Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) override;
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
+  void abandon(TransferOp op) override;
   size_t pending() const override { return ops_.size(); }
 
  private:

@@ -39,6 +39,14 @@ class Transport {
   // Asks to cancel; the op still has to be test()ed until it leaves kPending
   // (it may complete normally if the data was already on its way).
   virtual void cancel(TransferOp op) = 0;
+  // Gives up on an operation without waiting for it to end: the id is released
+  // and never reported; the operation may still complete in the background.
+  // Only for an operation whose peer is fenced or dead: the caller must know
+  // that no byte can still land in (receive) the memory it reuses, or that
+  // the peer discards what it reads from it (send). MPI cannot cancel a send,
+  // nor a receive already matched to one, so this is how such an operation
+  // with a vanished peer ends.
+  virtual void abandon(TransferOp op) = 0;
   virtual size_t pending() const = 0;
 };
 

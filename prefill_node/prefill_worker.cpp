@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "sampling/sampler.h"
+#include "util/lifecycle.h"
 
 namespace pd {
 namespace {
@@ -14,6 +15,32 @@ double seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
 
 }  // namespace
+
+const char* state_name(PrefillWorker::JobState s) {
+  using S = PrefillWorker::JobState;
+  switch (s) {
+    case S::kQueued: return "queued";
+    case S::kComputing: return "computing";
+    case S::kHeld: return "held";
+    case S::kSending: return "sending";
+    case S::kAborted: return "aborted";
+  }
+  return "?";
+}
+
+bool legal(PrefillWorker::JobState from, PrefillWorker::JobState to) {
+  using S = PrefillWorker::JobState;
+  switch (from) {
+    case S::kQueued: return to == S::kComputing;
+    case S::kComputing: return to == S::kHeld || to == S::kSending || to == S::kAborted;
+    case S::kHeld: return to == S::kSending;
+    case S::kSending:
+    case S::kAborted: return false;  // only ended (erased) from here
+  }
+  return false;
+}
+
+void PrefillWorker::set_state(Job& job, JobState to) { transition(job.state, to, job.req.id, "prefill"); }
 
 PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
                              std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
@@ -25,19 +52,22 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
   header_ = engine_->wire_header();
   // Layer hook: runs on this thread inside forward(), right after a layer's KV
   // is in the cache. Checksums are taken for every request of the batch (a
-  // held request sends later); sends go out only for accepted handoffs.
+  // held request sends later); sends go out only for accepted handoffs. It
+  // never ends a job: a failure here marks it kAborted and run_batch ends it
+  // once forward() no longer reads its block table.
   engine_->model->set_kv_written_hook([this](int layer) {
     for (proto::RequestId id : batch_) {
       auto it = jobs_.find(id);
       if (it == jobs_.end()) continue;
       Job& job = it->second;
+      if (job.state != JobState::kComputing) continue;
       if (engine_->kv_checksum)
         job.checksums[layer] = kv_region_checksum(
             kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table));
       if (job.accepted && job.layers_posted == layer) post_layer(job, layer);
     }
     pump_transfers();    // keep MPI progressing while compute continues
-    report_load(false);  // a long batch must not look like a dead rank to /health
+    report_load(false);  // a long batch must not look like a dead rank to the router
   });
 }
 
@@ -50,7 +80,7 @@ Status PrefillWorker::run() {
   while (!shutdown_)
     if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
   // Shutdown: the router drained first; give in-flight sends a bounded chance.
-  const auto end = Clock::now() + std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
+  const auto end = Clock::now() + std::chrono::milliseconds(std::min(cfg_.timeouts.transfer_ms, 5000));
   while (transport_->pending() && Clock::now() < end) {
     progress_transfers();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -79,8 +109,13 @@ bool PrefillWorker::handle_messages() {
           using T = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_request(std::move(m));
           else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id);
-          else if constexpr (std::is_same_v<T, proto::HandoffAccept>) on_accept(m, source);
-          else if constexpr (std::is_same_v<T, proto::HandoffReject>) on_reject(m);
+          else if constexpr (std::is_same_v<T, proto::HandoffAccept>) {
+            if (current(source, m.epoch)) on_accept(m, source);
+          } else if constexpr (std::is_same_v<T, proto::HandoffReject>) {
+            if (current(source, m.epoch)) on_reject(m, source);
+          } else if constexpr (std::is_same_v<T, proto::PeerDown>) on_peer_down(m.rank, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::PeerUp>) on_peer_up(m.rank, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Rejoin>) on_rejoin(m.epoch);
           else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
           else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
@@ -90,6 +125,62 @@ bool PrefillWorker::handle_messages() {
                     e.what());
     }
   }) > 0;
+}
+
+bool PrefillWorker::current(int source, proto::Epoch epoch) {
+  proto::Epoch& known = peer_epoch_[source];
+  if (epoch < known) {
+    spdlog::warn("prefill rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
+    return false;
+  }
+  if (epoch > known) {
+    // Only the router hands out epochs: rank `source` was declared down and
+    // re-admitted before the PeerDown/PeerUp reached us. Its old work is over.
+    on_peer_down(source, known);
+    on_peer_up(source, epoch);
+  }
+  if (down_.count(source)) {
+    spdlog::warn("prefill rank {}: dropped a message from rank {}, which is down", roles_.self, source);
+    return false;
+  }
+  return true;
+}
+
+void PrefillWorker::on_peer_down(int rank, proto::Epoch epoch) {
+  if (epoch < peer_epoch_[rank]) return;  // an incarnation already known to be over
+  down_.insert(rank);
+  std::vector<proto::RequestId> ids;
+  for (auto& [id, job] : jobs_)
+    if (job.req.decode_rank == rank) ids.push_back(id);
+  for (proto::RequestId id : ids) {
+    Job* job = find_job(id);
+    if (job == nullptr) continue;
+    // The router decides what happens to the request (re-run or error); an
+    // id it already re-dispatched is stale to it and ignored.
+    fail(*job, "decode rank " + std::to_string(rank) + " is down", proto::FailureKind::kPeerDown, false);
+  }
+  if (!ids.empty())
+    spdlog::warn("prefill rank {}: decode rank {} is down; ended {} handoffs to it", roles_.self, rank, ids.size());
+}
+
+void PrefillWorker::on_peer_up(int rank, proto::Epoch epoch) {
+  if (epoch < peer_epoch_[rank]) return;
+  peer_epoch_[rank] = epoch;
+  down_.erase(rank);
+}
+
+void PrefillWorker::on_rejoin(proto::Epoch epoch) {
+  if (epoch <= epoch_) return;
+  // The router declared this rank down (it was stopped or too slow to report)
+  // and has re-run or failed everything it held: drop it all, silently.
+  spdlog::warn("prefill rank {}: rejoining under epoch {} (was declared down); dropping {} jobs", roles_.self, epoch,
+               jobs_.size());
+  std::vector<proto::RequestId> ids;
+  for (auto& [id, job] : jobs_) ids.push_back(id);
+  for (proto::RequestId id : ids) end(id);
+  queue_.clear();
+  epoch_ = epoch;
+  report_load(true);
 }
 
 PrefillWorker::Job* PrefillWorker::find_job(proto::RequestId id) {
@@ -107,6 +198,11 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
     spdlog::error("prefill rank {}: duplicate request {}", roles_.self, id);
     return;
   }
+  if (down_.count(req.decode_rank)) {  // the router sent it before it learned; it will hear it failed
+    channel_->send(roles_.router, proto::RequestFailed{id, "decode rank " + std::to_string(req.decode_rank) + " is down",
+                                                       proto::FailureKind::kPeerDown});
+    return;
+  }
   Job& job = jobs_[id];
   job.req = std::move(req);
   job.arrived = job.offered = Clock::now();
@@ -118,65 +214,61 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   offer.header.n_tokens = static_cast<int32_t>(job.req.prompt.size());
   offer.prompt = job.req.prompt;
   offer.sampling = job.req.sampling;
+  offer.epoch = epoch_;
   channel_->send(job.req.decode_rank, offer);
   queue_.push_back(id);
 }
 
 void PrefillWorker::on_cancel(proto::RequestId id) {
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;  // already handed off or finished
-  Job& job = it->second;
-  switch (job.state) {
+  Job* job = find_job(id);
+  if (job == nullptr) return;  // already handed off or finished
+  switch (job->state) {
     case JobState::kQueued:
+    case JobState::kComputing:
     case JobState::kHeld:
-      channel_->send(job.req.decode_rank, proto::HandoffAbort{id, "cancelled"});
-      release(job, job.state == JobState::kHeld);
-      if (job.state == JobState::kQueued) std::erase(queue_, id);
-      jobs_.erase(it);
+      channel_->send(job->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});
+      end(id);
       break;
     case JobState::kSending:  // the decode rank was cancelled too; the transfer completes, then we free
-    case JobState::kZombie: break;
+    case JobState::kAborted: break;
   }
 }
 
 void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
-  auto it = jobs_.find(m.id);
-  if (it == jobs_.end() || it->second.state == JobState::kZombie) return;  // aborted meanwhile; the abort tells it
-  Job& job = it->second;
-  if (source != job.req.decode_rank) {
+  Job* job = find_job(m.id);
+  if (job == nullptr || job->state == JobState::kAborted) return;  // aborted meanwhile; the abort tells it
+  if (source != job->req.decode_rank) {
     spdlog::error("prefill rank {}: accept for request {} from rank {}, offered to {}", roles_.self, m.id, source,
-                  job.req.decode_rank);
+                  job->req.decode_rank);
     return;
   }
-  job.accepted = true;
-  job.tag = m.tag;
-  if (job.state == JobState::kHeld) {
-    job.state = JobState::kSending;
-    for (int l = 0; l < header_.n_layers; ++l) post_layer(job, l);
-    post_trailer(job);
+  if (job->accepted) return;  // a duplicate
+  job->accepted = true;
+  job->tag = m.tag;
+  if (job->state == JobState::kHeld) {
+    set_state(*job, JobState::kSending);
+    for (int l = 0; l < header_.n_layers && job->state == JobState::kSending; ++l) post_layer(*job, l);
+    if (job->state == JobState::kSending) post_trailer(*job);
   }
 }
 
-void PrefillWorker::on_reject(const proto::HandoffReject& m) {
-  auto it = jobs_.find(m.id);
-  if (it == jobs_.end()) return;
-  Job& job = it->second;
-  if (job.state == JobState::kSending || job.state == JobState::kZombie) return;  // cannot happen after accept
-  if (!m.cancelled) {
-    proto::RequestFailed f{m.id, "decode rank " + std::to_string(job.req.decode_rank) + " refused the KV handoff: " +
-                                     m.reason, 503};
-    channel_->send(roles_.router, f);
-  }
-  release(job, job.state == JobState::kHeld);
-  if (job.state == JobState::kQueued) std::erase(queue_, m.id);
-  jobs_.erase(it);
+void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
+  Job* job = find_job(m.id);
+  if (job == nullptr || source != job->req.decode_rank) return;
+  if (job->accepted || job->state == JobState::kSending || job->state == JobState::kAborted) return;
+  if (!m.cancelled)
+    channel_->send(roles_.router,
+                   proto::RequestFailed{m.id, "decode rank " + std::to_string(job->req.decode_rank) +
+                                                  " refused the KV handoff: " + m.reason,
+                                        proto::FailureKind::kOverloaded});
+  end(m.id);
 }
 
 void PrefillWorker::post_layer(Job& job, int layer) {
   const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
   auto op = transport_->post_send(job.req.decode_rank, job.tag, region);
   if (!op.is_ok()) {
-    fail(job, "KV send failed: " + op.status().message(), 500, true);
+    fail(job, "KV send failed: " + op.status().message(), proto::FailureKind::kTransfer, true);
     return;
   }
   job.ops.push_back(*op);
@@ -188,13 +280,15 @@ void PrefillWorker::post_layer(Job& job, int layer) {
 
 void PrefillWorker::post_trailer(Job& job) {
   KvTrailer t;
+  t.request_id = job.req.id;
+  t.epoch = epoch_;
   t.first_token = job.first_token;
   t.finished = job.finished_at_first ? 1 : 0;
   t.checksums = job.checksums;
   job.trailer = t.serialize();
   auto op = transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
   if (!op.is_ok()) {
-    fail(job, "KV trailer send failed: " + op.status().message(), 500, true);
+    fail(job, "KV trailer send failed: " + op.status().message(), proto::FailureKind::kTransfer, true);
     return;
   }
   job.ops.push_back(*op);
@@ -219,11 +313,12 @@ bool PrefillWorker::run_batch() {
       // Held KV (offers not yet accepted) and sends in flight free blocks later.
       // A prompt that cannot fit even in an empty pool fails now.
       if (batch_.empty() && blocks.num_free_blocks() == blocks.num_blocks()) {
+        const proto::RequestId id = job.req.id;
+        queue_.pop_front();
         fail(job, "prompt of " + std::to_string(n) + " tokens does not fit this prefill rank's KV pool (" +
                       std::to_string(blocks.num_blocks() * blocks.block_size()) + " tokens; raise kv.prefill_budget_mb)",
-             400, true);
-        jobs_.erase(queue_.front());
-        queue_.pop_front();
+             proto::FailureKind::kInvalid, true);
+        (void)id;
         continue;
       }
       break;
@@ -237,12 +332,14 @@ bool PrefillWorker::run_batch() {
     for (BlockId b : table) job.table.push_back(b.value);
     job.queue_s = seconds(Clock::now() - job.arrived);
     budget -= n - *cached;
+    set_state(job, JobState::kComputing);
     batch_.push_back(job.req.id);
     queue_.pop_front();
   }
   if (batch_.empty()) return false;
 
-  // Sequence views (spans into the jobs, which do not move during the pass).
+  // Sequence views (spans into the jobs, which do not move during the pass:
+  // nothing erases a kComputing job; it becomes kAborted instead).
   seqs.reserve(batch_.size());
   for (proto::RequestId id : batch_) {
     Job& job = jobs_.at(id);
@@ -264,15 +361,18 @@ bool PrefillWorker::run_batch() {
   if (!st.is_ok()) {
     spdlog::error("prefill rank {}: batch of {} failed: {}", roles_.self, ran.size(), st.to_string());
     for (proto::RequestId id : ran)
-      if (Job* job = find_job(id)) fail(*job, "prefill failed: " + st.message(), 500, true);
-    return true;
+      if (Job* job = find_job(id)) fail(*job, "prefill failed: " + st.message(), proto::FailureKind::kInternal, true);
   }
   const int64_t vocab = engine_->config().vocab;
   proto::TokenEvents events;
   for (size_t i = 0; i < ran.size(); ++i) {
     Job* found = find_job(ran[i]);
-    if (found == nullptr || found->state == JobState::kZombie) continue;
+    if (found == nullptr) continue;
     Job& job = *found;
+    if (job.state == JobState::kAborted) {  // ended during the pass: forward() is done with its blocks now
+      end(job.req.id);
+      continue;
+    }
     Sampler sampler(job.req.sampling);
     std::span<float> row(logits.data() + i * vocab, static_cast<size_t>(vocab));
     job.first_token = sampler.sample(row);
@@ -290,11 +390,11 @@ bool PrefillWorker::run_batch() {
     ev.prefill_s = prefill_s;
     events.events.push_back(std::move(ev));
     if (job.accepted) {
-      job.state = JobState::kSending;
-      for (int l = job.layers_posted; l < header_.n_layers; ++l) post_layer(job, l);
-      post_trailer(job);
+      set_state(job, JobState::kSending);
+      for (int l = job.layers_posted; l < header_.n_layers && job.state == JobState::kSending; ++l) post_layer(job, l);
+      if (job.state == JobState::kSending) post_trailer(job);
     } else {
-      job.state = JobState::kHeld;
+      set_state(job, JobState::kHeld);
     }
   }
   if (!events.events.empty()) channel_->send(roles_.router, events);
@@ -317,12 +417,9 @@ void PrefillWorker::pump_transfers() {
 
 bool PrefillWorker::progress_transfers() {
   bool any = false;
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    Job& job = it->second;
-    if (job.state != JobState::kSending && job.state != JobState::kZombie) {
-      ++it;
-      continue;
-    }
+  std::vector<proto::RequestId> sent;
+  for (auto& [id, job] : jobs_) {
+    if (job.ops.empty()) continue;
     for (auto op = job.ops.begin(); op != job.ops.end();) {
       auto r = transport_->test(*op);
       if (!r.is_ok() || *r != OpState::kPending) {
@@ -333,21 +430,17 @@ bool PrefillWorker::progress_transfers() {
         ++op;
       }
     }
-    const bool trailer_posted = !job.trailer.empty();
-    // A job of the batch that forward() is computing keeps its blocks until the
-    // pass ends (the layer hook runs this function mid-pass).
-    if (job.ops.empty() && (trailer_posted || job.state == JobState::kZombie) && !in_batch(it->first)) {
-      // Every byte is out: the blocks may be reused (a zombie's KV may be partial).
-      if (job.state == JobState::kSending) {
-        const auto now = Clock::now();
-        channel_->send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
-                                                          seconds(now - job.send_started)});
-      }
-      release(job, job.state == JobState::kSending);
-      it = jobs_.erase(it);
-      continue;
-    }
-    ++it;
+    // A job of the running batch (kComputing) keeps its blocks until the pass
+    // ends (the layer hook runs this function mid-pass).
+    if (job.state == JobState::kSending && job.ops.empty() && !job.trailer.empty()) sent.push_back(id);
+  }
+  for (proto::RequestId id : sent) {
+    Job& job = jobs_.at(id);
+    // Every byte is out: the blocks may be reused.
+    const auto now = Clock::now();
+    channel_->send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
+                                                      seconds(now - job.send_started)});
+    end(id);
   }
   return any;
 }
@@ -357,42 +450,60 @@ void PrefillWorker::check_deadlines() {
   const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
   const auto queue_bound = std::chrono::milliseconds(cfg_.timeouts.prefill_queue_ms);
+  std::vector<std::pair<proto::RequestId, std::pair<std::string, proto::FailureKind>>> expired;
   for (auto& [id, job] : jobs_) {
     if (job.state == JobState::kQueued && now - job.arrived > queue_bound) {
       // Each deadline measures what it names: this one the wait for a batch.
-      fail(job, "waited " + std::to_string(cfg_.timeouts.prefill_queue_ms) + " ms in prefill rank " +
-                    std::to_string(roles_.self) + "'s queue without starting (timeouts.prefill_queue_ms)",
-           503, true);
-    } else if (!job.accepted && job.state != JobState::kZombie && now - job.offered > handoff) {
-      fail(job, "decode rank " + std::to_string(job.req.decode_rank) + " did not accept the KV handoff within " +
-                    std::to_string(cfg_.timeouts.handoff_ms) + " ms",
-           503, true);
+      expired.push_back({id, {"waited " + std::to_string(cfg_.timeouts.prefill_queue_ms) + " ms in prefill rank " +
+                                  std::to_string(roles_.self) + "'s queue without starting (timeouts.prefill_queue_ms)",
+                              proto::FailureKind::kOverloaded}});
+    } else if (!job.accepted && job.state != JobState::kAborted && now - job.offered > handoff) {
+      expired.push_back({id, {"decode rank " + std::to_string(job.req.decode_rank) +
+                                  " did not accept the KV handoff within " + std::to_string(cfg_.timeouts.handoff_ms) +
+                                  " ms",
+                              proto::FailureKind::kOverloaded}});
     } else if (job.state == JobState::kSending && now - job.last_progress > transfer) {
-      fail(job, "KV transfer to decode rank " + std::to_string(job.req.decode_rank) + " did not complete: no progress for " +
-                    std::to_string(cfg_.timeouts.transfer_ms) + " ms (timeouts.transfer_ms)",
-           504, true);
+      expired.push_back({id, {"KV transfer to decode rank " + std::to_string(job.req.decode_rank) +
+                                  " did not complete: no progress for " + std::to_string(cfg_.timeouts.transfer_ms) +
+                                  " ms (timeouts.transfer_ms)",
+                              proto::FailureKind::kTimeout}});
     }
   }
-  // Queued jobs that failed above are zombies without ops: drop them now.
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    if (it->second.state == JobState::kZombie && it->second.ops.empty() && !in_batch(it->first)) {
-      std::erase(queue_, it->first);
-      release(it->second, false);
-      it = jobs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  for (auto& [id, why] : expired)  // fail() erases: not while iterating jobs_
+    if (Job* job = find_job(id)) fail(*job, why.first, why.second, true);
 }
 
-void PrefillWorker::fail(Job& job, const std::string& reason, int http_status, bool tell_decode) {
-  if (job.state == JobState::kZombie) return;
+void PrefillWorker::fail(Job& job, const std::string& reason, proto::FailureKind kind, bool tell_decode) {
+  if (job.state == JobState::kAborted) return;
   spdlog::warn("prefill rank {}: request {} failed: {}", roles_.self, job.req.id, reason);
-  channel_->send(roles_.router, proto::RequestFailed{job.req.id, reason, http_status});
-  if (tell_decode) channel_->send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason});
-  // Posted operations must finish (or be cancelled) before the blocks are reused.
-  for (TransferOp op : job.ops) transport_->cancel(op);
-  job.state = JobState::kZombie;
+  channel_->send(roles_.router, proto::RequestFailed{job.req.id, reason, kind});
+  if (tell_decode) channel_->send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason, epoch_});
+  end(job.req.id);
+}
+
+void PrefillWorker::end(proto::RequestId id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (job.state == JobState::kComputing) {
+    // forward() is reading this job's block table: run_batch ends it after the pass.
+    for (TransferOp op : job.ops) transport_->abandon(op);
+    job.ops.clear();
+    set_state(job, JobState::kAborted);
+    return;
+  }
+  // Sends still in flight cannot be cancelled (ob1); abandon them. The decode
+  // rank discards whatever arrives of an ended handoff and never reuses the
+  // tag for us, so the blocks may be reused now. MPI may still read the
+  // trailer buffer: it stays alive (a few hundred bytes per abandoned handoff).
+  if (!job.ops.empty()) {
+    for (TransferOp op : job.ops) transport_->abandon(op);
+    if (!job.trailer.empty()) graveyard_.push_back(std::move(job.trailer));
+    if (graveyard_.size() > 4096) graveyard_.pop_front();  // long done or never coming: bounded
+  }
+  release(job, job.state == JobState::kSending || job.state == JobState::kHeld);
+  if (job.state == JobState::kQueued) std::erase(queue_, id);
+  jobs_.erase(it);
 }
 
 void PrefillWorker::release(Job& job, bool kv_written) {
@@ -410,6 +521,7 @@ void PrefillWorker::report_load(bool force) {
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;
+  r.epoch = epoch_;
   load_reporter_.maybe_send(*channel_, roles_.router, r, force);
 }
 

@@ -9,6 +9,24 @@
 // whose offer is not yet accepted when its batch ends keeps its KV here until
 // the accept (then all layers go at once), a reject, or the handoff timeout.
 //
+// A job's lifecycle (JobState; every change checked, see util/lifecycle.h):
+//   kQueued -> kComputing -> kHeld -> kSending -> (ended: erased)
+//                        \-----------> kSending
+//   kComputing -> kAborted (ended while forward() still reads its blocks;
+//                           erased when the pass returns)
+//   any other state -> (ended: erased)
+// Ending a job with sends in flight abandons them (MPI cannot cancel a send):
+// the decode rank was told (HandoffAbort) or is down, and discards whatever
+// arrives; it never re-posts a receive under that tag for us (decode_worker.h).
+// So the blocks may be reused at once; the trailer bytes, which MPI may still
+// read, are kept alive (graveyard_).
+//
+// Faults: the router declares ranks down (PeerDown) and up (PeerUp); messages
+// from another worker carry its epoch and are dropped when that incarnation is
+// over. A Rejoin means this rank itself was declared down: it drops every
+// request (the router already re-ran or failed them) and continues under the
+// new epoch.
+//
 // Threading: one thread (the engine loop) calls everything, including MPI.
 #pragma once
 
@@ -16,6 +34,7 @@
 #include <deque>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "config/cluster_config.h"
 #include "kvtransfer/transport.h"
@@ -43,14 +62,16 @@ class PrefillWorker {
 
  private:
   using Clock = std::chrono::steady_clock;
-  enum class JobState { kQueued, kHeld, kSending, kZombie };
+  enum class JobState { kQueued, kComputing, kHeld, kSending, kAborted };
+  friend const char* state_name(JobState s);
+  friend bool legal(JobState from, JobState to);
   struct Job {
     proto::PrefillRequest req;
     JobState state = JobState::kQueued;
     Clock::time_point arrived, offered, computed, send_started;
     Clock::time_point last_progress;     // last layer posted or send completed (transfer deadline)
     int64_t bytes_posted = 0;
-    bool accepted = false;
+    bool accepted = false;               // the decode rank's answer (tag valid), not a lifecycle state
     int tag = 0;
     bool has_seq = false;
     int64_t cached = 0;                  // leading prompt tokens whose KV the prefix cache held
@@ -68,14 +89,23 @@ class PrefillWorker {
   void on_request(proto::PrefillRequest req);
   void on_cancel(proto::RequestId id);
   void on_accept(const proto::HandoffAccept& m, int source);
-  void on_reject(const proto::HandoffReject& m);
+  void on_reject(const proto::HandoffReject& m, int source);
+  void on_peer_down(int rank, proto::Epoch epoch);
+  void on_peer_up(int rank, proto::Epoch epoch);
+  void on_rejoin(proto::Epoch epoch);
+  // Whether a message from worker `source` under `epoch` is from a live incarnation.
+  bool current(int source, proto::Epoch epoch);
+  void set_state(Job& job, JobState to);
   bool run_batch();
   void post_layer(Job& job, int layer);
   void post_trailer(Job& job);
   bool progress_transfers();
   void pump_transfers();
   void check_deadlines();
-  void fail(Job& job, const std::string& reason, int http_status, bool tell_decode);
+  void fail(Job& job, const std::string& reason, proto::FailureKind kind, bool tell_decode);
+  // Ends the job: abandons its sends, frees its blocks, erases it (or, in the
+  // running batch, marks it kAborted for run_batch to erase).
+  void end(proto::RequestId id);
   void release(Job& job, bool kv_written);
   void report_load(bool force);
   Job* find_job(proto::RequestId id);
@@ -93,6 +123,10 @@ class PrefillWorker {
   std::vector<proto::RequestId> batch_;  // ids in the running batch (hook reads it)
   int64_t next_seq_ = 0;
   bool shutdown_ = false;
+  proto::Epoch epoch_ = 0;
+  std::unordered_map<int, proto::Epoch> peer_epoch_;  // decode rank -> its current epoch
+  std::unordered_set<int> down_;                      // decode ranks declared down
+  std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned sends (MPI may still read them)
   LoadReporter load_reporter_;
 };
 

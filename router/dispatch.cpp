@@ -1,8 +1,18 @@
 #include "router/dispatch.h"
 
+#include <algorithm>
 #include <string>
 
 namespace pd::router {
+
+const char* rank_state_name(RankState s) {
+  switch (s) {
+    case RankState::kStarting: return "starting";
+    case RankState::kUp: return "up";
+    case RankState::kDown: return "down";
+  }
+  return "?";
+}
 
 WorkerTable::WorkerTable(const std::vector<int>& prefill_ranks, const std::vector<int>& decode_ranks, int block_size)
     : block_size_(block_size) {
@@ -24,7 +34,7 @@ std::optional<DispatchChoice> WorkerTable::pick(int64_t prompt_tokens, int64_t m
   if (!prefill_.empty()) {
     const WorkerView* best = nullptr;
     for (const WorkerView& w : prefill_) {
-      if (w.outstanding >= max_inflight) continue;
+      if (w.state != RankState::kUp || w.outstanding >= max_inflight) continue;
       if (!best || w.outstanding_tokens < best->outstanding_tokens ||
           (w.outstanding_tokens == best->outstanding_tokens && w.load.waiting < best->load.waiting))
         best = &w;
@@ -40,7 +50,7 @@ std::optional<DispatchChoice> WorkerTable::pick(int64_t prompt_tokens, int64_t m
     return w.load.free_blocks - (w.outstanding_tokens + block_size_ - 1) / block_size_;
   };
   for (const WorkerView& w : decode_) {
-    if (w.outstanding >= max_inflight) continue;
+    if (w.state != RankState::kUp || w.outstanding >= max_inflight) continue;
     if (free_of(w) >= need && (!best_fit || w.outstanding < best_fit->outstanding)) best_fit = &w;
     if (!most_free || free_of(w) > free_of(*most_free)) most_free = &w;
   }
@@ -70,45 +80,101 @@ void WorkerTable::on_dispatch(const DispatchChoice& c, int64_t prompt_tokens, in
 }
 
 void WorkerTable::on_prefill_done(int rank, int64_t prompt_tokens) {
-  if (WorkerView* p = find(rank); p && p->is_prefill) {
-    --p->outstanding;
-    p->outstanding_tokens -= prompt_tokens;
+  if (WorkerView* p = find(rank); p && p->is_prefill) {  // 0 after the rank went down: clamp
+    p->outstanding = std::max(0, p->outstanding - 1);
+    p->outstanding_tokens = std::max<int64_t>(0, p->outstanding_tokens - prompt_tokens);
   }
 }
 
 void WorkerTable::on_request_done(int rank, int64_t prompt_tokens, int64_t max_tokens) {
   if (WorkerView* d = find(rank); d && !d->is_prefill) {
-    --d->outstanding;
-    d->outstanding_tokens -= prompt_tokens + max_tokens;
+    d->outstanding = std::max(0, d->outstanding - 1);
+    d->outstanding_tokens = std::max<int64_t>(0, d->outstanding_tokens - (prompt_tokens + max_tokens));
   }
 }
 
 void WorkerTable::on_report(int rank, const proto::LoadReport& r) {
   if (WorkerView* w = find(rank)) {
+    if (w->state == RankState::kDown) return;  // re-admission is the router's call (mark_up)
     w->load = r;
     w->reported = true;
-    w->last_report = std::chrono::steady_clock::now();
+    w->last_report = w->last_heard = std::chrono::steady_clock::now();
+    if (w->state == RankState::kStarting && r.ready) w->state = RankState::kUp;
   }
 }
 
-bool WorkerTable::ready(std::chrono::milliseconds stale, std::string* why) const {
+void WorkerTable::heard(int rank) {
+  if (WorkerView* w = find(rank); w && w->state != RankState::kDown) w->last_heard = std::chrono::steady_clock::now();
+}
+
+std::vector<int> WorkerTable::expire(std::chrono::milliseconds heartbeat, std::chrono::milliseconds startup) {
   const auto now = std::chrono::steady_clock::now();
+  if (!started_) {
+    started_ = true;
+    start_ = now;
+  }
+  std::vector<int> down;
+  for (auto* pool : {&prefill_, &decode_}) {
+    for (WorkerView& w : *pool) {
+      const bool silent = w.state == RankState::kUp && now - w.last_heard > heartbeat;
+      const bool never = w.state == RankState::kStarting && now - start_ > startup;
+      if (silent || never) {
+        mark_down(w.rank);
+        down.push_back(w.rank);
+      }
+    }
+  }
+  return down;
+}
+
+void WorkerTable::mark_down(int rank) {
+  if (WorkerView* w = find(rank); w && w->state != RankState::kDown) {
+    w->state = RankState::kDown;
+    ++w->times_down;
+    w->outstanding = 0;  // the router ends or re-runs everything it had there
+    w->outstanding_tokens = 0;
+  }
+}
+
+void WorkerTable::mark_up(int rank, proto::Epoch epoch) {
+  if (WorkerView* w = find(rank); w && w->state == RankState::kDown) {
+    w->state = RankState::kUp;
+    w->epoch = epoch;
+    w->last_heard = w->last_report = std::chrono::steady_clock::now();
+  }
+}
+
+bool WorkerTable::ready(std::string* why) const {
+  auto up = [](const std::vector<WorkerView>& pool) {
+    int n = 0;
+    for (const WorkerView& w : pool) n += w.state == RankState::kUp;
+    return n;
+  };
   for (const auto* pool : {&prefill_, &decode_}) {
     for (const WorkerView& w : *pool) {
-      const char* kind = w.is_prefill ? "prefill" : "decode";
-      if (!w.reported || !w.load.ready) {
-        *why = std::string(kind) + " rank " + std::to_string(w.rank) + " has not reported ready";
-        return false;
-      }
-      if (now - w.last_report > stale) {
-        *why = std::string(kind) + " rank " + std::to_string(w.rank) + " has not reported for " +
-               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_report).count()) +
-               " ms";
+      if (w.state == RankState::kStarting) {
+        *why = std::string(w.is_prefill ? "prefill" : "decode") + " rank " + std::to_string(w.rank) +
+               " has not reported ready";
         return false;
       }
     }
   }
+  if (!colocated() && up(prefill_) == 0) {
+    *why = "every prefill rank is down";
+    return false;
+  }
+  if (up(decode_) == 0) {
+    *why = "every decode rank is down";
+    return false;
+  }
   return true;
+}
+
+bool WorkerTable::degraded() const {
+  for (const auto* pool : {&prefill_, &decode_})
+    for (const WorkerView& w : *pool)
+      if (w.state == RankState::kDown) return true;
+  return false;
 }
 
 }  // namespace pd::router

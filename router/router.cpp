@@ -1,6 +1,7 @@
 #include "router/router.h"
 
 #include "router/auth.h"
+#include "util/lifecycle.h"
 
 #include <spdlog/spdlog.h>
 
@@ -78,7 +79,15 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       total_blocks_(metrics_.gauge("pd_kv_blocks", "KV blocks of a worker's pool", {"role", "rank"})),
       preemptions_(metrics_.gauge("pd_preemptions", "Preemptions on a decode rank since start", {"rank"})),
       router_queue_(metrics_.gauge("pd_router_queue_length", "Requests waiting in the router for a worker")),
-      in_flight_(metrics_.gauge("pd_requests_in_flight", "Requests accepted and not yet finished")) {
+      in_flight_(metrics_.gauge("pd_requests_in_flight", "Requests accepted and not yet finished")),
+      rank_up_(metrics_.gauge("pd_rank_up", "1 while the rank is up, 0 while starting or declared down", {"role", "rank"})),
+      rank_down_total_(metrics_.counter("pd_rank_down_total", "Times the rank was declared down (silent for timeouts.heartbeat_ms)",
+                                        {"role", "rank"})),
+      retried_total_(metrics_.counter("pd_requests_retried_total",
+                                      "Requests re-run on other ranks after a rank failure, before any token reached the client")),
+      quarantined_blocks_(metrics_.gauge("pd_kv_blocks_quarantined",
+                                         "KV blocks held back until MPI can no longer write into them (a sender that went down mid-transfer)",
+                                         {"role", "rank"})) {
   const Tokenizer& tok = *model_.tokenizer;
   if (tok.eos_id() >= 0) hidden_ids_.push_back(tok.eos_id());
   im_end_ = tok.find_token("<|im_end|>");
@@ -97,16 +106,18 @@ void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   };
   if (path == "/health") {
     if (http.method != "GET") return method_not_allowed("GET");
-    if (ready_.load() && !draining_.load()) {
-      w->respond(200, "application/json", R"({"status":"ok"})");
-    } else {
-      std::string why;
-      {
-        std::lock_guard lock(ready_mu_);
-        why = draining_.load() ? "shutting down" : not_ready_reason_;
-      }
-      w->respond(503, "application/json", nlohmann::json{{"status", "unavailable"}, {"reason", why}}.dump());
+    std::string why, ranks;
+    {
+      std::lock_guard lock(ready_mu_);
+      why = draining_.load() ? "shutting down" : not_ready_reason_;
+      ranks = ranks_json_;
     }
+    nlohmann::json body;
+    const bool ok = ready_.load() && !draining_.load();
+    body["status"] = !ok ? "unavailable" : degraded_.load() ? "degraded" : "ok";
+    if (!ok) body["reason"] = why;
+    body["ranks"] = nlohmann::json::parse(ranks, nullptr, false);
+    w->respond(ok ? 200 : 503, "application/json", body.dump());
     return;
   }
   const bool v1 = path.rfind("/v1/", 0) == 0;
@@ -212,13 +223,22 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
     api.sampling.stop_token_ids.push_back(im_end_);
   if (draining_.load())
     return reject(api_error(503, "the server is shutting down"), {{"Retry-After", std::to_string(cfg_.router.retry_after_s)}});
+  if (!ready_.load() && degraded_.load()) {
+    std::string why;
+    {
+      std::lock_guard lock(ready_mu_);
+      why = not_ready_reason_;
+    }
+    return reject(api_error(503, "no prefill->decode path is up (" + why + "); retry later"),
+                  {{"Retry-After", std::to_string(cfg_.router.retry_after_s)}});
+  }
   if (queued_.load() >= cfg_.router.max_queued)
     return reject(api_error(503, "the router's queue is full (" + std::to_string(cfg_.router.max_queued) +
                                      " requests waiting); retry later"),
                   {{"Retry-After", std::to_string(cfg_.router.retry_after_s)}});
 
   auto req = std::make_unique<Request>();
-  req->id = next_id_.fetch_add(1);
+  req->id = req->first_id = next_id_.fetch_add(1);
   req->response_id = make_response_id(ep, req->id);
   req->created = unix_now();
   req->arrived = Clock::now();
@@ -267,7 +287,13 @@ Status Router::run() {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  PD_RETURN_IF_ERROR(start());
+  while (run_once()) std::this_thread::sleep_for(std::chrono::microseconds(250));
+  finish();
+  return Status::ok();
+}
 
+Status Router::start() {
   PD_RETURN_IF_ERROR(http_.start([this](HttpRequest h, std::shared_ptr<ResponseWriter> w) {
     handle_http(std::move(h), std::move(w));
   }));
@@ -275,46 +301,55 @@ Status Router::run() {
   spdlog::info("router listening on http://{}:{} (model '{}', {} prefill + {} decode ranks{})", cfg_.http.host,
                http_.port(), model_.name, roles_.prefill.size(), roles_.decode.size(),
                workers_.colocated() ? ", colocated" : "");
-  std::optional<Clock::time_point> drain_deadline;
-  const auto started = Clock::now();
-  bool startup_warned = false;
-  auto last_housekeeping = Clock::now() - std::chrono::seconds(1);
-  while (true) {
-    drain_inbox();
-    handle_messages();
-    dispatch_queued();
-    channel_->progress();
-    // Deadlines and gauges are O(requests + ranks): every 10 ms is plenty.
-    if (Clock::now() - last_housekeeping >= std::chrono::milliseconds(10)) {
-      check_deadlines();
-      update_gauges();
-      last_housekeeping = Clock::now();
-    }
-    if (g_stop.load() && !drain_deadline) {
-      spdlog::info("router: draining {} in-flight requests (up to {} ms)", requests_.size(), cfg_.timeouts.drain_ms);
-      draining_.store(true);
-      http_.stop_accepting();
-      drain_deadline = Clock::now() + std::chrono::milliseconds(cfg_.timeouts.drain_ms);
-    }
-    if (drain_deadline && (requests_.empty() || Clock::now() > *drain_deadline)) break;
-    if (!ready_.load() && !startup_warned && Clock::now() - started > std::chrono::milliseconds(cfg_.timeouts.startup_ms)) {
-      std::lock_guard lock(ready_mu_);
-      spdlog::error("router: workers not ready after {} ms: {}", cfg_.timeouts.startup_ms, not_ready_reason_);
-      startup_warned = true;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(250));
+  started_ = Clock::now();
+  last_housekeeping_ = started_ - std::chrono::seconds(1);
+  return Status::ok();
+}
+
+bool Router::run_once() {
+  drain_inbox();
+  handle_messages();
+  dispatch_queued();
+  channel_->progress();
+  // Deadlines and gauges are O(requests + ranks): every 10 ms is plenty.
+  if (Clock::now() - last_housekeeping_ >= std::chrono::milliseconds(10)) {
+    check_liveness();
+    check_deadlines();
+    dispatch_queued();  // re-run requests go out at once
+    update_gauges();
+    last_housekeeping_ = Clock::now();
   }
+  if (g_stop.load() && !drain_deadline_) {
+    spdlog::info("router: draining {} in-flight requests (up to {} ms)", requests_.size(), cfg_.timeouts.drain_ms);
+    draining_.store(true);
+    http_.stop_accepting();
+    drain_deadline_ = Clock::now() + std::chrono::milliseconds(cfg_.timeouts.drain_ms);
+  }
+  if (drain_deadline_ && (requests_.empty() || Clock::now() > *drain_deadline_)) return false;
+  if (!ready_.load() && !startup_warned_ &&
+      Clock::now() - started_ > std::chrono::milliseconds(cfg_.timeouts.startup_ms)) {
+    std::lock_guard lock(ready_mu_);
+    spdlog::error("router: workers not ready after {} ms: {}", cfg_.timeouts.startup_ms, not_ready_reason_);
+    startup_warned_ = true;
+  }
+  return true;
+}
+
+void Router::finish() {
   // Whatever is left failed the drain deadline.
   std::vector<uint64_t> left;
   for (auto& [id, r] : requests_) left.push_back(id);
   for (uint64_t id : left)
     finalize(id, End::kFailed, "", api_error(503, "the server shut down before the request finished"));
-  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
-    if (r != roles_.self) channel_->send(r, proto::Shutdown{});
+  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r) {
+    if (r == roles_.self) continue;
+    const WorkerView* w = workers_.find(r);
+    if (w != nullptr && w->state == RankState::kDown) continue;  // it would never take the message
+    channel_->send(r, proto::Shutdown{});
+  }
   channel_->flush(std::chrono::milliseconds(5000));
   http_.stop();
   spdlog::info("router: shut down");
-  return Status::ok();
 }
 
 void Router::drain_inbox() {
@@ -330,7 +365,8 @@ void Router::drain_inbox() {
       requests_.emplace(id, std::move(n->req));
       in_flight_.add(1);
     } else {
-      const uint64_t id = std::get<ClientGone>(item).id;
+      uint64_t id = std::get<ClientGone>(item).id;
+      if (auto re = renamed_.find(id); re != renamed_.end()) id = re->second;
       if (requests_.count(id)) finalize(id, End::kCancelled, "");
     }
   }
@@ -349,12 +385,16 @@ void Router::dispatch_queued() {
     if (!choice) break;
     queue_.pop_front();
     --queued_;
+    set_state(r, RequestState::kDispatched);
+    ++r.attempts;
     r.where = *choice;
     r.dispatched = true;
     r.dispatched_at = Clock::now();
     workers_.on_dispatch(*choice, n, r.api.sampling.max_tokens);
-    stage_.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
-    prompt_tokens_total_.inc(static_cast<double>(n));
+    if (r.attempts == 1) {
+      stage_.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
+      prompt_tokens_total_.inc(static_cast<double>(n));
+    }
     proto::PrefillRequest m{r.id, r.prompt, r.api.sampling, choice->decode_rank};
     channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank, m);
   }
@@ -363,12 +403,20 @@ void Router::dispatch_queued() {
 void Router::handle_messages() {
   channel_->drain(
       [&](int source, proto::Message& msg) {
+        const WorkerView* w = workers_.find(source);
+        if (w == nullptr) {
+          spdlog::warn("router: {} from rank {}, which is not a worker", proto::message_name(msg), source);
+          return;
+        }
+        if (auto* report = std::get_if<proto::LoadReport>(&msg)) return on_report(source, *report);
+        // A rank declared down is fenced: until it rejoins, nothing it says counts.
+        if (w->state == RankState::kDown) return;
+        workers_.heard(source);
         std::visit(
             [&](auto&& m) {
               using T = std::decay_t<decltype(m)>;
               if constexpr (std::is_same_v<T, proto::TokenEvents>) on_tokens(source, m);
               else if constexpr (std::is_same_v<T, proto::RequestFailed>) on_failed(source, m);
-              else if constexpr (std::is_same_v<T, proto::LoadReport>) workers_.on_report(source, m);
               else if constexpr (std::is_same_v<T, proto::TransferStats>) {
                 transfer_bytes_.inc(static_cast<double>(m.bytes));
                 transfer_seconds_.observe(m.exposed_s);
@@ -384,8 +432,9 @@ void Router::handle_messages() {
 void Router::on_tokens(int source, const proto::TokenEvents& m) {
   for (const proto::TokenEvent& ev : m.events) {
     auto it = requests_.find(ev.id);
-    if (it == requests_.end()) continue;  // already ended here (cancel, stop string, timeout)
+    if (it == requests_.end()) continue;  // already ended here (cancel, stop string, timeout) or an earlier attempt
     Request& r = *it->second;
+    if (!r.dispatched || (source != r.where.decode_rank && source != r.where.prefill_rank)) continue;
     if (ev.first_index == 0 && !r.prefill_done) {
       r.prefill_done = true;
       if (!workers_.colocated()) workers_.on_prefill_done(source, static_cast<int64_t>(r.prompt.size()));
@@ -406,6 +455,7 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
       if (r.next_index == 0) ttft_.observe(seconds(now - r.arrived));
       else itl_.observe(seconds(now - r.last_token_at));
       r.last_token_at = now;
+      if (r.next_index == 0) set_state(r, RequestState::kStreaming);
       ++r.next_index;
       ++r.n_generated;
       generation_tokens_total_.inc();
@@ -435,11 +485,141 @@ void Router::deliver(Request& r, const std::string& text) {
   r.first_chunk_sent = true;
 }
 
+namespace {
+
+// The HTTP status a worker's failure kind means to the client.
+int http_status_of(proto::FailureKind k) {
+  switch (k) {
+    case proto::FailureKind::kInvalid: return 400;
+    case proto::FailureKind::kOverloaded: return 503;
+    case proto::FailureKind::kTimeout: return 504;
+    case proto::FailureKind::kPeerDown: return 503;
+    case proto::FailureKind::kTransfer: return 500;
+    case proto::FailureKind::kInternal: return 500;
+  }
+  return 500;
+}
+// Kinds where another pair of ranks may well succeed.
+bool retryable(proto::FailureKind k) {
+  return k == proto::FailureKind::kPeerDown || k == proto::FailureKind::kTransfer;
+}
+constexpr int kMaxAttempts = 3;
+
+}  // namespace
+
+const char* state_name(Router::RequestState s) {
+  switch (s) {
+    case Router::RequestState::kQueued: return "queued";
+    case Router::RequestState::kDispatched: return "dispatched";
+    case Router::RequestState::kStreaming: return "streaming";
+  }
+  return "?";
+}
+
+bool legal(Router::RequestState from, Router::RequestState to) {
+  using S = Router::RequestState;
+  switch (from) {
+    case S::kQueued: return to == S::kDispatched;
+    case S::kDispatched: return to == S::kStreaming || to == S::kQueued;
+    case S::kStreaming: return false;  // only ended from here
+  }
+  return false;
+}
+
+void Router::set_state(Request& r, RequestState to) { transition(r.state, to, r.first_id, "router"); }
+
 void Router::on_failed(int source, const proto::RequestFailed& m) {
-  if (!requests_.count(m.id)) return;
-  spdlog::warn("router: request {} failed on rank {}: {}", m.id, source, m.reason);
-  const int status = m.http_status >= 400 && m.http_status < 600 ? m.http_status : 500;
-  finalize(m.id, End::kFailed, "", api_error(status, m.reason));
+  auto it = requests_.find(m.id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (!r.dispatched || (source != r.where.decode_rank && source != r.where.prefill_rank)) return;
+  spdlog::warn("router: request {} failed on rank {} ({}): {}", m.id, source, proto::failure_kind_name(m.kind),
+               m.reason);
+  if (retryable(m.kind) && r.state == RequestState::kDispatched && retry(m.id, m.reason)) return;
+  finalize(m.id, End::kFailed, "", api_error(http_status_of(m.kind), m.reason));
+}
+
+void Router::on_report(int source, const proto::LoadReport& m) {
+  WorkerView* w = workers_.find(source);
+  if (w->state != RankState::kDown) {
+    workers_.on_report(source, m);
+    return;
+  }
+  const proto::Epoch next = w->epoch + 1;
+  if (m.epoch == next) {
+    // It dropped everything of its old incarnation (Rejoin): admit it again.
+    workers_.mark_up(source, next);
+    workers_.on_report(source, m);
+    spdlog::info("router: {} rank {} is back (epoch {})", w->is_prefill ? "prefill" : "decode", source, next);
+    for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
+      if (r != roles_.self && r != source) channel_->send(r, proto::PeerUp{source, next});
+    return;
+  }
+  // A fenced rank that is running again and does not know it yet.
+  const auto now = Clock::now();
+  if (now - w->last_rejoin_sent > std::chrono::milliseconds(500)) {
+    w->last_rejoin_sent = now;
+    channel_->send(source, proto::Rejoin{next});
+  }
+}
+
+void Router::check_liveness() {
+  for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
+                                  std::chrono::milliseconds(cfg_.timeouts.startup_ms)))
+    on_rank_down(rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)");
+}
+
+void Router::on_rank_down(int rank, const std::string& why) {
+  const WorkerView* w = workers_.find(rank);
+  const std::string name = std::string(w->is_prefill ? "prefill" : "decode") + " rank " + std::to_string(rank);
+  spdlog::error("router: {} is down: {}", name, why);
+  rank_down_total_.inc({w->is_prefill ? "prefill" : "decode", std::to_string(rank)});
+  // Fence it: the other workers drop what they share with this incarnation.
+  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
+    if (r != roles_.self && r != rank) channel_->send(r, proto::PeerDown{rank, w->epoch});
+  std::vector<uint64_t> hit;
+  for (auto& [id, r] : requests_) {
+    if (!r->dispatched) continue;
+    if (r->where.decode_rank == rank || (r->where.prefill_rank == rank && !r->prefill_done)) hit.push_back(id);
+  }
+  for (uint64_t id : hit) {
+    const Request& r = *requests_.at(id);
+    if (r.state == RequestState::kDispatched && retry(id, name + " went down")) continue;
+    finalize(id, End::kFailed, "", api_error(503, name + " went down while serving the request (" + why + ")"));
+  }
+  if (!hit.empty()) spdlog::warn("router: {} requests were on {}", hit.size(), name);
+}
+
+bool Router::retry(uint64_t id, const std::string& why) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  Request& r = *it->second;
+  if (r.attempts >= kMaxAttempts || draining_.load()) return false;
+  // Release the old attempt: both legs drop it (a down rank is not told).
+  const auto tell = [&](int rank) {
+    const WorkerView* w = workers_.find(rank);
+    if (w != nullptr && w->state != RankState::kDown) channel_->send(rank, proto::Cancel{id});
+  };
+  if (r.where.prefill_rank >= 0 && !r.prefill_done) tell(r.where.prefill_rank);
+  tell(r.where.decode_rank);
+  if (!r.prefill_done && r.where.prefill_rank >= 0)
+    workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));
+  workers_.on_request_done(r.where.decode_rank, static_cast<int64_t>(r.prompt.size()), r.api.sampling.max_tokens);
+  // The next attempt travels under a new wire id.
+  std::unique_ptr<Request> owned = std::move(it->second);
+  requests_.erase(it);
+  owned->id = next_id_.fetch_add(1);
+  owned->dispatched = owned->prefill_done = false;
+  owned->where = {};
+  owned->pending.clear();
+  set_state(*owned, RequestState::kQueued);
+  renamed_[owned->first_id] = owned->id;
+  spdlog::info("router: re-running request {} as {} (attempt {}): {}", id, owned->id, owned->attempts + 1, why);
+  retried_total_.inc();
+  queue_.push_front(owned->id);
+  ++queued_;
+  requests_.emplace(owned->id, std::move(owned));
+  return true;
 }
 
 void Router::check_deadlines() {
@@ -463,14 +643,19 @@ void Router::finalize(uint64_t id, End how, const std::string& finish_reason, co
   std::unique_ptr<Request> owned = std::move(it->second);
   requests_.erase(it);
   Request& r = *owned;
+  if (r.first_id != r.id) renamed_.erase(r.first_id);
   in_flight_.add(-1);
   if (!r.dispatched) {
     --queued_;
   } else {
     // Tell both legs; a worker that already finished ignores an unknown id.
     if (tell_workers || how != End::kFinished) {
-      if (r.where.prefill_rank >= 0 && !r.prefill_done) channel_->send(r.where.prefill_rank, proto::Cancel{id});
-      channel_->send(r.where.decode_rank, proto::Cancel{id});
+      const auto tell = [&](int rank) {
+        const WorkerView* w = workers_.find(rank);
+        if (w != nullptr && w->state != RankState::kDown) channel_->send(rank, proto::Cancel{id});
+      };
+      if (r.where.prefill_rank >= 0 && !r.prefill_done) tell(r.where.prefill_rank);
+      tell(r.where.decode_rank);
     }
     if (!r.prefill_done && r.where.prefill_rank >= 0)
       workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));
@@ -520,14 +705,23 @@ void Router::update_gauges() {
       free_blocks_.set(labels, static_cast<double>(wv.load.free_blocks));
       total_blocks_.set(labels, static_cast<double>(wv.load.total_blocks));
       if (!wv.is_prefill) preemptions_.set({std::to_string(wv.rank)}, static_cast<double>(wv.load.preemptions));
+      rank_up_.set(labels, wv.state == RankState::kUp ? 1 : 0);
+      quarantined_blocks_.set(labels, static_cast<double>(wv.load.quarantined_blocks));
     }
   }
   std::string why;
-  const bool ok = workers_.ready(std::chrono::milliseconds(10000), &why);
-  if (!ok) {
+  const bool ok = workers_.ready(&why);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
+    for (const WorkerView& wv : *pool)
+      ranks.push_back({{"rank", wv.rank}, {"role", wv.is_prefill ? "prefill" : "decode"},
+                       {"state", rank_state_name(wv.state)}});
+  {
     std::lock_guard lock(ready_mu_);
-    not_ready_reason_ = why;
+    if (!ok) not_ready_reason_ = why;
+    ranks_json_ = ranks.dump();
   }
+  degraded_.store(workers_.degraded());
   ready_.store(ok);
 }
 

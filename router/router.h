@@ -10,6 +10,19 @@
 // Every request ends in exactly one final state — finished (stop/length),
 // cancelled (client gone), or failed with a reason the client sees — and the
 // workers are told to drop it whenever the router ends it first.
+//
+// A request's lifecycle here (RequestState, checked): kQueued -> kDispatched
+// (sent to a prefill/decode pair) -> kStreaming (a token reached the client)
+// -> ended (erased). kDispatched -> kQueued is a re-run: a rank of its pair
+// went down, or failed it with a retryable kind, before any token reached the
+// client. Each dispatch attempt travels under a fresh wire id, so anything a
+// worker still sends about an earlier attempt is unknown here and ignored.
+//
+// Membership (WorkerTable): every message from a worker is its heartbeat; one
+// silent for timeouts.heartbeat_ms is declared down — its requests re-run or
+// fail, the other workers are told (PeerDown) — and re-admitted under a new
+// epoch once it reports again after a Rejoin. Workers report what failed as a
+// FailureKind; only the router turns a kind into an HTTP status.
 #pragma once
 
 #include <atomic>
@@ -18,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "config/cluster_config.h"
@@ -52,10 +66,25 @@ class Router {
   // Async-signal-safe: begins the drain.
   static void request_stop();
 
+  // run() in steps, for tests (one thread calls all three): start() binds the
+  // HTTP port; run_once() is one iteration of the link loop (never sleeps;
+  // returns false once the drain is over); finish() fails what is left and
+  // shuts the workers down.
+  Status start();
+  bool run_once();
+  void finish();
+  uint16_t port() const { return http_.port(); }
+
  private:
   using Clock = std::chrono::steady_clock;
+  enum class RequestState { kQueued, kDispatched, kStreaming };
+  friend const char* state_name(RequestState s);
+  friend bool legal(RequestState from, RequestState to);
   struct Request {
-    uint64_t id = 0;
+    uint64_t id = 0;                // the current attempt's wire id
+    uint64_t first_id = 0;          // the id the HTTP side knows (disconnects)
+    RequestState state = RequestState::kQueued;
+    int attempts = 0;
     ApiRequest api;
     std::string response_id;
     int64_t created = 0;
@@ -85,6 +114,15 @@ class Router {
   void on_tokens(int source, const proto::TokenEvents& m);
   void on_failed(int source, const proto::RequestFailed& m);
   void check_deadlines();
+  void check_liveness();
+  // `rank` was declared down: its requests re-run or fail; the others are told.
+  void on_rank_down(int rank, const std::string& why);
+  void on_report(int source, const proto::LoadReport& m);
+  // A request whose attempt failed before any token reached the client goes
+  // back to the front of the queue under a new wire id. False when it has
+  // used its attempts (the caller then fails it).
+  bool retry(uint64_t id, const std::string& why);
+  void set_state(Request& r, RequestState to);
   void deliver(Request& r, const std::string& text);
   enum class End { kFinished, kCancelled, kFailed };
   void finalize(uint64_t id, End how, const std::string& finish_reason, const ApiError& error = {},
@@ -107,6 +145,8 @@ class Router {
   std::atomic<bool> ready_{false};
   std::mutex ready_mu_;
   std::string not_ready_reason_;        // guarded by ready_mu_
+  std::string ranks_json_ = "[]";       // guarded by ready_mu_: /health's per-rank list
+  std::atomic<bool> degraded_{false};
   std::atomic<uint64_t> next_id_{1};
 
   // Link thread only.
@@ -114,6 +154,10 @@ class Router {
   WorkerTable workers_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<uint64_t> queue_;          // accepted, waiting for a worker
+  std::unordered_map<uint64_t, uint64_t> renamed_;  // first id -> current wire id (re-run requests)
+  std::optional<Clock::time_point> drain_deadline_;
+  Clock::time_point started_{}, last_housekeeping_{};
+  bool startup_warned_ = false;
 
   // Metrics (owned by metrics_).
   Counter& requests_total_;
@@ -133,6 +177,10 @@ class Router {
   Gauge& preemptions_;
   Gauge& router_queue_;
   Gauge& in_flight_;
+  Gauge& rank_up_;
+  Counter& rank_down_total_;
+  Counter& retried_total_;
+  Gauge& quarantined_blocks_;
 };
 
 }  // namespace pd::router

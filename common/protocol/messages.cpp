@@ -59,13 +59,20 @@ struct ToJson {
   json operator()(const Shutdown&) const { return {{"t", "shutdown"}}; }
   json operator()(const HandoffOffer& m) const {
     return {{"t", "offer"}, {"header", header_json(m.header)}, {"prompt", m.prompt},
-            {"sampling", sampling_json(m.sampling)}};
+            {"sampling", sampling_json(m.sampling)}, {"epoch", m.epoch}};
   }
-  json operator()(const HandoffAccept& m) const { return {{"t", "accept"}, {"id", m.id}, {"tag", m.tag}}; }
+  json operator()(const HandoffAccept& m) const {
+    return {{"t", "accept"}, {"id", m.id}, {"tag", m.tag}, {"epoch", m.epoch}};
+  }
   json operator()(const HandoffReject& m) const {
-    return {{"t", "reject"}, {"id", m.id}, {"reason", m.reason}, {"cancelled", m.cancelled}};
+    return {{"t", "reject"}, {"id", m.id}, {"reason", m.reason}, {"cancelled", m.cancelled}, {"epoch", m.epoch}};
   }
-  json operator()(const HandoffAbort& m) const { return {{"t", "abort"}, {"id", m.id}, {"reason", m.reason}}; }
+  json operator()(const HandoffAbort& m) const {
+    return {{"t", "abort"}, {"id", m.id}, {"reason", m.reason}, {"epoch", m.epoch}};
+  }
+  json operator()(const PeerDown& m) const { return {{"t", "down"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
+  json operator()(const PeerUp& m) const { return {{"t", "up"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
+  json operator()(const Rejoin& m) const { return {{"t", "rejoin"}, {"epoch", m.epoch}}; }
   json operator()(const TokenEvents& m) const {
     json events = json::array();
     for (const TokenEvent& e : m.events)
@@ -78,12 +85,12 @@ struct ToJson {
     return {{"t", "xfer"}, {"id", m.id}, {"bytes", m.bytes}, {"exposed_s", m.exposed_s}, {"wire_s", m.wire_s}};
   }
   json operator()(const RequestFailed& m) const {
-    return {{"t", "failed"}, {"id", m.id}, {"reason", m.reason}, {"status", m.http_status}};
+    return {{"t", "failed"}, {"id", m.id}, {"reason", m.reason}, {"kind", static_cast<int32_t>(m.kind)}};
   }
   json operator()(const LoadReport& m) const {
     return {{"t", "load"},           {"waiting", m.waiting},         {"running", m.running},
             {"free", m.free_blocks}, {"total", m.total_blocks}, {"preemptions", m.preemptions},
-            {"ready", m.ready}};
+            {"ready", m.ready},        {"epoch", m.epoch},             {"quarantined", m.quarantined_blocks}};
   }
 };
 
@@ -96,12 +103,17 @@ Message from_json(const json& j) {
   if (t == "shutdown") return Shutdown{};
   if (t == "offer")
     return HandoffOffer{header_from(j.at("header")), j.at("prompt").get<std::vector<int32_t>>(),
-                        sampling_from(j.at("sampling"))};
-  if (t == "accept") return HandoffAccept{j.at("id").get<RequestId>(), j.at("tag").get<int32_t>()};
+                        sampling_from(j.at("sampling")), j.at("epoch").get<Epoch>()};
+  if (t == "accept")
+    return HandoffAccept{j.at("id").get<RequestId>(), j.at("tag").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "reject")
     return HandoffReject{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(),
-                         j.at("cancelled").get<bool>()};
-  if (t == "abort") return HandoffAbort{j.at("id").get<RequestId>(), j.at("reason").get<std::string>()};
+                         j.at("cancelled").get<bool>(), j.at("epoch").get<Epoch>()};
+  if (t == "abort")
+    return HandoffAbort{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(), j.at("epoch").get<Epoch>()};
+  if (t == "down") return PeerDown{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
+  if (t == "up") return PeerUp{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
+  if (t == "rejoin") return Rejoin{j.at("epoch").get<Epoch>()};
   if (t == "tokens") {
     TokenEvents m;
     for (const json& e : j.at("events")) {
@@ -121,9 +133,11 @@ Message from_json(const json& j) {
   if (t == "xfer")
     return TransferStats{j.at("id").get<RequestId>(), j.at("bytes").get<int64_t>(), j.at("exposed_s").get<double>(),
                          j.at("wire_s").get<double>()};
-  if (t == "failed")
-    return RequestFailed{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(),
-                         j.at("status").get<int32_t>()};
+  if (t == "failed") {
+    const int32_t k = j.at("kind").get<int32_t>();
+    if (k < 1 || k > kFailureKindMax) throw std::out_of_range("failure kind " + std::to_string(k));
+    return RequestFailed{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(), static_cast<FailureKind>(k)};
+  }
   if (t == "load") {
     LoadReport m;
     m.waiting = j.at("waiting").get<int32_t>();
@@ -132,6 +146,8 @@ Message from_json(const json& j) {
     m.total_blocks = j.at("total").get<int64_t>();
     m.preemptions = j.at("preemptions").get<int64_t>();
     m.ready = j.at("ready").get<bool>();
+    m.epoch = j.at("epoch").get<Epoch>();
+    m.quarantined_blocks = j.at("quarantined").get<int64_t>();
     return m;
   }
   throw std::out_of_range("unknown message type '" + t + "'");
@@ -152,8 +168,22 @@ Result<Message> deserialize(const uint8_t* data, size_t size) {
 const char* message_name(const Message& m) {
   static constexpr const char* kNames[] = {"PrefillRequest", "Cancel",       "Shutdown",    "HandoffOffer",
                                            "HandoffAccept",  "HandoffReject", "HandoffAbort", "TokenEvents",
-                                           "TransferStats",  "RequestFailed", "LoadReport"};
+                                           "TransferStats",  "RequestFailed", "LoadReport",   "PeerDown",
+                                           "PeerUp",         "Rejoin"};
+  static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
+}
+
+const char* failure_kind_name(FailureKind k) {
+  switch (k) {
+    case FailureKind::kInvalid: return "invalid";
+    case FailureKind::kOverloaded: return "overloaded";
+    case FailureKind::kTimeout: return "timeout";
+    case FailureKind::kPeerDown: return "peer_down";
+    case FailureKind::kTransfer: return "transfer";
+    case FailureKind::kInternal: return "internal";
+  }
+  return "?";
 }
 
 Status check_compatible(const KvWireHeader& local, const KvWireHeader& remote) {

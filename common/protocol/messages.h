@@ -7,13 +7,23 @@
 //   R -> D   PrefillRequest   colocated mode: the decode rank prefills it itself
 //   R -> P,D Cancel           the client went away / a stop string matched
 //   R -> all Shutdown         drain finished; exit
+//   R -> P,D PeerDown         a rank (one incarnation of it) was declared down: drop work shared with it
+//   R -> P,D PeerUp           a rank that was down is back under a new epoch
+//   R -> X   Rejoin           to a rank the router had declared down: drop all request state, come
+//                             back under `epoch` (fencing: nothing of the old incarnation is trusted)
 //   P -> D   HandoffOffer     "I hold (or will hold) this request's KV": wire header + request
 //   D -> P   HandoffAccept    blocks are reserved and receives posted under `tag`
 //   D -> P   HandoffReject    refused (fingerprint mismatch, cancelled, no room in time)
 //   P -> D   HandoffAbort     an offered/accepted handoff will not be sent
 //   P,D -> R TokenEvents      generated tokens (and the finish reason) of some requests
 //   P,D -> R RequestFailed    a request ended with an error on that rank
-//   P,D -> R LoadReport       the rank's queue lengths and KV pool occupancy
+//   P,D -> R LoadReport       the rank's queue lengths and KV pool occupancy (also its heartbeat)
+//
+// Epochs: each worker rank runs under an epoch the router gives it (0 at
+// start, a new one each time it is re-admitted after being declared down).
+// Messages between workers carry the sender's epoch; a receiver drops one from
+// an epoch it knows to be over, so a rank that was stopped, declared down and
+// resumed cannot act on work that was given to someone else.
 //   P -> R   TransferStats    a handoff's last byte left: its size and timings
 #pragma once
 
@@ -51,6 +61,8 @@ struct KvWireHeader {
   bool checksum = true;     // the trailer carries an XXH3-64 per layer
 };
 
+using Epoch = uint32_t;
+
 struct PrefillRequest {
   RequestId id = 0;
   std::vector<int32_t> prompt;
@@ -63,10 +75,14 @@ struct HandoffOffer {
   KvWireHeader header;
   std::vector<int32_t> prompt;
   SamplingParams sampling;
+  Epoch epoch = 0;  // the sender's
 };
-struct HandoffAccept { RequestId id = 0; int32_t tag = 0; };
-struct HandoffReject { RequestId id = 0; std::string reason; bool cancelled = false; };
-struct HandoffAbort { RequestId id = 0; std::string reason; };
+struct HandoffAccept { RequestId id = 0; int32_t tag = 0; Epoch epoch = 0; };
+struct HandoffReject { RequestId id = 0; std::string reason; bool cancelled = false; Epoch epoch = 0; };
+struct HandoffAbort { RequestId id = 0; std::string reason; Epoch epoch = 0; };
+struct PeerDown { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that is over
+struct PeerUp { int32_t rank = -1; Epoch epoch = 0; };    // `epoch`: the new incarnation
+struct Rejoin { Epoch epoch = 0; };
 
 enum class Finish : int32_t { kNone = 0, kStop = 1, kLength = 2 };
 struct TokenEvent {
@@ -87,7 +103,19 @@ struct TransferStats {
   double exposed_s = 0;  // end of the prefill compute -> last byte sent (what the overlap did not hide)
   double wire_s = 0;     // first layer posted -> last byte sent
 };
-struct RequestFailed { RequestId id = 0; std::string reason; int32_t http_status = 500; };
+// Why a request failed on a worker. Workers say what happened; only the router
+// decides what the client sees (HTTP status) and whether to re-run it.
+enum class FailureKind : int32_t {
+  kInvalid = 1,     // this request cannot be served here as asked (too long for the pool)
+  kOverloaded = 2,  // no room or no turn within a deadline (queue bound, handoff not accepted)
+  kTimeout = 3,     // work started and stopped making progress (a stalled transfer)
+  kPeerDown = 4,    // the other rank of the request is down
+  kTransfer = 5,    // the KV transfer failed or arrived corrupted
+  kInternal = 6,    // a bug or a compute failure on the rank
+};
+inline constexpr int32_t kFailureKindMax = 6;
+const char* failure_kind_name(FailureKind k);
+struct RequestFailed { RequestId id = 0; std::string reason; FailureKind kind = FailureKind::kInternal; };
 struct LoadReport {
   int32_t waiting = 0;        // queued requests not yet running
   int32_t running = 0;        // sequences in the decode batch / being prefilled or transferred
@@ -95,10 +123,12 @@ struct LoadReport {
   int64_t total_blocks = 0;
   int64_t preemptions = 0;    // since start
   bool ready = false;         // model loaded, serving
+  Epoch epoch = 0;            // the rank's incarnation (see Rejoin)
+  int64_t quarantined_blocks = 0;  // KV blocks held back until MPI can no longer write into them
 };
 
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
-                             TokenEvents, TransferStats, RequestFailed, LoadReport>;
+                             TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

@@ -2,7 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <fstream>
 #include <thread>
 
 namespace pd {
@@ -23,6 +28,7 @@ Status mpi_init(int* argc, char*** argv) {
   if (provided < MPI_THREAD_FUNNELED)
     return Status::unsupported("the MPI library provides thread level " + std::to_string(provided) +
                                ", pdcluster needs MPI_THREAD_FUNNELED");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return Status::ok();
 }
 
@@ -40,9 +46,13 @@ Result<RoleTable> exchange_roles(Role mine) {
   std::vector<char> names(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
   MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
                 MPI_COMM_WORLD);
+  const int32_t my_pid = static_cast<int32_t>(::getpid());
+  std::vector<int32_t> pids(size);
+  MPI_Allgather(&my_pid, 1, MPI_INT32_T, pids.data(), 1, MPI_INT32_T, MPI_COMM_WORLD);
   for (int r = 0; r < size; ++r) {
     const Role role = static_cast<Role>(all[r]);
     t.roles.push_back(role);
+    t.pids.push_back(pids[r]);
     t.hosts.emplace_back(names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
     switch (role) {
       case Role::kRouter:
@@ -58,6 +68,19 @@ Result<RoleTable> exchange_roles(Role mine) {
   if (t.router < 0) return Status::invalid_argument("no pd-router rank in the job");
   if (t.decode.empty()) return Status::invalid_argument("no pd-decode rank in the job (need at least one)");
   return t;
+}
+
+bool rank_confirmed_dead(const RoleTable& t, int rank) {
+  if (rank < 0 || rank >= static_cast<int>(t.pids.size()) || t.self < 0) return false;
+  if (t.hosts[rank] != t.hosts[t.self]) return false;
+  const pid_t pid = t.pids[rank];
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  // Still a process table entry: dead if it is a zombie not yet reaped.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
 }
 
 MpiControlChannel::~MpiControlChannel() {

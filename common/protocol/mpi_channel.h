@@ -26,6 +26,7 @@ const char* role_name(Role r);
 struct RoleTable {
   std::vector<Role> roles;         // by rank
   std::vector<std::string> hosts;  // by rank (MPI_Get_processor_name)
+  std::vector<int> pids;           // by rank (getpid)
   int self = -1;
   int router = -1;
   std::vector<int> prefill;        // ranks, ascending
@@ -33,11 +34,19 @@ struct RoleTable {
   bool colocated() const { return prefill.empty(); }
 };
 
-// MPI_Init_thread(FUNNELED) with an error naming what was provided instead.
+// MPI_Init_thread(FUNNELED) with an error naming what was provided instead;
+// MPI_COMM_WORLD then returns errors instead of aborting the job, so one rank's
+// death is this rank's to handle (with mpirun --mca orte_enable_recovery 1).
 Status mpi_init(int* argc, char*** argv);
 // Every rank announces its role (one MPI_Allgather). InvalidArgument unless
 // there is exactly one router and at least one decode rank.
 Result<RoleTable> exchange_roles(Role mine);
+
+// Whether `rank`'s process is known to have ended: it ran on this host and its
+// pid is gone (or a zombie). False when it cannot be known (another host).
+// A rank that is merely stopped (SIGSTOP) is not dead: it may resume and
+// complete the transfers it had begun.
+bool rank_confirmed_dead(const RoleTable& t, int rank);
 
 // The ControlChannel of the cluster: protocol messages on kTagControl.
 class MpiControlChannel final : public ControlChannel {

@@ -184,6 +184,51 @@ class Cluster:
     def metric(self, key, default=0.0):
         return self.metrics().get(key, default)
 
+    # ---- ranks as processes (chaos tests)
+    ROLE_OF_EXE = {"pd-router": "router", "pd-prefill": "prefill", "pd-decode": "decode"}
+
+    def session_pids(self, exe=None):
+        """Pids of the job's processes (mpirun's session), or of those named exe. Every
+        rank is in its own process group, so killpg(mpirun) does not reach them."""
+        args = ["pgrep", "-s", str(self.proc.pid)] + (["-x", exe] if exe else [])
+        out = subprocess.run(args, capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def rank_pids(self):
+        """{MPI rank: (role, pid)} of the live ranks, from each process's OMPI_COMM_WORLD_RANK."""
+        out = {}
+        for exe, role in self.ROLE_OF_EXE.items():
+            for pid in self.session_pids(exe):
+                try:
+                    with open("/proc/%d/environ" % pid, "rb") as f:
+                        env = f.read().split(b"\0")
+                except OSError:
+                    continue  # gone meanwhile
+                for e in env:
+                    if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        out[int(e.split(b"=", 1)[1])] = (role, pid)
+        return out
+
+    def kill_session(self):
+        """SIGKILL (after SIGCONT) every process still in the job's session: the last
+        resort after stop(). Returns the pids it signalled."""
+        pids = [p for p in self.session_pids() if p != os.getpid()]
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            for p in pids:
+                try:
+                    os.kill(p, sig)
+                except OSError:
+                    pass
+        return pids
+
+    def health(self):
+        """(HTTP status, JSON body or None) of GET /health."""
+        r = self.get("/health")
+        try:
+            return r.status, r.json()
+        except ValueError:
+            return r.status, None
+
 
 def completion_text(endpoint, resp):
     choice = resp["choices"][0]
@@ -238,6 +283,24 @@ def wait_for(pred, timeout, what):
             return
         time.sleep(0.1)
     raise AssertionError("timed out waiting for " + what)
+
+
+def metric_labels(key):
+    """'name{a="1",b="x"}' -> ('name', {'a': '1', 'b': 'x'})."""
+    if "{" not in key:
+        return key, {}
+    name, rest = key.split("{", 1)
+    return name, dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', rest.rstrip("}")))
+
+
+def per_rank(metrics, name):
+    """{rank (int): value} of a per-rank series (labels role, rank) in a metrics() dict."""
+    out = {}
+    for key, value in metrics.items():
+        n, labels = metric_labels(key)
+        if n == name and "rank" in labels:
+            out[int(labels["rank"])] = value
+    return out
 
 
 def blocks_all_free(c):

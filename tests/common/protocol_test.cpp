@@ -64,10 +64,17 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
 
   CHECK(round_trip(Cancel{5}).id == 5);
   round_trip(Shutdown{});
-  CHECK(round_trip(HandoffAccept{5, 1234}).tag == 1234);
-  const HandoffReject rj = round_trip(HandoffReject{5, "no room", true});
-  CHECK((rj.reason == "no room" && rj.cancelled));
-  CHECK(round_trip(HandoffAbort{6, "gone"}).reason == "gone");
+  const HandoffAccept acc = round_trip(HandoffAccept{5, 1234, 3});
+  CHECK((acc.tag == 1234 && acc.epoch == 3));
+  const HandoffReject rj = round_trip(HandoffReject{5, "no room", true, 2});
+  CHECK((rj.reason == "no room" && rj.cancelled && rj.epoch == 2));
+  const HandoffAbort ab = round_trip(HandoffAbort{6, "gone", 4});
+  CHECK((ab.reason == "gone" && ab.epoch == 4));
+  const PeerDown pd = round_trip(PeerDown{3, 1});
+  CHECK((pd.rank == 3 && pd.epoch == 1));
+  const PeerUp pu = round_trip(PeerUp{3, 2});
+  CHECK((pu.rank == 3 && pu.epoch == 2));
+  CHECK(round_trip(Rejoin{5}).epoch == 5);
   TokenEvent ev;
   ev.id = 3;
   ev.first_index = 1;
@@ -80,8 +87,11 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(te.events[1].finish == Finish::kLength);
   CHECK(te.events[1].queue_s == 0.25);
   CHECK(round_trip(TransferStats{3, 1000, 0.5, 0.25}).bytes == 1000);
-  const RequestFailed f = round_trip(RequestFailed{4, "boom", 503});
-  CHECK((f.reason == "boom" && f.http_status == 503));
+  const RequestFailed f = round_trip(RequestFailed{4, "boom", FailureKind::kPeerDown});
+  CHECK((f.reason == "boom" && f.kind == FailureKind::kPeerDown));
+  // A failure kind outside the enum is a malformed message, not a value.
+  auto bad_kind = nlohmann::json::to_msgpack(nlohmann::json{{"t", "failed"}, {"id", 1}, {"reason", "x"}, {"kind", 99}});
+  CHECK(deserialize(bad_kind.data(), bad_kind.size()).status().is_corruption());
   LoadReport lr;
   lr.waiting = 2;
   lr.running = 3;
@@ -89,8 +99,11 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   lr.total_blocks = 200;
   lr.preemptions = 7;
   lr.ready = true;
+  lr.epoch = 2;
+  lr.quarantined_blocks = 5;
   const LoadReport lr2 = round_trip(lr);
   CHECK((lr2.waiting == 2 && lr2.running == 3 && lr2.free_blocks == 100 && lr2.preemptions == 7 && lr2.ready));
+  CHECK((lr2.epoch == 2 && lr2.quarantined_blocks == 5));
 }
 
 TEST_CASE("protocol: malformed bytes are a Corruption value", "[protocol]") {

@@ -3,6 +3,8 @@
 
 #include "router/dispatch.h"
 
+#include <thread>
+
 using pd::router::WorkerTable;
 
 namespace {
@@ -39,11 +41,12 @@ TEST_CASE("dispatch: least outstanding prefill work; decode with room for the re
 TEST_CASE("dispatch: full workers queue in the router; readiness needs every rank", "[router]") {
   WorkerTable t({1}, {2}, 16);
   std::string why;
-  CHECK(!t.ready(std::chrono::seconds(5), &why));
+  CHECK(!t.ready(&why));
   CHECK(why.find("rank 1") != std::string::npos);
+  CHECK(!t.pick(10, 10, 4));  // nobody is up yet
   t.on_report(1, report(100));
   t.on_report(2, report(100));
-  CHECK(t.ready(std::chrono::seconds(5), &why));
+  CHECK(t.ready(&why));
   auto c = t.pick(10, 10, 1);
   REQUIRE(c);
   t.on_dispatch(*c, 10, 10);
@@ -54,4 +57,57 @@ TEST_CASE("dispatch: full workers queue in the router; readiness needs every ran
   auto cc = colocated.pick(10, 10, 4);
   REQUIRE(cc);
   CHECK((cc->prefill_rank == -1 && cc->decode_rank == 5));  // no rank has room: the one with the most free blocks
+}
+
+TEST_CASE("dispatch: a silent rank is declared down, skipped, and re-admitted under a new epoch", "[router]") {
+  using namespace std::chrono_literals;
+  using pd::router::RankState;
+  WorkerTable t({1, 2}, {3}, 16);
+  for (int r : {1, 2, 3}) t.on_report(r, report(100));
+  // Rank 2 keeps reporting; rank 1 goes silent (kill -STOP).
+  std::this_thread::sleep_for(30ms);
+  t.heard(2);
+  t.heard(3);
+  const std::vector<int> down = t.expire(20ms, 10s);
+  REQUIRE(down == std::vector<int>{1});
+  CHECK(t.find(1)->state == RankState::kDown);
+  CHECK(t.find(1)->times_down == 1);
+  std::string why;
+  CHECK(t.ready(&why));  // a prefill->decode path still works
+  CHECK(t.degraded());
+  // Every pick goes to rank 2 now (before: about half went to the stopped rank).
+  for (int i = 0; i < 20; ++i) {
+    auto c = t.pick(10 + i, 10, 64);
+    REQUIRE(c);
+    CHECK(c->prefill_rank == 2);
+    t.on_dispatch(*c, 10 + i, 10);
+  }
+  // A late report from the old incarnation does not bring it back; mark_up does.
+  t.on_report(1, report(100));
+  CHECK(t.find(1)->state == RankState::kDown);
+  t.mark_up(1, 1);
+  CHECK(t.find(1)->state == RankState::kUp);
+  CHECK(t.find(1)->epoch == 1);
+  CHECK(!t.degraded());
+  // Both prefill ranks down: not ready, and the reason says so.
+  t.mark_down(1);
+  t.mark_down(2);
+  CHECK(!t.ready(&why));
+  CHECK(why == "every prefill rank is down");
+  CHECK(!t.pick(10, 10, 64));
+}
+
+TEST_CASE("dispatch: a rank that never reports is declared down after the startup deadline", "[router]") {
+  using namespace std::chrono_literals;
+  WorkerTable t({1}, {2, 3}, 16);
+  t.on_report(1, report(100));
+  t.on_report(2, report(100));
+  CHECK(t.expire(10s, 20ms).empty());  // the clock starts at the first expire()
+  std::this_thread::sleep_for(30ms);
+  t.heard(1);
+  t.heard(2);
+  CHECK(t.expire(10s, 20ms) == std::vector<int>{3});
+  std::string why;
+  CHECK(t.ready(&why));
+  CHECK(t.degraded());
 }

@@ -31,6 +31,8 @@ TEST_CASE("kv region: K blocks then V blocks of the layer, in table order", "[kv
 
 TEST_CASE("kv trailer: round trip; a wrong size is Corruption", "[kvtransfer]") {
   pd::KvTrailer t;
+  t.request_id = 0x1234567890ULL;
+  t.epoch = 7;
   t.first_token = 4242;
   t.finished = 1;
   t.checksums = {1, 2, 0xFFFFFFFFFFFFFFFFULL};
@@ -38,6 +40,8 @@ TEST_CASE("kv trailer: round trip; a wrong size is Corruption", "[kvtransfer]") 
   REQUIRE(bytes.size() == pd::KvTrailer::serialized_size(3));
   auto back = pd::KvTrailer::deserialize(bytes, 3);
   REQUIRE(back.is_ok());
+  CHECK(back->request_id == 0x1234567890ULL);
+  CHECK(back->epoch == 7);
   CHECK(back->first_token == 4242);
   CHECK(back->finished == 1);
   CHECK(back->checksums == t.checksums);

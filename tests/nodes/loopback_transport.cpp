@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@ struct LoopbackNetwork::State {
     int owner = -1;       // the rank that posted it
     bool send = false;
     bool hung = false;    // a send under hang_sends: never matches
+    bool abandoned = false;
+    int64_t partner = 0;  // matched, bytes not moved yet (the sender is frozen or dead)
     OpState state = OpState::kPending;
     Status error;         // reported by test() instead of the state
     // The bytes: pieces of a region, or one contiguous buffer (pieces = {0}).
@@ -27,6 +30,7 @@ struct LoopbackNetwork::State {
   };
 
   bool hang = false;
+  std::set<int> frozen, dead;
   int64_t next_id = 1;
   int64_t moved = 0;
   std::unordered_map<int64_t, Op> ops;
@@ -48,11 +52,35 @@ struct LoopbackNetwork::State {
     Queues& q = queues[send ? Key{owner, peer, tag} : Key{peer, owner, tag}];
     (send ? q.sends : q.recvs).push_back(id);
     while (!q.sends.empty() && !q.recvs.empty()) {
-      match(ops.at(q.sends.front()), ops.at(q.recvs.front()));
+      const int64_t sid = q.sends.front(), rid = q.recvs.front();
       q.sends.pop_front();
       q.recvs.pop_front();
+      Op& s = ops.at(sid);
+      Op& r = ops.at(rid);
+      if (frozen.count(s.owner) || dead.count(s.owner) || frozen.count(r.owner) || dead.count(r.owner)) {
+        s.partner = rid;
+        r.partner = sid;
+      } else {
+        match(s, r);
+      }
     }
     return TransferOp{id};
+  }
+
+  // Moves the bytes of matched pairs whose ranks are both running.
+  void move_matched() {
+    for (auto& [id, s] : ops) {
+      if (!s.send || s.partner == 0) continue;
+      Op& r = ops.at(s.partner);
+      if (frozen.count(s.owner) || dead.count(s.owner) || frozen.count(r.owner) || dead.count(r.owner)) continue;
+      s.partner = r.partner = 0;
+      match(s, r);
+    }
+    reap();
+  }
+  // Abandoned ops that completed are gone for good.
+  void reap() {
+    std::erase_if(ops, [](const auto& kv) { return kv.second.abandoned && kv.second.state != OpState::kPending; });
   }
 
   // Copies the send's byte stream into the receive's pieces.
@@ -79,6 +107,7 @@ struct LoopbackNetwork::State {
   void cancel(int owner, int64_t id) {
     auto it = ops.find(id);
     if (it == ops.end() || it->second.owner != owner || it->second.state != OpState::kPending) return;
+    if (it->second.send || it->second.partner != 0) return;  // ob1: sends and matched receives stay
     it->second.state = OpState::kCancelled;
     for (auto& [key, q] : queues) {
       std::erase(q.sends, id);
@@ -86,9 +115,16 @@ struct LoopbackNetwork::State {
     }
   }
 
+  void abandon(int owner, int64_t id) {
+    auto it = ops.find(id);
+    if (it == ops.end() || it->second.owner != owner || it->second.abandoned) return;
+    it->second.abandoned = true;
+    reap();
+  }
+
   Result<OpState> test(int owner, int64_t id) {
     auto it = ops.find(id);
-    if (it == ops.end() || it->second.owner != owner)
+    if (it == ops.end() || it->second.owner != owner || it->second.abandoned)
       return Status::not_found("loopback transport: unknown op " + std::to_string(id));
     const Op& op = it->second;
     if (op.state == OpState::kPending) return OpState::kPending;
@@ -101,7 +137,9 @@ struct LoopbackNetwork::State {
 
   size_t pending(int owner) const {
     return static_cast<size_t>(
-        std::count_if(ops.begin(), ops.end(), [&](const auto& kv) { return kv.second.owner == owner; }));
+        std::count_if(ops.begin(), ops.end(), [&](const auto& kv) {
+          return kv.second.owner == owner && !kv.second.abandoned;
+        }));
   }
 };
 
@@ -126,6 +164,7 @@ class LoopbackTransport final : public Transport {
   }
   Result<OpState> test(TransferOp op) override { return state_->test(rank_, op.value); }
   void cancel(TransferOp op) override { state_->cancel(rank_, op.value); }
+  void abandon(TransferOp op) override { state_->abandon(rank_, op.value); }
   size_t pending() const override { return state_->pending(rank_); }
 
  private:
@@ -142,6 +181,12 @@ std::unique_ptr<Transport> LoopbackNetwork::endpoint(int rank) {
   return std::make_unique<LoopbackTransport>(state_, rank);
 }
 void LoopbackNetwork::hang_sends(bool on) { state_->hang = on; }
+void LoopbackNetwork::freeze(int rank) { state_->frozen.insert(rank); }
+void LoopbackNetwork::thaw(int rank) {
+  state_->frozen.erase(rank);
+  state_->move_matched();
+}
+void LoopbackNetwork::kill(int rank) { state_->dead.insert(rank); }
 int64_t LoopbackNetwork::bytes_moved() const { return state_->moved; }
 
 }  // namespace pd::test

@@ -3,12 +3,21 @@
 // matches them: a send from A to B under tag T meets the oldest unmatched
 // receive B posted from A under T (FIFO per (source, dest, tag)); once both
 // are posted the bytes are copied region to region and both ops complete
-// (test() then reports kDone once). cancel() completes an unmatched op as
-// kCancelled; a matched one has already completed. A receive smaller than
-// its send is an error, reported by the receive's test().
+// (test() then reports kDone once). A receive smaller than its send is an
+// error, reported by the receive's test().
 //
-// hang_sends(true): sends posted from then on never match and never complete
-// until cancelled (a stuck link, for deadline tests).
+// Cancellation as OpenMPI's ob1 layer does it: cancel() completes an
+// unmatched receive as kCancelled; a send, or a receive already matched, is
+// not cancelled (it stays pending). A send nobody receives waits, and matches
+// the next receive posted under its (source, dest, tag) — a stale send meeting
+// a new receive. abandon() forgets an op (never reported again), but an
+// abandoned op still matches and still moves bytes, as MPI's would.
+//
+// Faults: hang_sends(true): sends posted from then on never match (a stuck
+// link). freeze(rank): the rank is stopped — a matched pair whose sender is
+// frozen does not move its bytes until thaw(rank), which moves them then
+// (from the sender's memory as it is at that moment). kill(rank): the rank is
+// dead: its matched pairs never complete.
 //
 // Threading: one thread (the test's) uses the network and its endpoints.
 #pragma once
@@ -34,6 +43,9 @@ class LoopbackNetwork {
   // share its state).
   std::unique_ptr<Transport> endpoint(int rank);
   void hang_sends(bool on);
+  void freeze(int rank);
+  void thaw(int rank);
+  void kill(int rank);
   // Bytes copied from senders to receivers so far.
   int64_t bytes_moved() const;
 
