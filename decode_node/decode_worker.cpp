@@ -207,7 +207,7 @@ void DecodeWorker::erase(Seq& s) {
     // A receive that did not complete may leave its peer's send pending under this tag.
     // Free again only if every receive under it completed: each of the
     // peer's sends under it then matched and completed too.
-    KvTagPool& pool = tags_[s.source];
+    KvTagPool& pool = tags_of(s.source);
     if (s.ops.empty() && s.ops_clean) pool.release(s.tag);
     else pool.retire(s.tag);
     s.tag = 0;
@@ -342,7 +342,7 @@ bool DecodeWorker::accept_offers() {
     s.has_blocks = true;
     s.kv_complete = false;
     offers_.pop_front();
-    std::optional<int> tag = tags_[s.source].acquire();
+    std::optional<int> tag = tags_of(s.source).acquire();
     if (!tag) {  // every tag of this peer in use or retired: refuse this handoff
       channel_->send(s.source, proto::HandoffReject{s.id, "decode rank has no free KV transfer tag for this prefill rank",
                                                     false, epoch_});
@@ -434,7 +434,7 @@ void DecodeWorker::finish_transfer(Seq& s) {
                   proto::FailureKind::kTransfer);
   }
   // Every message under the tag arrived: the peer has no send pending on it.
-  tags_[s.source].release(s.tag);
+  tags_of(s.source).release(s.tag);
   s.tag = 0;
   s.kv_complete = true;
   if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router

@@ -64,6 +64,8 @@ class DecodeWorker {
   // Whether `rank`'s process has ended for sure (default: rank_confirmed_dead).
   // Tests substitute their own.
   void set_death_oracle(std::function<bool(int rank)> oracle) { confirmed_dead_ = std::move(oracle); }
+  // Tests: a small tag space per prefill rank, so reuse shows within a few handoffs.
+  void set_kv_tag_span(int span) { tag_span_ = span; }
 
  private:
   enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kDraining };
@@ -133,7 +135,9 @@ class DecodeWorker {
   std::deque<proto::RequestId> waiting_;   // ready or preempted, in admission order
   std::map<proto::RequestId, Clock::time_point> cancelled_;  // tombstones: cancel before offer
   uint64_t next_order_ = 0;
-  std::unordered_map<int, KvTagPool> tags_;           // by prefill rank
+  std::unordered_map<int, KvTagPool> tags_;           // by prefill rank (tags_of)
+  int tag_span_ = proto::kKvTagSpan;
+  KvTagPool& tags_of(int source) { return tags_.try_emplace(source, proto::kTagKvFirst, tag_span_).first->second; }
   proto::Epoch epoch_ = 0;
   std::unordered_map<int, proto::Epoch> peer_epoch_;  // prefill rank -> its current epoch
   std::unordered_set<int> down_;                      // prefill ranks declared down

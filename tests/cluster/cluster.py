@@ -212,7 +212,13 @@ class Cluster:
     def kill_session(self):
         """SIGKILL (after SIGCONT) every process still in the job's session: the last
         resort after stop(). Returns the pids it signalled."""
-        pids = [p for p in self.session_pids() if p != os.getpid()]
+        def alive(pid):  # not a zombie waiting for its parent
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (OSError, IndexError):
+                return False
+        pids = [p for p in self.session_pids() if p != os.getpid() and alive(p)]
         for sig in (signal.SIGCONT, signal.SIGKILL):
             for p in pids:
                 try:

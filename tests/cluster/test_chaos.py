@@ -292,11 +292,14 @@ def new_requests(c, what):
 
 
 @contextlib.contextmanager
-def chaos_cluster():
-    """A 2P+2D cluster; on the way out every STOPped rank is continued, the job is
+def chaos_cluster(extra=None):
+    """A 2P+2D cluster (CONFIG plus `extra`); on the way out every STOPped rank is continued, the job is
     stopped (SIGTERM to the router, SIGKILL after 60 s), and anything left of it killed."""
     stopped = set()
-    c = Cluster(prefill=2, decode=2, config=CONFIG, threads=1)
+    cfg = json.loads(json.dumps(CONFIG))
+    for k, v in (extra or {}).items():
+        cfg.setdefault(k, {}).update(v)
+    c = Cluster(prefill=2, decode=2, config=cfg, threads=1)
     c.stopped = stopped
     try:
         with c:
@@ -370,9 +373,9 @@ def check_down(c, rank, ranks, what):
     return time.time() - t0
 
 
-def kill_suite(role, prompt_words, trigger):
+def kill_suite(role, prompt_words, trigger, extra=None):
     need_default_model()
-    with chaos_cluster() as c:
+    with chaos_cluster(extra) as c:
         ranks = workers(c)
         check(sorted(ranks.values()) == ["decode", "decode", "prefill", "prefill"], "worker ranks: %s" % ranks)
         h0 = health_shows(c, set(), ranks)
@@ -417,14 +420,15 @@ def suite_decode_kill(tmp):
 
 
 def suite_prefill_kill(tmp):
-    # Longer prompts: prefill is the bottleneck; once a few streams have started the
-    # other prompts still wait in the prefill ranks' queues.
+    # Longer prompts and prefill batches of 4: prefill is the bottleneck; once a few
+    # streams have started, other prompts still wait in the prefill ranks' queues
+    # (they have streamed nothing: the killed rank's must be re-run elsewhere).
     def trigger(c, load, ranks):
         if load.started() < N // 8:
             return False
         waiting = per_rank(c.metrics(), "pd_waiting_requests")
-        return any(waiting.get(r, 0) >= 1 for r in ranks if ranks[r] == "prefill")
-    kill_suite("prefill", (80, 200), trigger)
+        return any(waiting.get(r, 0) >= 2 for r in ranks if ranks[r] == "prefill")
+    kill_suite("prefill", (60, 120), trigger, extra={"prefill": {"max_batch": 4}})
 
 
 def suite_stop_cont(tmp):

@@ -18,6 +18,9 @@
 #include "nodes/fake_channel.h"
 #include "nodes/loopback_transport.h"
 #include "prefill_node/prefill_worker.h"
+#include "util/lifecycle.h"
+
+#include <set>
 
 namespace pd {
 namespace {
@@ -89,12 +92,18 @@ struct MiniCluster {
   std::vector<std::pair<int, proto::RequestFailed>> failed;
   std::vector<proto::TransferStats> transfers;
 
-  explicit MiniCluster(ClusterConfig c) : cfg(std::move(c)) {
+  // Last LoadReport each rank sent the router.
+  std::map<int, proto::LoadReport> loads;
+
+  using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
+  explicit MiniCluster(ClusterConfig c, const WrapTransport& wrap_prefill = {}) : cfg(std::move(c)) {
     auto pe = make_engine(true);
     auto de = make_engine(false);
     prefill_engine = pe.get();
     decode_engine = de.get();
-    prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), net.endpoint(kPrefill),
+    std::unique_ptr<Transport> pt = net.endpoint(kPrefill);
+    if (wrap_prefill) pt = wrap_prefill(std::move(pt));
+    prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), std::move(pt),
                                               hub.endpoint(kPrefill));
     decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de), net.endpoint(kDecode),
                                             hub.endpoint(kDecode));
@@ -122,8 +131,28 @@ struct MiniCluster {
         for (auto& e : te->events) events[e.id].push_back(e);
       else if (auto* f = std::get_if<proto::RequestFailed>(&m)) failed.emplace_back(source, *f);
       else if (auto* t = std::get_if<proto::TransferStats>(&m)) transfers.push_back(*t);
+      else if (auto* l = std::get_if<proto::LoadReport>(&m)) loads[source] = *l;
     }
   }
+  // As the router: `rank` (incarnation `epoch`) is down / back under `epoch`.
+  void peer_down(int rank, proto::Epoch epoch = 0) {
+    hub.send(kRouter, rank == kPrefill ? kDecode : kPrefill, proto::PeerDown{rank, epoch});
+  }
+  void rejoin(int rank, proto::Epoch epoch) {
+    hub.send(kRouter, rank, proto::Rejoin{epoch});
+    hub.send(kRouter, rank == kPrefill ? kDecode : kPrefill, proto::PeerUp{rank, epoch});
+  }
+  std::vector<int32_t> token_ids(proto::RequestId id) const {
+    std::map<int, int32_t> by_index;
+    if (auto it = events.find(id); it != events.end())
+      for (const auto& e : it->second)
+        for (size_t k = 0; k < e.tokens.size(); ++k) by_index[e.first_index + static_cast<int>(k)] = e.tokens[k];
+    std::vector<int32_t> out;
+    for (auto& [i, t] : by_index) out.push_back(t);
+    return out;
+  }
+  bool prefill_free() const { return prefill_engine->blocks->num_free_blocks() == prefill_engine->blocks->num_blocks(); }
+  bool decode_free() const { return decode_engine->blocks->num_free_blocks() == decode_engine->blocks->num_blocks(); }
   bool step_prefill() {
     const bool busy = prefill->run_once();
     collect();
@@ -393,6 +422,210 @@ TEST_CASE("workers: reordered control messages still end every request", "[worke
   REQUIRE_NOTHROW(c.run_until([&] { return c.finished(1); }));
   c.check_stream(1, 6);
   CHECK(c.tokens(2) <= 1);  // at most the prefill rank's first token
+  CHECK(c.settle());
+}
+
+// ---------------------------------------------------------------- rank faults
+
+// The tokens each request produces with nothing going wrong (the reference).
+std::map<proto::RequestId, std::vector<int32_t>> clean_run(const std::vector<proto::RequestId>& ids) {
+  MiniCluster c(small_config());
+  for (proto::RequestId id : ids) {
+    c.submit(MiniCluster::request(id));
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+  }
+  std::map<proto::RequestId, std::vector<int32_t>> out;
+  for (proto::RequestId id : ids) out[id] = c.token_ids(id);
+  return out;
+}
+
+TEST_CASE("kv tags: a retired tag is never reissued; a released one is", "[workers]") {
+  KvTagPool pool(1000, 3);
+  const int a = *pool.acquire(), b = *pool.acquire(), c = *pool.acquire();
+  CHECK(!pool.acquire());  // all in use
+  pool.release(a);
+  pool.retire(b);
+  CHECK(pool.retired() == 1);
+  for (int i = 0; i < 10; ++i) {  // wraps many times: only `a` comes back
+    auto t = pool.acquire();
+    REQUIRE(t);
+    CHECK(*t == a);
+    pool.release(*t);
+  }
+  pool.release(c);
+  std::set<int> seen;
+  for (int i = 0; i < 2; ++i) seen.insert(*pool.acquire());
+  CHECK(seen == std::set<int>{a, c});
+}
+
+TEST_CASE("workers: a handoff abandoned after its receives were cancelled never feeds another request (defect: tag reuse)",
+          "[workers]") {
+  // The decode rank gives up on request 1 (its backstop) and cancels its
+  // receives before the accept reaches the prefill rank, which then posts
+  // sends nobody receives; MPI cannot cancel them. Before the fix the tag
+  // came round again (every 30,000 handoffs; here 2) and the stale sends
+  // matched a new request's receives; the prefill rank's blocks never
+  // returned (its job waited for the sends forever).
+  const auto reference = clean_run({2, 3, 4, 5});
+  ClusterConfig cfg = small_config();
+  cfg.timeouts.prefill_queue_ms = 20;
+  cfg.timeouts.transfer_ms = 20;
+  MiniCluster c(cfg);
+  c.decode->set_kv_tag_span(2);
+  c.submit(MiniCluster::request(1));
+  c.step_prefill();  // offered, computed, held (no accept yet)
+  c.hub.hold();      // the accept will arrive late
+  c.step_decode_for(std::chrono::milliseconds(100));  // accepts, then fails request 1: nothing arrived
+  c.hub.release();
+  c.collect();
+  REQUIRE(c.failed_with(1, kDecode, proto::FailureKind::kTimeout));
+  c.step_prefill();  // the late accept: request 1's layers go out under the cancelled tag
+  for (proto::RequestId id : {2, 3, 4, 5}) {
+    c.submit(MiniCluster::request(id));
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+    CHECK(c.token_ids(id) == reference.at(id));
+  }
+  for (const auto& [src, f] : c.failed) CHECK((f.id == 1));
+  // The prefill rank's stalled sends hit timeouts.transfer_ms: abandoned, blocks back.
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: a decode rank declared down: the prefill rank ends its handoffs in every state", "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  MiniCluster c(cfg);
+  for (proto::RequestId id : {1, 2, 3}) c.submit(MiniCluster::request(id));
+  c.step_prefill();  // 1 computed and held; 2, 3 queued; all offered
+  c.step_decode();   // accepts all three
+  c.hub.kill(kDecode);
+  c.net.kill(kDecode);
+  c.step_prefill();  // accept(1): sending (never completes); 2 computed with its layers posted; 3 queued
+  c.peer_down(kDecode);
+  c.step_prefill();
+  for (proto::RequestId id : {1, 2, 3}) CHECK(c.failed_with(id, kPrefill, proto::FailureKind::kPeerDown));
+  CHECK(c.prefill_free());
+  // New work naming the down rank fails at once instead of waiting for a handoff deadline.
+  c.submit(MiniCluster::request(4));
+  c.step_prefill();
+  CHECK(c.failed_with(4, kPrefill, proto::FailureKind::kPeerDown));
+  CHECK(c.prefill_free());
+}
+
+// Request 1's receives matched by a prefill rank that then stops: MPI cannot
+// cancel them. Returns once the decode rank has been told the rank is down.
+void stop_prefill_mid_transfer(MiniCluster& c) {
+  c.net.freeze(kPrefill);  // its matched sends do not move
+  c.submit(MiniCluster::request(1, 40, 6));
+  for (int i = 0; i < 10; ++i) c.step_both();
+  REQUIRE(!c.finished(1));
+  c.peer_down(kPrefill);
+  c.step_decode();
+  REQUIRE(c.failed_with(1, kDecode, proto::FailureKind::kPeerDown));
+}
+
+TEST_CASE("workers: blocks under receives from a down prefill rank are quarantined until its process is gone",
+          "[workers]") {
+  MiniCluster c(small_config());
+  bool gone = false;
+  c.decode->set_death_oracle([&](int rank) { return rank == kPrefill && gone; });
+  stop_prefill_mid_transfer(c);
+  c.step_decode_for(std::chrono::milliseconds(30));
+  CHECK(!c.decode_free());  // a stopped rank may resume and write into them
+  CHECK(c.loads[kDecode].quarantined_blocks > 0);
+  c.net.kill(kPrefill);
+  gone = true;
+  c.step_decode();
+  CHECK(c.decode_free());
+  c.step_decode_for(std::chrono::milliseconds(30));  // the next load report (at most every 20 ms)
+  CHECK(c.loads[kDecode].quarantined_blocks == 0);
+}
+
+TEST_CASE("workers: a stopped prefill rank that resumes writes only into its own quarantined blocks, then rejoins",
+          "[workers]") {
+  MiniCluster c(small_config());
+  c.decode->set_death_oracle([](int) { return false; });  // stopped, not dead
+  stop_prefill_mid_transfer(c);
+  CHECK(!c.decode_free());
+  // kill -CONT: its sends complete into the blocks that were held back for them.
+  c.net.thaw(kPrefill);
+  c.step_decode();
+  CHECK(c.decode_free());
+  // Its old messages are stale to the decode rank once the router re-admits it.
+  c.rejoin(kPrefill, 1);
+  c.step_prefill();  // drops request 1 (the router re-ran or failed it), reports epoch 1
+  c.step_decode();
+  CHECK(c.loads[kPrefill].epoch == 1);
+  CHECK(c.prefill_free());
+  const size_t failures = c.failed.size();
+  c.submit(MiniCluster::request(2));
+  c.hub.send(kPrefill, kDecode, proto::HandoffAbort{2, "from the old incarnation", 0});  // dropped
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  c.check_stream(2, 6);
+  CHECK(c.failed.size() == failures);
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: a Rejoin makes a decode rank drop every sequence and come back under the new epoch", "[workers]") {
+  MiniCluster c(small_config());
+  c.submit(MiniCluster::request(1, 20, 40));
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 5; }));
+  c.rejoin(kDecode, 1);
+  c.step_both();
+  c.step_both();
+  CHECK(!c.finished(1));
+  CHECK(c.decode_free());
+  CHECK(c.loads[kDecode].epoch == 1);
+  c.submit(MiniCluster::request(2));
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  c.check_stream(2, 6);
+  CHECK(c.settle());
+}
+
+// Fails every post_send from the `after`-th on (a send path that breaks mid-pass).
+class FailingSends final : public Transport {
+ public:
+  FailingSends(std::unique_ptr<Transport> inner, int after) : inner_(std::move(inner)), left_(after) {}
+  std::string name() const override { return "failing"; }
+  Result<TransferOp> post_send(int peer, int tag, const KvRegion& region) override {
+    if (left_-- <= 0) return Status::io_error("injected send failure");
+    return inner_->post_send(peer, tag, region);
+  }
+  Result<TransferOp> post_recv(int peer, int tag, const KvRegion& region) override {
+    return inner_->post_recv(peer, tag, region);
+  }
+  Result<TransferOp> post_send_bytes(int peer, int tag, const void* data, size_t bytes) override {
+    return inner_->post_send_bytes(peer, tag, data, bytes);
+  }
+  Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) override {
+    return inner_->post_recv_bytes(peer, tag, data, bytes);
+  }
+  Result<OpState> test(TransferOp op) override { return inner_->test(op); }
+  void cancel(TransferOp op) override { inner_->cancel(op); }
+  void abandon(TransferOp op) override { inner_->abandon(op); }
+  size_t pending() const override { return inner_->pending(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  int left_;
+};
+
+TEST_CASE("workers: a send failing inside forward() ends the job after the pass, not during it", "[workers]") {
+  // Request 2 is accepted before its batch, so its layers are posted from the
+  // layer hook while forward() reads its block table; the second layer's
+  // send fails there. The job must outlive the pass (ASan checks the reads).
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  const int layers = TinyLlamaSpec{}.n_layers;
+  MiniCluster c(cfg, [&](std::unique_ptr<Transport> t) {
+    return std::make_unique<FailingSends>(std::move(t), layers + 1);  // request 1's layers, then one of 2's
+  });
+  c.submit(MiniCluster::request(1));
+  c.submit(MiniCluster::request(2));
+  c.step_prefill();  // 1 computed (held)
+  c.step_decode();   // accepts 1 and 2
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.failed_with(2, kPrefill, proto::FailureKind::kTransfer); }));
+  c.check_stream(1, 6);
+  CHECK(illegal_transitions() == 0);
   CHECK(c.settle());
 }
 

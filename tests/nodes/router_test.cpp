@@ -1,0 +1,350 @@
+// The router's request lifecycle and its view of the workers, stepped by hand
+// (Router::run_once) against the in-process control channel: the test plays
+// the prefill and decode ranks (heartbeats, tokens, failures, going silent)
+// and a real HTTP client talks to the router on a loopback port. No MPI job.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "gguf/gguf_reader.h"
+#include "gguf/gguf_writer.h"
+#include "nodes/fake_channel.h"
+#include "router/router.h"
+#include "util/lifecycle.h"
+
+namespace pd::router {
+namespace {
+
+using namespace std::chrono_literals;
+using test::FakeChannelHub;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRouterRank = 0, kP1 = 1, kP2 = 2, kD1 = 3, kD2 = 4;
+
+std::string tiny_model_file() {
+  static const std::string path = [] {
+    const auto p = std::filesystem::temp_directory_path() / ("pd_router_test_" + std::to_string(::getpid()) + ".gguf");
+    const std::vector<uint8_t> bytes = make_tiny_llama_gguf(TinyLlamaSpec{});
+    std::ofstream f(p, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return p.string();
+  }();
+  return path;
+}
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    std::filesystem::remove(tiny_model_file(), ec);
+  }
+} cleanup_at_exit;
+
+ModelInfo tiny_model_info() {
+  auto file = GgufFile::open(tiny_model_file());
+  REQUIRE(file.is_ok());
+  auto tok = Tokenizer::from_gguf(**file);
+  REQUIRE(tok.is_ok());
+  ModelInfo info;
+  info.tokenizer = std::move(tok).value();
+  info.chat_template = ChatTemplate::chatml();
+  info.context = 512;
+  info.name = "tiny";
+  return info;
+}
+
+// One HTTP exchange on its own connection ("Connection: close"): the raw
+// response, read to EOF. Runs on its own thread while the test steps the router.
+struct HttpResult {
+  int status = 0;
+  std::string raw;  // status line, headers, body (chunked as sent)
+};
+HttpResult http_exchange(uint16_t port, const std::string& method, const std::string& path, const std::string& body) {
+  HttpResult out;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  timeval tv{20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return out;
+  }
+  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n" +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  (void)!::write(fd, req.data(), req.size());
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.raw.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  if (out.raw.rfind("HTTP/1.1 ", 0) == 0) out.status = std::stoi(out.raw.substr(9, 3));
+  return out;
+}
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// The router on a fake channel, 2 prefill + 2 decode ranks played by the test.
+struct Harness {
+  FakeChannelHub hub;
+  ClusterConfig cfg;
+  std::unique_ptr<Router> router;
+  std::set<int> silent;  // ranks that stopped sending heartbeats
+  Clock::time_point last_beat{};
+
+  explicit Harness(int heartbeat_ms = 150) {
+    cfg.http.port = 0;
+    cfg.timeouts.heartbeat_ms = heartbeat_ms;  // below the config's floor: the test's ranks beat every 10 ms
+    RoleTable roles;
+    roles.roles = {Role::kRouter, Role::kPrefill, Role::kPrefill, Role::kDecode, Role::kDecode};
+    roles.hosts.assign(5, "test");
+    roles.pids.assign(5, 0);
+    roles.self = kRouterRank;
+    roles.router = kRouterRank;
+    roles.prefill = {kP1, kP2};
+    roles.decode = {kD1, kD2};
+    router = std::make_unique<Router>(cfg, roles, tiny_model_info(), hub.endpoint(kRouterRank));
+    REQUIRE(router->start().is_ok());
+    for (int r : {kP1, kP2, kD1, kD2}) beat(r);
+    pump_for(30ms);
+  }
+  ~Harness() { router.reset(); }
+
+  void beat(int rank, proto::Epoch epoch = 0) {
+    proto::LoadReport lr;
+    lr.ready = true;
+    lr.free_blocks = lr.total_blocks = 1000;
+    lr.epoch = epoch;
+    hub.send(rank, kRouterRank, lr);
+  }
+  std::map<int, proto::Epoch> epochs;
+  // One router iteration; the live ranks beat every 10 ms.
+  void pump() {
+    if (Clock::now() - last_beat > 10ms) {
+      for (int r : {kP1, kP2, kD1, kD2})
+        if (!silent.count(r)) beat(r, epochs[r]);
+      last_beat = Clock::now();
+    }
+    router->run_once();
+    std::this_thread::sleep_for(200us);
+  }
+  void pump_for(std::chrono::milliseconds d) {
+    const auto end = Clock::now() + d;
+    while (Clock::now() < end) pump();
+  }
+  // Pumps until a message of type T reaches `rank`; returns it with the others it took.
+  template <typename T>
+  std::optional<T> expect(int rank, std::chrono::milliseconds within = 2000ms) {
+    const auto end = Clock::now() + within;
+    while (Clock::now() < end) {
+      pump();
+      for (auto& [source, m] : hub.take_all(rank)) {
+        inbox[rank].push_back(m);
+        if (auto* t = std::get_if<T>(&m)) return *t;
+      }
+    }
+    return std::nullopt;
+  }
+  std::map<int, std::vector<proto::Message>> inbox;
+
+  std::future<HttpResult> post(const std::string& body, const std::string& path = "/v1/completions") {
+    const uint16_t port = router->port();
+    return std::async(std::launch::async, [=] { return http_exchange(port, "POST", path, body); });
+  }
+  HttpResult get(const std::string& path) {
+    auto f = std::async(std::launch::async, [port = router->port(), path] { return http_exchange(port, "GET", path, ""); });
+    while (f.wait_for(0ms) != std::future_status::ready) pump();
+    return f.get();
+  }
+  HttpResult finish(std::future<HttpResult>& f, std::chrono::milliseconds within = 5000ms) {
+    const auto end = Clock::now() + within;
+    while (f.wait_for(0ms) != std::future_status::ready && Clock::now() < end) pump();
+    REQUIRE(f.wait_for(0ms) == std::future_status::ready);
+    return f.get();
+  }
+  // As a worker: tokens [first, first + n) of request `id`, the last one ending it when `finish`.
+  void tokens(int from, proto::RequestId id, int first, int n, bool finish) {
+    proto::TokenEvents te;
+    for (int i = 0; i < n; ++i) {
+      proto::TokenEvent ev;
+      ev.id = id;
+      ev.first_index = first + i;
+      ev.tokens = {'a' + 3};  // a printable byte token of the tiny vocabulary
+      ev.finish = finish && i + 1 == n ? proto::Finish::kLength : proto::Finish::kNone;
+      te.events.push_back(ev);
+    }
+    hub.send(from, kRouterRank, te);
+  }
+};
+
+const std::string kBody = R"({"model": "tiny", "prompt": "hello", "max_tokens": 3})";
+const std::string kStreamBody = R"({"model": "tiny", "prompt": "hello", "max_tokens": 3, "stream": true})";
+
+TEST_CASE("router: queued -> dispatched -> streaming -> finished, tokens from both legs in any order", "[router]") {
+  Harness h;
+  auto f = h.post(kBody);
+  auto pr = h.expect<proto::PrefillRequest>(kP1);
+  if (!pr) pr = h.expect<proto::PrefillRequest>(kP2, 10ms);
+  REQUIRE(pr);
+  const int prefill = h.inbox.count(kP1) && !h.inbox[kP1].empty() ? kP1 : kP2;
+  h.tokens(pr->decode_rank, pr->id, 1, 2, true);  // the decode rank's tokens overtake the first one
+  h.tokens(prefill, pr->id, 0, 1, false);
+  const HttpResult r = h.finish(f);
+  CHECK(r.status == 200);
+  CHECK(r.raw.find("\"finish_reason\":\"length\"") != std::string::npos);
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: a prefill rank that goes silent is declared down; its request re-runs on the other one", "[router]") {
+  Harness h;
+  auto f = h.post(kBody);
+  std::optional<proto::PrefillRequest> pr;
+  int first = -1;
+  const auto end = Clock::now() + 2s;
+  while (!pr && Clock::now() < end) {
+    h.pump();
+    for (int r : {kP1, kP2})
+      for (auto& [src, m] : h.hub.take_all(r))
+        if (auto* p = std::get_if<proto::PrefillRequest>(&m)) pr = *p, first = r;
+  }
+  REQUIRE(pr);
+  const int other = first == kP1 ? kP2 : kP1;
+  h.silent.insert(first);  // kill -STOP
+  auto again = h.expect<proto::PrefillRequest>(other, 2s);
+  REQUIRE(again);
+  CHECK(again->id != pr->id);        // a new wire id for the new attempt
+  CHECK(again->prompt == pr->prompt);
+  // The other workers were told; the stopped one was not sent anything more.
+  bool told = false;
+  for (auto& [src, m] : h.hub.take_all(again->decode_rank))
+    if (auto* d = std::get_if<proto::PeerDown>(&m)) told |= d->rank == first;
+  for (auto& m : h.inbox[again->decode_rank])
+    if (auto* d = std::get_if<proto::PeerDown>(&m)) told |= d->rank == first;
+  CHECK(told);
+  // The stopped rank wakes up and speaks of the old attempt: ignored (it is fenced).
+  h.tokens(first, pr->id, 0, 1, false);
+  h.hub.send(first, kRouterRank, proto::RequestFailed{pr->id, "late", proto::FailureKind::kInternal});
+  h.tokens(other, again->id, 0, 1, false);
+  h.tokens(again->decode_rank, again->id, 1, 2, true);
+  const HttpResult r = h.finish(f);
+  CHECK(r.status == 200);
+  const HttpResult health = h.get("/health");
+  CHECK(health.status == 200);
+  CHECK(health.raw.find("\"degraded\"") != std::string::npos);
+  const HttpResult metrics = h.get("/metrics");
+  CHECK(metrics.raw.find("pd_rank_up{role=\"prefill\",rank=\"" + std::to_string(first) + "\"} 0") != std::string::npos);
+  CHECK(metrics.raw.find("pd_requests_retried_total 1") != std::string::npos);
+  CHECK(metrics.raw.find("pd_rank_down_total{role=\"prefill\",rank=\"" + std::to_string(first) + "\"} 1") !=
+        std::string::npos);
+}
+
+TEST_CASE("router: a fenced rank that comes back is told to rejoin and re-admitted under a new epoch", "[router]") {
+  Harness h;
+  h.silent.insert(kD2);
+  h.pump_for(250ms);  // past the heartbeat: declared down
+  h.hub.take_all(kD2);
+  h.silent.erase(kD2);  // kill -CONT: it reports under its old epoch
+  auto rejoin = h.expect<proto::Rejoin>(kD2, 1s);
+  REQUIRE(rejoin);
+  CHECK(rejoin->epoch == 1);
+  CHECK(h.get("/health").raw.find("\"degraded\"") != std::string::npos);
+  h.epochs[kD2] = 1;  // it dropped its old state and reports under the new epoch
+  auto up = h.expect<proto::PeerUp>(kP1, 1s);
+  REQUIRE(up);
+  CHECK((up->rank == kD2 && up->epoch == 1));
+  h.pump_for(30ms);  // /health reflects the table as of the last housekeeping pass (every 10 ms)
+  const HttpResult health = h.get("/health");
+  INFO(health.raw);
+  CHECK(health.status == 200);
+  CHECK(health.raw.find("\"status\":\"ok\"") != std::string::npos);
+}
+
+TEST_CASE("router: a decode rank lost after the first token ends the stream with one error", "[router]") {
+  Harness h;
+  auto f = h.post(kStreamBody);
+  std::optional<proto::PrefillRequest> pr;
+  int prefill = -1;
+  const auto end = Clock::now() + 2s;
+  while (!pr && Clock::now() < end) {
+    h.pump();
+    for (int r : {kP1, kP2})
+      for (auto& [src, m] : h.hub.take_all(r))
+        if (auto* p = std::get_if<proto::PrefillRequest>(&m)) pr = *p, prefill = r;
+  }
+  REQUIRE(pr);
+  h.tokens(prefill, pr->id, 0, 1, false);  // the first token reaches the client
+  h.pump_for(20ms);
+  h.silent.insert(pr->decode_rank);
+  const HttpResult r = h.finish(f);
+  CHECK(r.status == 200);  // the stream had started
+  CHECK(count(r.raw, "\"error\"") == 1);
+  CHECK(count(r.raw, "data: [DONE]") == 1);
+  CHECK(count(r.raw, "finish_reason\":\"length") == 0);
+  CHECK(r.raw.find("went down") != std::string::npos);
+}
+
+TEST_CASE("router: workers report failure kinds; the router picks the status and re-runs the retryable ones",
+          "[router]") {
+  Harness h;
+  auto run = [&](proto::FailureKind kind, bool from_decode) {
+    auto f = h.post(kBody);
+    std::optional<proto::PrefillRequest> pr;
+    int prefill = -1;
+    const auto end = Clock::now() + 2s;
+    while (!pr && Clock::now() < end) {
+      h.pump();
+      for (int r : {kP1, kP2})
+        for (auto& [src, m] : h.hub.take_all(r))
+          if (auto* p = std::get_if<proto::PrefillRequest>(&m)) pr = *p, prefill = r;
+    }
+    REQUIRE(pr);
+    h.hub.send(from_decode ? pr->decode_rank : prefill, kRouterRank, proto::RequestFailed{pr->id, "why", kind});
+    // A retryable kind comes back as a new attempt: answer that one.
+    std::optional<proto::PrefillRequest> again;
+    const auto end2 = Clock::now() + 300ms;
+    while (!again && f.wait_for(0ms) != std::future_status::ready && Clock::now() < end2) {
+      h.pump();
+      for (int r : {kP1, kP2})
+        for (auto& [src, m] : h.hub.take_all(r))
+          if (auto* p = std::get_if<proto::PrefillRequest>(&m)) again = *p, prefill = r;
+    }
+    if (again) {
+      h.tokens(prefill, again->id, 0, 1, false);
+      h.tokens(again->decode_rank, again->id, 1, 2, true);
+    }
+    return h.finish(f).status;
+  };
+  CHECK(run(proto::FailureKind::kInvalid, false) == 400);
+  CHECK(run(proto::FailureKind::kOverloaded, true) == 503);
+  CHECK(run(proto::FailureKind::kTimeout, false) == 504);
+  CHECK(run(proto::FailureKind::kInternal, true) == 500);
+  CHECK(run(proto::FailureKind::kPeerDown, true) == 200);  // re-run elsewhere, then served
+  CHECK(run(proto::FailureKind::kTransfer, false) == 200);
+}
+
+TEST_CASE("router: with no prefill->decode path /health is 503 naming why, and requests fail at once", "[router]") {
+  Harness h;
+  h.silent.insert(kD1);
+  h.silent.insert(kD2);
+  h.pump_for(250ms);
+  const HttpResult health = h.get("/health");
+  CHECK(health.status == 503);
+  CHECK(health.raw.find("every decode rank is down") != std::string::npos);
+  auto f = h.post(kBody);
+  const HttpResult r = h.finish(f, 1000ms);
+  CHECK(r.status == 503);
+  CHECK(r.raw.find("no prefill->decode path") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace pd::router
