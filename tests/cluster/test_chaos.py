@@ -48,7 +48,8 @@ from loadgen import words  # noqa: E402
 
 HEARTBEAT_MS = 2000
 HEARTBEAT_S = HEARTBEAT_MS / 1000.0
-CONFIG = {"timeouts": {"heartbeat_ms": HEARTBEAT_MS, "request_ms": 60000}}
+# request_ms: nothing hangs for ever; drain_ms: a failed suite's teardown is quick.
+CONFIG = {"timeouts": {"heartbeat_ms": HEARTBEAT_MS, "request_ms": 60000, "drain_ms": 10000}}
 N = 32              # concurrent streamed requests
 MAX_TOKENS = 48
 # The fault -> every request of the load has ended: heartbeat_ms plus a generous
@@ -69,6 +70,7 @@ class Stream:
         self.status, self.http_body, self.problem = None, "", ""
         self.events = []                     # parsed data payloads ('[DONE]' or dicts), in order
         self.t_sent = self.t_text = self.t_end = None   # sent, first non-empty text, response over
+        self.t_last = None                               # the last event
 
     def piece(self, choice):
         if self.endpoint == "chat":
@@ -96,6 +98,7 @@ class Stream:
                 payload = line[len("data: "):]
                 ev = payload if payload == "[DONE]" else json.loads(payload)
                 self.events.append(ev)
+                self.t_last = time.time()
                 if self.t_text is None and isinstance(ev, dict) and any(self.piece(ch) for ch in ev.get("choices", [])):
                     self.t_text = time.time()
                     on_text()
@@ -104,6 +107,13 @@ class Stream:
         finally:
             self.t_end = time.time()
             c.close()
+
+    def still_running(self):
+        if self.status is None:
+            return "still running: no response yet"
+        text = sum(1 for ev in self.events if isinstance(ev, dict) and any(self.piece(ch) for ch in ev.get("choices", [])))
+        return "still running: %d chunks with text, the last event %s" % (
+            text, "%.1f s ago" % (time.time() - self.t_last) if self.t_last else "never")
 
     def verdict(self):
         """('finished' | 'errored' | 'bad', detail)."""
@@ -187,7 +197,7 @@ class Load:
         """{kind: count}, [(stream, kind, detail)] for the bad ones, latest end after the fault."""
         counts, bad = {}, []
         for s in self.streams:
-            kind, detail = s.verdict() if s.t_end is not None else ("bad", "still running")
+            kind, detail = s.verdict() if s.t_end is not None else ("bad", s.still_running())
             counts[kind] = counts.get(kind, 0) + 1
             if kind == "bad":
                 bad.append((s.i, detail))
@@ -270,14 +280,13 @@ def new_requests(c, what):
     for endpoint in ("completion", "chat"):
         for stream in (False, True):
             t0 = time.time()
-            body = request_body(endpoint, "Name three colours.", 12, stream=stream, ignore_eos=True)
             if stream:
-                s = Stream(0, endpoint, "", 12)
-                s.body = body
+                s = Stream(0, endpoint, "Name three colours.", 12)
                 s.read(c.port, lambda: None, BOUND_S)
                 kind, detail = s.verdict()
                 check(kind == "finished", "%s: streamed %s request: %s" % (what, endpoint, detail))
             else:
+                body = request_body(endpoint, "Name three colours.", 12, ignore_eos=True)
                 try:
                     r = c.post(path_of(endpoint), body)
                 except OSError as e:
@@ -307,6 +316,12 @@ def chaos_cluster(extra=None):
                 yield c
             except AssertionError:
                 print("---- cluster log (tail)\n" + c.logs())
+                for pid in stopped:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except OSError:
+                        pass
+                c.stop(timeout=30)
                 raise
             finally:
                 for pid in stopped:
@@ -347,6 +362,10 @@ def check_load(c, load, t_fault, what):
           % (what, N, counts.get("finished", 0), counts.get("errored", 0), counts.get("bad", 0), latest))
     if counts.get("errored"):
         print("%s: error events: %s" % (what, load.errored_detail()))
+    if bad:
+        m = c.metrics()
+        print("%s: per rank now: running %s, waiting %s, up %s" % (what, per_rank(m, "pd_running_sequences"),
+              per_rank(m, "pd_waiting_requests"), per_rank(m, "pd_rank_up")))
     check(c.proc.poll() is None, "%s: the MPI job ended after the fault (mpirun exit %s); %d requests bad, e.g. %s"
           % (what, c.proc.returncode, len(bad), bad[:3]))
     check(not bad, "%s: %d of %d requests did not end exactly once: %s" % (what, len(bad), N, bad[:5]))

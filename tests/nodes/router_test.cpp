@@ -30,20 +30,23 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kRouterRank = 0, kP1 = 1, kP2 = 2, kD1 = 3, kD2 = 4;
 
+std::filesystem::path model_path() {
+  return std::filesystem::temp_directory_path() / ("pd_router_test_" + std::to_string(::getpid()) + ".gguf");
+}
 std::string tiny_model_file() {
-  static const std::string path = [] {
-    const auto p = std::filesystem::temp_directory_path() / ("pd_router_test_" + std::to_string(::getpid()) + ".gguf");
+  static const bool written = [] {
     const std::vector<uint8_t> bytes = make_tiny_llama_gguf(TinyLlamaSpec{});
-    std::ofstream f(p, std::ios::binary);
+    std::ofstream f(model_path(), std::ios::binary);
     f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
+    return f.good();
   }();
-  return path;
+  REQUIRE(written);
+  return model_path().string();
 }
 struct Cleanup {
   ~Cleanup() {
     std::error_code ec;
-    std::filesystem::remove(tiny_model_file(), ec);
+    std::filesystem::remove(model_path(), ec);  // computed again: no static of this file may be used at exit
   }
 } cleanup_at_exit;
 
