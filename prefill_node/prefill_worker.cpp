@@ -14,6 +14,12 @@ namespace {
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
 
+// In-flight KV send budget per decode rank (PrefillWorker::PeerSends,
+// send_budget_: 1 MiB, which leaves most of a 4 MiB shared-memory segment to
+// the other peers): a send is charged what a stuck one would hold in the BTL,
+// at most its first 128 KiB.
+constexpr int64_t kSendChargeCap = 128 << 10;
+
 }  // namespace
 
 const char* state_name(PrefillWorker::JobState s) {
@@ -167,6 +173,9 @@ void PrefillWorker::on_peer_up(int rank, proto::Epoch epoch) {
   if (epoch < peer_epoch_[rank]) return;
   peer_epoch_[rank] = epoch;
   down_.erase(rank);
+  // It is running again: the sends it held complete (or were matched by
+  // receives it cancelled, which frees their fragments); start its budget afresh.
+  peer_sends_[rank] = PeerSends{};
 }
 
 void PrefillWorker::on_rejoin(proto::Epoch epoch) {
@@ -179,6 +188,7 @@ void PrefillWorker::on_rejoin(proto::Epoch epoch) {
   for (auto& [id, job] : jobs_) ids.push_back(id);
   for (proto::RequestId id : ids) end(id);
   queue_.clear();
+  peer_sends_.clear();
   epoch_ = epoch;
   report_load(true);
 }
@@ -247,8 +257,8 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
   job->tag = m.tag;
   if (job->state == JobState::kHeld) {
     set_state(*job, JobState::kSending);
-    for (int l = 0; l < header_.n_layers && job->state == JobState::kSending; ++l) post_layer(*job, l);
-    if (job->state == JobState::kSending) post_trailer(*job);
+    for (int l = 0; l < header_.n_layers; ++l) post_layer(*job, l);
+    post_trailer(*job);
   }
 }
 
@@ -265,17 +275,10 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
 }
 
 void PrefillWorker::post_layer(Job& job, int layer) {
-  const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
-  auto op = transport_->post_send(job.req.decode_rank, job.tag, region);
-  if (!op.is_ok()) {
-    fail(job, "KV send failed: " + op.status().message(), proto::FailureKind::kTransfer, true);
-    return;
-  }
-  job.ops.push_back(*op);
   if (job.layers_posted == 0) job.send_started = Clock::now();
   job.last_progress = Clock::now();
   job.layers_posted = layer + 1;
-  job.bytes_posted += region.total_bytes();
+  enqueue_send(job, layer);
 }
 
 void PrefillWorker::post_trailer(Job& job) {
@@ -286,12 +289,52 @@ void PrefillWorker::post_trailer(Job& job) {
   t.finished = job.finished_at_first ? 1 : 0;
   t.checksums = job.checksums;
   job.trailer = t.serialize();
-  auto op = transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
+  enqueue_send(job, -1);
+}
+
+void PrefillWorker::enqueue_send(Job& job, int layer) {
+  // Always through the queue, so sends under one tag are posted in order; it
+  // goes out at once if the peer's budget allows (entries of ended jobs ahead
+  // of it are skipped, never waited for).
+  peer_sends_[job.req.decode_rank].waiting.emplace_back(job.req.id, layer);
+  ++job.queued_posts;
+  post_waiting(job.req.decode_rank);
+}
+
+void PrefillWorker::post_send(Job& job, int layer) {
+  if (!job.send_error.empty()) return;  // the job fails; nothing more goes out
+  Result<TransferOp> op = Status::ok();
+  int64_t bytes = 0;
+  if (layer >= 0) {
+    const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
+    bytes = region.total_bytes();
+    op = transport_->post_send(job.req.decode_rank, job.tag, region);
+    if (op.is_ok()) job.bytes_posted += bytes;
+  } else {
+    bytes = static_cast<int64_t>(job.trailer.size());
+    op = transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
+    if (op.is_ok()) job.trailer_posted = true;
+  }
   if (!op.is_ok()) {
-    fail(job, "KV trailer send failed: " + op.status().message(), proto::FailureKind::kTransfer, true);
+    job.send_error = std::string(layer >= 0 ? "KV send failed: " : "KV trailer send failed: ") + op.status().message();
     return;
   }
-  job.ops.push_back(*op);
+  const int64_t charge = std::min(bytes, kSendChargeCap);
+  peer_sends_[job.req.decode_rank].charged += charge;
+  job.ops.push_back({*op, charge});
+  job.last_progress = Clock::now();
+}
+
+void PrefillWorker::post_waiting(int peer) {
+  PeerSends& q = peer_sends_[peer];
+  while (!q.waiting.empty() && q.charged < send_budget_) {
+    const auto [id, layer] = q.waiting.front();
+    q.waiting.pop_front();
+    Job* job = find_job(id);
+    if (job == nullptr) continue;  // ended while its sends waited
+    if (job->queued_posts > 0) --job->queued_posts;
+    post_send(*job, layer);
+  }
 }
 
 bool PrefillWorker::run_batch() {
@@ -354,7 +397,9 @@ bool PrefillWorker::run_batch() {
   }
   const auto t0 = Clock::now();
   std::vector<float> logits;
+  in_pass_ = true;
   Status st = engine_->model->prefill(seqs, engine_->cache, &logits);
+  in_pass_ = false;
   const double prefill_s = seconds(Clock::now() - t0);
   std::vector<proto::RequestId> ran;
   ran.swap(batch_);
@@ -371,6 +416,10 @@ bool PrefillWorker::run_batch() {
     Job& job = *found;
     if (job.state == JobState::kAborted) {  // ended during the pass: forward() is done with its blocks now
       end(job.req.id);
+      continue;
+    }
+    if (!job.send_error.empty()) {  // a send posted from the layer hook failed
+      fail(job, job.send_error, proto::FailureKind::kTransfer, true);
       continue;
     }
     Sampler sampler(job.req.sampling);
@@ -391,8 +440,8 @@ bool PrefillWorker::run_batch() {
     events.events.push_back(std::move(ev));
     if (job.accepted) {
       set_state(job, JobState::kSending);
-      for (int l = job.layers_posted; l < header_.n_layers && job.state == JobState::kSending; ++l) post_layer(job, l);
-      if (job.state == JobState::kSending) post_trailer(job);
+      for (int l = job.layers_posted; l < header_.n_layers; ++l) post_layer(job, l);
+      post_trailer(job);
     } else {
       set_state(job, JobState::kHeld);
     }
@@ -417,12 +466,15 @@ void PrefillWorker::pump_transfers() {
 
 bool PrefillWorker::progress_transfers() {
   bool any = false;
-  std::vector<proto::RequestId> sent;
+  std::vector<proto::RequestId> sent, broken;
+  std::unordered_set<int> refunded;
   for (auto& [id, job] : jobs_) {
-    if (job.ops.empty()) continue;
     for (auto op = job.ops.begin(); op != job.ops.end();) {
-      auto r = transport_->test(*op);
+      auto r = transport_->test(op->op);
       if (!r.is_ok() || *r != OpState::kPending) {
+        peer_sends_[job.req.decode_rank].charged -= op->charge;
+        refunded.insert(job.req.decode_rank);
+        if (!r.is_ok() && job.send_error.empty()) job.send_error = "KV send failed: " + r.status().message();
         op = job.ops.erase(op);
         job.last_progress = Clock::now();
         any = true;
@@ -432,8 +484,12 @@ bool PrefillWorker::progress_transfers() {
     }
     // A job of the running batch (kComputing) keeps its blocks until the pass
     // ends (the layer hook runs this function mid-pass).
-    if (job.state == JobState::kSending && job.ops.empty() && !job.trailer.empty()) sent.push_back(id);
+    if (job.state == JobState::kComputing || job.state == JobState::kAborted) continue;
+    if (!job.send_error.empty()) broken.push_back(id);
+    else if (job.state == JobState::kSending && job.ops.empty() && job.queued_posts == 0 && job.trailer_posted)
+      sent.push_back(id);
   }
+  for (int peer : refunded) post_waiting(peer);
   for (proto::RequestId id : sent) {
     Job& job = jobs_.at(id);
     // Every byte is out: the blocks may be reused.
@@ -442,6 +498,8 @@ bool PrefillWorker::progress_transfers() {
                                                       seconds(now - job.send_started)});
     end(id);
   }
+  for (proto::RequestId id : broken)
+    if (Job* job = find_job(id)) fail(*job, job->send_error, proto::FailureKind::kTransfer, true);
   return any;
 }
 
@@ -485,21 +543,31 @@ void PrefillWorker::end(proto::RequestId id) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  if (job.state == JobState::kComputing) {
-    // forward() is reading this job's block table: run_batch ends it after the pass.
-    for (TransferOp op : job.ops) transport_->abandon(op);
-    job.ops.clear();
-    set_state(job, JobState::kAborted);
-    return;
-  }
   // Sends still in flight cannot be cancelled (ob1); abandon them. The decode
   // rank discards whatever arrives of an ended handoff and never reuses the
   // tag for us, so the blocks may be reused now. MPI may still read the
   // trailer buffer: it stays alive (a few hundred bytes per abandoned handoff).
-  if (!job.ops.empty()) {
-    for (TransferOp op : job.ops) transport_->abandon(op);
-    if (!job.trailer.empty()) graveyard_.push_back(std::move(job.trailer));
+  // Their charge is returned unless the peer is down: then the sends really
+  // are stuck in the BTL, and its budget stays spent until it is re-admitted.
+  const int peer = job.req.decode_rank;
+  const bool peer_down = down_.count(peer) > 0;
+  for (const Job::SendOp& op : job.ops) {
+    transport_->abandon(op.op);
+    if (!peer_down) peer_sends_[peer].charged -= op.charge;
+  }
+  const bool had_ops = !job.ops.empty();
+  job.ops.clear();
+  job.queued_posts = 0;  // its queued entries are skipped (the job is gone or aborted)
+  if (had_ops && !job.trailer.empty()) {
+    graveyard_.push_back(std::move(job.trailer));
     if (graveyard_.size() > 4096) graveyard_.pop_front();  // long done or never coming: bounded
+  }
+  if (!peer_down && had_ops) post_waiting(peer);
+  if (job.state == JobState::kComputing && in_pass_) {
+    // forward() is reading this job's block table: run_batch ends it after the pass.
+    job.send_error = "aborted";  // its queued sends must not go out
+    set_state(job, JobState::kAborted);
+    return;
   }
   release(job, job.state == JobState::kSending || job.state == JobState::kHeld);
   if (job.state == JobState::kQueued) std::erase(queue_, id);

@@ -59,6 +59,8 @@ class PrefillWorker {
   bool run_once();
   // The router sent Shutdown: run() leaves its loop.
   bool shutting_down() const { return shutdown_; }
+  // Tests: the in-flight KV send budget per decode rank (bytes, see PeerSends).
+  void set_send_budget(int64_t bytes) { send_budget_ = bytes; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -77,8 +79,15 @@ class PrefillWorker {
     int64_t cached = 0;                  // leading prompt tokens whose KV the prefix cache held
     std::vector<int32_t> table;          // block ids (valid while has_seq)
     std::vector<uint64_t> checksums;     // per layer, filled as layers are written
-    int layers_posted = 0;
-    std::vector<TransferOp> ops;
+    int layers_posted = 0;               // layers handed to the send path (posted or queued for the peer)
+    struct SendOp {
+      TransferOp op;
+      int64_t charge;                    // what it counts against the peer's in-flight budget
+    };
+    std::vector<SendOp> ops;
+    int queued_posts = 0;                // sends waiting in the peer's queue
+    bool trailer_posted = false;
+    std::string send_error;              // a post failed: the job fails once no pass reads it
     std::vector<uint8_t> trailer;
     int32_t first_token = -1;
     bool finished_at_first = false;
@@ -97,8 +106,12 @@ class PrefillWorker {
   bool current(int source, proto::Epoch epoch);
   void set_state(Job& job, JobState to);
   bool run_batch();
+  // Both hand a send to the peer's queue (enqueue_send); neither ends the job.
   void post_layer(Job& job, int layer);
   void post_trailer(Job& job);
+  void enqueue_send(Job& job, int layer);  // layer -1 = the trailer
+  void post_send(Job& job, int layer);
+  void post_waiting(int peer);
   bool progress_transfers();
   void pump_transfers();
   void check_deadlines();
@@ -123,10 +136,22 @@ class PrefillWorker {
   std::vector<proto::RequestId> batch_;  // ids in the running batch (hook reads it)
   int64_t next_seq_ = 0;
   bool shutdown_ = false;
+  bool in_pass_ = false;                              // forward() is running (the layer hook may call in)
   proto::Epoch epoch_ = 0;
   std::unordered_map<int, proto::Epoch> peer_epoch_;  // decode rank -> its current epoch
   std::unordered_set<int> down_;                      // decode ranks declared down
   std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned sends (MPI may still read them)
+  // KV sends in flight to each decode rank are bounded: a peer that dies or
+  // stops keeps the shared-memory fragments of the sends it had begun to
+  // receive (OpenMPI's vader BTL: ~32-128 KiB each, out of a 4 MiB segment per
+  // process), and once they run out no send to any peer moves. Measured: 24
+  // stuck 1 MiB sends to one stopped rank stalled every other transfer.
+  struct PeerSends {
+    int64_t charged = 0;                               // sum of in-flight charges
+    std::deque<std::pair<proto::RequestId, int>> waiting;  // (job, layer or -1) in posting order
+  };
+  std::unordered_map<int, PeerSends> peer_sends_;
+  int64_t send_budget_ = 1 << 20;
   LoadReporter load_reporter_;
 };
 

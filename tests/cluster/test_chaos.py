@@ -4,7 +4,7 @@
     tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont}
 
 Each suite starts 1 router + 2 prefill + 2 decode ranks (default model, one
-thread each, timeouts.heartbeat_ms 2000) and sends 32 concurrent streamed
+thread each, timeouts.heartbeat_ms 4000) and sends 32 concurrent streamed
 requests (ignore_eos, a few dozen tokens each):
 
 decode_kill:  kill -9 the busiest decode rank once most streams have started.
@@ -46,7 +46,7 @@ from cluster import (Cluster, check, need_default_model, path_of, per_rank, requ
                      wait_for)
 from loadgen import words  # noqa: E402
 
-HEARTBEAT_MS = 2000
+HEARTBEAT_MS = 4000
 HEARTBEAT_S = HEARTBEAT_MS / 1000.0
 # request_ms: nothing hangs for ever; drain_ms: a failed suite's teardown is quick.
 CONFIG = {"timeouts": {"heartbeat_ms": HEARTBEAT_MS, "request_ms": 60000, "drain_ms": 10000}}

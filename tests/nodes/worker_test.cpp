@@ -631,3 +631,52 @@ TEST_CASE("workers: a send failing inside forward() ends the job after the pass,
 
 }  // namespace
 }  // namespace pd
+namespace pd {
+namespace {
+TEST_CASE("workers: a decode rank wrongly declared down mid-transfer rejoins and serves again", "[workers]") {
+  ClusterConfig cfg = small_config();
+  MiniCluster c(cfg);
+  for (proto::RequestId id : {1, 2, 3}) c.submit(MiniCluster::request(id, 40, 6));
+  c.step_prefill();
+  c.step_decode();  // accepts
+  c.step_prefill();  // sends go out
+  // The router lost patience with the decode rank (it was only slow).
+  c.hub.send(kRouter, kPrefill, proto::PeerDown{kDecode, 0});
+  c.hub.send(kRouter, kDecode, proto::Rejoin{1});
+  c.hub.send(kRouter, kPrefill, proto::PeerUp{kDecode, 1});
+  for (int i = 0; i < 5; ++i) c.step_both();
+  for (proto::RequestId id : {4, 5}) {
+    c.submit(MiniCluster::request(id, 40, 6));
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+    c.check_stream(id, 6);
+  }
+  CHECK(c.settle());
+}
+}  // namespace
+}  // namespace pd
+namespace pd {
+namespace {
+TEST_CASE("workers: sends queued for a decode rank that went down never block its next incarnation", "[workers]") {
+  // One send in flight per decode rank at a time: the rest queue. The rank is
+  // declared down with sends queued, then re-admitted. Before the fix the
+  // ended jobs' entries stayed at the head of the queue, nothing refunded the
+  // budget, and the new incarnation's handoffs waited for ever.
+  MiniCluster c(small_config());
+  c.prefill->set_send_budget(1);
+  c.net.freeze(kDecode);  // stopped: the sends it matched do not complete
+  for (proto::RequestId id : {1, 2}) c.submit(MiniCluster::request(id, 40, 6));
+  for (int i = 0; i < 6; ++i) c.step_both();
+  c.hub.send(kRouter, kPrefill, proto::PeerDown{kDecode, 0});
+  c.hub.send(kRouter, kDecode, proto::Rejoin{1});
+  c.hub.send(kRouter, kPrefill, proto::PeerUp{kDecode, 1});
+  c.net.thaw(kDecode);
+  for (int i = 0; i < 4; ++i) c.step_both();
+  for (proto::RequestId id : {3, 4}) {
+    c.submit(MiniCluster::request(id, 40, 6));
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+    c.check_stream(id, 6);
+  }
+  CHECK(c.settle());
+}
+}  // namespace
+}  // namespace pd
