@@ -429,7 +429,11 @@ def kill_suite(role, prompt_words, trigger, extra=None):
         survivors = [r for r in ranks if r != victim]
         wait_blocks_back(c, survivors, what + ", survivors")
         print("%s: survivors' KV blocks all back (%s)" % (what, blocks_text(c)))
-        print("%s: mpirun exit code %s (not checked after a kill -9)" % (what, c.stop(timeout=60)))
+        t_stop = time.time()
+        rc = c.stop(timeout=30)
+        print("%s: mpirun exit code %s after %.1f s (not checked after a kill -9)" % (what, rc, time.time() - t_stop))
+        if rc == -signal.SIGKILL:  # the drain did not end the job: show why (a known open problem)
+            print("---- the job did not shut down within 30 s of SIGTERM; cluster log (tail)\n" + c.logs()[-4000:])
 
 
 def suite_decode_kill(tmp):
