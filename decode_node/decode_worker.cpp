@@ -136,27 +136,25 @@ DecodeWorker::Seq* DecodeWorker::find_seq(proto::RequestId id) {
 }
 
 bool DecodeWorker::current(int source, proto::Epoch epoch) {
-  proto::Epoch& known = peer_epoch_[source];
-  if (epoch < known) {
-    spdlog::warn("decode rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
-    return false;
+  switch (peers_.check(source, epoch)) {
+    case PeerEpochs::Verdict::kCurrent: return true;
+    case PeerEpochs::Verdict::kNewer:
+      // Re-admitted before the router's PeerDown/PeerUp reached us.
+      on_peer_down(source, peers_.epoch(source));
+      on_peer_up(source, epoch);
+      return true;
+    case PeerEpochs::Verdict::kStale:
+      spdlog::warn("decode rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
+      return false;
+    case PeerEpochs::Verdict::kDown:
+      spdlog::warn("decode rank {}: dropped a message from rank {}, which is down", roles_.self, source);
+      return false;
   }
-  if (epoch > known) {
-    // Only the router hands out epochs: `source` was declared down and
-    // re-admitted before the PeerDown/PeerUp reached us. Its old work is over.
-    on_peer_down(source, known);
-    on_peer_up(source, epoch);
-  }
-  if (down_.count(source)) {
-    spdlog::warn("decode rank {}: dropped a message from rank {}, which is down", roles_.self, source);
-    return false;
-  }
-  return true;
+  return false;
 }
 
 void DecodeWorker::on_peer_down(int rank, proto::Epoch epoch) {
-  if (epoch < peer_epoch_[rank]) return;
-  down_.insert(rank);
+  if (!peers_.down(rank, epoch)) return;  // an incarnation already known to be over
   std::vector<proto::RequestId> ids;
   for (auto& [id, s] : seqs_)
     if (s.source == rank && (s.state == SeqState::kOffered || s.state == SeqState::kReceiving)) ids.push_back(id);
@@ -170,9 +168,7 @@ void DecodeWorker::on_peer_down(int rank, proto::Epoch epoch) {
 }
 
 void DecodeWorker::on_peer_up(int rank, proto::Epoch epoch) {
-  if (epoch < peer_epoch_[rank]) return;
-  peer_epoch_[rank] = epoch;
-  down_.erase(rank);
+  if (!peers_.up(rank, epoch)) return;
 }
 
 void DecodeWorker::on_rejoin(proto::Epoch epoch) {
@@ -413,13 +409,13 @@ void DecodeWorker::finish_transfer(Seq& s) {
   s.received = Clock::now();
   auto trailer = KvTrailer::deserialize(s.trailer, header_.n_layers);
   if (!trailer.is_ok()) return fail(s, trailer.status().message(), proto::FailureKind::kTransfer);
-  if (trailer->request_id != s.id || trailer->epoch != peer_epoch_[s.source]) {
+  if (trailer->request_id != s.id || trailer->epoch != peers_.epoch(s.source)) {
     // Another handoff's data under this tag: this one's own sends may still be
     // pending (fail() retires the tag). Never decoded.
     s.ops_clean = false;
     return fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " carried request " +
                        std::to_string(trailer->request_id) + " (epoch " + std::to_string(trailer->epoch) +
-                       "), expected " + std::to_string(s.id) + " (epoch " + std::to_string(peer_epoch_[s.source]) +
+                       "), expected " + std::to_string(s.id) + " (epoch " + std::to_string(peers_.epoch(s.source)) +
                        "): a stale transfer, dropped",
                 proto::FailureKind::kTransfer);
   }
@@ -476,7 +472,7 @@ void DecodeWorker::check_deadlines() {
     if (s.state == SeqState::kReceiving && now - s.last_progress > backstop) {
       stalled.push_back(id);
     } else if (s.state == SeqState::kDraining && !s.ops.empty()) {
-      if (down_.count(s.source) && confirmed_dead_(s.source)) gone.push_back(id);
+      if (peers_.is_down(s.source) && confirmed_dead_(s.source)) gone.push_back(id);
       else if (now - s.last_progress > backstop)
         for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
     }
@@ -727,7 +723,7 @@ void DecodeWorker::report_load(bool force) {
   r.ready = true;
   r.epoch = epoch_;
   for (const auto& [id, s] : seqs_)
-    if (s.state == SeqState::kDraining && down_.count(s.source) && s.has_blocks)
+    if (s.state == SeqState::kDraining && peers_.is_down(s.source) && s.has_blocks)
       r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
   load_reporter_.maybe_send(*channel_, roles_.router, r, force);
 }

@@ -39,6 +39,7 @@
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
+#include "protocol/peer_epochs.h"
 #include "sampling/sampler.h"
 #include "serving/engine.h"
 
@@ -139,8 +140,7 @@ class DecodeWorker {
   int tag_span_ = proto::kKvTagSpan;
   KvTagPool& tags_of(int source) { return tags_.try_emplace(source, proto::kTagKvFirst, tag_span_).first->second; }
   proto::Epoch epoch_ = 0;
-  std::unordered_map<int, proto::Epoch> peer_epoch_;  // prefill rank -> its current epoch
-  std::unordered_set<int> down_;                      // prefill ranks declared down
+  PeerEpochs peers_;                                  // the other workers' epochs, which are down
   std::function<bool(int)> confirmed_dead_;
   int64_t preemptions_ = 0;
   bool shutdown_ = false;

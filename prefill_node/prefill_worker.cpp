@@ -134,27 +134,25 @@ bool PrefillWorker::handle_messages() {
 }
 
 bool PrefillWorker::current(int source, proto::Epoch epoch) {
-  proto::Epoch& known = peer_epoch_[source];
-  if (epoch < known) {
-    spdlog::warn("prefill rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
-    return false;
+  switch (peers_.check(source, epoch)) {
+    case PeerEpochs::Verdict::kCurrent: return true;
+    case PeerEpochs::Verdict::kNewer:
+      // Re-admitted before the router's PeerDown/PeerUp reached us.
+      on_peer_down(source, peers_.epoch(source));
+      on_peer_up(source, epoch);
+      return true;
+    case PeerEpochs::Verdict::kStale:
+      spdlog::warn("prefill rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
+      return false;
+    case PeerEpochs::Verdict::kDown:
+      spdlog::warn("prefill rank {}: dropped a message from rank {}, which is down", roles_.self, source);
+      return false;
   }
-  if (epoch > known) {
-    // Only the router hands out epochs: rank `source` was declared down and
-    // re-admitted before the PeerDown/PeerUp reached us. Its old work is over.
-    on_peer_down(source, known);
-    on_peer_up(source, epoch);
-  }
-  if (down_.count(source)) {
-    spdlog::warn("prefill rank {}: dropped a message from rank {}, which is down", roles_.self, source);
-    return false;
-  }
-  return true;
+  return false;
 }
 
 void PrefillWorker::on_peer_down(int rank, proto::Epoch epoch) {
-  if (epoch < peer_epoch_[rank]) return;  // an incarnation already known to be over
-  down_.insert(rank);
+  if (!peers_.down(rank, epoch)) return;  // an incarnation already known to be over
   std::vector<proto::RequestId> ids;
   for (auto& [id, job] : jobs_)
     if (job.req.decode_rank == rank) ids.push_back(id);
@@ -170,9 +168,7 @@ void PrefillWorker::on_peer_down(int rank, proto::Epoch epoch) {
 }
 
 void PrefillWorker::on_peer_up(int rank, proto::Epoch epoch) {
-  if (epoch < peer_epoch_[rank]) return;
-  peer_epoch_[rank] = epoch;
-  down_.erase(rank);
+  if (!peers_.up(rank, epoch)) return;
   // It is running again: the sends it held complete (or were matched by
   // receives it cancelled, which frees their fragments); start its budget afresh.
   peer_sends_[rank] = PeerSends{};
@@ -208,7 +204,7 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
     spdlog::error("prefill rank {}: duplicate request {}", roles_.self, id);
     return;
   }
-  if (down_.count(req.decode_rank)) {  // the router sent it before it learned; it will hear it failed
+  if (peers_.is_down(req.decode_rank)) {  // the router sent it before it learned; it will hear it failed
     channel_->send(roles_.router, proto::RequestFailed{id, "decode rank " + std::to_string(req.decode_rank) + " is down",
                                                        proto::FailureKind::kPeerDown});
     return;
@@ -550,7 +546,7 @@ void PrefillWorker::end(proto::RequestId id) {
   // Their charge is returned unless the peer is down: then the sends really
   // are stuck in the BTL, and its budget stays spent until it is re-admitted.
   const int peer = job.req.decode_rank;
-  const bool peer_down = down_.count(peer) > 0;
+  const bool peer_down = peers_.is_down(peer);
   for (const Job::SendOp& op : job.ops) {
     transport_->abandon(op.op);
     if (!peer_down) peer_sends_[peer].charged -= op.charge;

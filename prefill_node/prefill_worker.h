@@ -40,6 +40,7 @@
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
+#include "protocol/peer_epochs.h"
 #include "serving/engine.h"
 
 namespace pd {
@@ -138,8 +139,7 @@ class PrefillWorker {
   bool shutdown_ = false;
   bool in_pass_ = false;                              // forward() is running (the layer hook may call in)
   proto::Epoch epoch_ = 0;
-  std::unordered_map<int, proto::Epoch> peer_epoch_;  // decode rank -> its current epoch
-  std::unordered_set<int> down_;                      // decode ranks declared down
+  PeerEpochs peers_;                                  // the other workers' epochs, which are down
   std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned sends (MPI may still read them)
   // KV sends in flight to each decode rank are bounded: a peer that dies or
   // stops keeps the shared-memory fragments of the sends it had begun to

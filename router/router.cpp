@@ -341,12 +341,10 @@ void Router::finish() {
   for (auto& [id, r] : requests_) left.push_back(id);
   for (uint64_t id : left)
     finalize(id, End::kFailed, "", api_error(503, "the server shut down before the request finished"));
-  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r) {
-    if (r == roles_.self) continue;
-    const WorkerView* w = workers_.find(r);
-    if (w != nullptr && w->state == RankState::kDown) continue;  // it would never take the message
-    channel_->send(r, proto::Shutdown{});
-  }
+  // Down ranks too: one that is only stopped must exit when it resumes, or the
+  // job would never end (to a dead one the small message completes unseen).
+  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
+    if (r != roles_.self) channel_->send(r, proto::Shutdown{});
   channel_->flush(std::chrono::milliseconds(5000));
   http_.stop();
   spdlog::info("router: shut down");
@@ -590,18 +588,19 @@ void Router::on_rank_down(int rank, const std::string& why) {
   if (!hit.empty()) spdlog::warn("router: {} requests were on {}", hit.size(), name);
 }
 
+void Router::cancel_on(int rank, uint64_t id) {
+  const WorkerView* w = workers_.find(rank);
+  if (w != nullptr && w->state != RankState::kDown) channel_->send(rank, proto::Cancel{id});  // a down rank dropped it
+}
+
 bool Router::retry(uint64_t id, const std::string& why) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
   Request& r = *it->second;
   if (r.attempts >= kMaxAttempts || draining_.load()) return false;
-  // Release the old attempt: both legs drop it (a down rank is not told).
-  const auto tell = [&](int rank) {
-    const WorkerView* w = workers_.find(rank);
-    if (w != nullptr && w->state != RankState::kDown) channel_->send(rank, proto::Cancel{id});
-  };
-  if (r.where.prefill_rank >= 0 && !r.prefill_done) tell(r.where.prefill_rank);
-  tell(r.where.decode_rank);
+  // Release the old attempt: both legs drop it.
+  if (r.where.prefill_rank >= 0 && !r.prefill_done) cancel_on(r.where.prefill_rank, id);
+  cancel_on(r.where.decode_rank, id);
   if (!r.prefill_done && r.where.prefill_rank >= 0)
     workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));
   workers_.on_request_done(r.where.decode_rank, static_cast<int64_t>(r.prompt.size()), r.api.sampling.max_tokens);
@@ -650,12 +649,8 @@ void Router::finalize(uint64_t id, End how, const std::string& finish_reason, co
   } else {
     // Tell both legs; a worker that already finished ignores an unknown id.
     if (tell_workers || how != End::kFinished) {
-      const auto tell = [&](int rank) {
-        const WorkerView* w = workers_.find(rank);
-        if (w != nullptr && w->state != RankState::kDown) channel_->send(rank, proto::Cancel{id});
-      };
-      if (r.where.prefill_rank >= 0 && !r.prefill_done) tell(r.where.prefill_rank);
-      tell(r.where.decode_rank);
+      if (r.where.prefill_rank >= 0 && !r.prefill_done) cancel_on(r.where.prefill_rank, id);
+      cancel_on(r.where.decode_rank, id);
     }
     if (!r.prefill_done && r.where.prefill_rank >= 0)
       workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));

@@ -123,6 +123,8 @@ class Router {
   // used its attempts (the caller then fails it).
   bool retry(uint64_t id, const std::string& why);
   void set_state(Request& r, RequestState to);
+  // Tells `rank` to drop wire id `id` (unless it is down: it dropped everything).
+  void cancel_on(int rank, uint64_t id);
   void deliver(Request& r, const std::string& text);
   enum class End { kFinished, kCancelled, kFailed };
   void finalize(uint64_t id, End how, const std::string& finish_reason, const ApiError& error = {},

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -159,6 +160,20 @@ struct Harness {
     return std::nullopt;
   }
   std::map<int, std::vector<proto::Message>> inbox;
+  // Pumps until a prompt reaches one of the prefill ranks: (that rank, the request).
+  std::optional<std::pair<int, proto::PrefillRequest>> dispatched(std::chrono::milliseconds within = 2000ms,
+                                                                  const std::function<bool()>& stop = {}) {
+    const auto end = Clock::now() + within;
+    while (Clock::now() < end && !(stop && stop())) {
+      pump();
+      for (int r : {kP1, kP2})
+        for (auto& [src, m] : hub.take_all(r)) {
+          inbox[r].push_back(m);
+          if (auto* p = std::get_if<proto::PrefillRequest>(&m)) return std::pair{r, *p};
+        }
+    }
+    return std::nullopt;
+  }
 
   std::future<HttpResult> post(const std::string& body, const std::string& path = "/v1/completions") {
     const uint16_t port = router->port();
@@ -196,10 +211,10 @@ const std::string kStreamBody = R"({"model": "tiny", "prompt": "hello", "max_tok
 TEST_CASE("router: queued -> dispatched -> streaming -> finished, tokens from both legs in any order", "[router]") {
   Harness h;
   auto f = h.post(kBody);
-  auto pr = h.expect<proto::PrefillRequest>(kP1);
-  if (!pr) pr = h.expect<proto::PrefillRequest>(kP2, 10ms);
-  REQUIRE(pr);
-  const int prefill = h.inbox.count(kP1) && !h.inbox[kP1].empty() ? kP1 : kP2;
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const auto& [prefill, req] = *d;
+  const proto::PrefillRequest* pr = &req;
   h.tokens(pr->decode_rank, pr->id, 1, 2, true);  // the decode rank's tokens overtake the first one
   h.tokens(prefill, pr->id, 0, 1, false);
   const HttpResult r = h.finish(f);
@@ -211,16 +226,10 @@ TEST_CASE("router: queued -> dispatched -> streaming -> finished, tokens from bo
 TEST_CASE("router: a prefill rank that goes silent is declared down; its request re-runs on the other one", "[router]") {
   Harness h;
   auto f = h.post(kBody);
-  std::optional<proto::PrefillRequest> pr;
-  int first = -1;
-  const auto end = Clock::now() + 2s;
-  while (!pr && Clock::now() < end) {
-    h.pump();
-    for (int r : {kP1, kP2})
-      for (auto& [src, m] : h.hub.take_all(r))
-        if (auto* p = std::get_if<proto::PrefillRequest>(&m)) pr = *p, first = r;
-  }
-  REQUIRE(pr);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const int first = d->first;
+  const proto::PrefillRequest* pr = &d->second;
   const int other = first == kP1 ? kP2 : kP1;
   h.silent.insert(first);  // kill -STOP
   auto again = h.expect<proto::PrefillRequest>(other, 2s);
@@ -275,16 +284,10 @@ TEST_CASE("router: a fenced rank that comes back is told to rejoin and re-admitt
 TEST_CASE("router: a decode rank lost after the first token ends the stream with one error", "[router]") {
   Harness h;
   auto f = h.post(kStreamBody);
-  std::optional<proto::PrefillRequest> pr;
-  int prefill = -1;
-  const auto end = Clock::now() + 2s;
-  while (!pr && Clock::now() < end) {
-    h.pump();
-    for (int r : {kP1, kP2})
-      for (auto& [src, m] : h.hub.take_all(r))
-        if (auto* p = std::get_if<proto::PrefillRequest>(&m)) pr = *p, prefill = r;
-  }
-  REQUIRE(pr);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const auto& [prefill, req] = *d;
+  const proto::PrefillRequest* pr = &req;
   h.tokens(prefill, pr->id, 0, 1, false);  // the first token reaches the client
   h.pump_for(20ms);
   h.silent.insert(pr->decode_rank);
@@ -301,29 +304,15 @@ TEST_CASE("router: workers report failure kinds; the router picks the status and
   Harness h;
   auto run = [&](proto::FailureKind kind, bool from_decode) {
     auto f = h.post(kBody);
-    std::optional<proto::PrefillRequest> pr;
-    int prefill = -1;
-    const auto end = Clock::now() + 2s;
-    while (!pr && Clock::now() < end) {
-      h.pump();
-      for (int r : {kP1, kP2})
-        for (auto& [src, m] : h.hub.take_all(r))
-          if (auto* p = std::get_if<proto::PrefillRequest>(&m)) pr = *p, prefill = r;
-    }
-    REQUIRE(pr);
-    h.hub.send(from_decode ? pr->decode_rank : prefill, kRouterRank, proto::RequestFailed{pr->id, "why", kind});
+    auto d = h.dispatched();
+    REQUIRE(d);
+    h.hub.send(from_decode ? d->second.decode_rank : d->first, kRouterRank,
+               proto::RequestFailed{d->second.id, "why", kind});
     // A retryable kind comes back as a new attempt: answer that one.
-    std::optional<proto::PrefillRequest> again;
-    const auto end2 = Clock::now() + 300ms;
-    while (!again && f.wait_for(0ms) != std::future_status::ready && Clock::now() < end2) {
-      h.pump();
-      for (int r : {kP1, kP2})
-        for (auto& [src, m] : h.hub.take_all(r))
-          if (auto* p = std::get_if<proto::PrefillRequest>(&m)) again = *p, prefill = r;
-    }
+    auto again = h.dispatched(300ms, [&] { return f.wait_for(0ms) == std::future_status::ready; });
     if (again) {
-      h.tokens(prefill, again->id, 0, 1, false);
-      h.tokens(again->decode_rank, again->id, 1, 2, true);
+      h.tokens(again->first, again->second.id, 0, 1, false);
+      h.tokens(again->second.decode_rank, again->second.id, 1, 2, true);
     }
     return h.finish(f).status;
   };

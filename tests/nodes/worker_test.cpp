@@ -680,3 +680,22 @@ TEST_CASE("workers: sends queued for a decode rank that went down never block it
 }
 }  // namespace
 }  // namespace pd
+namespace pd {
+namespace {
+TEST_CASE("peer epochs: a message is current, stale, from a down peer, or from a newer incarnation", "[workers]") {
+  using V = PeerEpochs::Verdict;
+  PeerEpochs p;
+  CHECK(p.check(3, 0) == V::kCurrent);
+  CHECK(p.down(3, 0));
+  CHECK(p.check(3, 0) == V::kDown);
+  CHECK(p.check(3, 1) == V::kNewer);  // re-admitted before we heard
+  CHECK(p.up(3, 1));
+  CHECK(p.check(3, 1) == V::kCurrent);
+  CHECK(p.check(3, 0) == V::kStale);
+  CHECK(!p.down(3, 0));  // a PeerDown for the old incarnation arriving late changes nothing
+  CHECK(p.check(3, 1) == V::kCurrent);
+  CHECK(!p.up(3, 0));
+  CHECK(p.epoch(3) == 1);
+}
+}  // namespace
+}  // namespace pd
