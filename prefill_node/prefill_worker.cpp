@@ -299,17 +299,19 @@ void PrefillWorker::enqueue_send(Job& job, int layer) {
 
 void PrefillWorker::post_send(Job& job, int layer) {
   if (!job.send_error.empty()) return;  // the job fails; nothing more goes out
-  Result<TransferOp> op = Status::ok();
   int64_t bytes = 0;
-  if (layer >= 0) {
+  Result<TransferOp> op = [&]() -> Result<TransferOp> {
+    if (layer < 0) {
+      bytes = static_cast<int64_t>(job.trailer.size());
+      return transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
+    }
     const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
     bytes = region.total_bytes();
-    op = transport_->post_send(job.req.decode_rank, job.tag, region);
-    if (op.is_ok()) job.bytes_posted += bytes;
-  } else {
-    bytes = static_cast<int64_t>(job.trailer.size());
-    op = transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
-    if (op.is_ok()) job.trailer_posted = true;
+    return transport_->post_send(job.req.decode_rank, job.tag, region);
+  }();
+  if (op.is_ok()) {
+    if (layer < 0) job.trailer_posted = true;
+    else job.bytes_posted += bytes;
   }
   if (!op.is_ok()) {
     job.send_error = std::string(layer >= 0 ? "KV send failed: " : "KV trailer send failed: ") + op.status().message();

@@ -699,3 +699,33 @@ TEST_CASE("peer epochs: a message is current, stale, from a down peer, or from a
 }
 }  // namespace
 }  // namespace pd
+namespace pd {
+namespace {
+TEST_CASE("workers: a prefill rank declared down: handoffs offered, receiving and done each end right", "[workers]") {
+  MiniCluster c(small_config());
+  c.decode->set_death_oracle([](int rank) { return rank == kPrefill; });  // it is gone for good
+  // Request 1 completes its handoff first and is decoding when the prefill rank goes.
+  c.submit(MiniCluster::request(1, 20, 30));
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 2; }));
+  // Then more than the decode pool holds at once: some wait as offers, some receive.
+  c.net.freeze(kPrefill);
+  const std::vector<proto::RequestId> later{2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  for (proto::RequestId id : later) c.submit(MiniCluster::request(id, 100, 20));
+  for (int i = 0; i < 6; ++i) c.step_both();
+  c.step_decode_for(std::chrono::milliseconds(30));  // a load report: offers are waiting for room
+  REQUIRE(c.loads[kDecode].waiting > 0);
+  c.net.kill(kPrefill);
+  c.hub.kill(kPrefill);
+  c.peer_down(kPrefill);
+  c.step_decode();
+  REQUIRE(c.run_until([&] { return c.finished(1); }));  // its KV was here: it runs to the end
+  c.check_stream(1, 30);
+  for (proto::RequestId id : later) {
+    INFO("request " << id);
+    CHECK(c.failed_with(id, kDecode, proto::FailureKind::kPeerDown));
+  }
+  CHECK(c.run_until([&] { return c.decode_free(); }, 200));
+  CHECK(illegal_transitions() == 0);
+}
+}  // namespace
+}  // namespace pd
