@@ -52,6 +52,6 @@ int main(int argc, char** argv) {
     pd::Status st = router.run();
     if (!st.is_ok()) return abort_job(st.to_string());
   }
-  MPI_Finalize();
+  pd::mpi_finalize_bounded(rc);
   return rc;
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <fstream>
 #include <thread>
@@ -30,6 +31,17 @@ Status mpi_init(int* argc, char*** argv) {
                                ", pdcluster needs MPI_THREAD_FUNNELED");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return Status::ok();
+}
+
+void mpi_finalize_bounded(int code, std::chrono::seconds limit) {
+  std::thread([code, limit] {
+    std::this_thread::sleep_for(limit);
+    spdlog::warn("MPI_Finalize did not return within {} s (a rank of the job is gone); exiting without it",
+                 limit.count());
+    spdlog::default_logger()->flush();
+    std::_Exit(code);
+  }).detach();
+  MPI_Finalize();
 }
 
 Result<RoleTable> exchange_roles(Role mine) {

@@ -38,6 +38,12 @@ struct RoleTable {
 // MPI_COMM_WORLD then returns errors instead of aborting the job, so one rank's
 // death is this rank's to handle (with mpirun --mca orte_enable_recovery 1).
 Status mpi_init(int* argc, char*** argv);
+// MPI_Finalize, bounded: with a rank of the job dead (mpirun --mca
+// orte_enable_recovery 1), OpenMPI 4.1's finalize can wait for it for ever
+// (seen about once in ten chaos runs). After `limit` the process exits with
+// `code` without finishing it; mpirun then ends the job as usual.
+void mpi_finalize_bounded(int code, std::chrono::seconds limit = std::chrono::seconds(5));
+
 // Every rank announces its role (one MPI_Allgather). InvalidArgument unless
 // there is exactly one router and at least one decode rank.
 Result<RoleTable> exchange_roles(Role mine);

@@ -92,8 +92,9 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   if (!engine.is_ok()) return abort_job(engine.status().to_string());
   Status st = body(*cfg, *roles, std::move(engine).value());
   if (!st.is_ok()) spdlog::error("{}", st.to_string());
-  MPI_Finalize();
-  return st.is_ok() ? 0 : 1;
+  const int code = st.is_ok() ? 0 : 1;
+  mpi_finalize_bounded(code);
+  return code;
 }
 
 }  // namespace pd

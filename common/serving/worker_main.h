@@ -1,5 +1,5 @@
 // Start-up shared by pd-prefill and pd-decode: arguments, MPI, the role table,
-// the config, the engine; then the worker's loop; then a clean MPI_Finalize.
+// the config, the engine; then the worker's loop; then MPI_Finalize (bounded).
 #pragma once
 
 #include <functional>
