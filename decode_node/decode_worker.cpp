@@ -722,9 +722,10 @@ void DecodeWorker::report_load(bool force) {
   r.preemptions = preemptions_;
   r.ready = true;
   r.epoch = epoch_;
-  for (const auto& [id, s] : seqs_)
-    if (s.state == SeqState::kDraining && peers_.is_down(s.source) && s.has_blocks)
-      r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
+  if (peers_.any_down())  // runs every iteration: walk the sequences only when a quarantine can exist
+    for (const auto& [id, s] : seqs_)
+      if (s.state == SeqState::kDraining && peers_.is_down(s.source) && s.has_blocks)
+        r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
   load_reporter_.maybe_send(*channel_, roles_.router, r, force);
 }
 

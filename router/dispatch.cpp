@@ -109,10 +109,6 @@ void WorkerTable::heard(int rank) {
 
 std::vector<int> WorkerTable::expire(std::chrono::milliseconds heartbeat, std::chrono::milliseconds startup) {
   const auto now = std::chrono::steady_clock::now();
-  if (!started_) {
-    started_ = true;
-    start_ = now;
-  }
   std::vector<int> down;
   for (auto* pool : {&prefill_, &decode_}) {
     for (WorkerView& w : *pool) {

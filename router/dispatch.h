@@ -78,8 +78,7 @@ class WorkerTable {
  private:
   std::vector<WorkerView> prefill_, decode_;
   int block_size_;
-  bool started_ = false;
-  std::chrono::steady_clock::time_point start_{};
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();  // startup deadline from here
 };
 
 }  // namespace pd::router

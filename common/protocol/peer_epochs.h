@@ -25,6 +25,7 @@ class PeerEpochs {
   // PeerUp: false when `epoch` is older than the one known.
   bool up(int rank, proto::Epoch epoch);
   bool is_down(int rank) const { return down_.count(rank) > 0; }
+  bool any_down() const { return !down_.empty(); }
   proto::Epoch epoch(int rank) const;
 
  private:

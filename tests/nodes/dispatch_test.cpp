@@ -102,7 +102,7 @@ TEST_CASE("dispatch: a rank that never reports is declared down after the startu
   WorkerTable t({1}, {2, 3}, 16);
   t.on_report(1, report(100));
   t.on_report(2, report(100));
-  CHECK(t.expire(10s, 20ms).empty());  // the clock starts at the first expire()
+  CHECK(t.expire(10s, 20ms).empty());  // the startup clock runs from the table's construction
   std::this_thread::sleep_for(30ms);
   t.heard(1);
   t.heard(2);
