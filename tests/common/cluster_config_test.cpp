@@ -112,4 +112,12 @@ TEST_CASE("config: the http and timeouts keys added for the router", "[config]")
   CHECK(!ClusterConfig::parse(R"({"http": {"max_connections": -1}})").is_ok());
   CHECK(!ClusterConfig::parse(R"({"http": {"max_header_bytes": 10}})").is_ok());
   CHECK(!ClusterConfig::parse(R"({"timeouts": {"prefill_queue_ms": 0}})").is_ok());
+  // A heartbeat deadline under the workers' 1 s report interval would take healthy ranks for dead.
+  auto hb = ClusterConfig::parse(R"({"timeouts": {"heartbeat_ms": 3000}})");
+  REQUIRE(hb.is_ok());
+  CHECK(hb->timeouts.heartbeat_ms == 3000);
+  CHECK(d.timeouts.heartbeat_ms == 5000);
+  auto short_hb = ClusterConfig::parse(R"({"timeouts": {"heartbeat_ms": 1000}})");
+  REQUIRE(!short_hb.is_ok());
+  CHECK(short_hb.status().message().find("timeouts.heartbeat_ms") != std::string::npos);
 }
