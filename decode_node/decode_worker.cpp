@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "decode_node/scheduler.h"
+#include "serving/worker_main.h"
 #include "util/lifecycle.h"
 
 namespace pd {
@@ -95,6 +96,16 @@ bool DecodeWorker::run_once() {
   check_deadlines();
   busy |= accept_offers();
   busy |= step();
+  if (leave_requested() && !leave_sent_) {
+    channel_->send(roles_.router, proto::Leave{});
+    leave_sent_ = true;
+  }
+  // Drain: everything it held has finished (or failed) and no transfer is in
+  // flight (a quarantined receive holds this until it resolves).
+  if (leaving_ && !drained_sent_ && seqs_.empty() && transport_->pending() == 0) {
+    channel_->send(roles_.router, proto::Drained{});
+    drained_sent_ = true;
+  }
   channel_->progress();
   report_load(false);
   return busy;
@@ -119,8 +130,15 @@ bool DecodeWorker::handle_messages() {
           } else if constexpr (std::is_same_v<T, proto::PeerDown>) on_peer_down(m.rank, m.epoch);
           else if constexpr (std::is_same_v<T, proto::PeerUp>) on_peer_up(m.rank, m.epoch);
           else if constexpr (std::is_same_v<T, proto::Rejoin>) on_rejoin(m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
-          else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
+          else if constexpr (std::is_same_v<T, proto::Hello>) peers_.up(source, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Drain>) {
+            if (!leaving_) spdlog::info("decode rank {}: draining (finishing {} sequences)", roles_.self, seqs_.size());
+            leaving_ = true;
+          } else if constexpr (std::is_same_v<T, proto::PeerLeft>) on_peer_left(m.rank);
+          else if constexpr (std::is_same_v<T, proto::Shutdown>) {
+            shutdown_ = true;
+            if (drained_sent_) note_left();
+          } else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
         msg);
     } catch (const std::exception& e) {
@@ -169,6 +187,15 @@ void DecodeWorker::on_peer_down(int rank, proto::Epoch epoch) {
 
 void DecodeWorker::on_peer_up(int rank, proto::Epoch epoch) {
   if (!peers_.up(rank, epoch)) return;
+}
+
+void DecodeWorker::on_peer_left(int rank) {
+  // Drained before it was removed: nothing here should involve it any more;
+  // anything that still does ends as if it were down.
+  on_peer_down(rank, peers_.epoch(rank));
+  peers_.forget(rank);
+  tags_.erase(rank);
+  channel_->forget(rank);
 }
 
 void DecodeWorker::on_rejoin(proto::Epoch epoch) {

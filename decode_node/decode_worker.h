@@ -102,6 +102,7 @@ class DecodeWorker {
   void on_peer_down(int rank, proto::Epoch epoch);
   void on_peer_up(int rank, proto::Epoch epoch);
   void on_rejoin(proto::Epoch epoch);
+  void on_peer_left(int rank);
   bool current(int source, proto::Epoch epoch);
   void set_state(Seq& s, SeqState to);
   // Ends a sequence whose receives are posted: cancels them (kDraining) or,
@@ -144,6 +145,7 @@ class DecodeWorker {
   std::function<bool(int)> confirmed_dead_;
   int64_t preemptions_ = 0;
   bool shutdown_ = false;
+  bool leaving_ = false, drained_sent_ = false, leave_sent_ = false;  // Drain (elastic pools)
   LoadReporter load_reporter_;
   std::vector<float> logits_;
   // The decode step's per-sequence inputs, reused from step to step (the

@@ -7,9 +7,10 @@
 
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
-                                                            std::unique_ptr<pd::Engine> engine) {
-    pd::DecodeWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>(),
-                       std::make_unique<pd::MpiControlChannel>());
+                                                            std::unique_ptr<pd::Engine> engine,
+                                                             std::shared_ptr<pd::MpiLinks> links) {
+    pd::DecodeWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>(links),
+                       std::make_unique<pd::MpiControlChannel>(links));
     return w.run();
   });
 }

@@ -6,6 +6,8 @@
 #   deploy/launch.sh --colocated 2                          # conventional server, 2 workers
 #   deploy/launch.sh --prefill 2 --decode 4 --hostfile deploy/hostfile.example --host 0.0.0.0
 #   deploy/launch.sh --prefill 1 --decode 1 --dry-run       # print the mpirun line only
+#   deploy/launch.sh --prefill 1 --decode 1 --join-file /tmp/pd.join   # accept pools that join later
+#   deploy/launch.sh --join /tmp/pd.join --decode 2         # a pool joining that cluster (Ctrl-C: it leaves)
 #
 # Waits for GET /health, prints the URL and a curl to try, then stays in the
 # foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly.
@@ -13,14 +15,16 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
-BUILD="$ROOT/build" THREADS="" DRY=0 WAIT=1 MPI_EXTRA=()
+BUILD="$ROOT/build" THREADS="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --prefill) need_int "$1" "${2:-}"; P="$2"; shift 2 ;;
-    --decode) need_int "$1" "${2:-}"; D="$2"; shift 2 ;;
+    --prefill) need_int "$1" "${2:-}"; P="$2"; P_SET=1; shift 2 ;;
+    --decode) need_int "$1" "${2:-}"; D="$2"; D_SET=1; shift 2 ;;
+    --join-file) JOIN_FILE="${2:-}"; [[ -n "$JOIN_FILE" ]] || die "--join-file needs a path"; shift 2 ;;
+    --join) JOIN="${2:-}"; [[ -f "$JOIN" ]] || die "--join: no such file '$JOIN' (the running cluster's --join-file)"; shift 2 ;;
     --colocated) need_int "$1" "${2:-}"; COLOCATED="$2"; shift 2 ;;
     --hostfile) HOSTFILE="${2:-}"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
     --port) need_int "$1" "${2:-}"; PORT="$2"; shift 2 ;;
@@ -36,7 +40,13 @@ while [[ $# -gt 0 ]]; do
     *) echo "launch.sh: unknown option '$1'" >&2; usage 2 ;;
   esac
 done
-if [[ -n "$COLOCATED" ]]; then
+if [[ -n "$JOIN" ]]; then
+  [[ -z "$COLOCATED" && -z "$JOIN_FILE" ]] || die "--join takes --prefill/--decode counts (not --colocated or --join-file)"
+  [[ "$P_SET" == 1 ]] || P=0
+  [[ "$D_SET" == 1 ]] || D=0
+  (( P + D >= 1 )) || die "--join needs --prefill N and/or --decode N (at least one rank)"
+  [[ -f "$JOIN.ompi-server" ]] || die "--join: no '$JOIN.ompi-server' beside the join file (is the cluster running with --join-file?)"
+elif [[ -n "$COLOCATED" ]]; then
   [[ "$COLOCATED" -ge 1 ]] || die "--colocated needs at least 1 worker"
   P=0 D="$COLOCATED"
 else
@@ -73,12 +83,55 @@ if [[ -n "$HOSTFILE" ]]; then MPIRUN+=(--hostfile "$HOSTFILE"); else MPIRUN+=(--
 OMP_ENV=(-x OMP_WAIT_POLICY=PASSIVE)
 if [[ -z "$HOSTFILE" && -n "$THREADS" ]] && (( (P + D) * THREADS <= $(nproc) )); then OMP_ENV=(); fi
 MPIRUN+=(--mca mpi_yield_when_idle 1 --mca orte_enable_recovery 1 "${OMP_ENV[@]}" "${MPI_EXTRA[@]}")
+if [[ -n "$JOIN" ]]; then
+  # A pool joining a running cluster: its own MPI job, no router; the ranks
+  # connect through the cluster's ompi-server (MPI_Comm_connect).
+  MPIRUN+=(--ompi-server "file:$JOIN.ompi-server")
+  ARGS+=(--join "$JOIN")
+  SEP=()
+  [[ "$P" -gt 0 ]] && { MPIRUN+=(-np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}"); SEP=(:); }
+  [[ "$D" -gt 0 ]] && MPIRUN+=("${SEP[@]}" -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")
+  echo "+ ${MPIRUN[*]}"
+  [[ "$DRY" == 1 ]] && exit 0
+  setsid "${MPIRUN[@]}" &
+  PID=$!
+  set +e
+  # Ctrl-C / SIGTERM: each rank of the pool asks the router to drain it, then exits.
+  leave() {
+    echo "launch.sh: the pool is leaving the cluster (its requests finish first; Ctrl-C again to kill)" >&2
+    trap 'kill -KILL -- -$PID 2>/dev/null' INT TERM
+    pkill -TERM -s "$PID" -x pd-prefill; pkill -TERM -s "$PID" -x pd-decode
+    wait "$PID"; exit $?
+  }
+  trap leave INT TERM
+  wait "$PID"; exit $?
+fi
+OMPI_SERVER_PID=""
+if [[ -n "$JOIN_FILE" ]]; then
+  # Elastic pools: an ompi-server lets separate mpiruns connect (MPI_Comm_connect/accept);
+  # the router writes its port to JOIN_FILE, the server's address goes beside it.
+  command -v ompi-server >/dev/null || die "--join-file needs OpenMPI's ompi-server"
+  if [[ "$DRY" == 0 ]]; then
+    rm -f "$JOIN_FILE" "$JOIN_FILE.ompi-server"
+    ompi-server --no-daemonize -r "$JOIN_FILE.ompi-server" &
+    OMPI_SERVER_PID=$!
+    for _ in $(seq 1 100); do [[ -s "$JOIN_FILE.ompi-server" ]] && break; sleep 0.1; done
+    [[ -s "$JOIN_FILE.ompi-server" ]] || die "ompi-server did not start"
+  fi
+  MPIRUN+=(--ompi-server "file:$JOIN_FILE.ompi-server")
+  RARGS+=(--join-file "$JOIN_FILE")
+  ARGS+=(--elastic)
+fi
 MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
 [[ "$P" -gt 0 ]] && MPIRUN+=(: -np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}")
 MPIRUN+=(: -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")
 
 echo "+ ${MPIRUN[*]}"
 [[ "$DRY" == 1 ]] && exit 0
+if [[ -n "$OMPI_SERVER_PID" ]]; then
+  trap 'kill "$OMPI_SERVER_PID" 2>/dev/null; rm -f "$JOIN_FILE" "$JOIN_FILE.ompi-server"' EXIT
+  if [[ "$WAIT" == 0 ]]; then "${MPIRUN[@]}"; exit $?; fi
+fi
 [[ "$WAIT" == 0 ]] && exec "${MPIRUN[@]}"
 
 # Port and host as the router will use them (flags, else the config, else defaults).

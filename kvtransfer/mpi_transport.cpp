@@ -33,9 +33,14 @@ Result<TransferOp> MpiTransport::post(bool send, int peer, int tag, const KvRegi
                                      displs.data(), MPI_BYTE, &type) != MPI_SUCCESS)
     return Status::internal("mpi transport: MPI_Type_create_hindexed_block failed");
   MPI_Type_commit(&type);
+  const auto ep = links_->endpoint(peer);
+  if (!ep) {
+    MPI_Type_free(&type);
+    return Status::not_found("mpi transport: no link to rank " + std::to_string(peer));
+  }
   MPI_Request req = MPI_REQUEST_NULL;
-  const int rc = send ? MPI_Isend(region.base, 1, type, peer, tag, comm_, &req)
-                      : MPI_Irecv(region.base, 1, type, peer, tag, comm_, &req);
+  const int rc = send ? MPI_Isend(region.base, 1, type, ep->rank, tag, ep->comm, &req)
+                      : MPI_Irecv(region.base, 1, type, ep->rank, tag, ep->comm, &req);
   MPI_Type_free(&type);  // the posted operation keeps its own reference
   if (rc != MPI_SUCCESS)
     return Status::internal(std::string("mpi transport: ") + (send ? "MPI_Isend" : "MPI_Irecv") + " to rank " +
@@ -51,14 +56,18 @@ Result<TransferOp> MpiTransport::post_recv(int peer, int tag, const KvRegion& re
 }
 
 Result<TransferOp> MpiTransport::post_send_bytes(int peer, int tag, const void* data, size_t bytes) {
+  const auto ep = links_->endpoint(peer);
+  if (!ep) return Status::not_found("mpi transport: no link to rank " + std::to_string(peer));
   MPI_Request req = MPI_REQUEST_NULL;
-  if (MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &req) != MPI_SUCCESS)
+  if (MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, ep->rank, tag, ep->comm, &req) != MPI_SUCCESS)
     return Status::internal("mpi transport: MPI_Isend to rank " + std::to_string(peer) + " failed");
   return track(req);
 }
 Result<TransferOp> MpiTransport::post_recv_bytes(int peer, int tag, void* data, size_t bytes) {
+  const auto ep = links_->endpoint(peer);
+  if (!ep) return Status::not_found("mpi transport: no link to rank " + std::to_string(peer));
   MPI_Request req = MPI_REQUEST_NULL;
-  if (MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &req) != MPI_SUCCESS)
+  if (MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, ep->rank, tag, ep->comm, &req) != MPI_SUCCESS)
     return Status::internal("mpi transport: MPI_Irecv from rank " + std::to_string(peer) + " failed");
   return track(req);
 }

@@ -1,19 +1,22 @@
 // The MPI Transport: host memory, one MPI_Isend/MPI_Irecv per KV layer with an
 // hindexed derived datatype over the sequence's blocks, so neither side packs
-// or unpacks (no staging copy). The engine-loop thread is the only caller.
+// or unpacks (no staging copy). Peers are rank ids (MpiLinks, shared with the
+// control channel). The engine-loop thread is the only caller.
 #pragma once
 
 #include <mpi.h>
 
+#include <memory>
 #include <unordered_map>
 
 #include "kvtransfer/transport.h"
+#include "protocol/mpi_links.h"
 
 namespace pd {
 
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {}
+  explicit MpiTransport(std::shared_ptr<MpiLinks> links = std::make_shared<MpiLinks>()) : links_(std::move(links)) {}
   ~MpiTransport() override;
   std::string name() const override { return "mpi"; }
   Result<TransferOp> post_send(int peer, int tag, const KvRegion& region) override;
@@ -28,7 +31,7 @@ class MpiTransport final : public Transport {
  private:
   Result<TransferOp> post(bool send, int peer, int tag, const KvRegion& region);
   TransferOp track(MPI_Request req);
-  MPI_Comm comm_;
+  std::shared_ptr<MpiLinks> links_;
   int64_t next_ = 0;
   std::unordered_map<int64_t, MPI_Request> ops_;
 };

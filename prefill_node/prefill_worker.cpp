@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "sampling/sampler.h"
+#include "serving/worker_main.h"
 #include "util/lifecycle.h"
 
 namespace pd {
@@ -101,6 +102,11 @@ bool PrefillWorker::run_once() {
   check_deadlines();
   if (!queue_.empty()) pump_transfers();  // a batch is next: push pending sends out first
   busy |= run_batch();
+  if (leave_requested() && !leave_sent_) {
+    channel_->send(roles_.router, proto::Leave{});
+    leave_sent_ = true;
+  }
+  maybe_report_drained();
   channel_->progress();
   report_load(false);
   return busy;
@@ -122,8 +128,13 @@ bool PrefillWorker::handle_messages() {
           } else if constexpr (std::is_same_v<T, proto::PeerDown>) on_peer_down(m.rank, m.epoch);
           else if constexpr (std::is_same_v<T, proto::PeerUp>) on_peer_up(m.rank, m.epoch);
           else if constexpr (std::is_same_v<T, proto::Rejoin>) on_rejoin(m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Shutdown>) shutdown_ = true;
-          else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
+          else if constexpr (std::is_same_v<T, proto::Hello>) peers_.up(source, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Drain>) on_drain();
+          else if constexpr (std::is_same_v<T, proto::PeerLeft>) on_peer_left(m.rank);
+          else if constexpr (std::is_same_v<T, proto::Shutdown>) {
+            shutdown_ = true;
+            if (drained_sent_) note_left();
+          } else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
         },
         msg);
     } catch (const std::exception& e) {
@@ -172,6 +183,35 @@ void PrefillWorker::on_peer_up(int rank, proto::Epoch epoch) {
   // It is running again: the sends it held complete (or were matched by
   // receives it cancelled, which frees their fragments); start its budget afresh.
   peer_sends_[rank] = PeerSends{};
+}
+
+void PrefillWorker::on_peer_left(int rank) {
+  // The router drained the rank before removing it: nothing of ours should
+  // involve it any more. Anything that still does ends as if it were down.
+  on_peer_down(rank, peers_.epoch(rank));
+  peers_.forget(rank);
+  peer_sends_.erase(rank);
+  channel_->forget(rank);
+}
+
+void PrefillWorker::on_drain() {
+  if (leaving_) return;
+  leaving_ = true;
+  // Hand back what has not started: the router runs it on another rank.
+  std::vector<proto::RequestId> queued(queue_.begin(), queue_.end());
+  for (proto::RequestId id : queued)
+    if (Job* job = find_job(id); job != nullptr && job->state == JobState::kQueued)
+      fail(*job, "prefill rank " + std::to_string(roles_.self) + " is leaving the cluster",
+           proto::FailureKind::kLeaving, true);
+  spdlog::info("prefill rank {}: draining (handed back {} queued, finishing {})", roles_.self, queued.size(),
+               jobs_.size());
+}
+
+void PrefillWorker::maybe_report_drained() {
+  if (leaving_ && !drained_sent_ && jobs_.empty() && transport_->pending() == 0) {
+    channel_->send(roles_.router, proto::Drained{});
+    drained_sent_ = true;
+  }
 }
 
 void PrefillWorker::on_rejoin(proto::Epoch epoch) {

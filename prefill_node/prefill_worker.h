@@ -103,6 +103,11 @@ class PrefillWorker {
   void on_peer_down(int rank, proto::Epoch epoch);
   void on_peer_up(int rank, proto::Epoch epoch);
   void on_rejoin(proto::Epoch epoch);
+  void on_peer_left(int rank);
+  // Drain: hand queued jobs back (FailureKind::kLeaving), finish the rest,
+  // then tell the router (Drained) once nothing is held or in flight.
+  void on_drain();
+  void maybe_report_drained();
   // Whether a message from worker `source` under `epoch` is from a live incarnation.
   bool current(int source, proto::Epoch epoch);
   void set_state(Job& job, JobState to);
@@ -137,6 +142,7 @@ class PrefillWorker {
   std::vector<proto::RequestId> batch_;  // ids in the running batch (hook reads it)
   int64_t next_seq_ = 0;
   bool shutdown_ = false;
+  bool leaving_ = false, drained_sent_ = false, leave_sent_ = false;
   bool in_pass_ = false;                              // forward() is running (the layer hook may call in)
   proto::Epoch epoch_ = 0;
   PeerEpochs peers_;                                  // the other workers' epochs, which are down

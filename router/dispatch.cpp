@@ -10,6 +10,7 @@ const char* rank_state_name(RankState s) {
     case RankState::kStarting: return "starting";
     case RankState::kUp: return "up";
     case RankState::kDown: return "down";
+    case RankState::kDraining: return "draining";
   }
   return "?";
 }
@@ -30,35 +31,80 @@ WorkerTable::WorkerTable(const std::vector<int>& prefill_ranks, const std::vecto
 }
 
 std::optional<DispatchChoice> WorkerTable::pick(int64_t prompt_tokens, int64_t max_tokens, int max_inflight) const {
-  DispatchChoice c;
-  if (!prefill_.empty()) {
-    const WorkerView* best = nullptr;
-    for (const WorkerView& w : prefill_) {
-      if (w.state != RankState::kUp || w.outstanding >= max_inflight) continue;
-      if (!best || w.outstanding_tokens < best->outstanding_tokens ||
-          (w.outstanding_tokens == best->outstanding_tokens && w.load.waiting < best->load.waiting))
-        best = &w;
-    }
-    if (!best) return std::nullopt;
-    c.prefill_rank = best->rank;
-  }
+  // Prefill candidates, best first (colocated: one empty candidate).
+  std::vector<const WorkerView*> prefills;
+  for (const WorkerView& w : prefill_)
+    if (w.state == RankState::kUp && w.outstanding < max_inflight) prefills.push_back(&w);
+  std::sort(prefills.begin(), prefills.end(), [](const WorkerView* a, const WorkerView* b) {
+    if (a->outstanding_tokens != b->outstanding_tokens) return a->outstanding_tokens < b->outstanding_tokens;
+    if (a->load.waiting != b->load.waiting) return a->load.waiting < b->load.waiting;
+    return a->rank < b->rank;
+  });
+  if (!prefill_.empty() && prefills.empty()) return std::nullopt;
+  if (prefill_.empty()) prefills.push_back(nullptr);
   const int64_t need = (prompt_tokens + max_tokens + block_size_ - 1) / block_size_;
-  const WorkerView* best_fit = nullptr;
-  const WorkerView* most_free = nullptr;
   auto free_of = [&](const WorkerView& w) {
     // Blocks the router has committed since the last report are not in it yet: estimate them.
     return w.load.free_blocks - (w.outstanding_tokens + block_size_ - 1) / block_size_;
   };
-  for (const WorkerView& w : decode_) {
-    if (w.state != RankState::kUp || w.outstanding >= max_inflight) continue;
-    if (free_of(w) >= need && (!best_fit || w.outstanding < best_fit->outstanding)) best_fit = &w;
-    if (!most_free || free_of(w) > free_of(*most_free)) most_free = &w;
+  for (const WorkerView* p : prefills) {
+    const WorkerView* best_fit = nullptr;
+    const WorkerView* most_free = nullptr;
+    for (const WorkerView& w : decode_) {
+      if (w.state != RankState::kUp || w.outstanding >= max_inflight) continue;
+      if (p != nullptr && !linked(*p, w)) continue;
+      if (free_of(w) >= need && (!best_fit || w.outstanding < best_fit->outstanding)) best_fit = &w;
+      if (!most_free || free_of(w) > free_of(*most_free)) most_free = &w;
+    }
+    const WorkerView* d = best_fit ? best_fit : most_free;
+    if (!d) continue;
+    DispatchChoice c;
+    c.prefill_rank = p ? p->rank : -1;
+    c.decode_rank = d->rank;
+    return c;
   }
-  const WorkerView* d = best_fit ? best_fit : most_free;
-  if (!d) return std::nullopt;
-  c.decode_rank = d->rank;
-  return c;
+  return std::nullopt;
 }
+
+bool WorkerTable::linked(const WorkerView& a, const WorkerView& b) const {
+  if (!a.joined && !b.joined) return true;
+  if (a.joined && b.joined && a.pool == b.pool) return true;
+  return a.links.count(b.rank) > 0 || b.links.count(a.rank) > 0;
+}
+
+WorkerView& WorkerTable::add(int rank, bool is_prefill, const std::string& pool) {
+  WorkerView w;
+  w.rank = rank;
+  w.is_prefill = is_prefill;
+  w.joined = true;
+  w.pool = pool;
+  w.added = std::chrono::steady_clock::now();
+  auto& list = is_prefill ? prefill_ : decode_;
+  list.push_back(std::move(w));
+  return list.back();
+}
+
+void WorkerTable::link(int a, int b) {
+  if (WorkerView* w = find(a)) w->links.insert(b);
+  if (WorkerView* w = find(b)) w->links.insert(a);
+}
+
+bool WorkerTable::begin_drain(int rank) {
+  WorkerView* w = find(rank);
+  if (w == nullptr || (w->state != RankState::kUp && w->state != RankState::kStarting)) return false;
+  w->state = RankState::kDraining;
+  w->drain_started = std::chrono::steady_clock::now();
+  return true;
+}
+
+void WorkerTable::remove(int rank) {
+  for (auto* pool : {&prefill_, &decode_}) {
+    std::erase_if(*pool, [rank](const WorkerView& w) { return w.rank == rank; });
+    for (WorkerView& w : *pool) w.links.erase(rank);
+  }
+}
+
+const WorkerView* WorkerTable::find(int rank) const { return const_cast<WorkerTable*>(this)->find(rank); }
 
 WorkerView* WorkerTable::find(int rank) {
   for (WorkerView& w : prefill_)
@@ -112,8 +158,9 @@ std::vector<int> WorkerTable::expire(std::chrono::milliseconds heartbeat, std::c
   std::vector<int> down;
   for (auto* pool : {&prefill_, &decode_}) {
     for (WorkerView& w : *pool) {
-      const bool silent = w.state == RankState::kUp && now - w.last_heard > heartbeat;
-      const bool never = w.state == RankState::kStarting && now - start_ > startup;
+      const bool silent = (w.state == RankState::kUp || (w.state == RankState::kDraining && w.reported)) &&
+                          now - w.last_heard > heartbeat;
+      const bool never = w.state == RankState::kStarting && now - (w.joined ? w.added : start_) > startup;
       if (silent || never) {
         mark_down(w.rank);
         down.push_back(w.rank);
@@ -148,7 +195,7 @@ bool WorkerTable::ready(std::string* why) const {
   };
   for (const auto* pool : {&prefill_, &decode_}) {
     for (const WorkerView& w : *pool) {
-      if (w.state == RankState::kStarting) {
+      if (w.state == RankState::kStarting && !w.joined) {
         *why = std::string(w.is_prefill ? "prefill" : "decode") + " rank " + std::to_string(w.rank) +
                " has not reported ready";
         return false;

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "protocol/messages.h"
@@ -16,8 +18,9 @@ namespace pd::router {
 // report; kUp while it is heard from within timeouts.heartbeat_ms; kDown when
 // it is not (or never started within timeouts.startup_ms). A down rank is
 // re-admitted (kUp under a new epoch) when it reports under the epoch the
-// router gave it in a Rejoin.
-enum class RankState { kStarting, kUp, kDown };
+// router gave it in a Rejoin. kDraining: being removed (it takes no new work,
+// finishes what it has, then leaves the table); liveness still applies.
+enum class RankState { kStarting, kUp, kDown, kDraining };
 const char* rank_state_name(RankState s);
 
 struct WorkerView {
@@ -33,6 +36,14 @@ struct WorkerView {
   proto::LoadReport load;          // last report
   std::chrono::steady_clock::time_point last_report{};
   bool reported = false;
+  // Elastic pools. Ranks of the launching job reach each other; a joined rank
+  // reaches its own pool (same `pool`) and the ranks it linked to on joining.
+  bool joined = false;
+  std::string pool;                // a joined rank's pool (its mpirun)
+  std::set<int> links;             // ranks linked to it after launch (either side)
+  std::string port;                // where it accepts joining ranks (empty: not elastic)
+  std::chrono::steady_clock::time_point added{};         // joined ranks: its startup deadline runs from here
+  std::chrono::steady_clock::time_point drain_started{};  // kDraining since
 };
 
 struct DispatchChoice {
@@ -49,7 +60,9 @@ class WorkerTable {
   //  - prefill: fewest outstanding prompt tokens, then fewest queued (reported);
   //  - decode: among ranks whose free KV blocks (reported, minus what the router
   //    sent since) hold the whole request, the fewest outstanding requests;
-  //    if none has room, the one with the most free blocks (it will queue the handoff).
+  //    if none has room, the one with the most free blocks (it will queue the handoff);
+  //  - the pair must be linked (ranks that joined later reach only some ranks):
+  //    prefill ranks are tried in order of preference until one has a decode rank.
   std::optional<DispatchChoice> pick(int64_t prompt_tokens, int64_t max_tokens, int max_inflight) const;
   void on_dispatch(const DispatchChoice& c, int64_t prompt_tokens, int64_t max_tokens);
   // The prefill leg is over (first token or failure) / the whole request is over.
@@ -65,9 +78,21 @@ class WorkerTable {
   void mark_down(int rank);
   // Marks a down rank up again under `epoch`.
   void mark_up(int rank, proto::Epoch epoch);
+  // A rank that joined the running cluster (kStarting until it reports ready).
+  WorkerView& add(int rank, bool is_prefill, const std::string& pool);
+  // Links two ranks (a joined rank connected to a worker's port).
+  void link(int a, int b);
+  // Whether the two ranks can exchange KV (see WorkerView's links).
+  bool linked(const WorkerView& a, const WorkerView& b) const;
+  // Starts removing `rank`: no new work goes to it. False unless it is up or starting.
+  bool begin_drain(int rank);
+  // The rank left: gone from the table (and from every rank's links).
+  void remove(int rank);
   WorkerView* find(int rank);
+  const WorkerView* find(int rank) const;
   // Ready: at least one prefill rank and one decode rank are up (colocated: one
-  // decode rank), and every rank has either reported or been declared down.
+  // decode rank), and every rank of the launching job has either reported or
+  // been declared down (a rank joining later does not hold /health back).
   // Otherwise `why` says what is missing.
   bool ready(std::string* why) const;
   // Whether some rank is down (the cluster serves, degraded).

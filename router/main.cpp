@@ -10,7 +10,7 @@
 #include "serving/worker_main.h"
 
 int main(int argc, char** argv) {
-  if (pd::Status st = pd::mpi_init(&argc, &argv); !st.is_ok()) {
+  if (pd::Status st = pd::mpi_init(&argc, &argv, pd::wants_elastic(argc, argv)); !st.is_ok()) {
     std::cerr << "pd-router: " << st.to_string() << "\n";
     return 1;
   }
@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     return 2;
   };
   bool help = false;
-  auto cfg = pd::parse_cluster_args(argc, argv, "pd-router", &help);
+  pd::LaunchFlags flags;
+  auto cfg = pd::parse_cluster_args(argc, argv, "pd-router", &help, &flags);
   auto roles = pd::exchange_roles(pd::Role::kRouter);
   if (help) {
     MPI_Finalize();
@@ -46,9 +47,20 @@ int main(int argc, char** argv) {
   info.context = mc->context;
   info.name = cfg->model_name();
 
+  if (!flags.join.empty() || flags.elastic) return abort_job("pd-router takes --join-file, not --join/--elastic");
+  auto links = std::make_shared<pd::MpiLinks>();
+  if (!flags.join_file.empty()) {
+    // Elastic pools: ranks started later connect to this port and get ids from the world size up.
+    int world = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (pd::Status st = links->listen(world); !st.is_ok()) return abort_job(st.to_string());
+    if (pd::Status st = pd::write_join_file(flags.join_file, links->port(), roles->self); !st.is_ok())
+      return abort_job(st.to_string() + " (--join-file)");
+    spdlog::info("router: accepting joining pools (join file {})", flags.join_file);
+  }
   int rc = 0;
   {
-    pd::router::Router router(*cfg, *roles, std::move(info), std::make_unique<pd::MpiControlChannel>());
+    pd::router::Router router(*cfg, *roles, std::move(info), std::make_unique<pd::MpiControlChannel>(links));
     pd::Status st = router.run();
     if (!st.is_ok()) return abort_job(st.to_string());
   }

@@ -87,7 +87,10 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
                                       "Requests re-run on other ranks after a rank failure, before any token reached the client")),
       quarantined_blocks_(metrics_.gauge("pd_kv_blocks_quarantined",
                                          "KV blocks held back until MPI can no longer write into them (a sender that went down mid-transfer)",
-                                         {"role", "rank"})) {
+                                         {"role", "rank"})),
+      joined_total_(metrics_.counter("pd_ranks_joined_total", "Ranks that joined the running cluster (elastic pools)",
+                                     {"role"})),
+      left_total_(metrics_.counter("pd_ranks_left_total", "Ranks drained out of the cluster and removed", {"role"})) {
   const Tokenizer& tok = *model_.tokenizer;
   if (tok.eos_id() >= 0) hidden_ids_.push_back(tok.eos_id());
   im_end_ = tok.find_token("<|im_end|>");
@@ -120,7 +123,7 @@ void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
     w->respond(ok ? 200 : 503, "application/json", body.dump());
     return;
   }
-  const bool v1 = path.rfind("/v1/", 0) == 0;
+  const bool v1 = path.rfind("/v1/", 0) == 0 || path.rfind("/admin/", 0) == 0;
   const bool needs_key = v1 || (path == "/metrics" && cfg_.http.metrics_require_key);
   if (needs_key && !authorized(http.authorization, cfg_.http.api_key)) {
     ApiError e = api_error(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", "", "invalid_request_error");
@@ -137,6 +140,10 @@ void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
     w->respond(200, "application/json", models_body(model_.name, unix_now()));
     return;
   }
+  if (path == "/admin/drain") {
+    if (http.method != "POST") return method_not_allowed("POST");
+    return handle_drain(http, std::move(w));
+  }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (http.method != "POST") return method_not_allowed("POST");
     handle_completion(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, http,
@@ -146,6 +153,19 @@ void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   ApiError e = api_error(404, "no route for " + shown_text(http.method) + " " + shown_text(path), "", "invalid_request_error");
   e.code = "not_found";
   respond_error(*w, e);
+}
+
+void Router::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
+  // {"rank": N}: the rank to drain out of the cluster (see /health for ranks).
+  const nlohmann::json body = nlohmann::json::parse(http.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object())
+    return respond_error(*w, api_error(400, "the body must be a JSON object {\"rank\": N}", "", "invalid_request_error"));
+  auto it = body.find("rank");
+  if (it == body.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 30))
+    return respond_error(*w, api_error(400, "'rank' must be a non-negative integer (a worker rank from /health)", "rank",
+                                       "invalid_request_error"));
+  std::lock_guard lock(inbox_mu_);
+  inbox_.push_back(DrainRank{static_cast<int>(it->get<int64_t>()), std::move(w)});
 }
 
 Result<std::vector<TokenId>> Router::encode_chat(const std::vector<ChatMessage>& messages) const {
@@ -343,15 +363,14 @@ void Router::finish() {
     finalize(id, End::kFailed, "", api_error(503, "the server shut down before the request finished"));
   // Down ranks too: one that is only stopped must exit when it resumes, or the
   // job would never end (to a dead one the small message completes unseen).
-  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
-    if (r != roles_.self) channel_->send(r, proto::Shutdown{});
+  for (int r : worker_ranks()) channel_->send(r, proto::Shutdown{});
   channel_->flush(std::chrono::milliseconds(5000));
   http_.stop();
   spdlog::info("router: shut down");
 }
 
 void Router::drain_inbox() {
-  std::deque<std::variant<NewRequest, ClientGone>> items;
+  std::deque<std::variant<NewRequest, ClientGone, DrainRank>> items;
   {
     std::lock_guard lock(inbox_mu_);
     items.swap(inbox_);
@@ -362,6 +381,15 @@ void Router::drain_inbox() {
       queue_.push_back(id);
       requests_.emplace(id, std::move(n->req));
       in_flight_.add(1);
+    } else if (auto* d = std::get_if<DrainRank>(&item)) {
+      const std::string err = begin_drain(d->rank, "POST /admin/drain");
+      if (!err.empty()) {
+        const int status = workers_.find(d->rank) == nullptr ? 404 : 409;
+        respond_error(*d->writer, api_error(status, err, "rank", "invalid_request_error"));
+      } else {
+        d->writer->respond(200, "application/json",
+                           nlohmann::json{{"rank", d->rank}, {"state", "draining"}}.dump());
+      }
     } else {
       uint64_t id = std::get<ClientGone>(item).id;
       if (auto re = renamed_.find(id); re != renamed_.end()) id = re->second;
@@ -402,7 +430,9 @@ void Router::handle_messages() {
   channel_->drain(
       [&](int source, proto::Message& msg) {
         const WorkerView* w = workers_.find(source);
+        if (auto* join = std::get_if<proto::Join>(&msg); join != nullptr && w == nullptr) return on_join(source, *join);
         if (w == nullptr) {
+          if (std::holds_alternative<proto::LoadReport>(msg)) return;  // a rank that left, before its Shutdown
           spdlog::warn("router: {} from rank {}, which is not a worker", proto::message_name(msg), source);
           return;
         }
@@ -415,6 +445,9 @@ void Router::handle_messages() {
               using T = std::decay_t<decltype(m)>;
               if constexpr (std::is_same_v<T, proto::TokenEvents>) on_tokens(source, m);
               else if constexpr (std::is_same_v<T, proto::RequestFailed>) on_failed(source, m);
+              else if constexpr (std::is_same_v<T, proto::Listening>) workers_.find(source)->port = m.port;
+              else if constexpr (std::is_same_v<T, proto::Leave>) begin_drain(source, "the rank asked to leave");
+              else if constexpr (std::is_same_v<T, proto::Drained>) on_drained(source);
               else if constexpr (std::is_same_v<T, proto::TransferStats>) {
                 transfer_bytes_.inc(static_cast<double>(m.bytes));
                 transfer_seconds_.observe(m.exposed_s);
@@ -494,12 +527,14 @@ int http_status_of(proto::FailureKind k) {
     case proto::FailureKind::kPeerDown: return 503;
     case proto::FailureKind::kTransfer: return 500;
     case proto::FailureKind::kInternal: return 500;
+    case proto::FailureKind::kLeaving: return 503;
   }
   return 500;
 }
 // Kinds where another pair of ranks may well succeed.
 bool retryable(proto::FailureKind k) {
-  return k == proto::FailureKind::kPeerDown || k == proto::FailureKind::kTransfer;
+  return k == proto::FailureKind::kPeerDown || k == proto::FailureKind::kTransfer ||
+         k == proto::FailureKind::kLeaving;
 }
 constexpr int kMaxAttempts = 3;
 
@@ -549,8 +584,7 @@ void Router::on_report(int source, const proto::LoadReport& m) {
     workers_.mark_up(source, next);
     workers_.on_report(source, m);
     spdlog::info("router: {} rank {} is back (epoch {})", w->is_prefill ? "prefill" : "decode", source, next);
-    for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
-      if (r != roles_.self && r != source) channel_->send(r, proto::PeerUp{source, next});
+    for (int r : worker_ranks(source)) channel_->send(r, proto::PeerUp{source, next});
     return;
   }
   // A fenced rank that is running again and does not know it yet.
@@ -561,7 +595,96 @@ void Router::on_report(int source, const proto::LoadReport& m) {
   }
 }
 
+std::vector<int> Router::worker_ranks(int except) const {
+  std::vector<int> out;
+  for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
+    for (const WorkerView& w : *pool)
+      if (w.rank != except) out.push_back(w.rank);
+  return out;
+}
+
+void Router::on_join(int source, const proto::Join& m) {
+  const bool prefill = m.role == static_cast<int32_t>(Role::kPrefill);
+  std::string refused;
+  if (m.role != static_cast<int32_t>(Role::kPrefill) && m.role != static_cast<int32_t>(Role::kDecode))
+    refused = "role " + std::to_string(m.role) + " cannot join (only prefill and decode ranks)";
+  else if (prefill && workers_.colocated())
+    refused = "this cluster is colocated (no prefill pool): only decode ranks can join it";
+  else if (m.block_size != cfg_.kv.block_size)
+    refused = "kv.block_size " + std::to_string(m.block_size) + " differs from the cluster's " +
+              std::to_string(cfg_.kv.block_size);
+  else if (draining_.load())
+    refused = "the cluster is shutting down";
+  if (!refused.empty()) {
+    spdlog::warn("router: refused a {} rank from {} (pid {}): {}", prefill ? "prefill" : "decode", m.host, m.pid,
+                 refused);
+    channel_->send(source, proto::JoinRefused{refused});
+    channel_->forget(source);
+    return;
+  }
+  proto::JoinAccepted a;
+  a.rank = source;
+  a.epoch = 0;
+  a.colocated = workers_.colocated();
+  std::vector<int> linked;
+  for (const WorkerView& w : prefill ? workers_.decode() : workers_.prefill()) {
+    if (w.state != RankState::kUp || w.port.empty()) continue;
+    a.peers.push_back({w.rank, static_cast<int32_t>(w.is_prefill ? Role::kPrefill : Role::kDecode), w.port});
+    linked.push_back(w.rank);
+  }
+  WorkerView& v = workers_.add(source, prefill, m.pool);
+  v.port = m.port;
+  v.last_heard = Clock::now();
+  for (int r : linked) workers_.link(source, r);
+  joined_total_.inc({prefill ? "prefill" : "decode"});
+  spdlog::info("router: {} rank {} joined from {} (pid {}, pool {}); linking it to {} ranks", prefill ? "prefill" : "decode",
+               source, m.host, m.pid, m.pool, linked.size());
+  channel_->send(source, a);
+}
+
+std::string Router::begin_drain(int rank, const std::string& why) {
+  WorkerView* w = workers_.find(rank);
+  if (w == nullptr) return "rank " + std::to_string(rank) + " is not a worker of this cluster (see /health)";
+  if (w->state == RankState::kDraining) return "rank " + std::to_string(rank) + " is already draining";
+  if (!workers_.begin_drain(rank))
+    return "rank " + std::to_string(rank) + " is " + rank_state_name(w->state) + "; only an up rank can be drained";
+  spdlog::info("router: draining {} rank {} out of the cluster ({}; {} requests on it)",
+               w->is_prefill ? "prefill" : "decode", rank, why, w->outstanding);
+  channel_->send(rank, proto::Drain{});
+  return "";
+}
+
+void Router::on_drained(int rank) {
+  WorkerView* w = workers_.find(rank);
+  if (w == nullptr || w->state != RankState::kDraining) return;
+  const bool prefill = w->is_prefill;
+  // It holds nothing; anything the router still counts on it (a request whose
+  // last token is on its way from the other leg) is unaffected by its leaving.
+  spdlog::info("router: {} rank {} drained; removing it", prefill ? "prefill" : "decode", rank);
+  for (int r : worker_ranks(rank)) channel_->send(r, proto::PeerLeft{rank});
+  channel_->send(rank, proto::Shutdown{});
+  left_total_.inc({prefill ? "prefill" : "decode"});
+  rank_up_.set({prefill ? "prefill" : "decode", std::to_string(rank)}, 0);
+  workers_.remove(rank);
+  channel_->forget(rank);
+}
+
+void Router::check_drains() {
+  const auto limit = std::chrono::milliseconds(cfg_.timeouts.drain_ms);
+  std::vector<int> late;
+  for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
+    for (const WorkerView& w : *pool)
+      if (w.state == RankState::kDraining && Clock::now() - w.drain_started > limit) late.push_back(w.rank);
+  for (int rank : late) {
+    // What it still holds ends as if it had gone down (re-run or failed); then it is removed.
+    on_rank_down(rank, "did not finish draining within " + std::to_string(cfg_.timeouts.drain_ms) +
+                           " ms (timeouts.drain_ms)");
+    on_drained(rank);
+  }
+}
+
 void Router::check_liveness() {
+  check_drains();
   for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
                                   std::chrono::milliseconds(cfg_.timeouts.startup_ms)))
     on_rank_down(rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)");
@@ -573,8 +696,7 @@ void Router::on_rank_down(int rank, const std::string& why) {
   spdlog::error("router: {} is down: {}", name, why);
   rank_down_total_.inc({w->is_prefill ? "prefill" : "decode", std::to_string(rank)});
   // Fence it: the other workers drop what they share with this incarnation.
-  for (int r = 0; r < static_cast<int>(roles_.roles.size()); ++r)
-    if (r != roles_.self && r != rank) channel_->send(r, proto::PeerDown{rank, w->epoch});
+  for (int r : worker_ranks(rank)) channel_->send(r, proto::PeerDown{rank, w->epoch});
   std::vector<uint64_t> hit;
   for (auto& [id, r] : requests_) {
     if (!r->dispatched) continue;

@@ -18,6 +18,13 @@
 // client. Each dispatch attempt travels under a fresh wire id, so anything a
 // worker still sends about an earlier attempt is unknown here and ignored.
 //
+// Elastic pools: a rank started later by its own mpirun joins (Join ->
+// JoinAccepted, ranks linked through MPI ports) and is sent work once it
+// reports ready; any rank can be drained out (POST /admin/drain, or a Leave
+// from the rank): kDraining takes no new work, its queued prefills come back
+// to be re-run elsewhere (FailureKind::kLeaving), the rest finishes; on
+// Drained the others get PeerLeft and the rank gets Shutdown.
+//
 // Membership (WorkerTable): every message from a worker is its heartbeat; one
 // silent for timeouts.heartbeat_ms is declared down — its requests re-run or
 // fail, the other workers are told (PeerDown) — and re-admitted under a new
@@ -101,10 +108,15 @@ class Router {
   };
   struct NewRequest { std::unique_ptr<Request> req; };
   struct ClientGone { uint64_t id; };
+  struct DrainRank {  // POST /admin/drain, answered by the link thread
+    int rank;
+    std::shared_ptr<ResponseWriter> writer;
+  };
 
   // io threads
   void handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w);
   void handle_completion(Endpoint ep, const HttpRequest& http, std::shared_ptr<ResponseWriter> w);
+  void handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w);
   Result<std::vector<TokenId>> encode_chat(const std::vector<ChatMessage>& messages) const;
 
   // link thread
@@ -118,6 +130,14 @@ class Router {
   // `rank` was declared down: its requests re-run or fail; the others are told.
   void on_rank_down(int rank, const std::string& why);
   void on_report(int source, const proto::LoadReport& m);
+  // Elastic pools.
+  void on_join(int source, const proto::Join& m);
+  // Starts draining `rank` out of the cluster; the reason is empty when it can be.
+  std::string begin_drain(int rank, const std::string& why);
+  void on_drained(int rank);
+  void check_drains();
+  // Every worker in the table except `except` (broadcasts).
+  std::vector<int> worker_ranks(int except = -1) const;
   // A request whose attempt failed before any token reached the client goes
   // back to the front of the queue under a new wire id. False when it has
   // used its attempts (the caller then fails it).
@@ -141,7 +161,7 @@ class Router {
 
   // Shared between io threads and the link.
   std::recursive_mutex inbox_mu_;  // recursive: a disconnect callback may run inline while it is held
-  std::deque<std::variant<NewRequest, ClientGone>> inbox_;  // guarded by inbox_mu_
+  std::deque<std::variant<NewRequest, ClientGone, DrainRank>> inbox_;  // guarded by inbox_mu_
   std::atomic<int> queued_{0};          // requests accepted, not yet dispatched
   std::atomic<bool> draining_{false};
   std::atomic<bool> ready_{false};
@@ -183,6 +203,8 @@ class Router {
   Counter& rank_down_total_;
   Counter& retried_total_;
   Gauge& quarantined_blocks_;
+  Counter& joined_total_;
+  Counter& left_total_;
 };
 
 }  // namespace pd::router

@@ -34,6 +34,9 @@ class ControlChannel {
   virtual size_t pending_sends() const = 0;
   // Waits up to `deadline` for pending sends (shutdown); false if some remain.
   virtual bool flush(std::chrono::milliseconds deadline) = 0;
+  // `rank` left the cluster for good (PeerLeft): release its link, if it has
+  // one of its own (a rank that joined later). Sends already posted complete.
+  virtual void forget(int rank) = 0;
 };
 
 // When a worker sends the router its LoadReport: when it changed (at most

@@ -73,6 +73,22 @@ struct ToJson {
   json operator()(const PeerDown& m) const { return {{"t", "down"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
   json operator()(const PeerUp& m) const { return {{"t", "up"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
   json operator()(const Rejoin& m) const { return {{"t", "rejoin"}, {"epoch", m.epoch}}; }
+  json operator()(const Listening& m) const { return {{"t", "listening"}, {"port", m.port}}; }
+  json operator()(const Join& m) const {
+    return {{"t", "join"}, {"role", m.role}, {"host", m.host}, {"pid", m.pid}, {"block_size", m.block_size},
+            {"port", m.port}, {"pool", m.pool}};
+  }
+  json operator()(const JoinAccepted& m) const {
+    json peers = json::array();
+    for (const JoinPeer& p : m.peers) peers.push_back({{"rank", p.rank}, {"role", p.role}, {"port", p.port}});
+    return {{"t", "joined"}, {"rank", m.rank}, {"epoch", m.epoch}, {"colocated", m.colocated}, {"peers", peers}};
+  }
+  json operator()(const JoinRefused& m) const { return {{"t", "refused"}, {"reason", m.reason}}; }
+  json operator()(const Hello& m) const { return {{"t", "hello"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
+  json operator()(const Leave&) const { return {{"t", "leave"}}; }
+  json operator()(const Drain&) const { return {{"t", "drain"}}; }
+  json operator()(const Drained&) const { return {{"t", "drained"}}; }
+  json operator()(const PeerLeft& m) const { return {{"t", "left"}, {"rank", m.rank}}; }
   json operator()(const TokenEvents& m) const {
     json events = json::array();
     for (const TokenEvent& e : m.events)
@@ -114,6 +130,22 @@ Message from_json(const json& j) {
   if (t == "down") return PeerDown{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "up") return PeerUp{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "rejoin") return Rejoin{j.at("epoch").get<Epoch>()};
+  if (t == "listening") return Listening{j.at("port").get<std::string>()};
+  if (t == "join")
+    return Join{j.at("role").get<int32_t>(), j.at("host").get<std::string>(), j.at("pid").get<int32_t>(),
+                j.at("block_size").get<int32_t>(), j.at("port").get<std::string>(), j.at("pool").get<std::string>()};
+  if (t == "joined") {
+    JoinAccepted m{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>(), j.at("colocated").get<bool>(), {}};
+    for (const json& p : j.at("peers"))
+      m.peers.push_back({p.at("rank").get<int32_t>(), p.at("role").get<int32_t>(), p.at("port").get<std::string>()});
+    return m;
+  }
+  if (t == "refused") return JoinRefused{j.at("reason").get<std::string>()};
+  if (t == "hello") return Hello{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
+  if (t == "leave") return Leave{};
+  if (t == "drain") return Drain{};
+  if (t == "drained") return Drained{};
+  if (t == "left") return PeerLeft{j.at("rank").get<int32_t>()};
   if (t == "tokens") {
     TokenEvents m;
     for (const json& e : j.at("events")) {
@@ -169,7 +201,9 @@ const char* message_name(const Message& m) {
   static constexpr const char* kNames[] = {"PrefillRequest", "Cancel",       "Shutdown",    "HandoffOffer",
                                            "HandoffAccept",  "HandoffReject", "HandoffAbort", "TokenEvents",
                                            "TransferStats",  "RequestFailed", "LoadReport",   "PeerDown",
-                                           "PeerUp",         "Rejoin"};
+                                           "PeerUp",         "Rejoin",        "Listening",    "Join",
+                                           "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
+                                           "Drain",          "Drained",       "PeerLeft"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }
@@ -177,6 +211,7 @@ const char* message_name(const Message& m) {
 const char* failure_kind_name(FailureKind k) {
   switch (k) {
     case FailureKind::kInvalid: return "invalid";
+    case FailureKind::kLeaving: return "leaving";
     case FailureKind::kOverloaded: return "overloaded";
     case FailureKind::kTimeout: return "timeout";
     case FailureKind::kPeerDown: return "peer_down";

@@ -19,6 +19,18 @@
 //   P,D -> R RequestFailed    a request ended with an error on that rank
 //   P,D -> R LoadReport       the rank's queue lengths and KV pool occupancy (also its heartbeat)
 //
+// Elastic pools (docs/CLUSTER.md, "Growing and shrinking pools"): ranks of a later mpirun join a
+// running cluster through MPI ports, and any worker can be drained and removed.
+//   P,D -> R Listening        the MPI port this worker accepts joining ranks on
+//   J -> R   Join             first message of a joining rank J (on its new link to the router)
+//   R -> J   JoinAccepted     J's rank id and epoch, and the workers it must link to (their ports)
+//   R -> J   JoinRefused      J cannot serve in this cluster (the reason names what differs)
+//   J -> P,D Hello            first message on J's new link to a worker: who J is
+//   P,D -> R Leave            asks to be drained and removed (a joined rank got SIGTERM)
+//   R -> P,D Drain            no new work will come: finish (or hand back) what you hold, then Drained
+//   P,D -> R Drained          holds nothing any more; the router then sends Shutdown
+//   R -> P,D PeerLeft         that rank left for good: forget it (its link is freed)
+//
 // Epochs: each worker rank runs under an epoch the router gives it (0 at
 // start, a new one each time it is re-admitted after being declared down).
 // Messages between workers carry the sender's epoch; a receiver drops one from
@@ -83,6 +95,28 @@ struct HandoffAbort { RequestId id = 0; std::string reason; Epoch epoch = 0; };
 struct PeerDown { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that is over
 struct PeerUp { int32_t rank = -1; Epoch epoch = 0; };    // `epoch`: the new incarnation
 struct Rejoin { Epoch epoch = 0; };
+struct Listening { std::string port; };
+struct Join {
+  int32_t role = 0;  // Role (mpi_channel.h): 1 prefill, 2 decode
+  std::string host;
+  int32_t pid = 0;
+  int32_t block_size = 0;
+  std::string port;  // where the joined rank accepts later joiners
+  std::string pool;  // which pool (mpirun) it belongs to: its ranks reach each other
+};
+struct JoinPeer { int32_t rank = -1; int32_t role = 0; std::string port; };
+struct JoinAccepted {
+  int32_t rank = -1;       // the joined rank's id in the cluster (never reused)
+  Epoch epoch = 0;
+  bool colocated = false;
+  std::vector<JoinPeer> peers;  // up workers of the other role: link to each (Hello)
+};
+struct JoinRefused { std::string reason; };
+struct Hello { int32_t rank = -1; Epoch epoch = 0; };
+struct Leave {};
+struct Drain {};
+struct Drained {};
+struct PeerLeft { int32_t rank = -1; };
 
 enum class Finish : int32_t { kNone = 0, kStop = 1, kLength = 2 };
 struct TokenEvent {
@@ -112,8 +146,9 @@ enum class FailureKind : int32_t {
   kPeerDown = 4,    // the other rank of the request is down
   kTransfer = 5,    // the KV transfer failed or arrived corrupted
   kInternal = 6,    // a bug or a compute failure on the rank
+  kLeaving = 7,     // handed back: the rank is being drained out of the cluster and had not started it
 };
-inline constexpr int32_t kFailureKindMax = 6;
+inline constexpr int32_t kFailureKindMax = 7;
 const char* failure_kind_name(FailureKind k);
 struct RequestFailed { RequestId id = 0; std::string reason; FailureKind kind = FailureKind::kInternal; };
 struct LoadReport {
@@ -128,7 +163,8 @@ struct LoadReport {
 };
 
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
-                             TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin>;
+                             TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
+                             Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cerrno>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <thread>
 
 namespace pd {
@@ -22,13 +25,15 @@ const char* role_name(Role r) {
   return "?";
 }
 
-Status mpi_init(int* argc, char*** argv) {
+Status mpi_init(int* argc, char*** argv, bool elastic) {
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+  const int need = elastic ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+  if (MPI_Init_thread(argc, argv, need, &provided) != MPI_SUCCESS)
     return Status::internal("MPI_Init_thread failed");
-  if (provided < MPI_THREAD_FUNNELED)
+  if (provided < need)
     return Status::unsupported("the MPI library provides thread level " + std::to_string(provided) +
-                               ", pdcluster needs MPI_THREAD_FUNNELED");
+                               ", pdcluster needs " + (elastic ? "MPI_THREAD_MULTIPLE (elastic pools)"
+                                                               : "MPI_THREAD_FUNNELED"));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return Status::ok();
 }
@@ -44,7 +49,7 @@ void mpi_finalize_bounded(int code, std::chrono::seconds limit) {
   MPI_Finalize();
 }
 
-Result<RoleTable> exchange_roles(Role mine) {
+Result<RoleTable> exchange_roles(Role mine, bool joining) {
   RoleTable t;
   int size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &t.self);
@@ -77,6 +82,10 @@ Result<RoleTable> exchange_roles(Role mine) {
       case Role::kDecode: t.decode.push_back(r); break;
     }
   }
+  if (joining) {
+    if (t.router >= 0) return Status::invalid_argument("a pool joining a running cluster has no pd-router rank");
+    return t;
+  }
   if (t.router < 0) return Status::invalid_argument("no pd-router rank in the job");
   if (t.decode.empty()) return Status::invalid_argument("no pd-decode rank in the job (need at least one)");
   return t;
@@ -95,6 +104,144 @@ bool rank_confirmed_dead(const RoleTable& t, int rank) {
   return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
 }
 
+Status send_now(MpiLinks& links, int dest, const proto::Message& m) {
+  const auto to = links.endpoint(dest);
+  if (!to) return Status::not_found("no link to rank " + std::to_string(dest));
+  std::vector<uint8_t> bytes = proto::serialize(m);
+  if (MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, to->rank, proto::kTagControl, to->comm) !=
+      MPI_SUCCESS)
+    return Status::io_error(std::string("sending ") + proto::message_name(m) + " to rank " + std::to_string(dest) +
+                            " failed");
+  return Status::ok();
+}
+
+namespace {
+
+// The next control message from `from` within `timeout` (the handshake's only receive).
+Result<proto::Message> receive_now(MpiLinks& links, int from, std::chrono::milliseconds timeout) {
+  const auto ep = links.endpoint(from);
+  if (!ep) return Status::not_found("no link to rank " + std::to_string(from));
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(ep->rank, proto::kTagControl, ep->comm, &flag, &st) != MPI_SUCCESS)
+      return Status::io_error("probing rank " + std::to_string(from) + " failed");
+    if (flag) {
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      std::vector<uint8_t> buf(static_cast<size_t>(std::max(count, 1)));
+      MPI_Recv(buf.data(), count, MPI_BYTE, ep->rank, proto::kTagControl, ep->comm, MPI_STATUS_IGNORE);
+      return proto::deserialize(buf.data(), static_cast<size_t>(count));
+    }
+    if (std::chrono::steady_clock::now() > end)
+      return Status::timeout("no answer from rank " + std::to_string(from) + " within " +
+                             std::to_string(timeout.count()) + " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+struct JoinTarget {
+  std::string port;
+  int router = -1;
+};
+
+Result<JoinTarget> read_join_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return Status::not_found("cannot read join file '" + path + "' (the router's --join-file)");
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    return JoinTarget{j.at("port").get<std::string>(), j.at("router").get<int>()};
+  } catch (const std::exception& e) {
+    return Status::invalid_argument("join file '" + path + "': " + e.what());
+  }
+}
+
+}  // namespace
+
+Status write_join_file(const std::string& path, const std::string& port, int router_rank) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << nlohmann::json{{"port", port}, {"router", router_rank}}.dump() << "\n";
+    if (!f) return Status::io_error("cannot write join file '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rename to '" + path + "'");
+  return Status::ok();
+}
+
+Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
+                               int32_t block_size, std::chrono::milliseconds timeout) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto target = read_join_file(join_file);
+  // The pool's own world ranks get cluster ids only at the end (no id is theirs yet).
+  links.set_world_ids(std::vector<int>(static_cast<size_t>(size), -1));
+  proto::JoinAccepted accepted;
+  Status mine = target.status();
+  // The pool's name: where its first rank runs (the router links a pool's ranks to each other).
+  const std::string pool = world.hosts[0] + ":" + std::to_string(world.pids[0]);
+  // One rank of the pool at a time: the other side accepts links one by one.
+  for (int k = 0; k < size; ++k) {
+    if (k == world.self && mine.is_ok()) {
+      mine = [&]() -> Status {
+        PD_ASSIGN_OR_RETURN(int router, links.connect(target->port, target->router));
+        PD_RETURN_IF_ERROR(send_now(links, router,
+                                    proto::Join{static_cast<int32_t>(world.roles[world.self]), world.hosts[world.self],
+                                                world.pids[world.self], block_size, links.port(), pool}));
+        PD_ASSIGN_OR_RETURN(proto::Message answer, receive_now(links, router, timeout));
+        if (auto* refused = std::get_if<proto::JoinRefused>(&answer))
+          return Status::invalid_argument("the router refused: " + refused->reason);
+        auto* ok = std::get_if<proto::JoinAccepted>(&answer);
+        if (ok == nullptr) return Status::corruption(std::string("expected JoinAccepted, got ") + proto::message_name(answer));
+        accepted = *ok;
+        for (const proto::JoinPeer& p : accepted.peers) {
+          PD_RETURN_IF_ERROR(links.connect(p.port, p.rank).status());
+          PD_RETURN_IF_ERROR(send_now(links, p.rank, proto::Hello{accepted.rank, accepted.epoch}));
+        }
+        return Status::ok();
+      }();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  // All or none of the pool joins (a rank that failed aborts the pool's job).
+  int failed = mine.is_ok() ? 0 : 1, any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!mine.is_ok()) return mine;
+  if (any_failed) return Status::cancelled("another rank of this pool could not join");
+
+  std::vector<int> ids(static_cast<size_t>(size));
+  MPI_Allgather(&accepted.rank, 1, MPI_INT, ids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  links.set_world_ids(ids);
+
+  RoleTable t;
+  const int max_id = std::max(*std::max_element(ids.begin(), ids.end()), target->router);
+  int top = max_id;
+  for (const proto::JoinPeer& p : accepted.peers) top = std::max(top, p.rank);
+  t.roles.assign(static_cast<size_t>(top) + 1, Role::kDecode);
+  t.hosts.assign(static_cast<size_t>(top) + 1, std::string());
+  t.pids.assign(static_cast<size_t>(top) + 1, 0);
+  t.self = accepted.rank;
+  t.router = target->router;
+  t.roles[t.router] = Role::kRouter;
+  for (int r = 0; r < size; ++r) {
+    t.roles[ids[r]] = world.roles[r];
+    t.hosts[ids[r]] = world.hosts[r];
+    t.pids[ids[r]] = world.pids[r];
+    (world.roles[r] == Role::kPrefill ? t.prefill : t.decode).push_back(ids[r]);
+  }
+  for (const proto::JoinPeer& p : accepted.peers) {
+    t.roles[p.rank] = static_cast<Role>(p.role);
+    (p.role == static_cast<int32_t>(Role::kPrefill) ? t.prefill : t.decode).push_back(p.rank);
+  }
+  std::sort(t.prefill.begin(), t.prefill.end());
+  std::sort(t.decode.begin(), t.decode.end());
+  // A decode rank of a disaggregated cluster must not think it is colocated
+  // (it would prefill prompts itself): it learns the mode from the router.
+  t.joined_disaggregated = !accepted.colocated;
+  return t;
+}
+
 MpiControlChannel::~MpiControlChannel() {
   // Unfinished sends at destruction: the peer is gone or never received; free
   // the requests without waiting (MPI may still be finalizing).
@@ -103,21 +250,54 @@ MpiControlChannel::~MpiControlChannel() {
 }
 
 void MpiControlChannel::send(int dest, const proto::Message& m) {
+  const auto to = links_->endpoint(dest);
+  if (!to) {
+    spdlog::warn("control message {} to rank {}: no link to that rank; dropped", proto::message_name(m), dest);
+    return;
+  }
   PendingSend& s = sends_.emplace_back();
   s.bytes = proto::serialize(m);
-  MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, dest, proto::kTagControl, comm_, &s.req);
+  if (MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to->rank, proto::kTagControl, to->comm,
+                &s.req) != MPI_SUCCESS) {
+    spdlog::warn("control message {} to rank {}: MPI_Isend failed", proto::message_name(m), dest);
+    sends_.pop_back();
+  }
 }
 
 std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
-  int flag = 0;
-  MPI_Status st;
-  MPI_Iprobe(MPI_ANY_SOURCE, proto::kTagControl, comm_, &flag, &st);
-  if (!flag) return std::nullopt;
-  int count = 0;
-  MPI_Get_count(&st, MPI_BYTE, &count);
-  recv_buf_.resize(static_cast<size_t>(std::max(count, 1)));
-  MPI_Recv(recv_buf_.data(), count, MPI_BYTE, st.MPI_SOURCE, proto::kTagControl, comm_, MPI_STATUS_IGNORE);
-  return Received{st.MPI_SOURCE, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
+  links_->take_accepted();
+  for (;;) {
+    const auto& links = links_->links();
+    std::optional<Received> got;
+    for (size_t k = 0; k < links.size() && !got; ++k) {
+      const size_t i = (next_link_ + k) % links.size();
+      const MpiLinks::Link link = links[i];
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, proto::kTagControl, link.comm, &flag, &st) != MPI_SUCCESS || !flag) continue;
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      recv_buf_.resize(static_cast<size_t>(std::max(count, 1)));
+      MPI_Recv(recv_buf_.data(), count, MPI_BYTE, st.MPI_SOURCE, proto::kTagControl, link.comm, MPI_STATUS_IGNORE);
+      next_link_ = i + 1;
+      const int source = link.id == -1 ? links_->world_id(st.MPI_SOURCE) : link.id;
+      got = Received{source, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
+    }
+    if (!got) return std::nullopt;
+    if (got->source > MpiLinks::kProvisionalBase) return got;
+    // An accepted link not bound yet: its first message says who is on it.
+    if (got->message.is_ok()) {
+      if (auto* hello = std::get_if<proto::Hello>(&*got->message)) {
+        if (links_->bind(got->source, hello->rank)) {
+          got->source = hello->rank;
+          return got;
+        }
+        spdlog::warn("Hello from rank {} on a new link: that rank already has one; dropped", hello->rank);
+        continue;
+      }
+    }
+    spdlog::warn("control message on a new link before its Hello; dropped");
+  }
 }
 
 int MpiControlChannel::drain(const std::function<void(int, proto::Message&)>& fn, int max) {

@@ -16,6 +16,7 @@
 
 #include "protocol/control_channel.h"
 #include "protocol/messages.h"
+#include "protocol/mpi_links.h"
 #include "util/status.h"
 
 namespace pd {
@@ -31,13 +32,15 @@ struct RoleTable {
   int router = -1;
   std::vector<int> prefill;        // ranks, ascending
   std::vector<int> decode;
-  bool colocated() const { return prefill.empty(); }
+  bool joined_disaggregated = false;  // a joined rank of a cluster with prefill ranks (maybe none it links to)
+  bool colocated() const { return prefill.empty() && !joined_disaggregated; }
 };
 
-// MPI_Init_thread(FUNNELED) with an error naming what was provided instead;
-// MPI_COMM_WORLD then returns errors instead of aborting the job, so one rank's
-// death is this rank's to handle (with mpirun --mca orte_enable_recovery 1).
-Status mpi_init(int* argc, char*** argv);
+// MPI_Init_thread(FUNNELED, or MULTIPLE for `elastic` ranks: their MpiLinks
+// accept on a background thread) with an error naming what was provided
+// instead; MPI_COMM_WORLD then returns errors instead of aborting the job, so
+// one rank's death is this rank's to handle (mpirun --mca orte_enable_recovery 1).
+Status mpi_init(int* argc, char*** argv, bool elastic = false);
 // MPI_Finalize, bounded: with a rank of the job dead (mpirun --mca
 // orte_enable_recovery 1), OpenMPI 4.1's finalize can wait for it for ever
 // (seen about once in ten chaos runs). After `limit` the process exits with
@@ -45,8 +48,9 @@ Status mpi_init(int* argc, char*** argv);
 void mpi_finalize_bounded(int code, std::chrono::seconds limit = std::chrono::seconds(5));
 
 // Every rank announces its role (one MPI_Allgather). InvalidArgument unless
-// there is exactly one router and at least one decode rank.
-Result<RoleTable> exchange_roles(Role mine);
+// there is exactly one router and at least one decode rank — or, for the ranks
+// of a pool joining a running cluster (`joining`), no router at all.
+Result<RoleTable> exchange_roles(Role mine, bool joining = false);
 
 // Whether `rank`'s process is known to have ended: it ran on this host and its
 // pid is gone (or a zombie). False when it cannot be known (another host).
@@ -54,10 +58,31 @@ Result<RoleTable> exchange_roles(Role mine);
 // complete the transfers it had begun.
 bool rank_confirmed_dead(const RoleTable& t, int rank);
 
-// The ControlChannel of the cluster: protocol messages on kTagControl.
+// Sends one control message and waits for it to leave (MPI_Send): for the few
+// messages sent before a rank's channel exists (Listening, the join handshake).
+Status send_now(MpiLinks& links, int dest, const proto::Message& m);
+
+// The join handshake of a pool started by its own mpirun (`--join FILE`; FILE
+// is what the router wrote for --join-file: its port and rank). One rank of
+// the pool at a time: connect to the router, Join, get an id (JoinAccepted),
+// connect to every worker it names and say Hello. Returns this rank's table
+// in the cluster's ids (self = its new id; world-mates mapped too). An error
+// names what failed (the file, a refusal and its reason, a timeout).
+Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
+                               int32_t block_size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// The router's side of --join-file: FILE gets {"port": ..., "router": rank}
+// (written to a temporary name and renamed, so a reader never sees half).
+Status write_join_file(const std::string& path, const std::string& port, int router_rank);
+
+// The ControlChannel of the cluster: protocol messages on kTagControl, to and
+// from rank ids (MpiLinks: the world's ranks, and the links of joined ranks).
+// A link accepted by a worker is bound to its rank by the Hello on it (which
+// is then delivered as from that rank); anything else on an unbound link is
+// dropped.
 class MpiControlChannel final : public ControlChannel {
  public:
-  explicit MpiControlChannel(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {}
+  explicit MpiControlChannel(std::shared_ptr<MpiLinks> links = std::make_shared<MpiLinks>()) : links_(std::move(links)) {}
   ~MpiControlChannel() override;
   MpiControlChannel(const MpiControlChannel&) = delete;
   MpiControlChannel& operator=(const MpiControlChannel&) = delete;
@@ -80,13 +105,15 @@ class MpiControlChannel final : public ControlChannel {
   size_t pending_sends() const override { return sends_.size(); }
   // Waits up to `deadline` for pending sends (shutdown); false if some remain.
   bool flush(std::chrono::milliseconds deadline) override;
+  void forget(int rank) override { links_->forget(rank); }
 
  private:
   struct PendingSend {
     std::vector<uint8_t> bytes;
     MPI_Request req = MPI_REQUEST_NULL;
   };
-  MPI_Comm comm_;
+  std::shared_ptr<MpiLinks> links_;
+  size_t next_link_ = 0;  // probing starts here (round robin over the links)
   std::deque<PendingSend> sends_;
   std::vector<uint8_t> recv_buf_;
 };

@@ -24,6 +24,11 @@ class PeerEpochs {
   bool down(int rank, proto::Epoch epoch);
   // PeerUp: false when `epoch` is older than the one known.
   bool up(int rank, proto::Epoch epoch);
+  // PeerLeft: the rank is gone for good.
+  void forget(int rank) {
+    epoch_.erase(rank);
+    down_.erase(rank);
+  }
   bool is_down(int rank) const { return down_.count(rank) > 0; }
   bool any_down() const { return !down_.empty(); }
   proto::Epoch epoch(int rank) const;

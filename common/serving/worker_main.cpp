@@ -4,12 +4,38 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <cstdlib>
+#include <string>
 #include <iostream>
 
 namespace pd {
 
-Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* program, bool* help) {
+namespace {
+volatile std::sig_atomic_t g_leave = 0;
+void on_leave_signal(int) { g_leave = 1; }
+}  // namespace
+
+bool leave_requested() { return g_leave != 0; }
+
+namespace {
+bool g_left = false;
+}  // namespace
+
+void note_left() { g_left = true; }
+
+bool wants_elastic(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--elastic" || a == "--join" || a.rfind("--join=", 0) == 0 || a == "--join-file" ||
+        a.rfind("--join-file=", 0) == 0)
+      return true;
+  }
+  return false;
+}
+
+Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* program, bool* help, LaunchFlags* flags) {
   std::string config_path, model, host, port_file;
+  LaunchFlags launch;
   int threads = -1, port = -1;
   CLI::App app{std::string(program) + ": a pdcluster rank (start all ranks with one mpirun; see deploy/launch.sh)"};
   app.add_option("config", config_path, "cluster config JSON (deploy/cluster.json); defaults apply without one");
@@ -19,6 +45,9 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   app.add_option("--host", host, "HTTP bind address (router; overrides http.host)");
   app.add_option("--port", port, "HTTP port (router; overrides http.port; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--port-file", port_file, "file the router writes its bound port to (overrides http.port_file)");
+  app.add_flag("--elastic", launch.elastic, "worker: accept ranks that join the cluster later (launch.sh --join-file)");
+  app.add_option("--join", launch.join, "worker: join the running cluster this file (the router's --join-file) names");
+  app.add_option("--join-file", launch.join_file, "router: accept joining ranks; write where to join to this file");
   *help = false;
   try {
     app.parse(argc, argv);
@@ -39,6 +68,8 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   if (!host.empty()) cfg.http.host = host;
   if (!port_file.empty()) cfg.http.port_file = port_file;
   PD_RETURN_IF_ERROR(cfg.validate());
+  if (launch.elastic && !launch.join.empty()) return Status::invalid_argument("--elastic and --join exclude each other");
+  if (flags != nullptr) *flags = launch;
   return cfg;
 }
 
@@ -47,7 +78,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   // mpirun forwards to every rank must not cut a worker out from under it.
   std::signal(SIGTERM, SIG_IGN);
   std::signal(SIGINT, SIG_IGN);
-  if (Status st = mpi_init(&argc, &argv); !st.is_ok()) {
+  if (Status st = mpi_init(&argc, &argv, wants_elastic(argc, argv)); !st.is_ok()) {
     std::cerr << "pd-" << role_name(role) << ": " << st.to_string() << "\n";
     return 1;
   }
@@ -60,9 +91,11 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
     return 2;
   };
   bool help = false;
-  auto cfg = parse_cluster_args(argc, argv, (std::string("pd-") + role_name(role)).c_str(), &help);
+  LaunchFlags flags;
+  auto cfg = parse_cluster_args(argc, argv, (std::string("pd-") + role_name(role)).c_str(), &help, &flags);
+  const bool joining = wants_elastic(argc, argv) && cfg.is_ok() && !flags.join.empty();
   // Every rank joins the role exchange before anyone may abort, so errors are reported once, clearly.
-  auto roles = exchange_roles(role);
+  auto roles = exchange_roles(role, joining);
   if (help) {
     MPI_Finalize();
     return 0;
@@ -90,9 +123,35 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   }
   auto engine = Engine::create(ec);
   if (!engine.is_ok()) return abort_job(engine.status().to_string());
-  Status st = body(*cfg, *roles, std::move(engine).value());
+
+  auto links = std::make_shared<MpiLinks>();
+  RoleTable table = *roles;
+  if (flags.elastic || joining) {
+    if (Status st = links->listen(); !st.is_ok()) return abort_job(st.to_string());
+  }
+  if (joining) {
+    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size);
+    if (!joined.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + joined.status().message());
+    table = std::move(joined).value();
+    spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(table.self) +
+                        "] [%l] %v");
+    // SIGTERM to a joined rank: leave (drain, then exit); see leave_requested().
+    std::signal(SIGTERM, on_leave_signal);
+  } else if (flags.elastic) {
+    send_now(*links, table.router, proto::Listening{links->port()});
+  }
+  Status st = body(*cfg, table, std::move(engine).value(), links);
   if (!st.is_ok()) spdlog::error("{}", st.to_string());
   const int code = st.is_ok() ? 0 : 1;
+  if (g_left && !joining) {
+    // Drained out of the cluster; the rest of the job serves on. MPI_Finalize
+    // would wait for every rank of the job (and mpirun --mca
+    // orte_enable_recovery 1 lets the job go on without this process).
+    spdlog::info("left the cluster; exiting (the rest of the job keeps serving)");
+    spdlog::default_logger()->flush();
+    std::_Exit(code);
+  }
+  links->close_all();
   mpi_finalize_bounded(code);
   return code;
 }

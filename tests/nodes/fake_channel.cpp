@@ -11,6 +11,7 @@ namespace pd::test {
 struct FakeChannelHub::Inboxes {
   FakeChannelHub* hub = nullptr;  // null once the hub is gone
   std::map<int, std::deque<std::pair<int, std::vector<uint8_t>>>> by_rank;
+  std::map<int, std::set<int>> forgotten;  // rank -> the ranks it forgot (PeerLeft)
 };
 
 class FakeChannelHub::Endpoint final : public ControlChannel {
@@ -37,6 +38,7 @@ class FakeChannelHub::Endpoint final : public ControlChannel {
   void progress() override {}
   size_t pending_sends() const override { return 0; }  // the hub takes every send at once
   bool flush(std::chrono::milliseconds) override { return true; }
+  void forget(int rank) override { inboxes_->forgotten[rank_].insert(rank); }
 
  private:
   std::shared_ptr<Inboxes> inboxes_;
@@ -45,6 +47,8 @@ class FakeChannelHub::Endpoint final : public ControlChannel {
 
 FakeChannelHub::FakeChannelHub() : inboxes_(std::make_shared<Inboxes>()) { inboxes_->hub = this; }
 FakeChannelHub::~FakeChannelHub() { inboxes_->hub = nullptr; }
+
+std::set<int> FakeChannelHub::forgotten(int rank) const { return inboxes_->forgotten[rank]; }
 
 std::unique_ptr<ControlChannel> FakeChannelHub::endpoint(int rank) {
   return std::make_unique<Endpoint>(inboxes_, rank);

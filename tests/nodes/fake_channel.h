@@ -55,6 +55,8 @@ class FakeChannelHub {
   // Messages to or from `rank` vanish from now on (messages already delivered
   // to it stay in its inbox, unread).
   void kill(int rank);
+  // The ranks `rank`'s channel was told to forget (a peer that left).
+  std::set<int> forgotten(int rank) const;
 
  private:
   struct Packet {
