@@ -88,6 +88,8 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       quarantined_blocks_(metrics_.gauge("pd_kv_blocks_quarantined",
                                          "KV blocks held back until MPI can no longer write into them (a sender that went down mid-transfer)",
                                          {"role", "rank"})),
+      rank_requests_total_(metrics_.counter("pd_rank_requests_total",
+                                            "Requests dispatched to the rank (each attempt counts)", {"role", "rank"})),
       joined_total_(metrics_.counter("pd_ranks_joined_total", "Ranks that joined the running cluster (elastic pools)",
                                      {"role"})),
       left_total_(metrics_.counter("pd_ranks_left_total", "Ranks drained out of the cluster and removed", {"role"})) {
@@ -421,6 +423,8 @@ void Router::dispatch_queued() {
       stage_.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
       prompt_tokens_total_.inc(static_cast<double>(n));
     }
+    if (choice->prefill_rank >= 0) rank_requests_total_.inc({"prefill", std::to_string(choice->prefill_rank)});
+    rank_requests_total_.inc({"decode", std::to_string(choice->decode_rank)});
     proto::PrefillRequest m{r.id, r.prompt, r.api.sampling, choice->decode_rank};
     channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank, m);
   }
@@ -664,7 +668,13 @@ void Router::on_drained(int rank) {
   for (int r : worker_ranks(rank)) channel_->send(r, proto::PeerLeft{rank});
   channel_->send(rank, proto::Shutdown{});
   left_total_.inc({prefill ? "prefill" : "decode"});
-  rank_up_.set({prefill ? "prefill" : "decode", std::to_string(rank)}, 0);
+  // Its series stay (a metric's children live as long as the registry): as it left, holding nothing.
+  const std::vector<std::string> labels{prefill ? "prefill" : "decode", std::to_string(rank)};
+  rank_up_.set(labels, 0);
+  running_.set(labels, 0);
+  waiting_.set(labels, 0);
+  free_blocks_.set(labels, static_cast<double>(w->load.total_blocks));
+  quarantined_blocks_.set(labels, 0);
   workers_.remove(rank);
   channel_->forget(rank);
 }

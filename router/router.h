@@ -203,6 +203,7 @@ class Router {
   Counter& rank_down_total_;
   Counter& retried_total_;
   Gauge& quarantined_blocks_;
+  Counter& rank_requests_total_;
   Counter& joined_total_;
   Counter& left_total_;
 };

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Elastic pools: a decode pool started by its own mpirun joins a running cluster while it
+streams, serves, and leaves again; a rank of the launching job is drained out.
+
+    tests/cluster/test_elastic.py elastic
+
+1 router + 1 prefill + 1 decode rank (default model), launched with --join-file:
+  1. 16 greedy streamed requests start; once they stream, `launch.sh --join FILE --decode 1`
+     adds a decode pool (its own mpirun, MPI_Comm_connect through ompi-server);
+  2. once /health lists the joined rank up, 8 more streamed requests: some go to it
+     (pd_rank_requests_total);
+  3. while those stream, SIGTERM to the pool's launch.sh: the rank asks to leave, finishes what
+     it holds, and its mpirun exits 0; /health drops it; pd_ranks_left_total counts it;
+  4. a second pool joins, then POST /admin/drain removes the launching job's decode rank
+     (its process exits; the joined rank serves on);
+  5. every request ends exactly once, with the text pd-generate gives (greedy), and every KV
+     block of the ranks left comes back.
+
+Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import (BUILD, DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check, need_default_model, per_rank,  # noqa: E402
+                     reference, run_suite, wait_for)
+from loadgen import words  # noqa: E402
+from test_chaos import Stream  # noqa: E402
+
+CONFIG = {"timeouts": {"heartbeat_ms": 4000, "request_ms": 120000, "drain_ms": 30000}}
+MAX_TOKENS = 32
+
+
+class Pool:
+    """A pool joining the cluster: deploy/launch.sh --join FILE --decode N, in its own session."""
+
+    def __init__(self, join_file, config_path, decode=1):
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--join", join_file, "--decode", str(decode),
+               "--config", config_path, "--build", BUILD, "--threads", "1"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def logs(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-4000:]
+
+    def leave(self, timeout=60):
+        """SIGTERM to launch.sh (as Ctrl-C): the pool drains out; returns mpirun's exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def ranks(c):
+    status, body = c.health()
+    return {r["rank"]: (r["role"], r["state"]) for r in (body or {}).get("ranks", [])}
+
+
+def text_of(s):
+    return "".join(s.piece(ch) for ev in s.events if isinstance(ev, dict) for ch in ev.get("choices", []))
+
+
+def start(c, prompts, first):
+    streams = [Stream(first + i, "chat" if i % 4 == 3 else "completion", p, MAX_TOKENS) for i, p in enumerate(prompts)]
+    for s in streams:
+        s.body["ignore_eos"] = True
+    threads = [threading.Thread(target=s.read, args=(c.port, lambda: None, 300), daemon=True) for s in streams]
+    for t in threads:
+        t.start()
+    return streams, threads
+
+
+def texting(streams):
+    return sum(1 for s in streams if s.t_text is not None)
+
+
+def suite_elastic(tmp):
+    need_default_model()
+    model = DEFAULT_MODEL
+    join_file = os.path.join(tmp, "cluster.join")
+    # Four distinct prompts (two lengths, completion and chat), each sent 8 times: the
+    # reference costs four pd-generate runs.
+    rng = random.Random(5)
+    distinct = [words(n, rng) for n in (14, 40, 14, 40)]
+    prompts = [distinct[i % 4] for i in range(32)]
+    cases = [{"prompt": p, "chat": i == 3, "max_tokens": MAX_TOKENS, "ignore_eos": True} for i, p in enumerate(distinct)]
+    t_ref = time.time()
+    want = [r["text"] for r in reference(model, cases)] * 8
+    print("pd-generate reference: %.1f s" % (time.time() - t_ref))
+    pools = []
+    with Cluster(prefill=1, decode=1, model=model, config=CONFIG, launch_args=["--join-file", join_file]) as c:
+        try:
+            wait_for(lambda: os.path.exists(join_file), 30, "the join file")
+            # 1. a pool joins while 16 requests stream
+            streams, threads = start(c, prompts[:16], 0)
+            wait_for(lambda: texting(streams) >= 8, 120, "8 of 16 streams to start")
+            t0 = time.time()
+            pools.append(Pool(join_file, c.config_path))
+            wait_for(lambda: ranks(c).get(3) == ("decode", "up"), 120, "the joined decode rank (3) up")
+            joined_s = time.time() - t0
+            streaming = sum(1 for t in threads if t.is_alive())
+            print("a decode pool joined in %.1f s, with %d of 16 streams still running" % (joined_s, streaming))
+            check(streaming > 0, "every stream ended before the pool joined: the join did not happen under load")
+            # 2. it gets work
+            more, more_threads = start(c, prompts[16:24], 16)
+            streams += more
+            threads += more_threads
+            wait_for(lambda: texting(more) >= 4, 120, "4 of the 8 later streams to start")
+            served = per_rank(c.metrics(), "pd_rank_requests_total").get(3, 0)
+            check(served >= 1, "no request went to the joined rank: %s" % per_rank(c.metrics(), "pd_rank_requests_total"))
+            # 3. the pool leaves while they stream
+            rc = pools[0].leave()
+            check(rc == 0, "the leaving pool's mpirun exited %s:\n%s" % (rc, pools[0].logs()))
+            check(3 not in ranks(c), "/health still lists rank 3 after it left: %s" % ranks(c))
+            check(c.metric('pd_ranks_left_total{role="decode"}') == 1, "pd_ranks_left_total not 1")
+            for t in threads:
+                t.join(240)
+            check(not any(t.is_alive() for t in threads), "streams still running long after the pool left")
+            # 4. a second pool joins; the launching job's decode rank is drained out
+            pools.append(Pool(join_file, c.config_path))
+            wait_for(lambda: ranks(c).get(4) == ("decode", "up"), 120, "the second joined decode rank (4) up")
+            rank_pids = c.rank_pids()
+            check(2 in rank_pids, "no process for decode rank 2: %s" % rank_pids)
+            last, last_threads = start(c, prompts[24:32], 24)
+            streams += last
+            threads += last_threads
+            wait_for(lambda: texting(last) >= 2, 120, "2 of the last 8 streams to start")
+            r = c.post("/admin/drain", {"rank": 2})
+            check(r.status == 200, "POST /admin/drain: HTTP %d %s" % (r.status, r.body))
+            wait_for(lambda: 2 not in ranks(c), 120, "decode rank 2 drained out")
+            pid = rank_pids[2][1]
+            wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
+                     open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30,
+                     "decode rank 2's process to exit")
+            for t in threads:
+                t.join(240)
+            # 5. every request: exactly one end, greedy text as pd-generate's
+            bad = []
+            for s in streams:
+                kind, detail = s.verdict()
+                if kind != "finished":
+                    bad.append("request %d: %s %s" % (s.i, kind, detail))
+                elif text_of(s) != want[s.i]:
+                    bad.append("request %d: text %r != pd-generate's %r" % (s.i, text_of(s)[:80], want[s.i][:80]))
+            check(not bad, "%d of %d requests wrong:\n  %s" % (len(bad), len(streams), "\n  ".join(bad[:8])))
+            m = c.metrics()
+            check(m.get('pd_requests_total{outcome="finished"}', 0) == len(streams),
+                  "pd_requests_total finished %s != %d" % (m.get('pd_requests_total{outcome="finished"}'), len(streams)))
+            check(c.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 4, "temperature": 0}).status == 200,
+                  "a request after the changes failed")
+            wait_for(lambda: blocks_all_free(c), 30, "every KV block of the ranks left free")
+            print("pool joined in %.1f s; %d requests, all exact; ranks now %s" % (joined_s, len(streams), ranks(c)))
+        except AssertionError:
+            print(c.logs())
+            for p in pools:
+                print("--- pool log\n" + p.logs())
+            raise
+        finally:
+            for p in pools:
+                if p.proc.poll() is None:
+                    p.leave(30)
+                p.kill()
+
+
+if __name__ == "__main__":
+    run_suite({"elastic": suite_elastic}, sys.argv[0])
