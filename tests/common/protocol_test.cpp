@@ -75,6 +75,21 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   const PeerUp pu = round_trip(PeerUp{3, 2});
   CHECK((pu.rank == 3 && pu.epoch == 2));
   CHECK(round_trip(Rejoin{5}).epoch == 5);
+  CHECK(round_trip(Listening{"123.0:456"}).port == "123.0:456");
+  const Join jn = round_trip(Join{2, "node-b", 77, 16, "9.0:1", "node-b:70"});
+  CHECK((jn.role == 2 && jn.host == "node-b" && jn.pid == 77 && jn.block_size == 16 && jn.port == "9.0:1" &&
+         jn.pool == "node-b:70"));
+  const JoinAccepted ja = round_trip(JoinAccepted{6, 0, false, {{1, 1, "p1"}, {2, 1, "p2"}}});
+  REQUIRE(ja.peers.size() == 2);
+  CHECK((ja.rank == 6 && !ja.colocated && ja.peers[1].rank == 2 && ja.peers[1].port == "p2"));
+  CHECK(round_trip(JoinRefused{"kv.block_size 32"}).reason == "kv.block_size 32");
+  const Hello hi = round_trip(Hello{6, 1});
+  CHECK((hi.rank == 6 && hi.epoch == 1));
+  round_trip(Leave{});
+  round_trip(Drain{});
+  round_trip(Drained{});
+  CHECK(round_trip(PeerLeft{6}).rank == 6);
+  CHECK(round_trip(RequestFailed{4, "leaving", FailureKind::kLeaving}).kind == FailureKind::kLeaving);
   TokenEvent ev;
   ev.id = 3;
   ev.first_index = 1;

@@ -111,3 +111,33 @@ TEST_CASE("dispatch: a rank that never reports is declared down after the startu
   CHECK(t.ready(&why));
   CHECK(t.degraded());
 }
+
+TEST_CASE("dispatch: a joined rank is paired only with the ranks it linked to; a draining rank gets nothing",
+          "[router]") {
+  using pd::router::RankState;
+  WorkerTable t({1, 2}, {3}, 16);
+  for (int r : {1, 2, 3}) t.on_report(r, report(100));
+  t.add(5, /*prefill*/ false, "node-c:1");
+  t.link(5, 2);  // it connected to prefill rank 2's port only
+  std::string why;
+  CHECK(t.ready(&why));  // a rank still starting after launch does not hold readiness back
+  t.on_report(5, report(800));
+  CHECK(t.find(5)->state == RankState::kUp);
+  CHECK(t.linked(*t.find(2), *t.find(5)));
+  CHECK(!t.linked(*t.find(1), *t.find(5)));
+  CHECK(t.linked(*t.find(1), *t.find(3)));  // the launching job's ranks reach each other
+  REQUIRE(t.begin_drain(3));
+  CHECK(!t.begin_drain(3));
+  // Prefill rank 1 is preferred (less outstanding work) but cannot reach rank 5: rank 2 is used.
+  t.on_dispatch({2, 5}, 500, 10);
+  for (int i = 0; i < 5; ++i) {
+    auto c = t.pick(10, 10, 64);
+    REQUIRE(c);
+    CHECK(c->decode_rank == 5);
+    CHECK(c->prefill_rank == 2);
+  }
+  t.remove(5);
+  CHECK(t.find(5) == nullptr);
+  CHECK(!t.pick(10, 10, 64));  // the only other decode rank is draining
+  CHECK(t.find(2)->links.empty());
+}

@@ -104,6 +104,7 @@ struct Harness {
   ClusterConfig cfg;
   std::unique_ptr<Router> router;
   std::set<int> silent;  // ranks that stopped sending heartbeats
+  std::vector<int> live{kP1, kP2, kD1, kD2};  // ranks the test plays (joined ones are added)
   Clock::time_point last_beat{};
 
   explicit Harness(int heartbeat_ms = 150) {
@@ -135,7 +136,7 @@ struct Harness {
   // One router iteration; the live ranks beat every 10 ms.
   void pump() {
     if (Clock::now() - last_beat > 10ms) {
-      for (int r : {kP1, kP2, kD1, kD2})
+      for (int r : live)
         if (!silent.count(r)) beat(r, epochs[r]);
       last_beat = Clock::now();
     }
@@ -336,6 +337,117 @@ TEST_CASE("router: with no prefill->decode path /health is 503 naming why, and r
   const HttpResult r = h.finish(f, 1000ms);
   CHECK(r.status == 503);
   CHECK(r.raw.find("no prefill->decode path") != std::string::npos);
+}
+
+TEST_CASE("router: a rank joins, is linked to the up workers of the other role, and gets work once ready", "[router]") {
+  Harness h;
+  for (int r : {kP1, kP2}) h.hub.send(r, kRouterRank, proto::Listening{"port-" + std::to_string(r)});
+  constexpr int kJoined = 7;
+  h.hub.send(kJoined, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+  auto accepted = h.expect<proto::JoinAccepted>(kJoined);
+  REQUIRE(accepted);
+  CHECK(accepted->rank == kJoined);
+  CHECK(!accepted->colocated);
+  REQUIRE(accepted->peers.size() == 2);
+  CHECK((accepted->peers[0].rank == kP1 && accepted->peers[0].port == "port-1"));
+  CHECK((accepted->peers[1].rank == kP2 && accepted->peers[1].port == "port-2"));
+  h.live.push_back(kJoined);  // it reports ready
+  h.pump_for(30ms);
+  // Three requests, none answered: the decode ranks take one each (fewest outstanding).
+  std::vector<std::future<HttpResult>> fs;
+  std::set<int> decode_ranks;
+  std::vector<proto::PrefillRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    fs.push_back(h.post(kBody));
+    auto d = h.dispatched();
+    REQUIRE(d);
+    decode_ranks.insert(d->second.decode_rank);
+    reqs.push_back(d->second);
+    h.tokens(d->first, d->second.id, 0, 1, false);
+  }
+  CHECK(decode_ranks.count(kJoined) == 1);
+  for (const auto& r : reqs) h.tokens(r.decode_rank, r.id, 1, 2, true);
+  for (auto& f : fs) CHECK(h.finish(f).status == 200);
+  const HttpResult health = h.get("/health");
+  CHECK(health.raw.find("{\"rank\":7,\"role\":\"decode\",\"state\":\"up\"}") != std::string::npos);
+  CHECK(h.get("/metrics").raw.find("pd_ranks_joined_total{role=\"decode\"} 1") != std::string::npos);
+}
+
+TEST_CASE("router: a join is refused naming what differs", "[router]") {
+  Harness h;
+  h.hub.send(8, kRouterRank, proto::Join{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size * 2, "p", "x:1"});
+  auto refused = h.expect<proto::JoinRefused>(8);
+  REQUIRE(refused);
+  CHECK(refused->reason.find("kv.block_size") != std::string::npos);
+  CHECK(h.hub.forgotten(kRouterRank).count(8) == 1);  // its link is released
+  h.hub.send(9, kRouterRank, proto::Join{3, "x", 1, h.cfg.kv.block_size, "p", "x:1"});
+  auto bad_role = h.expect<proto::JoinRefused>(9);
+  REQUIRE(bad_role);
+  CHECK(bad_role->reason.find("role 3") != std::string::npos);
+  CHECK(h.get("/health").raw.find("\"rank\":8") == std::string::npos);
+}
+
+TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-run elsewhere, then it is removed",
+          "[router]") {
+  Harness h;
+  auto f = h.post(kBody);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const int leaving = d->first, other = d->first == kP1 ? kP2 : kP1;
+  auto drain = h.post("{\"rank\": " + std::to_string(leaving) + "}", "/admin/drain");
+  CHECK(h.finish(drain).status == 200);
+  REQUIRE(h.expect<proto::Drain>(leaving));
+  // The rank hands its queued prompt back: it re-runs on the other prefill rank.
+  h.hub.send(leaving, kRouterRank, proto::RequestFailed{d->second.id, "leaving", proto::FailureKind::kLeaving});
+  auto again = h.expect<proto::PrefillRequest>(other);
+  REQUIRE(again);
+  h.tokens(other, again->id, 0, 1, false);
+  h.tokens(again->decode_rank, again->id, 1, 2, true);
+  CHECK(h.finish(f).status == 200);
+  // New requests go only to the other prefill rank.
+  for (int i = 0; i < 3; ++i) {
+    auto g = h.post(kBody);
+    auto n = h.dispatched();
+    REQUIRE(n);
+    CHECK(n->first == other);
+    h.tokens(other, n->second.id, 0, 1, false);
+    h.tokens(n->second.decode_rank, n->second.id, 1, 2, true);
+    CHECK(h.finish(g).status == 200);
+  }
+  auto twice = h.post("{\"rank\": " + std::to_string(leaving) + "}", "/admin/drain");
+  CHECK(h.finish(twice).status == 409);
+  h.hub.send(leaving, kRouterRank, proto::Drained{});
+  auto left = h.expect<proto::PeerLeft>(kD1);
+  REQUIRE(left);
+  CHECK(left->rank == leaving);
+  REQUIRE(h.expect<proto::Shutdown>(leaving));
+  CHECK(h.hub.forgotten(kRouterRank).count(leaving) == 1);
+  h.live.erase(std::find(h.live.begin(), h.live.end(), leaving));
+  h.pump_for(30ms);
+  const HttpResult health = h.get("/health");
+  CHECK(health.status == 200);
+  CHECK(health.raw.find("\"rank\":" + std::to_string(leaving) + ",") == std::string::npos);
+  CHECK(h.get("/metrics").raw.find("pd_ranks_left_total{role=\"prefill\"} 1") != std::string::npos);
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on", "[router]") {
+  Harness h;
+  auto post = [&](const std::string& body) {
+    auto f = h.post(body, "/admin/drain");
+    return h.finish(f);
+  };
+  const HttpResult unknown = post(R"({"rank": 99})");
+  CHECK(unknown.status == 404);
+  CHECK(unknown.raw.find("\"param\":\"rank\"") != std::string::npos);
+  CHECK(post(R"({"rank": "one"})").status == 400);
+  CHECK(post(R"({"rank": -1})").status == 400);
+  CHECK(post("[1]").status == 400);
+  CHECK(post("not json").status == 400);
+  h.silent.insert(kD2);
+  h.pump_for(250ms);  // declared down
+  CHECK(post(R"({"rank": 4})").status == 409);
 }
 
 }  // namespace

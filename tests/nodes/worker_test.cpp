@@ -94,6 +94,7 @@ struct MiniCluster {
 
   // Last LoadReport each rank sent the router.
   std::map<int, proto::LoadReport> loads;
+  std::vector<int> drained;  // ranks that said Drained, in order
 
   using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
   explicit MiniCluster(ClusterConfig c, const WrapTransport& wrap_prefill = {}) : cfg(std::move(c)) {
@@ -132,6 +133,7 @@ struct MiniCluster {
       else if (auto* f = std::get_if<proto::RequestFailed>(&m)) failed.emplace_back(source, *f);
       else if (auto* t = std::get_if<proto::TransferStats>(&m)) transfers.push_back(*t);
       else if (auto* l = std::get_if<proto::LoadReport>(&m)) loads[source] = *l;
+      else if (std::holds_alternative<proto::Drained>(m)) drained.push_back(source);
     }
   }
   // As the router: `rank` (incarnation `epoch`) is down / back under `epoch`.
@@ -727,5 +729,39 @@ TEST_CASE("workers: a prefill rank declared down: handoffs offered, receiving an
   CHECK(c.run_until([&] { return c.decode_free(); }, 200));
   CHECK(illegal_transitions() == 0);
 }
+TEST_CASE("workers: a drained prefill rank hands queued prompts back, finishes the running one, then says Drained",
+          "[workers]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.max_batch = 1;
+  MiniCluster c(cfg);
+  for (proto::RequestId id : {1, 2, 3}) c.submit(MiniCluster::request(id, 20, 6));
+  c.step_prefill();  // request 1 computes; 2 and 3 wait in the queue
+  c.hub.send(kRouter, kPrefill, proto::Drain{});
+  REQUIRE(c.run_until([&] { return c.finished(1) && !c.drained.empty(); }));
+  c.check_stream(1, 6);
+  CHECK(c.failed_with(2, kPrefill, proto::FailureKind::kLeaving));
+  CHECK(c.failed_with(3, kPrefill, proto::FailureKind::kLeaving));
+  CHECK(c.drained == std::vector<int>{kPrefill});
+  REQUIRE(c.settle());
+  c.step_both();
+  CHECK(c.drained.size() == 1);  // said once
+}
+
+TEST_CASE("workers: a drained decode rank finishes its sequences before Drained; PeerLeft makes the prefill rank forget it",
+          "[workers]") {
+  MiniCluster c(small_config());
+  c.submit(MiniCluster::request(1, 20, 12));
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 3; }));
+  c.hub.send(kRouter, kDecode, proto::Drain{});
+  REQUIRE(c.run_until([&] { return !c.drained.empty(); }));
+  CHECK(c.finished(1));  // finished before it said Drained
+  c.check_stream(1, 12);
+  CHECK(c.drained == std::vector<int>{kDecode});
+  c.hub.send(kRouter, kPrefill, proto::PeerLeft{kDecode});
+  c.step_prefill();
+  CHECK(c.hub.forgotten(kPrefill) == std::set<int>{kDecode});
+  CHECK(c.settle());
+}
+
 }  // namespace
 }  // namespace pd
