@@ -650,6 +650,14 @@ std::string Router::begin_drain(int rank, const std::string& why) {
   WorkerView* w = workers_.find(rank);
   if (w == nullptr) return "rank " + std::to_string(rank) + " is not a worker of this cluster (see /health)";
   if (w->state == RankState::kDraining) return "rank " + std::to_string(rank) + " is already draining";
+  if (w->state == RankState::kDown) {
+    // Down: the router already re-ran or failed what it had; removing it holds
+    // nothing up (a pool that died is cleared from /health this way).
+    spdlog::info("router: removing {} rank {}, which is down ({})", w->is_prefill ? "prefill" : "decode", rank, why);
+    w->state = RankState::kDraining;
+    on_drained(rank);
+    return "";
+  }
   if (!workers_.begin_drain(rank))
     return "rank " + std::to_string(rank) + " is " + rank_state_name(w->state) + "; only an up rank can be drained";
   spdlog::info("router: draining {} rank {} out of the cluster ({}; {} requests on it)",

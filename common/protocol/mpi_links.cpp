@@ -33,9 +33,8 @@ int MpiLinks::world_id(int world_rank) const {
 std::optional<MpiLinks::Endpoint> MpiLinks::endpoint(int id) const {
   if (auto it = by_id_.find(id); it != by_id_.end()) return Endpoint{links_[it->second].comm, 0};
   if (world_ids_.empty()) {
-    int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (id >= 0 && id < size) return Endpoint{MPI_COMM_WORLD, id};
+    if (world_size_ < 0) MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    if (id >= 0 && id < world_size_) return Endpoint{MPI_COMM_WORLD, id};
     return std::nullopt;
   }
   for (size_t r = 0; r < world_ids_.size(); ++r)

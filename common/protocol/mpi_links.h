@@ -86,6 +86,7 @@ class MpiLinks {
   struct Shared;  // state the accept thread shares (outlives this object if the thread does)
   int register_link(MPI_Comm comm, int id);
   std::vector<int> world_ids_;
+  mutable int world_size_ = -1;  // MPI_COMM_WORLD's, asked once
   std::vector<Link> links_;  // world first, then intercommunicators
   std::unordered_map<int, size_t> by_id_;  // intercommunicator ids -> links_ index
   std::string port_;

@@ -11,8 +11,10 @@ streams, serves, and leaves again; a rank of the launching job is drained out.
      (pd_rank_requests_total);
   3. while those stream, SIGTERM to the pool's launch.sh: the rank asks to leave, finishes what
      it holds, and its mpirun exits 0; /health drops it; pd_ranks_left_total counts it;
-  4. a second pool joins, then POST /admin/drain removes the launching job's decode rank
-     (its process exits; the joined rank serves on);
+  4. a second pool of one prefill and one decode rank joins (ids 4 and 5: the pool's ranks
+     reach each other through their own MPI job, the others through new links), then POST
+     /admin/drain removes the launching job's decode rank (its process exits; requests go
+     through both prefill ranks to the joined decode rank);
   5. every request ends exactly once, with the text pd-generate gives (greedy), and every KV
      block of the ranks left comes back.
 
@@ -39,10 +41,10 @@ MAX_TOKENS = 32
 class Pool:
     """A pool joining the cluster: deploy/launch.sh --join FILE --decode N, in its own session."""
 
-    def __init__(self, join_file, config_path, decode=1):
+    def __init__(self, join_file, config_path, decode=1, prefill=0):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--join", join_file, "--decode", str(decode),
-               "--config", config_path, "--build", BUILD, "--threads", "1"]
+               "--prefill", str(prefill), "--config", config_path, "--build", BUILD, "--threads", "1"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def logs(self):
@@ -130,9 +132,10 @@ def suite_elastic(tmp):
             for t in threads:
                 t.join(240)
             check(not any(t.is_alive() for t in threads), "streams still running long after the pool left")
-            # 4. a second pool joins; the launching job's decode rank is drained out
-            pools.append(Pool(join_file, c.config_path))
-            wait_for(lambda: ranks(c).get(4) == ("decode", "up"), 120, "the second joined decode rank (4) up")
+            # 4. a second pool (1 prefill + 1 decode) joins; the launching job's decode rank is drained out
+            pools.append(Pool(join_file, c.config_path, decode=1, prefill=1))
+            wait_for(lambda: ranks(c).get(4) == ("prefill", "up") and ranks(c).get(5) == ("decode", "up"), 120,
+                     "the second pool's prefill (4) and decode (5) ranks up")
             rank_pids = c.rank_pids()
             check(2 in rank_pids, "no process for decode rank 2: %s" % rank_pids)
             last, last_threads = start(c, prompts[24:32], 24)
@@ -148,6 +151,8 @@ def suite_elastic(tmp):
                      "decode rank 2's process to exit")
             for t in threads:
                 t.join(240)
+            served = per_rank(c.metrics(), "pd_rank_requests_total")
+            check(served.get(4, 0) >= 1 and served.get(5, 0) >= 1, "the second pool served nothing: %s" % served)
             # 5. every request: exactly one end, greedy text as pd-generate's
             bad = []
             for s in streams:

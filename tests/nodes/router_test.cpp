@@ -447,7 +447,14 @@ TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on",
   CHECK(post("not json").status == 400);
   h.silent.insert(kD2);
   h.pump_for(250ms);  // declared down
-  CHECK(post(R"({"rank": 4})").status == 409);
+  // A down rank is removed at once (its requests were already re-run or failed).
+  CHECK(post(R"({"rank": 4})").status == 200);
+  REQUIRE(h.expect<proto::PeerLeft>(kP1));
+  h.pump_for(30ms);
+  const HttpResult health = h.get("/health");
+  CHECK(health.raw.find("\"rank\":4,") == std::string::npos);
+  CHECK(health.raw.find("\"status\":\"ok\"") != std::string::npos);  // no longer degraded
+  CHECK(post(R"({"rank": 4})").status == 404);
 }
 
 }  // namespace
