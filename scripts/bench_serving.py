@@ -10,7 +10,8 @@ both the TTFT and the TPOT SLO) — then the ratio of each configuration to the 
     scripts/bench_serving.py --configs 1p1d,colocated2 --requests 40 --rate 0.5 \\
         --prompt-words 200 --max-tokens 32 --ttft-slo 5 --tpot-slo 0.3
 
-Configurations: "<P>p<D>d" (disaggregated) or "colocated<N>". Requests use ignore_eos and
+Configurations: "<P>p<D>d" (disaggregated; "<P>p<D>d+elastic" started to accept joining
+pools, to price that) or "colocated<N>". Requests use ignore_eos and
 a fixed max_tokens so every configuration generates the same number of tokens; prompts
 are drawn from a fixed word list with lengths uniform in [prompt-words/2, prompt-words]
 (seeded). Prints the exact command first. Needs a built tree and the model."""
@@ -21,6 +22,7 @@ import os
 import random
 import re
 import statistics
+import tempfile
 import sys
 import time
 
@@ -33,13 +35,16 @@ WORDS = ("time person year way day thing man world life hand part child eye woma
 
 
 def parse_config(s):
-    m = re.fullmatch(r"(\d+)p(\d+)d", s)
+    m = re.fullmatch(r"(\d+)p(\d+)d(\+elastic)?", s)
     if m:
-        return {"prefill": int(m.group(1)), "decode": int(m.group(2))}
+        spec = {"prefill": int(m.group(1)), "decode": int(m.group(2))}
+        if m.group(3):  # accepting joining pools: MPI_THREAD_MULTIPLE and an accept thread per rank
+            spec["launch_args"] = ["--join-file", os.path.join(tempfile.mkdtemp(prefix="pd-bench-"), "join")]
+        return spec
     m = re.fullmatch(r"colocated(\d+)", s)
     if m:
         return {"colocated": int(m.group(1))}
-    raise SystemExit("bench_serving.py: --configs: '%s' is neither <P>p<D>d nor colocated<N>" % s)
+    raise SystemExit("bench_serving.py: --configs: '%s' is neither <P>p<D>d[+elastic] nor colocated<N>" % s)
 
 
 def one_request(c, prompt, max_tokens):

@@ -12,6 +12,8 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 namespace pd {
@@ -179,6 +181,32 @@ Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, co
   links.set_world_ids(std::vector<int>(static_cast<size_t>(size), -1));
   proto::JoinAccepted accepted;
   Status mine = target.status();
+  // MPI_Comm_connect has no deadline of its own: a cluster that is gone (a
+  // stale join file) would leave this pool waiting for ever. A watchdog ends
+  // the pool's job, saying why, if the handshake has not finished in time.
+  struct Watchdog {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto dog = std::make_shared<Watchdog>();
+  const auto grace = timeout + std::chrono::seconds(5) * size;
+  std::thread([dog, grace, join_file] {
+    std::unique_lock lock(dog->mu);
+    if (dog->cv.wait_for(lock, grace, [&] { return dog->done; })) return;
+    spdlog::critical("could not join the cluster of '{}' within {} s: is it running (launch.sh --join-file)?",
+                     join_file, std::chrono::duration_cast<std::chrono::seconds>(grace).count());
+    spdlog::default_logger()->flush();
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }).detach();
+  struct Disarm {
+    std::shared_ptr<Watchdog> dog;
+    ~Disarm() {
+      std::lock_guard lock(dog->mu);
+      dog->done = true;
+      dog->cv.notify_all();
+    }
+  } disarm{dog};
   // The pool's name: where its first rank runs (the router links a pool's ranks to each other).
   const std::string pool = world.hosts[0] + ":" + std::to_string(world.pids[0]);
   // One rank of the pool at a time: the other side accepts links one by one.
