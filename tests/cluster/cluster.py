@@ -50,7 +50,10 @@ class Cluster:
     """with Cluster(prefill=1, decode=1, model=..., config={...}) as c: c.post(...)"""
 
     def __init__(self, prefill=1, decode=1, colocated=None, model=DEFAULT_MODEL, config=None, threads=1,
-                 mpirun=None, startup_s=180, env=None):
+                 mpirun=None, startup_s=180, env=None, launch_args=None, wrap=None, client_host="127.0.0.1"):
+        """launch_args: more launch.sh flags (--hostfile, --mca ...); wrap: an argv prefix
+        the launch runs under (e.g. deploy/netns_hosts.sh exec HOST); client_host: the
+        address the HTTP client connects to (the router's http.host)."""
         # The router binds port 0 and writes the port it got to a file: no
         # window in which another process can take a port picked for it.
         self.port = None
@@ -75,6 +78,9 @@ class Cluster:
             cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--config", self.config_path, "--build", BUILD,
                    "--threads", str(threads), "--no-wait"]
             cmd += ["--colocated", str(colocated)] if colocated else ["--prefill", str(prefill), "--decode", str(decode)]
+            cmd += list(launch_args or [])
+        cmd = list(wrap or []) + cmd
+        self.client_host = client_host
         penv = dict(os.environ)
         penv.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=penv)
@@ -105,9 +111,12 @@ class Cluster:
         self.stop()
 
     def logs(self):
+        return self.full_logs()[-6000:]
+
+    def full_logs(self):
         self.log.flush()
         with open(self.log.name) as f:
-            return f.read()[-6000:]
+            return f.read()
 
     def router_pid(self):
         out = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-x", "pd-router"], capture_output=True, text=True)
@@ -132,7 +141,7 @@ class Cluster:
 
     # ---- HTTP
     def conn(self, timeout=300):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.client_host, self.port, timeout=timeout)
 
     def request(self, method, path, body=None, headers=None, raw=None):
         c = self.conn()
@@ -307,6 +316,31 @@ def per_rank(metrics, name):
         if n == name and "rank" in labels:
             out[int(labels["rank"])] = value
     return out
+
+
+def hist(metrics, name, labels=""):
+    """(sum, count) of histogram name in a metrics() dict; labels as exposed, e.g. 'stage="transfer"'."""
+    suffix = "{%s}" % labels if labels else ""
+    return metrics.get(name + "_sum" + suffix, 0.0), metrics.get(name + "_count" + suffix, 0.0)
+
+
+def handoff_figures(m0, m1):
+    """The KV handoffs between two metrics() snapshots: {'handoffs', 'bytes', 'exposed_s' (end of
+    the prefill compute -> last byte sent, summed), 'gbps' (mean of the per-handoff bytes /
+    (first layer posted -> last byte sent)), 'wire_s' (first layer posted -> last byte sent,
+    summed, from bytes and GB/s), 'prefill_s', 'decode_queue_s', 'ttft_s' (sums)}. With one
+    request between the snapshots these are that request's figures."""
+    def d(name, labels=""):
+        (s0, n0), (s1, n1) = hist(m0, name, labels), hist(m1, name, labels)
+        return s1 - s0, n1 - n0
+    exposed, n = d("pd_stage_seconds", 'stage="transfer"')
+    gbps, ng = d("pd_kv_transfer_gbps")
+    nbytes = m1.get("pd_kv_transfer_bytes_total", 0.0) - m0.get("pd_kv_transfer_bytes_total", 0.0)
+    return {"handoffs": int(n), "bytes": nbytes, "exposed_s": exposed, "gbps": gbps / ng if ng else 0.0,
+            "wire_s": nbytes / (gbps / ng) / 1e9 if ng and gbps > 0 else 0.0,
+            "prefill_s": d("pd_stage_seconds", 'stage="prefill"')[0],
+            "decode_queue_s": d("pd_stage_seconds", 'stage="decode_queue"')[0],
+            "ttft_s": d("pd_time_to_first_token_seconds")[0]}
 
 
 def blocks_all_free(c):

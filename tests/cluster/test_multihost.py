@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""The cluster across several hosts, on one machine: network namespaces as hosts.
+
+    tests/cluster/test_multihost.py {multihost_identity,multihost_throttled}
+
+Needs root (it makes network namespaces, a bridge and tc qdiscs: see
+deploy/netns_hosts.sh); skips (77), saying why, where it cannot make them.
+
+The hosts: pdh1, pdh2, pdh3 and the client pdhc, each a network namespace with
+its own address on a private bridge (10.213.77.0/24; no address in the root
+namespace, so nothing leaves the machine) and its own hostname (a UTS
+namespace). The test runs deploy/launch.sh --hostfile on pdh1, as one would on
+a cluster's first machine: mpirun starts the router there and reaches pdh2 and
+pdh3 through an rsh agent (deploy/netns_hosts.sh rsh: enters the host's
+namespaces and runs the orted command line, as ssh would). Hostfile: pdh1
+slots=1, pdh2 slots=1, pdh3 slots=2, so the router is on pdh1, the prefill rank
+on pdh2, the two decode ranks on pdh3. MPI: pml ob1, btl tcp,self,vader
+restricted to the bridge's subnet (oob_tcp_if_include, btl_tcp_if_include),
+with btl_base_verbose on. The router binds pdh1's address; this script re-runs
+itself in pdhc for the HTTP side of the test.
+
+Both suites check:
+  - each rank runs in the namespace the hostfile put it in, under that host's
+    name (router pdh1, prefill pdh2, decode pdh3);
+  - from the BTL log, which transport each rank chose for each peer: TCP for
+    every peer on another host (never vader), vader between the two decode
+    ranks on pdh3, and the prefill -> decode path (the KV handoff) is TCP;
+  - greedy output through the router equals pd-generate (chat and completions,
+    streamed and not, a ~330-token prompt among them);
+  - every handoff is accounted for: one TransferStats per request, its bytes a
+    whole number of KV blocks covering the prompt;
+  - SIGTERM to the router drains the job: mpirun exits 0 and nothing is left
+    running on any host.
+multihost_identity also: a streamed request whose client closes the connection
+mid-way is cancelled, every KV block comes back to its pool, and new requests
+still match pd-generate.
+multihost_throttled: the prefill host's link (both directions) is shaped with
+tc: netem delay 1ms rate 1gbit where the kernel has sch_netem, else tbf rate
+1gbit (no delay; printed). A TCP stream between the hosts must then run at
+<= 1.1 Gbit/s (the shaping is real); the ~330-token prompt's handoff (15 MB)
+must not beat twice that rate (the KV goes over the shaped link); the suite
+prints the handoff figures (bytes, GB/s, exposed time) of each request.
+
+Whatever happens, the namespaces, bridge, qdiscs and processes are removed
+(try/finally and atexit; a crashed run's leftovers are removed at the start of
+the next). Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from cluster import (DEFAULT_MODEL, SKIP, Cluster, blocks_all_free, check, handoff_figures,  # noqa: E402
+                     need_default_model, run_suite, wait_for)
+from netns import NetHosts  # noqa: E402
+from test_cluster import QUESTIONS, SENTENCES, expect_same, references, run_case  # noqa: E402
+
+INNER = "PD_NETNS_CLIENT"        # set in the copy of this script that runs in the client namespace
+LINK_BPS = "PD_NETNS_LINK_BPS"   # the prefill -> decode link's rate as measured by the outer process
+DECODE = 2
+KV_BYTES_PER_TOKEN = 46080       # SmolLM2-135M, fp32 K and V, 30 layers
+BLOCK = 16                       # kv.block_size (default)
+LINK_RATE, LINK_DELAY = "1gbit", "1ms"
+CONFIG = {"timeouts": {"request_ms": 60000, "drain_ms": 10000}}
+
+
+def layout(hosts):
+    """(hostfile slots, {role: host})."""
+    router, prefill, decode = hosts.host(1), hosts.host(2), hosts.host(3)
+    return [(router, 1), (prefill, 1), (decode, DECODE)], {"router": router, "prefill": prefill, "decode": decode}
+
+
+def long_prompt():
+    return " ".join(SENTENCES[i % len(SENTENCES)] for i in range(30))  # ~330 tokens, 21 KV blocks
+
+
+def cases():
+    return ([("chat", q, 20) for q in QUESTIONS[:2]] + [("completion", s, 20) for s in SENTENCES[:2]] +
+            [("completion", long_prompt(), 12)])
+
+
+# ------------------------------------------------------------------ checks
+
+def check_placement(c, hosts, where):
+    """Each rank in its host's network namespace and under its hostname."""
+    ranks = c.rank_pids()
+    check(len(ranks) == 2 + DECODE, "ranks found: %s" % ranks)
+    for rank, (role, pid) in sorted(ranks.items()):
+        ns = hosts.netns_of(pid)
+        name = subprocess.run(["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True,
+                              text=True).stdout.strip()
+        check(ns == where[role] and name == where[role],
+              "rank %d (%s) runs in namespace %r under hostname %r, want %s" % (rank, role, ns, name, where[role]))
+    print("placement: " + ", ".join("rank %d %s on %s" % (r, role, where[role]) for r, (role, _) in sorted(ranks.items())))
+    return ranks
+
+
+BML = re.compile(r"\[([^:\]]+):(\d+)\] mca: bml: Using (\w+) btl for send to \[\[\d+,\d+\],(\d+)\] on node (\S+)")
+
+
+def check_transports(c, ranks, where):
+    """From btl_base_verbose: the transport each rank chose for each peer."""
+    rank_of_pid = {pid: rank for rank, (role, pid) in ranks.items()}
+    host_of_rank = {rank: where[role] for rank, (role, pid) in ranks.items()}
+    seen = {}
+    for host, pid, btl, peer, node in BML.findall(c.full_logs()):
+        rank, peer = rank_of_pid.get(int(pid)), int(peer)
+        check(rank is not None, "BTL log line from pid %s, which is no rank of this job" % pid)
+        check(host == host_of_rank[rank] and node == host_of_rank.get(peer),
+              "rank %d logs as %s about rank %d on %s; the hostfile put them on %s and %s"
+              % (rank, host, peer, node, host_of_rank[rank], host_of_rank.get(peer)))
+        want = "self" if peer == rank else ("vader" if host_of_rank[peer] == host_of_rank[rank] else "tcp")
+        check(btl == want, "rank %d (%s) -> rank %d (%s): btl %s, want %s"
+              % (rank, host, peer, node, btl, want))
+        seen[(rank, peer)] = btl
+    prefill = [r for r, (role, _) in ranks.items() if role == "prefill"]
+    decode = sorted(r for r, (role, _) in ranks.items() if role == "decode")
+    check(any(seen.get((p, d)) == "tcp" for p in prefill for d in decode),
+          "no TCP path from the prefill rank to a decode rank in the BTL log (seen: %s)" % seen)
+    check(seen.get((decode[0], decode[1])) == "vader" or seen.get((decode[1], decode[0])) == "vader",
+          "the two decode ranks on one host did not choose vader (seen: %s)" % seen)
+    print("transports: " + ", ".join("%d->%d %s" % (a, b, t) for (a, b), t in sorted(seen.items()) if a != b))
+
+
+def identity_with_figures(c, model):
+    """Each case, non-streamed then streamed, against pd-generate; returns the
+    handoff figures of each request (one request at a time)."""
+    cs = cases()
+    refs = references(model, cs)
+    figures = []
+    for case, ref in zip(cs, refs):
+        for stream in (False, True):
+            m0 = c.metrics()
+            got = run_case(c, case[0], case[1], case[2], stream)
+            expect_same(case, got, ref)
+            wait_for(lambda: handoff_figures(m0, c.metrics())["handoffs"] >= 1, 10, "the handoff's TransferStats")
+            f = handoff_figures(m0, c.metrics())
+            check(f["handoffs"] == 1, "%d handoffs for one request" % f["handoffs"])
+            blocks = math.ceil(ref["prompt_tokens"] / BLOCK)
+            check(f["bytes"] == blocks * BLOCK * KV_BYTES_PER_TOKEN,
+                  "handoff of %d bytes for a %d-token prompt, want %d blocks of %d tokens x %d bytes"
+                  % (f["bytes"], ref["prompt_tokens"], blocks, BLOCK, KV_BYTES_PER_TOKEN))
+            f["tokens"] = f["bytes"] / KV_BYTES_PER_TOKEN
+            figures.append(f)
+    return figures
+
+
+def print_figures(figures, title):
+    print(title)
+    print("  %8s %10s %9s %12s %12s %12s" % ("tokens*", "KV MB", "GB/s", "wire ms", "exposed ms", "prefill ms"))
+    for f in figures:
+        print("  %8d %10.2f %9.3f %12.1f %12.2f %12.1f" % (f["tokens"], f["bytes"] / 1e6, f["gbps"], f["wire_s"] * 1e3,
+                                                          f["exposed_s"] * 1e3, f["prefill_s"] * 1e3))
+    print("  (* whole KV blocks; wire = first layer posted -> last byte sent, exposed = end of prefill -> last byte sent)")
+
+
+def cancel_mid_stream(c):
+    """A streamed request whose client goes away after a few chunks: cancelled, its KV blocks come back."""
+    cancelled = c.metric('pd_requests_total{outcome="cancelled"}')
+    s = socket.create_connection((c.client_host, c.port), timeout=60)
+    body = '{"prompt": "Tell me everything about the sea.", "max_tokens": 400, "ignore_eos": true, "stream": true}'
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+    got = b""
+    while got.count(b"data: ") < 4:
+        chunk = s.recv(4096)
+        check(chunk, "the stream ended before 4 chunks")
+        got += chunk
+    wait_for(lambda: not blocks_all_free(c), 5, "the streaming request to hold KV blocks on its decode rank")
+    s.close()
+    wait_for(lambda: c.metric('pd_requests_total{outcome="cancelled"}') == cancelled + 1, 20,
+             "the disconnected request to be cancelled")
+    wait_for(lambda: blocks_all_free(c), 20, "the cancelled request's KV blocks to return to the pool")
+    print("cancelled mid-stream: the request was cancelled and every KV block came back")
+
+
+def stop_and_check_gone(c, hosts):
+    rc = c.stop()
+    check(rc == 0, "mpirun exit code %s after SIGTERM to the router:\n%s" % (rc, c.logs()))
+
+    def running():
+        return {h: subprocess.run(["ip", "netns", "pids", h], capture_output=True, text=True).stdout.split()
+                for h in (hosts.host(1), hosts.host(2), hosts.host(3))}
+    try:
+        wait_for(lambda: not any(running().values()), 15, "every process of the job to exit")
+    except AssertionError:
+        raise AssertionError("still running after the job ended: %s" % running())
+
+
+# ------------------------------------------------------------------ suites (run in the client namespace)
+
+def multihost_cluster(hosts, tmp):
+    slots, where = layout(hosts)
+    hostfile = hosts.write_hostfile(os.path.join(tmp, "hostfile"), slots)
+    cfg = dict(CONFIG, http={"host": hosts.addr(where["router"])})
+    c = Cluster(1, DECODE, config=cfg, wrap=hosts.exec_argv(where["router"], []),
+                launch_args=["--hostfile", hostfile] + hosts.mca_args(verbose=True),
+                client_host=hosts.addr(where["router"]), startup_s=120)
+    return c, where
+
+
+def suite_identity(tmp):
+    need_default_model()
+    hosts = NetHosts()
+    c, where = multihost_cluster(hosts, tmp)
+    with c:
+        ranks = check_placement(c, hosts, where)
+        figures = identity_with_figures(c, DEFAULT_MODEL)
+        print_figures(figures, "identical to pd-generate over %d requests; handoffs (prefill %s -> decode %s, TCP):"
+                      % (len(figures), where["prefill"], where["decode"]))
+        cancel_mid_stream(c)
+        case = ("chat", QUESTIONS[4], 16)
+        expect_same(case, run_case(c, *case, stream=True), references(DEFAULT_MODEL, [case])[0])
+        print("after the cancellation: a new request matches pd-generate")
+        check_transports(c, ranks, where)
+        stop_and_check_gone(c, hosts)
+
+
+def suite_throttled(tmp):
+    need_default_model()
+    hosts = NetHosts()
+    link_bps = float(os.environ[LINK_BPS])
+    c, where = multihost_cluster(hosts, tmp)
+    with c:
+        ranks = check_placement(c, hosts, where)
+        figures = identity_with_figures(c, DEFAULT_MODEL)
+        print_figures(figures, "identical to pd-generate over %d requests on the shaped link (%.2f Gbit/s); handoffs:"
+                      % (len(figures), link_bps / 1e9))
+        # The KV crosses the shaped link: a large handoff cannot beat it by more than what the
+        # sender's socket buffer and the qdisc absorb (a few MB: "sent" is "in the kernel").
+        big = [f for f in figures if f["bytes"] >= 12e6]
+        check(big, "no handoff of 12 MB or more among %s" % [f["bytes"] for f in figures])
+        for f in big:
+            check(f["gbps"] * 8e9 <= 2 * link_bps,
+                  "a %.1f MB handoff ran at %.2f Gbit/s on a %.2f Gbit/s link: it did not go over the shaped link"
+                  % (f["bytes"] / 1e6, f["gbps"] * 8, link_bps / 1e9))
+        check_transports(c, ranks, where)
+        stop_and_check_gone(c, hosts)
+
+
+INNER_SUITES = {"multihost_identity": suite_identity, "multihost_throttled": suite_throttled}
+
+
+# ------------------------------------------------------------------ the outer process (root namespace)
+
+def outer(suite):
+    if suite not in INNER_SUITES:
+        print("usage: test_multihost.py {%s}" % ",".join(INNER_SUITES))
+        sys.exit(2)
+    need_default_model()
+    if not subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True).returncode == 0:
+        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+        sys.exit(SKIP)
+    hosts = NetHosts()
+    throttled = suite == "multihost_throttled"
+    reason = hosts.probe(need_tc=throttled)
+    if reason:
+        print("SKIP: cannot make network namespaces as test hosts here: " + reason)
+        sys.exit(SKIP)
+    t0 = time.time()
+    rc = 1
+    try:
+        print(hosts.up(), flush=True)
+        _, where = layout(hosts)
+        if throttled:
+            print(hosts.throttle(where["prefill"], LINK_RATE, LINK_DELAY), flush=True)
+        bps, _ = hosts.link_rate(where["prefill"], where["decode"], 32 << 20)
+        print("TCP stream %s -> %s: %.2f Gbit/s" % (where["prefill"], where["decode"], bps / 1e9), flush=True)
+        if throttled and bps > 1.1e9:
+            print("FAIL: the shaped link runs at %.2f Gbit/s, over its %s" % (bps / 1e9, LINK_RATE))
+            return 1
+        env = dict(hosts.env, **{INNER: "1", LINK_BPS: str(bps)})
+        rc = subprocess.call(hosts.exec_argv(hosts.client, [sys.executable, os.path.abspath(__file__), suite]), env=env)
+    except RuntimeError as e:
+        print("FAIL:", e)
+        rc = 1
+    finally:
+        hosts.down()
+        left = hosts.leftovers()
+        if left:
+            print("FAIL: teardown left %s" % left)
+            rc = 1
+        print("%s: %.0f s (setup, suite, teardown)" % (suite, time.time() - t0))
+    return rc
+
+
+if __name__ == "__main__":
+    if os.environ.get(INNER) == "1":
+        run_suite(INNER_SUITES, "test_multihost.py")
+    else:
+        sys.exit(outer(sys.argv[1] if len(sys.argv) == 2 else ""))
