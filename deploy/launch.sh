@@ -8,6 +8,7 @@
 #   deploy/launch.sh --prefill 1 --decode 1 --dry-run       # print the mpirun line only
 #   deploy/launch.sh --prefill 1 --decode 1 --join-file /tmp/pd.join   # accept pools that join later
 #   deploy/launch.sh --join /tmp/pd.join --decode 2         # a pool joining that cluster (Ctrl-C: it leaves)
+#   deploy/launch.sh --prefill 0 --decode 0 --join-file F   # the router alone; every host's ranks join as pools
 #
 # Waits for GET /health, prints the URL and a curl to try, then stays in the
 # foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly.
@@ -49,6 +50,8 @@ if [[ -n "$JOIN" ]]; then
 elif [[ -n "$COLOCATED" ]]; then
   [[ "$COLOCATED" -ge 1 ]] || die "--colocated needs at least 1 worker"
   P=0 D="$COLOCATED"
+elif [[ -n "$JOIN_FILE" && "$P" == 0 && "$D" == 0 ]]; then
+  :  # the router alone: every worker joins later as a pool (one mpirun per host: docs/CLUSTER.md)
 else
   [[ "$P" -ge 1 ]] || die "--prefill needs at least 1 rank (or use --colocated N)"
   [[ "$D" -ge 1 ]] || die "--decode needs at least 1 rank"
@@ -59,7 +62,7 @@ done
 
 # Per-rank compute threads on one machine: share the cores among the workers.
 if [[ -z "$THREADS" && -z "$HOSTFILE" ]]; then
-  THREADS=$(( $(nproc) / (P + D) )); [[ "$THREADS" -ge 1 ]] || THREADS=1
+  THREADS=$(( $(nproc) / (P + D > 0 ? P + D : 1) )); [[ "$THREADS" -ge 1 ]] || THREADS=1
 fi
 ARGS=("$CONFIG")
 [[ -n "$MODEL" ]] && ARGS+=(--model "$MODEL")
@@ -124,7 +127,7 @@ if [[ -n "$JOIN_FILE" ]]; then
 fi
 MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
 [[ "$P" -gt 0 ]] && MPIRUN+=(: -np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}")
-MPIRUN+=(: -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")
+[[ "$D" -gt 0 ]] && MPIRUN+=(: -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")
 
 echo "+ ${MPIRUN[*]}"
 [[ "$DRY" == 1 ]] && exit 0

@@ -16,7 +16,7 @@ const char* rank_state_name(RankState s) {
 }
 
 WorkerTable::WorkerTable(const std::vector<int>& prefill_ranks, const std::vector<int>& decode_ranks, int block_size)
-    : block_size_(block_size) {
+    : colocated_(prefill_ranks.empty() && !decode_ranks.empty()), block_size_(block_size) {
   for (int r : prefill_ranks) {
     WorkerView w;
     w.rank = r;
@@ -40,8 +40,8 @@ std::optional<DispatchChoice> WorkerTable::pick(int64_t prompt_tokens, int64_t m
     if (a->load.waiting != b->load.waiting) return a->load.waiting < b->load.waiting;
     return a->rank < b->rank;
   });
-  if (!prefill_.empty() && prefills.empty()) return std::nullopt;
-  if (prefill_.empty()) prefills.push_back(nullptr);
+  if (!colocated_ && prefills.empty()) return std::nullopt;
+  if (colocated_) prefills.push_back(nullptr);
   const int64_t need = (prompt_tokens + max_tokens + block_size_ - 1) / block_size_;
   auto free_of = [&](const WorkerView& w) {
     // Blocks the router has committed since the last report are not in it yet: estimate them.
@@ -203,11 +203,11 @@ bool WorkerTable::ready(std::string* why) const {
     }
   }
   if (!colocated() && up(prefill_) == 0) {
-    *why = "every prefill rank is down";
+    *why = prefill_.empty() ? "no prefill rank has joined yet" : "every prefill rank is down";
     return false;
   }
   if (up(decode_) == 0) {
-    *why = "every decode rank is down";
+    *why = decode_.empty() ? "no decode rank has joined yet" : "every decode rank is down";
     return false;
   }
   return true;

@@ -54,7 +54,9 @@ struct DispatchChoice {
 class WorkerTable {
  public:
   WorkerTable(const std::vector<int>& prefill_ranks, const std::vector<int>& decode_ranks, int block_size);
-  bool colocated() const { return prefill_.empty(); }
+  // Colocated: the launching job had decode ranks and no prefill rank. A router
+  // started alone (its pools join later) runs disaggregated.
+  bool colocated() const { return colocated_; }
   // Picks ranks for a request among those up, or nullopt when every candidate
   // is down or at max_inflight (the request waits in the router's queue).
   //  - prefill: fewest outstanding prompt tokens, then fewest queued (reported);
@@ -102,6 +104,7 @@ class WorkerTable {
 
  private:
   std::vector<WorkerView> prefill_, decode_;
+  bool colocated_ = false;
   int block_size_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();  // startup deadline from here
 };

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   bool help = false;
   pd::LaunchFlags flags;
   auto cfg = pd::parse_cluster_args(argc, argv, "pd-router", &help, &flags);
-  auto roles = pd::exchange_roles(pd::Role::kRouter);
+  auto roles = pd::exchange_roles(pd::Role::kRouter, false, cfg.is_ok() && !flags.join_file.empty());
   if (help) {
     MPI_Finalize();
     return 0;

@@ -51,7 +51,7 @@ void mpi_finalize_bounded(int code, std::chrono::seconds limit) {
   MPI_Finalize();
 }
 
-Result<RoleTable> exchange_roles(Role mine, bool joining) {
+Result<RoleTable> exchange_roles(Role mine, bool joining, bool elastic) {
   RoleTable t;
   int size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &t.self);
@@ -89,7 +89,8 @@ Result<RoleTable> exchange_roles(Role mine, bool joining) {
     return t;
   }
   if (t.router < 0) return Status::invalid_argument("no pd-router rank in the job");
-  if (t.decode.empty()) return Status::invalid_argument("no pd-decode rank in the job (need at least one)");
+  if (t.decode.empty() && !(elastic && t.prefill.empty()))
+    return Status::invalid_argument("no pd-decode rank in the job (need at least one)");
   return t;
 }
 

@@ -49,8 +49,9 @@ void mpi_finalize_bounded(int code, std::chrono::seconds limit = std::chrono::se
 
 // Every rank announces its role (one MPI_Allgather). InvalidArgument unless
 // there is exactly one router and at least one decode rank — or, for the ranks
-// of a pool joining a running cluster (`joining`), no router at all.
-Result<RoleTable> exchange_roles(Role mine, bool joining = false);
+// of a pool joining a running cluster (`joining`), no router at all. A job that
+// accepts pools (`elastic`) may start with no worker at all (the router alone).
+Result<RoleTable> exchange_roles(Role mine, bool joining = false, bool elastic = false);
 
 // Whether `rank`'s process is known to have ended: it ran on this host and its
 // pid is gone (or a zombie). False when it cannot be known (another host).

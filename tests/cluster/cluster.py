@@ -50,10 +50,12 @@ class Cluster:
     """with Cluster(prefill=1, decode=1, model=..., config={...}) as c: c.post(...)"""
 
     def __init__(self, prefill=1, decode=1, colocated=None, model=DEFAULT_MODEL, config=None, threads=1,
-                 mpirun=None, startup_s=180, env=None, launch_args=None, wrap=None, client_host="127.0.0.1"):
+                 mpirun=None, startup_s=180, env=None, launch_args=None, wrap=None, client_host="127.0.0.1",
+                 wait_ready=True):
         """launch_args: more launch.sh flags (--hostfile, --mca ...); wrap: an argv prefix
         the launch runs under (e.g. deploy/netns_hosts.sh exec HOST); client_host: the
-        address the HTTP client connects to (the router's http.host)."""
+        address the HTTP client connects to (the router's http.host); wait_ready=False: entering
+        waits only for the router to answer /health (a router started alone, its pools to come)."""
         # The router binds port 0 and writes the port it got to a file: no
         # window in which another process can take a port picked for it.
         self.port = None
@@ -85,6 +87,7 @@ class Cluster:
         penv.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=penv)
         self.startup_s = startup_s
+        self.wait_ready = wait_ready
 
     def __enter__(self):
         deadline = time.time() + self.startup_s
@@ -99,7 +102,7 @@ class Cluster:
                     time.sleep(0.1)
                     continue
             try:
-                if self.get("/health").status == 200:
+                if self.get("/health").status == 200 or not self.wait_ready:
                     return self
             except OSError:
                 pass

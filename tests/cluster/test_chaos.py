@@ -77,9 +77,9 @@ class Stream:
             return (choice.get("delta") or {}).get("content") or ""
         return choice.get("text") or ""
 
-    def read(self, port, on_text, timeout):
+    def read(self, port, on_text, timeout, host="127.0.0.1"):
         self.t_sent = time.time()
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        c = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
             c.request("POST", path_of(self.endpoint), body=json.dumps(self.body),
                       headers={"Content-Type": "application/json"})

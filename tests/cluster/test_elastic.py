@@ -39,12 +39,14 @@ MAX_TOKENS = 32
 
 
 class Pool:
-    """A pool joining the cluster: deploy/launch.sh --join FILE --decode N, in its own session."""
+    """A pool joining the cluster: deploy/launch.sh --join FILE --decode N [--prefill M], in its own
+    session; `wrap` runs it elsewhere (another host), `launch_args` adds flags (--hostfile, --mca)."""
 
-    def __init__(self, join_file, config_path, decode=1, prefill=0):
+    def __init__(self, join_file, config_path, decode=1, prefill=0, wrap=None, launch_args=None):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--join", join_file, "--decode", str(decode),
                "--prefill", str(prefill), "--config", config_path, "--build", BUILD, "--threads", "1"]
+        cmd = list(wrap or []) + cmd + list(launch_args or [])
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def logs(self):
@@ -80,7 +82,8 @@ def start(c, prompts, first):
     streams = [Stream(first + i, "chat" if i % 4 == 3 else "completion", p, MAX_TOKENS) for i, p in enumerate(prompts)]
     for s in streams:
         s.body["ignore_eos"] = True
-    threads = [threading.Thread(target=s.read, args=(c.port, lambda: None, 300), daemon=True) for s in streams]
+    threads = [threading.Thread(target=s.read, args=(c.port, lambda: None, 300, c.client_host), daemon=True)
+               for s in streams]
     for t in threads:
         t.start()
     return streams, threads
@@ -90,12 +93,9 @@ def texting(streams):
     return sum(1 for s in streams if s.t_text is not None)
 
 
-def suite_elastic(tmp):
-    need_default_model()
-    model = DEFAULT_MODEL
-    join_file = os.path.join(tmp, "cluster.join")
-    # Four distinct prompts (two lengths, completion and chat), each sent 8 times: the
-    # reference costs four pd-generate runs.
+def workload(model):
+    """32 prompts (four distinct: two lengths, completion and chat, each sent 8 times: the
+    reference costs four pd-generate runs) and pd-generate's greedy text for each."""
     rng = random.Random(5)
     distinct = [words(n, rng) for n in (14, 40, 14, 40)]
     prompts = [distinct[i % 4] for i in range(32)]
@@ -103,35 +103,71 @@ def suite_elastic(tmp):
     t_ref = time.time()
     want = [r["text"] for r in reference(model, cases)] * 8
     print("pd-generate reference: %.1f s" % (time.time() - t_ref))
+    return prompts, want
+
+
+def grow_and_shrink(c, make_pool, prompts, pools):
+    """Steps 1-3: a one-decode-rank pool (make_pool()) joins while 16 requests stream, serves
+    some of 8 more, and leaves while they stream. Returns (streams, threads, seconds to join)."""
+    before = set(ranks(c))
+    streams, threads = start(c, prompts[:16], 0)
+    wait_for(lambda: texting(streams) >= 8, 120, "8 of 16 streams to start")
+    t0 = time.time()
+    pools.append(make_pool())
+    new = []
+
+    def joined_up():
+        new[:] = [r for r, (role, state) in ranks(c).items() if r not in before and role == "decode" and state == "up"]
+        return bool(new)
+    wait_for(joined_up, 120, "the joined decode rank up in /health")
+    rank = new[0]
+    joined_s = time.time() - t0
+    streaming = sum(1 for t in threads if t.is_alive())
+    print("a decode pool joined (rank %d) in %.1f s, with %d of 16 streams still running" % (rank, joined_s, streaming))
+    check(streaming > 0, "every stream ended before the pool joined: the join did not happen under load")
+    more, more_threads = start(c, prompts[16:24], 16)
+    streams += more
+    threads += more_threads
+    wait_for(lambda: texting(more) >= 4, 120, "4 of the 8 later streams to start")
+    served = per_rank(c.metrics(), "pd_rank_requests_total").get(rank, 0)
+    check(served >= 1, "no request went to the joined rank: %s" % per_rank(c.metrics(), "pd_rank_requests_total"))
+    left = c.metric('pd_ranks_left_total{role="decode"}')
+    rc = pools[-1].leave()
+    check(rc == 0, "the leaving pool's mpirun exited %s:\n%s" % (rc, pools[-1].logs()))
+    check(rank not in ranks(c), "/health still lists rank %d after it left: %s" % (rank, ranks(c)))
+    check(c.metric('pd_ranks_left_total{role="decode"}') == left + 1, "pd_ranks_left_total did not count it")
+    for t in threads:
+        t.join(240)
+    check(not any(t.is_alive() for t in threads), "streams still running long after the pool left")
+    return streams, threads, joined_s
+
+
+def check_all(c, streams, want):
+    """Every request ended exactly once with pd-generate's greedy text; the router counted each once."""
+    bad = []
+    for s in streams:
+        kind, detail = s.verdict()
+        if kind != "finished":
+            bad.append("request %d: %s %s" % (s.i, kind, detail))
+        elif text_of(s) != want[s.i]:
+            bad.append("request %d: text %r != pd-generate's %r" % (s.i, text_of(s)[:80], want[s.i][:80]))
+    check(not bad, "%d of %d requests wrong:\n  %s" % (len(bad), len(streams), "\n  ".join(bad[:8])))
+    m = c.metrics()
+    check(m.get('pd_requests_total{outcome="finished"}', 0) >= len(streams),
+          "pd_requests_total finished %s < %d" % (m.get('pd_requests_total{outcome="finished"}'), len(streams)))
+    check(m.get('pd_requests_total{outcome="failed"}', 0) == 0, "some request failed: %s" % m)
+
+
+def suite_elastic(tmp):
+    need_default_model()
+    model = DEFAULT_MODEL
+    join_file = os.path.join(tmp, "cluster.join")
+    prompts, want = workload(model)
     pools = []
     with Cluster(prefill=1, decode=1, model=model, config=CONFIG, launch_args=["--join-file", join_file]) as c:
         try:
             wait_for(lambda: os.path.exists(join_file), 30, "the join file")
-            # 1. a pool joins while 16 requests stream
-            streams, threads = start(c, prompts[:16], 0)
-            wait_for(lambda: texting(streams) >= 8, 120, "8 of 16 streams to start")
-            t0 = time.time()
-            pools.append(Pool(join_file, c.config_path))
-            wait_for(lambda: ranks(c).get(3) == ("decode", "up"), 120, "the joined decode rank (3) up")
-            joined_s = time.time() - t0
-            streaming = sum(1 for t in threads if t.is_alive())
-            print("a decode pool joined in %.1f s, with %d of 16 streams still running" % (joined_s, streaming))
-            check(streaming > 0, "every stream ended before the pool joined: the join did not happen under load")
-            # 2. it gets work
-            more, more_threads = start(c, prompts[16:24], 16)
-            streams += more
-            threads += more_threads
-            wait_for(lambda: texting(more) >= 4, 120, "4 of the 8 later streams to start")
-            served = per_rank(c.metrics(), "pd_rank_requests_total").get(3, 0)
-            check(served >= 1, "no request went to the joined rank: %s" % per_rank(c.metrics(), "pd_rank_requests_total"))
-            # 3. the pool leaves while they stream
-            rc = pools[0].leave()
-            check(rc == 0, "the leaving pool's mpirun exited %s:\n%s" % (rc, pools[0].logs()))
-            check(3 not in ranks(c), "/health still lists rank 3 after it left: %s" % ranks(c))
-            check(c.metric('pd_ranks_left_total{role="decode"}') == 1, "pd_ranks_left_total not 1")
-            for t in threads:
-                t.join(240)
-            check(not any(t.is_alive() for t in threads), "streams still running long after the pool left")
+            streams, threads, joined_s = grow_and_shrink(c, lambda: Pool(join_file, c.config_path), prompts, pools)
             # 4. a second pool (1 prefill + 1 decode) joins; the launching job's decode rank is drained out
             pools.append(Pool(join_file, c.config_path, decode=1, prefill=1))
             wait_for(lambda: ranks(c).get(4) == ("prefill", "up") and ranks(c).get(5) == ("decode", "up"), 120,
@@ -154,17 +190,7 @@ def suite_elastic(tmp):
             served = per_rank(c.metrics(), "pd_rank_requests_total")
             check(served.get(4, 0) >= 1 and served.get(5, 0) >= 1, "the second pool served nothing: %s" % served)
             # 5. every request: exactly one end, greedy text as pd-generate's
-            bad = []
-            for s in streams:
-                kind, detail = s.verdict()
-                if kind != "finished":
-                    bad.append("request %d: %s %s" % (s.i, kind, detail))
-                elif text_of(s) != want[s.i]:
-                    bad.append("request %d: text %r != pd-generate's %r" % (s.i, text_of(s)[:80], want[s.i][:80]))
-            check(not bad, "%d of %d requests wrong:\n  %s" % (len(bad), len(streams), "\n  ".join(bad[:8])))
-            m = c.metrics()
-            check(m.get('pd_requests_total{outcome="finished"}', 0) == len(streams),
-                  "pd_requests_total finished %s != %d" % (m.get('pd_requests_total{outcome="finished"}'), len(streams)))
+            check_all(c, streams, want)
             check(c.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 4, "temperature": 0}).status == 200,
                   "a request after the changes failed")
             wait_for(lambda: blocks_all_free(c), 30, "every KV block of the ranks left free")

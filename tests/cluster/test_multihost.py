@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cluster across several hosts, on one machine: network namespaces as hosts.
 
-    tests/cluster/test_multihost.py {multihost_identity,multihost_throttled}
+    tests/cluster/test_multihost.py {multihost_identity,multihost_throttled,multihost_elastic}
 
 Needs root (it makes network namespaces, a bridge and tc qdiscs: see
 deploy/netns_hosts.sh); skips (77), saying why, where it cannot make them.
@@ -40,6 +40,16 @@ tc: netem delay 1ms rate 1gbit where the kernel has sch_netem, else tbf rate
 <= 1.1 Gbit/s (the shaping is real); the ~330-token prompt's handoff (15 MB)
 must not beat twice that rate (the KV goes over the shaped link); the suite
 prints the handoff figures (bytes, GB/s, exposed time) of each request.
+multihost_elastic: the same hosts, the cluster built from pools. OpenMPI 4.1
+cannot connect a new mpirun to a job that spans hosts (its mpirun crashes in
+orte_rml_base_parse_uris), so each host runs its own job: the router alone on
+pdh1 (launch.sh --prefill 0 --decode 0 --join-file), a prefill pool on pdh2 and
+a decode pool on pdh3 join it (launch.sh --join, each with its host's
+hostfile); pdh2's link is shaped as above. Greedy identity with pd-generate;
+then a decode pool joins from pdh4 while 16 requests stream, serves some of 8
+more, and leaves (SIGTERM) while they stream; every request ends exactly once
+with pd-generate's text (tests/cluster/test_elastic.py); SIGTERM to the router
+ends every pool's mpirun with 0.
 
 Whatever happens, the namespaces, bridge, qdiscs and processes are removed
 (try/finally and atexit; a crashed run's leftovers are removed at the start of
@@ -58,6 +68,7 @@ from cluster import (DEFAULT_MODEL, SKIP, Cluster, blocks_all_free, check, hando
                      need_default_model, run_suite, wait_for)
 from netns import NetHosts  # noqa: E402
 from test_cluster import QUESTIONS, SENTENCES, expect_same, references, run_case  # noqa: E402
+from test_elastic import Pool, check_all, grow_and_shrink, ranks, workload  # noqa: E402
 
 INNER = "PD_NETNS_CLIENT"        # set in the copy of this script that runs in the client namespace
 LINK_BPS = "PD_NETNS_LINK_BPS"   # the prefill -> decode link's rate as measured by the outer process
@@ -65,7 +76,8 @@ DECODE = 2
 KV_BYTES_PER_TOKEN = 46080       # SmolLM2-135M, fp32 K and V, 30 layers
 BLOCK = 16                       # kv.block_size (default)
 LINK_RATE, LINK_DELAY = "1gbit", "1ms"
-CONFIG = {"timeouts": {"request_ms": 60000, "drain_ms": 10000}}
+CONFIG = {"timeouts": {"request_ms": 120000, "drain_ms": 30000}}
+HOSTS = 4                        # multihost_elastic: pdh1-3 for the cluster, pdh4 for the pool that joins later
 
 
 def layout(hosts):
@@ -184,7 +196,7 @@ def stop_and_check_gone(c, hosts):
 
     def running():
         return {h: subprocess.run(["ip", "netns", "pids", h], capture_output=True, text=True).stdout.split()
-                for h in (hosts.host(1), hosts.host(2), hosts.host(3))}
+                for h in (hosts.host(i) for i in range(1, hosts.n + 1))}
     try:
         wait_for(lambda: not any(running().values()), 15, "every process of the job to exit")
     except AssertionError:
@@ -193,12 +205,13 @@ def stop_and_check_gone(c, hosts):
 
 # ------------------------------------------------------------------ suites (run in the client namespace)
 
-def multihost_cluster(hosts, tmp):
+def multihost_cluster(hosts, tmp, join_file=None):
     slots, where = layout(hosts)
     hostfile = hosts.write_hostfile(os.path.join(tmp, "hostfile"), slots)
     cfg = dict(CONFIG, http={"host": hosts.addr(where["router"])})
     c = Cluster(1, DECODE, config=cfg, wrap=hosts.exec_argv(where["router"], []),
-                launch_args=["--hostfile", hostfile] + hosts.mca_args(verbose=True),
+                launch_args=["--hostfile", hostfile] + hosts.mca_args(verbose=True) +
+                (["--join-file", join_file] if join_file else []),
                 client_host=hosts.addr(where["router"]), startup_s=120)
     return c, where
 
@@ -242,7 +255,70 @@ def suite_throttled(tmp):
         stop_and_check_gone(c, hosts)
 
 
-INNER_SUITES = {"multihost_identity": suite_identity, "multihost_throttled": suite_throttled}
+def suite_elastic(tmp):
+    """The router alone on pdh1; prefill (pdh2, shaped link) and decode (pdh3) pools join; a
+    decode pool on pdh4 joins under load and leaves."""
+    need_default_model()
+    hosts = NetHosts(n=HOSTS)
+    join_file = os.path.join(tmp, "cluster.join")
+    router = hosts.host(1)
+    cfg = dict(CONFIG, http={"host": hosts.addr(router)})
+    c = Cluster(0, 0, config=cfg, wrap=hosts.exec_argv(router, []),
+                launch_args=["--hostfile", hosts.write_hostfile(os.path.join(tmp, "hostfile-router"), [(router, 1)]),
+                             "--join-file", join_file] + hosts.mca_args(),
+                client_host=hosts.addr(router), startup_s=120, wait_ready=False)
+    pools = []
+
+    def pool(host, prefill=0, decode=0):
+        hostfile = hosts.write_hostfile(os.path.join(tmp, "hostfile-" + host), [(host, prefill + decode)])
+        return Pool(join_file, c.config_path, decode=decode, prefill=prefill, wrap=hosts.exec_argv(host, []),
+                    launch_args=["--hostfile", hostfile] + hosts.mca_args())
+    with c:
+        try:
+            wait_for(lambda: os.path.exists(join_file), 30, "the join file")
+            status, body = c.health()
+            check(status == 503 and "joined" in (body or {}).get("reason", ""),
+                  "a router alone should be unavailable until pools join: %s %s" % (status, body))
+            pools.append(pool(hosts.host(2), prefill=1))
+            wait_for(lambda: ranks(c).get(1) == ("prefill", "up"), 120, "the prefill pool (rank 1) up")
+            pools.append(pool(hosts.host(3), decode=1))
+            wait_for(lambda: ranks(c).get(2) == ("decode", "up"), 120, "the decode pool (rank 2) up")
+            wait_for(lambda: c.health()[0] == 200, 30, "/health 200")
+            for pid, host in ((p.proc.pid, h) for p, h in zip(pools, (hosts.host(2), hosts.host(3)))):
+                check(hosts.netns_of(pid) == host, "pool launched on %s runs in %s" % (host, hosts.netns_of(pid)))
+            cs = [("chat", QUESTIONS[0], 16), ("completion", long_prompt(), 12)]
+            for case, ref in zip(cs, references(DEFAULT_MODEL, cs)):
+                for stream in (False, True):
+                    expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
+            print("a cluster of three hosts' pools (router %s, prefill %s, decode %s) matches pd-generate"
+                  % (router, hosts.host(2), hosts.host(3)))
+            prompts, want = workload(DEFAULT_MODEL)
+            streams, _, joined_s = grow_and_shrink(c, lambda: pool(hosts.host(4), decode=1), prompts[:24], pools)
+            check_all(c, streams, want)
+            wait_for(lambda: blocks_all_free(c), 30, "every KV block back after the pool left")
+            print("a decode pool on %s joined in %.1f s under 16 streams, served, and left; %d requests exact"
+                  % (hosts.host(4), joined_s, len(streams)))
+            rc = c.stop()
+            check(rc == 0, "the router's mpirun exited %s" % rc)
+            for p in pools:
+                try:
+                    prc = p.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    prc = None
+                check(prc == 0, "a pool's mpirun exited %s after the cluster stopped:\n%s" % (prc, p.logs()))
+        except AssertionError:
+            print(c.logs())
+            for p in pools:
+                print("--- pool log\n" + p.logs())
+            raise
+        finally:
+            for p in pools:
+                p.kill()
+    stop_and_check_gone(c, hosts)
+
+
+INNER_SUITES = {"multihost_identity": suite_identity, "multihost_throttled": suite_throttled,
+                "multihost_elastic": suite_elastic}
 
 
 # ------------------------------------------------------------------ the outer process (root namespace)
@@ -255,8 +331,8 @@ def outer(suite):
     if not subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True).returncode == 0:
         print("SKIP: mpirun not found (apt-get install openmpi-bin)")
         sys.exit(SKIP)
-    hosts = NetHosts()
-    throttled = suite == "multihost_throttled"
+    throttled = suite in ("multihost_throttled", "multihost_elastic")
+    hosts = NetHosts(n=HOSTS if suite == "multihost_elastic" else 3)
     reason = hosts.probe(need_tc=throttled)
     if reason:
         print("SKIP: cannot make network namespaces as test hosts here: " + reason)

@@ -141,3 +141,22 @@ TEST_CASE("dispatch: a joined rank is paired only with the ranks it linked to; a
   CHECK(!t.pick(10, 10, 64));  // the only other decode rank is draining
   CHECK(t.find(2)->links.empty());
 }
+
+TEST_CASE("dispatch: a router started alone runs disaggregated and says what has not joined", "[router]") {
+  WorkerTable t({}, {}, 16);
+  CHECK(!t.colocated());
+  std::string why;
+  CHECK(!t.ready(&why));
+  CHECK(why == "no prefill rank has joined yet");
+  t.add(1, true, "a:1");
+  t.on_report(1, report(100));
+  CHECK(!t.ready(&why));
+  CHECK(why == "no decode rank has joined yet");
+  t.add(2, false, "b:1");
+  t.link(1, 2);
+  t.on_report(2, report(100));
+  CHECK(t.ready(&why));
+  auto c = t.pick(10, 10, 4);
+  REQUIRE(c);
+  CHECK((c->prefill_rank == 1 && c->decode_rank == 2));
+}
