@@ -282,7 +282,14 @@ void PrefillWorker::on_cancel(proto::RequestId id) {
 
 void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
   Job* job = find_job(m.id);
-  if (job == nullptr || job->state == JobState::kAborted) return;  // aborted meanwhile; the abort tells it
+  if (job == nullptr) {
+    // Ended here without telling that rank (it was declared down, or the abort
+    // crossed this accept): say so, or its blocks wait for timeouts.transfer_ms.
+    channel_->send(source, proto::HandoffAbort{m.id, "the handoff ended on prefill rank " +
+                                                         std::to_string(roles_.self), epoch_});
+    return;
+  }
+  if (job->state == JobState::kAborted) return;  // aborted in the running pass; its abort tells it
   if (source != job->req.decode_rank) {
     spdlog::error("prefill rank {}: accept for request {} from rank {}, offered to {}", roles_.self, m.id, source,
                   job->req.decode_rank);

@@ -340,9 +340,12 @@ std::optional<ApiError> parse_stream(const json& obj, ApiRequest& r) {
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest& r) {
+std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest& r, const RequestDefaults& d) {
   SamplingParams& s = r.sampling;
-  s.temperature = 1.0f;  // OpenAI's default; SamplingParams' own default is greedy
+  s.temperature = d.temperature;  // OpenAI's 1 unless configured; SamplingParams' own default is greedy
+  s.top_p = d.top_p;
+  s.top_k = d.top_k < 0 ? 0 : d.top_k;
+  s.min_p = d.min_p;
   if (auto e = read_float(obj, "temperature", 0.0, 2.0, false, s.temperature)) return e;
   if (auto e = read_float(obj, "top_p", 0.0, 1.0, true, s.top_p)) return e;
   if (auto e = read_float(obj, "min_p", 0.0, 1.0, false, s.min_p)) return e;
@@ -361,6 +364,7 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
   // seed: any 64-bit integer, signed or not, in [-2^63, 2^64 - 1]; stored as its
   // two's-complement bits. An integral float is converted only inside that range.
   if (const json* seed = field(obj, "seed")) {
+    r.seed_given = true;
     const IntRead i = as_int64(*seed);
     const double d = seed->is_number_float() ? seed->get<double>() : 0.0;
     if (seed->is_number_unsigned()) {
@@ -544,7 +548,7 @@ std::string error_body(const ApiError& e) {
   return dump(body);
 }
 
-ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body) {
+ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const RequestDefaults& defaults) {
   // Depth first: deep nesting is cheap to send and costly to handle (recursive
   // dump(), destruction); nothing deeper than kMaxJsonDepth reaches the parser.
   if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
@@ -574,7 +578,7 @@ ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body) {
   } else {
     if (auto e = parse_messages(obj, r)) return *e;
   }
-  if (auto e = parse_sampling(ep, obj, r)) return *e;
+  if (auto e = parse_sampling(ep, obj, r, defaults)) return *e;
   if (auto e = parse_stop(obj, r)) return *e;
   if (auto e = parse_stream(obj, r)) return *e;
   if (auto e = read_bool(obj, "echo", r.echo)) return *e;

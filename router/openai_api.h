@@ -37,8 +37,18 @@ std::string error_body(const ApiError& e);
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
-// A validated request. Sampling fields absent from the body keep OpenAI's
-// defaults (temperature 1, top_p 1, no top-k/min-p/penalties, seed 0).
+// Sampling for fields a request omits (the router's come from cluster.json
+// "sampling"; these are OpenAI's).
+struct RequestDefaults {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+};
+
+// A validated request. Sampling fields absent from the body take the
+// RequestDefaults given to parse_request (no penalties); an absent seed is
+// `seed_given` = false (the router then draws a fresh one).
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                  // as given; "" when the field is absent or null (use the served model)
@@ -52,6 +62,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage (stream_options needs stream = true)
   bool echo = false;                  // always false: echo = true is refused
+  bool seed_given = false;            // false: sampling.seed is 0 and the caller picks one
 };
 
 // A value or an ApiError (a small expected<T, ApiError>).
@@ -99,7 +110,7 @@ std::string shown_text(std::string_view text);
 // JSON null counts as absent for every optional field. Values and keys quoted in
 // messages (and keys in `param`) are cut to kMaxShownChars. Integral floats (5.0)
 // count as integers.
-ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body);
+ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const RequestDefaults& defaults = {});
 
 struct Usage {
   int64_t prompt_tokens = 0;

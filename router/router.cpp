@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -17,6 +18,11 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// A seed for a request that did not give one: per io thread, a generator seeded from the OS.
+uint64_t fresh_seed() {
+  thread_local std::mt19937_64 gen{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
+  return gen();
+}
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -204,9 +210,17 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
     requests_total_.inc({"rejected"});
     respond_error(*w, e, std::move(headers));
   };
-  ApiResult<ApiRequest> parsed = parse_request(ep, http.body);
+  RequestDefaults defaults;
+  defaults.temperature = static_cast<float>(cfg_.sampling.temperature);
+  defaults.top_p = static_cast<float>(cfg_.sampling.top_p);
+  defaults.top_k = cfg_.sampling.top_k;
+  defaults.min_p = static_cast<float>(cfg_.sampling.min_p);
+  ApiResult<ApiRequest> parsed = parse_request(ep, http.body, defaults);
   if (!parsed.is_ok()) return reject(parsed.error());
   ApiRequest api = std::move(parsed).value();
+  // No seed: a fresh one, as OpenAI and vLLM do (repeated sampling must not
+  // return one answer). With a seed the output is reproducible.
+  if (!api.seed_given) api.sampling.seed = fresh_seed();
   if (!api.model.empty() && api.model != model_.name) {
     ApiError e = api_error(404, "the model '" + shown_text(api.model) + "' does not exist (this server serves '" + model_.name + "')",
                            "model", "invalid_request_error");

@@ -1,6 +1,7 @@
 #include "config/cluster_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -114,7 +115,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   Reader top(root, "");
   top.get("model", c.model).get("served_model_name", c.served_model_name);
   // Sections are read below; list them as known keys.
-  for (const char* s : {"http", "engine", "kv", "prefill", "decode", "router", "timeouts"}) top.known(s);
+  for (const char* s : {"http", "engine", "kv", "prefill", "decode", "router", "sampling", "timeouts"}) top.known(s);
   PD_RETURN_IF_ERROR(top.finish());
   PD_RETURN_IF_ERROR(section(root, "http", [&](const json& j, std::string p) {
     return Reader(j, p).get("host", c.http.host).get("port", c.http.port).get("threads", c.http.threads)
@@ -141,6 +142,10 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
     return Reader(j, p).get("max_queued", c.router.max_queued)
         .get("max_inflight_per_worker", c.router.max_inflight_per_worker)
         .get("retry_after_s", c.router.retry_after_s).finish();
+  }));
+  PD_RETURN_IF_ERROR(section(root, "sampling", [&](const json& j, std::string p) {
+    return Reader(j, p).get("temperature", c.sampling.temperature).get("top_p", c.sampling.top_p)
+        .get("top_k", c.sampling.top_k).get("min_p", c.sampling.min_p).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "timeouts", [&](const json& j, std::string p) {
     return Reader(j, p).get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
@@ -182,6 +187,15 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 0, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.retry_after_s", router.retry_after_s, 0, 3600));
+  auto real_range = [](const char* key, double v, double lo, double hi, bool open_lo) {
+    if (std::isfinite(v) && (open_lo ? v > lo : v >= lo) && v <= hi) return Status::ok();
+    return Status::invalid_argument(std::string("config: '") + key + "' = " + std::to_string(v) + " is out of range " +
+                                    (open_lo ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  PD_RETURN_IF_ERROR(real_range("sampling.temperature", sampling.temperature, 0.0, 2.0, false));
+  PD_RETURN_IF_ERROR(real_range("sampling.top_p", sampling.top_p, 0.0, 1.0, true));
+  PD_RETURN_IF_ERROR(real_range("sampling.min_p", sampling.min_p, 0.0, 1.0, false));
+  PD_RETURN_IF_ERROR(range("sampling.top_k", sampling.top_k, -1, 1 << 20));
   for (auto [k, v] : {std::pair{"timeouts.handoff_ms", timeouts.handoff_ms}, {"timeouts.transfer_ms", timeouts.transfer_ms},
                       {"timeouts.prefill_queue_ms", timeouts.prefill_queue_ms},
                       {"timeouts.request_ms", timeouts.request_ms}, {"timeouts.queue_ms", timeouts.queue_ms},

@@ -57,6 +57,16 @@ struct ClusterConfig {
     int retry_after_s = 1;
   } router;
 
+  // Sampling for requests that omit a parameter. Without this section: OpenAI's
+  // defaults (temperature 1, top_p 1, no top-k, no min-p). deploy/cluster.json sets
+  // the default model's recommendation.
+  struct Sampling {
+    double temperature = 1.0;
+    double top_p = 1.0;
+    int top_k = 0;               // 0 or -1 = disabled
+    double min_p = 0.0;
+  } sampling;
+
   struct Timeouts {
     int handoff_ms = 120000;   // offer -> accept (the decode rank has no KV room yet)
     int transfer_ms = 30000;   // a KV transfer making no progress (no layer landed) this long fails

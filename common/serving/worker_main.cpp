@@ -138,7 +138,8 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
     // SIGTERM to a joined rank: leave (drain, then exit); see leave_requested().
     std::signal(SIGTERM, on_leave_signal);
   } else if (flags.elastic) {
-    send_now(*links, table.router, proto::Listening{links->port()});
+    if (Status st = send_now(*links, table.router, proto::Listening{links->port()}); !st.is_ok())
+      return abort_job("telling the router this rank's MPI port: " + st.to_string());
   }
   Status st = body(*cfg, table, std::move(engine).value(), links);
   if (!st.is_ok()) spdlog::error("{}", st.to_string());

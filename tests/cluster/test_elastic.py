@@ -35,7 +35,7 @@ from loadgen import words  # noqa: E402
 from test_chaos import Stream  # noqa: E402
 
 CONFIG = {"timeouts": {"heartbeat_ms": 4000, "request_ms": 120000, "drain_ms": 30000}}
-MAX_TOKENS = 32
+MAX_TOKENS = 96  # long enough that the first 16 still stream when a pool has joined (~3-5 s)
 
 
 class Pool:
@@ -111,7 +111,7 @@ def grow_and_shrink(c, make_pool, prompts, pools):
     some of 8 more, and leaves while they stream. Returns (streams, threads, seconds to join)."""
     before = set(ranks(c))
     streams, threads = start(c, prompts[:16], 0)
-    wait_for(lambda: texting(streams) >= 8, 120, "8 of 16 streams to start")
+    wait_for(lambda: texting(streams) >= 1, 120, "the first stream to start")
     t0 = time.time()
     pools.append(make_pool())
     new = []

@@ -32,6 +32,14 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->timeouts.prefill_queue_ms == d.timeouts.prefill_queue_ms);
   CHECK(c->timeouts.drain_ms == d.timeouts.drain_ms);
   CHECK(c->model_name() == "SmolLM2-135M-Instruct.Q4_1");
+  // The one deliberate difference: the shipped file sets the default model card's
+  // sampling recommendation; the code's defaults are OpenAI's.
+  CHECK(c->sampling.temperature == 0.2);
+  CHECK(c->sampling.top_p == 0.9);
+  CHECK(c->sampling.top_k == d.sampling.top_k);
+  CHECK(c->sampling.min_p == d.sampling.min_p);
+  CHECK(d.sampling.temperature == 1.0);
+  CHECK(d.sampling.top_p == 1.0);
 }
 
 TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
@@ -52,6 +60,11 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(err(R"({"decode": 3})").find("'decode' must be an object") != std::string::npos);
   CHECK(err(R"({"engine": {"int8_activations": 1}})").find("'engine.int8_activations' has the wrong type") !=
         std::string::npos);
+  CHECK(err(R"({"sampling": {"temperature": 2.5}})").find("'sampling.temperature'") != std::string::npos);
+  CHECK(err(R"({"sampling": {"top_p": 0}})").find("'sampling.top_p'") != std::string::npos);
+  CHECK(err(R"({"sampling": {"top_k": -2}})").find("'sampling.top_k'") != std::string::npos);
+  CHECK(err(R"({"sampling": {"min_p": "x"}})").find("'sampling.min_p' has the wrong type") != std::string::npos);
+  CHECK(err(R"({"sampling": {"seed": 1}})").find("'sampling.seed'") != std::string::npos);
   auto ok = ClusterConfig::parse(R"({"kv": {"block_size": 32}, "served_model_name": "m",
                                      "engine": {"int8_activations": false}})");
   REQUIRE(ok.is_ok());

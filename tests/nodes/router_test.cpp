@@ -374,6 +374,31 @@ TEST_CASE("router: a rank joins, is linked to the up workers of the other role, 
   CHECK(h.get("/metrics").raw.find("pd_ranks_joined_total{role=\"decode\"} 1") != std::string::npos);
 }
 
+TEST_CASE("router: a request without a seed gets a fresh one; a given seed is kept", "[router]") {
+  Harness h;
+  std::set<uint64_t> seeds;
+  for (int i = 0; i < 3; ++i) {
+    auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 1})");
+    auto d = h.dispatched();
+    REQUIRE(d);
+    seeds.insert(d->second.sampling.seed);
+    CHECK(d->second.sampling.temperature == 1.0f);
+    h.tokens(d->first, d->second.id, 0, 1, false);
+    h.tokens(d->second.decode_rank, d->second.id, 1, 2, true);
+    CHECK(h.finish(f).status == 200);
+  }
+  CHECK(seeds.size() == 3);  // 2^-64-ish odds of a repeat
+  for (int i = 0; i < 2; ++i) {
+    auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 3, "seed": 77})");
+    auto d = h.dispatched();
+    REQUIRE(d);
+    CHECK(d->second.sampling.seed == 77u);
+    h.tokens(d->first, d->second.id, 0, 1, false);
+    h.tokens(d->second.decode_rank, d->second.id, 1, 2, true);
+    CHECK(h.finish(f).status == 200);
+  }
+}
+
 TEST_CASE("router: a join is refused naming what differs", "[router]") {
   Harness h;
   h.hub.send(8, kRouterRank, proto::Join{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size * 2, "p", "x:1"});

@@ -729,6 +729,19 @@ TEST_CASE("workers: a prefill rank declared down: handoffs offered, receiving an
   CHECK(c.run_until([&] { return c.decode_free(); }, 200));
   CHECK(illegal_transitions() == 0);
 }
+TEST_CASE("workers: an accept for a handoff the prefill rank no longer holds is answered with an abort", "[workers]") {
+  // A decode rank wrongly declared down rejoins and accepts an offer the prefill
+  // rank had already ended (without telling it, as it was down): without the
+  // abort its blocks waited for timeouts.transfer_ms (seen in the chaos suite).
+  MiniCluster c(small_config());
+  c.hub.send(kDecode, kPrefill, proto::HandoffAccept{999, proto::kTagKvFirst, 0});
+  c.step_prefill();
+  bool aborted = false;
+  for (auto& [source, m] : c.hub.take_all(kDecode))
+    if (auto* a = std::get_if<proto::HandoffAbort>(&m)) aborted |= a->id == 999 && source == kPrefill;
+  CHECK(aborted);
+}
+
 TEST_CASE("workers: a drained prefill rank hands queued prompts back, finishes the running one, then says Drained",
           "[workers]") {
   ClusterConfig cfg = small_config();

@@ -100,6 +100,33 @@ TEST_CASE("openai_api: defaults follow OpenAI", "[openai_api]") {
                                     "stream":null,"seed":null,"top_k":null,"n":null})");
   CHECK(n.sampling.temperature == 1.0f);
   CHECK_FALSE(n.max_tokens_given);
+  CHECK_FALSE(r.seed_given);  // the router then draws a fresh seed
+  CHECK_FALSE(n.seed_given);
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"x","seed":0})").seed_given);
+}
+
+TEST_CASE("openai_api: configured sampling defaults fill only what a request omits", "[openai_api]") {
+  RequestDefaults d;
+  d.temperature = 0.2f;
+  d.top_p = 0.9f;
+  d.top_k = 40;
+  d.min_p = 0.05f;
+  auto parsed = parse_request(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"hi"}]})", d);
+  REQUIRE(parsed.is_ok());
+  CHECK(parsed.value().sampling.temperature == 0.2f);
+  CHECK(parsed.value().sampling.top_p == 0.9f);
+  CHECK(parsed.value().sampling.top_k == 40);
+  CHECK(parsed.value().sampling.min_p == 0.05f);
+  auto own = parse_request(Endpoint::kCompletions,
+                           R"({"prompt":"x","temperature":0,"top_p":1,"top_k":-1,"min_p":0,"seed":5})", d);
+  REQUIRE(own.is_ok());
+  CHECK(own.value().sampling.temperature == 0.0f);
+  CHECK(own.value().sampling.top_p == 1.0f);
+  CHECK(own.value().sampling.top_k == 0);
+  CHECK(own.value().sampling.min_p == 0.0f);
+  CHECK(own.value().sampling.seed == 5u);
+  d.top_k = -1;  // -1 = disabled, as in a request
+  CHECK(parse_request(Endpoint::kCompletions, R"({"prompt":"x"})", d).value().sampling.top_k == 0);
 }
 
 TEST_CASE("openai_api: prompt forms", "[openai_api]") {
