@@ -79,12 +79,14 @@ Result<OpState> MpiTransport::test(TransferOp op) {
   MPI_Status st;
   if (MPI_Test(&it->second, &done, &st) != MPI_SUCCESS) {  // MPI_ERRORS_RETURN: the op ended in error
     if (it->second != MPI_REQUEST_NULL) MPI_Request_free(&it->second);
+    cancelled_.erase(it->first);
     ops_.erase(it);
     return Status::io_error("mpi transport: transfer op " + std::to_string(op.value) + " failed");
   }
   if (!done) return OpState::kPending;
   int cancelled = 0;
   MPI_Test_cancelled(&st, &cancelled);
+  cancelled_.erase(it->first);
   ops_.erase(it);
   return cancelled ? OpState::kCancelled : OpState::kDone;
 }
@@ -95,12 +97,17 @@ void MpiTransport::abandon(TransferOp op) {
   // MPI_Request_free on an active request: MPI completes it in the background
   // (or never, if the peer is dead) and frees it then; we never look again.
   if (it->second != MPI_REQUEST_NULL) MPI_Request_free(&it->second);
+  cancelled_.erase(it->first);
   ops_.erase(it);
 }
 
 void MpiTransport::cancel(TransferOp op) {
   auto it = ops_.find(op.value);
-  if (it != ops_.end() && it->second != MPI_REQUEST_NULL) MPI_Cancel(&it->second);
+  if (it == ops_.end() || it->second == MPI_REQUEST_NULL) return;
+  // Once per operation: OpenMPI 4.1's ob1 crashes (SIGSEGV in PMPI_Cancel) on a
+  // second cancel of a receive it has already taken off its queue.
+  if (!cancelled_.insert(op.value).second) return;
+  MPI_Cancel(&it->second);
 }
 
 }  // namespace pd

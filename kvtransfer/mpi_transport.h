@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "kvtransfer/transport.h"
 #include "protocol/mpi_links.h"
@@ -34,6 +35,7 @@ class MpiTransport final : public Transport {
   std::shared_ptr<MpiLinks> links_;
   int64_t next_ = 0;
   std::unordered_map<int64_t, MPI_Request> ops_;
+  std::unordered_set<int64_t> cancelled_;  // ops MPI_Cancel was called on (at most once each)
 };
 
 }  // namespace pd
