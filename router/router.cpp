@@ -99,6 +99,10 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       joined_total_(metrics_.counter("pd_ranks_joined_total", "Ranks that joined the running cluster (elastic pools)",
                                      {"role"})),
       left_total_(metrics_.counter("pd_ranks_left_total", "Ranks drained out of the cluster and removed", {"role"})) {
+  sampling_defaults_.temperature = static_cast<float>(cfg_.sampling.temperature);
+  sampling_defaults_.top_p = static_cast<float>(cfg_.sampling.top_p);
+  sampling_defaults_.top_k = cfg_.sampling.top_k;
+  sampling_defaults_.min_p = static_cast<float>(cfg_.sampling.min_p);
   const Tokenizer& tok = *model_.tokenizer;
   if (tok.eos_id() >= 0) hidden_ids_.push_back(tok.eos_id());
   im_end_ = tok.find_token("<|im_end|>");
@@ -210,12 +214,7 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
     requests_total_.inc({"rejected"});
     respond_error(*w, e, std::move(headers));
   };
-  RequestDefaults defaults;
-  defaults.temperature = static_cast<float>(cfg_.sampling.temperature);
-  defaults.top_p = static_cast<float>(cfg_.sampling.top_p);
-  defaults.top_k = cfg_.sampling.top_k;
-  defaults.min_p = static_cast<float>(cfg_.sampling.min_p);
-  ApiResult<ApiRequest> parsed = parse_request(ep, http.body, defaults);
+  ApiResult<ApiRequest> parsed = parse_request(ep, http.body, sampling_defaults_);
   if (!parsed.is_ok()) return reject(parsed.error());
   ApiRequest api = std::move(parsed).value();
   // No seed: a fresh one, as OpenAI and vLLM do (repeated sampling must not

@@ -152,6 +152,7 @@ class Router {
   void update_gauges();
 
   const ClusterConfig cfg_;
+  RequestDefaults sampling_defaults_;  // cfg_.sampling, for fields a request omits
   const RoleTable roles_;
   ModelInfo model_;
   std::vector<TokenId> hidden_ids_;   // EOS (+ <|im_end|>): end generation, print nothing

@@ -19,6 +19,7 @@ streams, serves, and leaves again; a rank of the launching job is drained out.
      block of the ranks left comes back.
 
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
+import contextlib
 import os
 import random
 import signal
@@ -67,6 +68,25 @@ class Pool:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def pools_of(c):
+    """A list the suite appends its Pools to. On a failed check, prints the cluster's and every
+    pool's log; at the end a pool still running leaves (30 s), then is killed if it has not."""
+    pools = []
+    try:
+        yield pools
+    except AssertionError:
+        print(c.logs())
+        for p in pools:
+            print("--- pool log\n" + p.logs())
+        raise
+    finally:
+        for p in pools:
+            if p.proc.poll() is None:
+                p.leave(30)
+            p.kill()
 
 
 def ranks(c):
@@ -163,48 +183,37 @@ def suite_elastic(tmp):
     model = DEFAULT_MODEL
     join_file = os.path.join(tmp, "cluster.join")
     prompts, want = workload(model)
-    pools = []
-    with Cluster(prefill=1, decode=1, model=model, config=CONFIG, launch_args=["--join-file", join_file]) as c:
-        try:
-            wait_for(lambda: os.path.exists(join_file), 30, "the join file")
-            streams, threads, joined_s = grow_and_shrink(c, lambda: Pool(join_file, c.config_path), prompts, pools)
-            # 4. a second pool (1 prefill + 1 decode) joins; the launching job's decode rank is drained out
-            pools.append(Pool(join_file, c.config_path, decode=1, prefill=1))
-            wait_for(lambda: ranks(c).get(4) == ("prefill", "up") and ranks(c).get(5) == ("decode", "up"), 120,
-                     "the second pool's prefill (4) and decode (5) ranks up")
-            rank_pids = c.rank_pids()
-            check(2 in rank_pids, "no process for decode rank 2: %s" % rank_pids)
-            last, last_threads = start(c, prompts[24:32], 24)
-            streams += last
-            threads += last_threads
-            wait_for(lambda: texting(last) >= 2, 120, "2 of the last 8 streams to start")
-            r = c.post("/admin/drain", {"rank": 2})
-            check(r.status == 200, "POST /admin/drain: HTTP %d %s" % (r.status, r.body))
-            wait_for(lambda: 2 not in ranks(c), 120, "decode rank 2 drained out")
-            pid = rank_pids[2][1]
-            wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
-                     open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30,
-                     "decode rank 2's process to exit")
-            for t in threads:
-                t.join(240)
-            served = per_rank(c.metrics(), "pd_rank_requests_total")
-            check(served.get(4, 0) >= 1 and served.get(5, 0) >= 1, "the second pool served nothing: %s" % served)
-            # 5. every request: exactly one end, greedy text as pd-generate's
-            check_all(c, streams, want)
-            check(c.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 4, "temperature": 0}).status == 200,
-                  "a request after the changes failed")
-            wait_for(lambda: blocks_all_free(c), 30, "every KV block of the ranks left free")
-            print("pool joined in %.1f s; %d requests, all exact; ranks now %s" % (joined_s, len(streams), ranks(c)))
-        except AssertionError:
-            print(c.logs())
-            for p in pools:
-                print("--- pool log\n" + p.logs())
-            raise
-        finally:
-            for p in pools:
-                if p.proc.poll() is None:
-                    p.leave(30)
-                p.kill()
+    with Cluster(prefill=1, decode=1, model=model, config=CONFIG, launch_args=["--join-file", join_file]) as c, \
+            pools_of(c) as pools:
+        wait_for(lambda: os.path.exists(join_file), 30, "the join file")
+        streams, threads, joined_s = grow_and_shrink(c, lambda: Pool(join_file, c.config_path), prompts, pools)
+        # 4. a second pool (1 prefill + 1 decode) joins; the launching job's decode rank is drained out
+        pools.append(Pool(join_file, c.config_path, decode=1, prefill=1))
+        wait_for(lambda: ranks(c).get(4) == ("prefill", "up") and ranks(c).get(5) == ("decode", "up"), 120,
+                 "the second pool's prefill (4) and decode (5) ranks up")
+        rank_pids = c.rank_pids()
+        check(2 in rank_pids, "no process for decode rank 2: %s" % rank_pids)
+        last, last_threads = start(c, prompts[24:32], 24)
+        streams += last
+        threads += last_threads
+        wait_for(lambda: texting(last) >= 2, 120, "2 of the last 8 streams to start")
+        r = c.post("/admin/drain", {"rank": 2})
+        check(r.status == 200, "POST /admin/drain: HTTP %d %s" % (r.status, r.body))
+        wait_for(lambda: 2 not in ranks(c), 120, "decode rank 2 drained out")
+        pid = rank_pids[2][1]
+        wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
+                 open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30,
+                 "decode rank 2's process to exit")
+        for t in threads:
+            t.join(240)
+        served = per_rank(c.metrics(), "pd_rank_requests_total")
+        check(served.get(4, 0) >= 1 and served.get(5, 0) >= 1, "the second pool served nothing: %s" % served)
+        # 5. every request: exactly one end, greedy text as pd-generate's
+        check_all(c, streams, want)
+        check(c.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 4, "temperature": 0}).status == 200,
+              "a request after the changes failed")
+        wait_for(lambda: blocks_all_free(c), 30, "every KV block of the ranks left free")
+        print("pool joined in %.1f s; %d requests, all exact; ranks now %s" % (joined_s, len(streams), ranks(c)))
 
 
 if __name__ == "__main__":

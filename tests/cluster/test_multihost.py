@@ -68,7 +68,7 @@ from cluster import (DEFAULT_MODEL, SKIP, Cluster, blocks_all_free, check, hando
                      need_default_model, run_suite, wait_for)
 from netns import NetHosts  # noqa: E402
 from test_cluster import QUESTIONS, SENTENCES, expect_same, references, run_case  # noqa: E402
-from test_elastic import Pool, check_all, grow_and_shrink, ranks, workload  # noqa: E402
+from test_elastic import Pool, check_all, grow_and_shrink, pools_of, ranks, workload  # noqa: E402
 
 INNER = "PD_NETNS_CLIENT"        # set in the copy of this script that runs in the client namespace
 LINK_BPS = "PD_NETNS_LINK_BPS"   # the prefill -> decode link's rate as measured by the outer process
@@ -267,53 +267,43 @@ def suite_elastic(tmp):
                 launch_args=["--hostfile", hosts.write_hostfile(os.path.join(tmp, "hostfile-router"), [(router, 1)]),
                              "--join-file", join_file] + hosts.mca_args(),
                 client_host=hosts.addr(router), startup_s=120, wait_ready=False)
-    pools = []
 
     def pool(host, prefill=0, decode=0):
         hostfile = hosts.write_hostfile(os.path.join(tmp, "hostfile-" + host), [(host, prefill + decode)])
         return Pool(join_file, c.config_path, decode=decode, prefill=prefill, wrap=hosts.exec_argv(host, []),
                     launch_args=["--hostfile", hostfile] + hosts.mca_args())
-    with c:
-        try:
-            wait_for(lambda: os.path.exists(join_file), 30, "the join file")
-            status, body = c.health()
-            check(status == 503 and "joined" in (body or {}).get("reason", ""),
-                  "a router alone should be unavailable until pools join: %s %s" % (status, body))
-            pools.append(pool(hosts.host(2), prefill=1))
-            wait_for(lambda: ranks(c).get(1) == ("prefill", "up"), 120, "the prefill pool (rank 1) up")
-            pools.append(pool(hosts.host(3), decode=1))
-            wait_for(lambda: ranks(c).get(2) == ("decode", "up"), 120, "the decode pool (rank 2) up")
-            wait_for(lambda: c.health()[0] == 200, 30, "/health 200")
-            for pid, host in ((p.proc.pid, h) for p, h in zip(pools, (hosts.host(2), hosts.host(3)))):
-                check(hosts.netns_of(pid) == host, "pool launched on %s runs in %s" % (host, hosts.netns_of(pid)))
-            cs = [("chat", QUESTIONS[0], 16), ("completion", long_prompt(), 12)]
-            for case, ref in zip(cs, references(DEFAULT_MODEL, cs)):
-                for stream in (False, True):
-                    expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
-            print("a cluster of three hosts' pools (router %s, prefill %s, decode %s) matches pd-generate"
-                  % (router, hosts.host(2), hosts.host(3)))
-            prompts, want = workload(DEFAULT_MODEL)
-            streams, _, joined_s = grow_and_shrink(c, lambda: pool(hosts.host(4), decode=1), prompts[:24], pools)
-            check_all(c, streams, want)
-            wait_for(lambda: blocks_all_free(c), 30, "every KV block back after the pool left")
-            print("a decode pool on %s joined in %.1f s under 16 streams, served, and left; %d requests exact"
-                  % (hosts.host(4), joined_s, len(streams)))
-            rc = c.stop()
-            check(rc == 0, "the router's mpirun exited %s" % rc)
-            for p in pools:
-                try:
-                    prc = p.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    prc = None
-                check(prc == 0, "a pool's mpirun exited %s after the cluster stopped:\n%s" % (prc, p.logs()))
-        except AssertionError:
-            print(c.logs())
-            for p in pools:
-                print("--- pool log\n" + p.logs())
-            raise
-        finally:
-            for p in pools:
-                p.kill()
+    with c, pools_of(c) as pools:
+        wait_for(lambda: os.path.exists(join_file), 30, "the join file")
+        status, body = c.health()
+        check(status == 503 and "joined" in (body or {}).get("reason", ""),
+              "a router alone should be unavailable until pools join: %s %s" % (status, body))
+        pools.append(pool(hosts.host(2), prefill=1))
+        wait_for(lambda: ranks(c).get(1) == ("prefill", "up"), 120, "the prefill pool (rank 1) up")
+        pools.append(pool(hosts.host(3), decode=1))
+        wait_for(lambda: ranks(c).get(2) == ("decode", "up"), 120, "the decode pool (rank 2) up")
+        wait_for(lambda: c.health()[0] == 200, 30, "/health 200")
+        for pid, host in ((p.proc.pid, h) for p, h in zip(pools, (hosts.host(2), hosts.host(3)))):
+            check(hosts.netns_of(pid) == host, "pool launched on %s runs in %s" % (host, hosts.netns_of(pid)))
+        cs = [("chat", QUESTIONS[0], 16), ("completion", long_prompt(), 12)]
+        for case, ref in zip(cs, references(DEFAULT_MODEL, cs)):
+            for stream in (False, True):
+                expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
+        print("a cluster of three hosts' pools (router %s, prefill %s, decode %s) matches pd-generate"
+              % (router, hosts.host(2), hosts.host(3)))
+        prompts, want = workload(DEFAULT_MODEL)
+        streams, _, joined_s = grow_and_shrink(c, lambda: pool(hosts.host(4), decode=1), prompts[:24], pools)
+        check_all(c, streams, want)
+        wait_for(lambda: blocks_all_free(c), 30, "every KV block back after the pool left")
+        print("a decode pool on %s joined in %.1f s under 16 streams, served, and left; %d requests exact"
+              % (hosts.host(4), joined_s, len(streams)))
+        rc = c.stop()
+        check(rc == 0, "the router's mpirun exited %s" % rc)
+        for p in pools:
+            try:
+                prc = p.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                prc = None
+            check(prc == 0, "a pool's mpirun exited %s after the cluster stopped:\n%s" % (prc, p.logs()))
     stop_and_check_gone(c, hosts)
 
 

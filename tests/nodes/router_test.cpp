@@ -107,7 +107,8 @@ struct Harness {
   std::vector<int> live{kP1, kP2, kD1, kD2};  // ranks the test plays (joined ones are added)
   Clock::time_point last_beat{};
 
-  explicit Harness(int heartbeat_ms = 150) {
+  explicit Harness(int heartbeat_ms = 150, int drain_ms = 30000) {
+    cfg.timeouts.drain_ms = drain_ms;
     cfg.http.port = 0;
     cfg.timeouts.heartbeat_ms = heartbeat_ms;  // below the config's floor: the test's ranks beat every 10 ms
     RoleTable roles;
@@ -455,6 +456,32 @@ TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-
   CHECK(health.raw.find("\"rank\":" + std::to_string(leaving) + ",") == std::string::npos);
   CHECK(h.get("/metrics").raw.find("pd_ranks_left_total{role=\"prefill\"} 1") != std::string::npos);
   CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: a rank that does not finish draining within drain_ms is ended as down and removed", "[router]") {
+  Harness h(150, 300);
+  auto f = h.post(kStreamBody);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  h.tokens(d->first, d->second.id, 0, 1, false);  // streaming: cannot be re-run
+  const int decode = d->second.decode_rank;
+  auto drain = h.post("{\"rank\": " + std::to_string(decode) + "}", "/admin/drain");
+  CHECK(h.finish(drain).status == 200);
+  REQUIRE(h.expect<proto::Drain>(decode));
+  // It keeps beating but never says Drained: after drain_ms its request ends with
+  // one error, the others are told it left, and it is told to shut down.
+  const HttpResult r = h.finish(f);
+  CHECK(count(r.raw, "\"error\"") == 1);
+  CHECK(count(r.raw, "data: [DONE]") == 1);
+  REQUIRE(h.expect<proto::Shutdown>(decode));
+  bool left = false;
+  for (auto& m : h.inbox[kP1])
+    if (auto* l = std::get_if<proto::PeerLeft>(&m)) left |= l->rank == decode;
+  if (!left) left = h.expect<proto::PeerLeft>(kP1).has_value();
+  CHECK(left);
+  h.live.erase(std::find(h.live.begin(), h.live.end(), decode));
+  h.pump_for(30ms);
+  CHECK(h.get("/health").raw.find("\"rank\":" + std::to_string(decode) + ",") == std::string::npos);
 }
 
 TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on", "[router]") {
