@@ -657,7 +657,9 @@ bool DecodeWorker::step() {
       const int64_t vocab = engine_->config().vocab;
       for (size_t i = 0; i < stepped.size(); ++i) {
         Seq& s = seqs_.at(stepped[i]);
-        const TokenId t = s.sampler->sample(std::span<float>(logits_.data() + i * vocab, static_cast<size_t>(vocab)));
+        const std::span<float> row(logits_.data() + i * vocab, static_cast<size_t>(vocab));
+        if (s.params.logprobs >= 0) raw_row_.assign(row.begin(), row.end());  // sample() may modify the row
+        const TokenId t = s.sampler->sample(row);
         s.sampler->accept(t);
         s.tokens.push_back(t);
         ++s.n_generated;
@@ -666,6 +668,7 @@ bool DecodeWorker::step() {
         ev.id = s.id;
         ev.first_index = s.n_generated - 1;
         ev.tokens = {t};
+        if (s.params.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw_row_, t, s.params.logprobs));
         ev.finish = finish_of(stop);
         if (!s.timing_sent) {
           ev.queue_s = seconds(step_start - s.received);
@@ -696,7 +699,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     s.has_blocks = true;
     s.kv_complete = false;  // until the pass below has written it
     for (BlockId b : blocks.block_table(seq_of(s.id))) tables[i].push_back(b.value);
-    batch[i] = SequenceBatch{toks, 0, tables[i], fresh};
+    batch[i] = SequenceBatch{toks, 0, tables[i], fresh, fresh && s.params.prompt_logprobs};
   }
   const auto t0 = Clock::now();
   std::vector<float> logits;
@@ -705,8 +708,10 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
   for (proto::RequestId id : ids) seqs_.at(id).kv_complete = true;
   const double prefill_s = seconds(Clock::now() - t0);
   const int64_t vocab = engine_->config().vocab;
-  size_t row = 0;
-  for (proto::RequestId id : ids) {
+  size_t row = 0;  // the next logits row: one per fresh prompt, one per token of an all_logits one
+  auto row_at = [&](size_t r) { return std::span<float>(logits.data() + r * vocab, static_cast<size_t>(vocab)); };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const proto::RequestId id = ids[i];
     Seq& s = seqs_.at(id);
     s.needs_compute = false;
     if (s.n_generated > 0) {  // resumed after preemption
@@ -714,17 +719,25 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
       running_.push_back(id);
       continue;
     }
+    proto::TokenEvent ev;
+    if (batch[i].all_logits) {
+      // Row p - 1 of this prompt predicts its token p.
+      for (size_t p = 1; p < batch[i].tokens.size(); ++p)
+        ev.prompt_logprobs.push_back(token_logprob(row_at(row + p - 1), s.tokens[p], s.params.logprobs));
+      row += batch[i].tokens.size() - 1;
+    }
+    const std::span<float> last = row_at(row++);
+    if (s.params.logprobs >= 0) raw_row_.assign(last.begin(), last.end());  // sample() may modify the row
     s.sampler.emplace(s.params);
-    const TokenId t = s.sampler->sample(std::span<float>(logits.data() + row * vocab, static_cast<size_t>(vocab)));
-    ++row;
+    const TokenId t = s.sampler->sample(last);
     s.sampler->accept(t);
     s.tokens.push_back(t);
     s.n_generated = 1;
     const StopReason stop = check_stop(s.params, t, engine_->eos_id, 1);
-    proto::TokenEvent ev;
     ev.id = id;
     ev.first_index = 0;
     ev.tokens = {t};
+    if (s.params.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw_row_, t, s.params.logprobs));
     ev.finish = finish_of(stop);
     ev.queue_s = seconds(t0 - s.arrived);
     ev.prefill_s = prefill_s;

@@ -148,6 +148,7 @@ class DecodeWorker {
   bool leaving_ = false, drained_sent_ = false, leave_sent_ = false;  // Drain (elastic pools)
   LoadReporter load_reporter_;
   std::vector<float> logits_;
+  std::vector<float> raw_row_;  // a logits row before sample() changes it (logprobs are of the raw one)
   // The decode step's per-sequence inputs, reused from step to step (the
   // inner tables keep their capacity): a step allocates nothing in steady state.
   std::vector<std::vector<int32_t>> step_tables_;

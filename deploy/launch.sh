@@ -6,6 +6,7 @@
 #   deploy/launch.sh --colocated 2                          # conventional server, 2 workers
 #   deploy/launch.sh --prefill 2 --decode 4 --hostfile deploy/hostfile.example --host 0.0.0.0
 #   deploy/launch.sh --prefill 1 --decode 1 --dry-run       # print the mpirun line only
+#   deploy/launch.sh --prefill 1 --decode 1 --kv-dtype q8_0 # 8-bit KV cache (default: the config's kv.dtype, f16)
 #   deploy/launch.sh --prefill 1 --decode 1 --join-file /tmp/pd.join   # accept pools that join later
 #   deploy/launch.sh --join /tmp/pd.join --decode 2         # a pool joining that cluster (Ctrl-C: it leaves)
 #   deploy/launch.sh --prefill 0 --decode 0 --join-file F   # the router alone; every host's ranks join as pools
@@ -16,8 +17,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
-BUILD="$ROOT/build" THREADS="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
 while [[ $# -gt 0 ]]; do
@@ -34,6 +35,7 @@ while [[ $# -gt 0 ]]; do
     --config) CONFIG="${2:-}"; [[ -f "$CONFIG" ]] || die "--config: no such file '$CONFIG'"; shift 2 ;;
     --build) BUILD="${2:-}"; shift 2 ;;
     --threads) need_int "$1" "${2:-}"; THREADS="$2"; shift 2 ;;
+    --kv-dtype) KV_DTYPE="${2:-}"; [[ "$KV_DTYPE" =~ ^(f16|q8_0|f32)$ ]] || die "--kv-dtype must be f16, q8_0 or f32, got '$KV_DTYPE'"; shift 2 ;;
     --mca) MPI_EXTRA+=(--mca "$2" "$3"); shift 3 ;;
     --dry-run) DRY=1; shift ;;
     --no-wait) WAIT=0; shift ;;
@@ -67,8 +69,10 @@ fi
 ARGS=("$CONFIG")
 [[ -n "$MODEL" ]] && ARGS+=(--model "$MODEL")
 [[ -n "$THREADS" ]] && ARGS+=(--threads "$THREADS")
+[[ -n "$KV_DTYPE" ]] && ARGS+=(--kv-dtype "$KV_DTYPE")
 RARGS=("$CONFIG")
 [[ -n "$MODEL" ]] && RARGS+=(--model "$MODEL")
+[[ -n "$KV_DTYPE" ]] && RARGS+=(--kv-dtype "$KV_DTYPE")
 [[ -n "$PORT" ]] && RARGS+=(--port "$PORT")
 [[ -n "$HOST" ]] && RARGS+=(--host "$HOST")
 

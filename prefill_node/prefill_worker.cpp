@@ -15,6 +15,18 @@ namespace {
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
 
+// Places `prompt` in fresh blocks, reusing no cached prefix, so that every
+// position is computed (prompt logprobs need each one's logits). Returns 0
+// cached tokens; on failure nothing changed.
+Result<int64_t> allocate_uncached(KvBlockManager& blocks, SeqId seq, std::span<const int32_t> prompt) {
+  PD_RETURN_IF_ERROR(blocks.allocate(seq, {}).status());
+  if (Status st = blocks.append(seq, prompt, nullptr); !st.is_ok()) {
+    (void)blocks.free(seq);
+    return st;
+  }
+  return int64_t{0};
+}
+
 // In-flight KV send budget per decode rank (PrefillWorker::PeerSends,
 // send_budget_: 1 MiB, which leaves most of a 4 MiB shared-memory segment to
 // the other peers): a send is charged what a stuck one would hold in the BTL,
@@ -397,7 +409,11 @@ bool PrefillWorker::run_batch() {
     Job& job = *queued;
     const int64_t n = static_cast<int64_t>(job.req.prompt.size());
     if (!batch_.empty() && n > budget) break;  // one prompt may exceed the budget alone
-    if (blocks.blocks_needed_for_prompt(job.req.prompt) > blocks.num_free_blocks()) {
+    // Prompt logprobs need the logits of every position: such a prompt reuses no cached prefix.
+    const bool all_logits = job.req.sampling.prompt_logprobs;
+    const int64_t needed = all_logits ? blocks.blocks_needed_to_append(seq_of(job.req.id), static_cast<int>(n))
+                                      : blocks.blocks_needed_for_prompt(job.req.prompt);
+    if (needed > blocks.num_free_blocks()) {
       // Held KV (offers not yet accepted) and sends in flight free blocks later.
       // A prompt that cannot fit even in an empty pool fails now.
       if (batch_.empty() && blocks.num_free_blocks() == blocks.num_blocks()) {
@@ -411,7 +427,8 @@ bool PrefillWorker::run_batch() {
       }
       break;
     }
-    auto cached = blocks.allocate(seq_of(job.req.id), job.req.prompt);
+    auto cached = all_logits ? allocate_uncached(blocks, seq_of(job.req.id), job.req.prompt)
+                             : blocks.allocate(seq_of(job.req.id), job.req.prompt);
     if (!cached.is_ok()) break;
     job.has_seq = true;
     job.cached = *cached;
@@ -438,6 +455,7 @@ bool PrefillWorker::run_batch() {
     sb.start_pos = static_cast<int32_t>(cached);
     sb.block_table = job.table;
     sb.want_logits = true;
+    sb.all_logits = job.req.sampling.prompt_logprobs;
     seqs.push_back(sb);
   }
   const auto t0 = Clock::now();
@@ -455,7 +473,10 @@ bool PrefillWorker::run_batch() {
   }
   const int64_t vocab = engine_->config().vocab;
   proto::TokenEvents events;
+  size_t next_row = 0;  // the first logits row of ran[i] (all_logits sequences have one per prompt token)
   for (size_t i = 0; i < ran.size(); ++i) {
+    const size_t first_row = next_row;
+    next_row += seqs[i].all_logits ? seqs[i].tokens.size() : 1;
     Job* found = find_job(ran[i]);
     if (found == nullptr) continue;
     Job& job = *found;
@@ -467,13 +488,23 @@ bool PrefillWorker::run_batch() {
       fail(job, job.send_error, proto::FailureKind::kTransfer, true);
       continue;
     }
-    Sampler sampler(job.req.sampling);
-    std::span<float> row(logits.data() + i * vocab, static_cast<size_t>(vocab));
+    auto row_at = [&](size_t r) { return std::span<float>(logits.data() + r * vocab, static_cast<size_t>(vocab)); };
+    const std::span<float> row = row_at(next_row - 1);
+    const SamplingParams& sp = job.req.sampling;
+    proto::TokenEvent ev;
+    if (sp.prompt_logprobs) {
+      // Row first_row + p - 1 predicts prompt token p.
+      for (size_t p = 1; p < job.req.prompt.size(); ++p)
+        ev.prompt_logprobs.push_back(token_logprob(row_at(first_row + p - 1), job.req.prompt[p], sp.logprobs));
+    }
+    std::vector<float> raw;  // sample() may apply penalties in place; logprobs are of the raw row
+    if (sp.logprobs >= 0) raw.assign(row.begin(), row.end());
+    Sampler sampler(sp);
     job.first_token = sampler.sample(row);
+    if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, job.first_token, sp.logprobs));
     const StopReason stop = check_stop(job.req.sampling, job.first_token, engine_->eos_id, 1);
     job.finished_at_first = stop != StopReason::kNone;
     job.computed = Clock::now();
-    proto::TokenEvent ev;
     ev.id = job.req.id;
     ev.first_index = 0;
     ev.tokens = {job.first_token};

@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   auto mc = pd::LlamaConfig::from_gguf(**file);
   if (!mc.is_ok()) return abort_job(mc.status().to_string());
   info.context = mc->context;
+  const pd::GgmlType kv_dtype = *pd::parse_kv_dtype(cfg->kv.dtype, "kv.dtype");  // validated with the config
+  info.kv_dtype = pd::kv_dtype_name(kv_dtype);
+  info.kv_bytes_per_token = mc->kv_geometry(kv_dtype).bytes_per_token();
   info.name = cfg->model_name();
 
   if (!flags.join.empty() || flags.elastic) return abort_job("pd-router takes --join-file, not --join/--elastic");

@@ -187,7 +187,7 @@ constexpr const char* kCommonFields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
     "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
-constexpr const char* kUnsupportedFields[] = {"best_of", "logprobs", "top_logprobs", "logit_bias", "tools",
+constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "logit_bias", "tools",
                                               "functions", "tool_choice", "function_call", "response_format",
                                               "suffix"};
 
@@ -195,8 +195,10 @@ std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
   for (const char* f : kCommonFields) {
     if (key == f) return FieldKind::kHandled;
   }
-  if (ep == Endpoint::kCompletions && key == "prompt") return FieldKind::kHandled;
-  if (ep == Endpoint::kChatCompletions && (key == "messages" || key == "max_completion_tokens")) {
+  if (key == "logprobs") return FieldKind::kHandled;
+  if (ep == Endpoint::kCompletions && (key == "prompt" || key == "parse_special")) return FieldKind::kHandled;
+  if (ep == Endpoint::kChatCompletions &&
+      (key == "messages" || key == "max_completion_tokens" || key == "top_logprobs")) {
     return FieldKind::kHandled;
   }
   for (const char* f : kIgnoredFields) {
@@ -216,7 +218,6 @@ bool asks_for_nothing(const std::string& key, const json& v) {
     const IntRead i = as_int64(v);
     return i.kind == IntRead::kOk && i.value == (key == "best_of" ? 1 : 0);
   }
-  if (key == "logprobs") return v.is_boolean() && !v.get<bool>();
   if (key == "logit_bias") return v.is_object() && v.empty();
   if (key == "tools" || key == "functions") return v.is_array() && v.empty();
   if (key == "tool_choice" || key == "function_call") return v.is_string() && v.get<std::string>() == "none";
@@ -227,21 +228,63 @@ bool asks_for_nothing(const std::string& key, const json& v) {
   return false;
 }
 
+// A token id of a token-id prompt: an integer in [0, 2^31) (the router checks the vocabulary).
+std::optional<ApiError> read_token_id(const json& v, const std::string& where, TokenId& out) {
+  const IntRead i = as_int64(v);
+  if (i.kind != IntRead::kOk || i.value < 0 || i.value > std::numeric_limits<int32_t>::max()) {
+    return bad_request("prompt", where + " must be a token id (an integer >= 0), got " + shown(v));
+  }
+  out = static_cast<TokenId>(i.value);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_token_ids(const json& v, const std::string& where, PromptInput& out) {
+  if (v.empty()) return bad_request("prompt", where + " must not be an empty array");
+  out.is_ids = true;
+  out.ids.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (auto e = read_token_id(v[i], where + "[" + std::to_string(i) + "]", out.ids[i])) return e;
+  }
+  return std::nullopt;
+}
+
+// prompt: a string, an array of strings, an array of token ids, or an array of
+// token-id arrays (each element one prompt of a batch).
 std::optional<ApiError> parse_prompt(const json& obj, ApiRequest& r) {
   const json* v = field(obj, "prompt");
   if (!v) return bad_request("prompt", "prompt is required");
   if (v->is_string()) {
-    r.prompt = v->get<std::string>();
+    r.prompts.push_back({v->get<std::string>(), {}, false});
     return std::nullopt;
   }
-  if (!v->is_array()) return bad_request("prompt", "prompt must be a string or an array of one string");
+  constexpr const char* kForms =
+      "prompt must be a string, an array of strings, an array of token ids or an array of token-id arrays";
+  if (!v->is_array()) return bad_request("prompt", kForms);
   if (v->empty()) return bad_request("prompt", "prompt must not be an empty array");
-  for (const json& e : *v) {
-    if (e.is_number() || e.is_array()) return bad_request("prompt", "token-id prompts are not supported");
-    if (!e.is_string()) return bad_request("prompt", "prompt array elements must be strings");
+  if (v->size() > static_cast<size_t>(kMaxChoices)) {
+    return bad_request("prompt", "prompt holds " + std::to_string(v->size()) + " prompts; at most " +
+                                     std::to_string(kMaxChoices) + " per request");
   }
-  if (v->size() > 1) return bad_request("prompt", "prompt arrays of more than one string are not supported");
-  r.prompt = (*v)[0].get<std::string>();
+  if ((*v)[0].is_number()) {  // one token-id prompt
+    PromptInput p;
+    if (auto e = read_token_ids(*v, "prompt", p)) return e;
+    r.prompts.push_back(std::move(p));
+    return std::nullopt;
+  }
+  const bool strings = (*v)[0].is_string();
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& e = (*v)[i];
+    const std::string where = "prompt[" + std::to_string(i) + "]";
+    PromptInput p;
+    if (strings && e.is_string()) {
+      p.text = e.get<std::string>();
+    } else if (!strings && e.is_array()) {
+      if (auto err = read_token_ids(e, where, p)) return err;
+    } else {
+      return bad_request("prompt", std::string(kForms) + " (not mixed); " + where + " is " + shown(e));
+    }
+    r.prompts.push_back(std::move(p));
+  }
   return std::nullopt;
 }
 
@@ -384,14 +427,22 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
   // max_tokens (chat: max_completion_tokens wins when both are given).
   const char* max_key = "max_tokens";
   if (ep == Endpoint::kChatCompletions && field(obj, "max_completion_tokens")) max_key = "max_completion_tokens";
+  // Completions may ask for 0 tokens (with echo: the prompt's logprobs alone).
+  const int64_t min_tokens = ep == Endpoint::kCompletions ? 0 : 1;
   std::optional<int64_t> max_tokens;
   for (const char* key : {"max_tokens", max_key}) {
     const json* v = field(obj, key);
     const IntRead i = v ? as_int64(*v) : IntRead{};
-    const bool below = v && ((i.kind == IntRead::kOk && i.value < 1) ||
+    const bool below = v && ((i.kind == IntRead::kOk && i.value < min_tokens) ||
                              (i.kind == IntRead::kOutOfRange && v->is_number_float() && v->get<double>() < 0));
-    if (below) return bad_request(key, std::string(key) + " must be >= 1, got " + shown(*v));
-    if (auto e = read_int(obj, key, 1, kInt64Max, max_tokens)) return e;
+    if (below) {
+      return bad_request(key, std::string(key) + " must be >= " + std::to_string(min_tokens) + ", got " + shown(*v));
+    }
+    if (auto e = read_int(obj, key, min_tokens, kInt64Max, max_tokens)) return e;
+  }
+  if (max_tokens && *max_tokens == 0) {
+    r.prompt_only = true;  // one token is computed and dropped: the cluster always samples token 1
+    max_tokens = 1;
   }
   if (max_tokens) {
     // Larger than any context: the caller clamps to the context left anyway.
@@ -399,14 +450,35 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
     r.max_tokens_given = true;
   }
 
-  // n: only 1. Integers beyond int64 are refused like any other n != 1.
-  if (const json* n = field(obj, "n")) {
-    const IntRead i = as_int64(*n);
-    if (i.kind == IntRead::kNotInteger) return bad_request("n", "n must be an integer, got " + shown(*n));
-    const bool above = i.kind == IntRead::kOk ? i.value > 1 : !n->is_number_float() || n->get<double>() > 0;
-    if (above) return bad_request("n", "n > 1 is not supported");
-    if (i.kind != IntRead::kOk || i.value < 1) return bad_request("n", "n must be 1, got " + shown(*n));
+  std::optional<int64_t> n;
+  if (auto e = read_int(obj, "n", 1, kMaxChoices, n)) return e;
+  if (n) r.n = static_cast<int32_t>(*n);
+  return std::nullopt;
+}
+
+// logprobs / top_logprobs / echo, after the prompt and sampling fields.
+std::optional<ApiError> parse_logprobs(Endpoint ep, const json& obj, ApiRequest& r) {
+  SamplingParams& s = r.sampling;
+  const json* lp = field(obj, "logprobs");
+  if (ep == Endpoint::kCompletions) {
+    if (lp && !(lp->is_boolean() && !lp->get<bool>())) {  // false = none, as clients send it
+      std::optional<int64_t> n;
+      if (auto e = read_int(obj, "logprobs", 0, kMaxLogprobs, n)) return e;
+      s.logprobs = static_cast<int32_t>(*n);
+    }
+    if (auto e = read_bool(obj, "echo", r.echo)) return e;
+    if (r.prompt_only && !r.echo) return bad_request("max_tokens", "max_tokens 0 needs echo: true");
+    s.prompt_logprobs = r.echo && s.logprobs >= 0;
+    return read_bool(obj, "parse_special", r.parse_special);
   }
+  bool want = false;
+  if (auto e = read_bool(obj, "logprobs", want)) return e;
+  std::optional<int64_t> top;
+  if (auto e = read_int(obj, "top_logprobs", 0, kMaxLogprobs, top)) return e;
+  if (top && *top > 0 && !want) return bad_request("top_logprobs", "top_logprobs needs logprobs: true");
+  if (want) s.logprobs = static_cast<int32_t>(top.value_or(0));
+  if (auto e = read_bool(obj, "echo", r.echo)) return e;
+  if (r.echo) return unsupported("echo");
   return std::nullopt;
 }
 
@@ -533,6 +605,20 @@ class PathTrackingParser {
   ApiError error_;
 };
 
+// A request body as a JSON object (into `obj`), or the 400 saying why not.
+std::optional<ApiError> parse_body(std::string_view body, json& obj) {
+  // Depth first: deep nesting is cheap to send and costly to handle (recursive
+  // dump(), destruction); nothing deeper than kMaxJsonDepth reaches the parser.
+  if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+    return bad_request("", "the request body nests arrays and objects deeper than the limit of " +
+                               std::to_string(kMaxJsonDepth) + " levels");
+  }
+  PathTrackingParser sax(obj);
+  if (!json::sax_parse(body.begin(), body.end(), &sax)) return sax.error();
+  if (!obj.is_object()) return bad_request("", "the request body must be a JSON object");
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string shown_text(std::string_view text) { return cut(text); }
@@ -549,16 +635,8 @@ std::string error_body(const ApiError& e) {
 }
 
 ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const RequestDefaults& defaults) {
-  // Depth first: deep nesting is cheap to send and costly to handle (recursive
-  // dump(), destruction); nothing deeper than kMaxJsonDepth reaches the parser.
-  if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
-    return bad_request("", "the request body nests arrays and objects deeper than the limit of " +
-                               std::to_string(kMaxJsonDepth) + " levels");
-  }
   json obj;
-  PathTrackingParser sax(obj);
-  if (!json::sax_parse(body.begin(), body.end(), &sax)) return sax.error();
-  if (!obj.is_object()) return bad_request("", "the request body must be a JSON object");
+  if (auto e = parse_body(body, obj)) return *e;
 
   // Unknown and unsupported fields first, so a request is never half-understood.
   for (const auto& [key, value] : obj.items()) {
@@ -581,12 +659,21 @@ ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const Re
   if (auto e = parse_sampling(ep, obj, r, defaults)) return *e;
   if (auto e = parse_stop(obj, r)) return *e;
   if (auto e = parse_stream(obj, r)) return *e;
-  if (auto e = read_bool(obj, "echo", r.echo)) return *e;
-  if (r.echo) return unsupported("echo");
+  if (auto e = parse_logprobs(ep, obj, r)) return *e;
+  if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) {
+    return bad_request("n", std::to_string(r.prompts.size()) + " prompts x n " + std::to_string(r.n) +
+                                " choices is over the limit of " + std::to_string(kMaxChoices) + " per request");
+  }
 
   // Backstop: the checks above are at least as strict as the sampler's own.
   if (Status st = r.sampling.validate(); !st.is_ok()) return bad_request("", st.message());
   return r;
+}
+
+int64_t text_chars(std::string_view bytes) {
+  int64_t n = 0;
+  for (unsigned char c : bytes) n += (c & 0xC0) != 0x80;
+  return n;
 }
 
 std::string make_response_id(Endpoint ep, uint64_t n) {
@@ -614,43 +701,119 @@ ojson usage_json(Usage u) {
 
 }  // namespace
 
+namespace {
+
+// -inf as -9999.0 (vLLM's convention: JSON has no infinity).
+double shown_logprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
+
+ojson bytes_json(std::string_view text) {
+  ojson b = ojson::array();
+  for (unsigned char c : text) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+ojson completion_logprobs(const ChoiceOut& c) {
+  ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  int64_t offset = c.text_offset;
+  for (const ShownToken& t : c.logprobs) {
+    tokens.push_back(t.text);
+    offsets.push_back(offset);
+    offset += text_chars(t.text);
+    if (!t.logprob) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    lps.push_back(shown_logprob(*t.logprob));
+    ojson top = ojson::object();
+    for (const auto& [text, lp] : t.top) {
+      if (!top.contains(text)) top[text] = shown_logprob(lp);  // tokens with the same text: the likelier one
+    }
+    if (!top.contains(t.text)) top[t.text] = shown_logprob(*t.logprob);
+    tops.push_back(std::move(top));
+  }
+  ojson j = ojson::object();
+  j["tokens"] = std::move(tokens);
+  j["token_logprobs"] = std::move(lps);
+  j["top_logprobs"] = std::move(tops);
+  j["text_offset"] = std::move(offsets);
+  return j;
+}
+
+ojson chat_logprobs(const ChoiceOut& c) {
+  ojson content = ojson::array();
+  for (const ShownToken& t : c.logprobs) {
+    ojson e = ojson::object();
+    e["token"] = t.text;
+    e["logprob"] = shown_logprob(t.logprob.value_or(0.0f));
+    e["bytes"] = bytes_json(t.text);
+    ojson top = ojson::array();
+    for (const auto& [text, lp] : t.top) {
+      ojson alt = ojson::object();
+      alt["token"] = text;
+      alt["logprob"] = shown_logprob(lp);
+      alt["bytes"] = bytes_json(text);
+      top.push_back(std::move(alt));
+    }
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  ojson j = ojson::object();
+  j["content"] = std::move(content);
+  j["refusal"] = nullptr;
+  return j;
+}
+
+ojson logprobs_json(Endpoint ep, const ChoiceOut& c) {
+  if (!c.with_logprobs) return nullptr;
+  return ep == Endpoint::kChatCompletions ? chat_logprobs(c) : completion_logprobs(c);
+}
+
+ojson finish_json(const ChoiceOut& c) { return c.finish_reason ? ojson(*c.finish_reason) : ojson(nullptr); }
+
+}  // namespace
+
 std::string completion_body(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
-                            const std::string& text, const std::string& finish_reason, Usage usage) {
+                            const std::vector<ChoiceOut>& choices, Usage usage) {
   const bool chat = ep == Endpoint::kChatCompletions;
   ojson j = envelope(chat ? "chat.completion" : "text_completion", id, model, created);
-  ojson choice = ojson::object();
-  choice["index"] = 0;
-  if (chat) {
-    ojson message = ojson::object();
-    message["role"] = "assistant";
-    message["content"] = text;
-    choice["message"] = std::move(message);
-  } else {
-    choice["text"] = text;
+  ojson list = ojson::array();
+  for (const ChoiceOut& c : choices) {
+    ojson choice = ojson::object();
+    choice["index"] = c.index;
+    if (chat) {
+      ojson message = ojson::object();
+      message["role"] = "assistant";
+      message["content"] = c.text;
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = logprobs_json(ep, c);
+    choice["finish_reason"] = finish_json(c);
+    list.push_back(std::move(choice));
   }
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = finish_reason;
-  j["choices"] = ojson::array({std::move(choice)});
+  j["choices"] = std::move(list);
   j["usage"] = usage_json(usage);
   return dump(j);
 }
 
 std::string stream_chunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
-                         const std::string& delta_text, const std::string* finish_reason, bool first) {
+                         const ChoiceOut& c, bool first) {
   const bool chat = ep == Endpoint::kChatCompletions;
   ojson j = envelope(chat ? "chat.completion.chunk" : "text_completion", id, model, created);
   ojson choice = ojson::object();
-  choice["index"] = 0;
+  choice["index"] = c.index;
   if (chat) {
     ojson delta = ojson::object();
     if (first) delta["role"] = "assistant";
-    delta["content"] = delta_text;
+    delta["content"] = c.text;
     choice["delta"] = std::move(delta);
   } else {
-    choice["text"] = delta_text;
+    choice["text"] = c.text;
   }
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = finish_reason ? ojson(*finish_reason) : ojson(nullptr);
+  choice["logprobs"] = logprobs_json(ep, c);
+  choice["finish_reason"] = finish_json(c);
   j["choices"] = ojson::array({std::move(choice)});
   return dump(j);
 }
@@ -672,6 +835,76 @@ std::string models_body(const std::string& model, int64_t created) {
   ojson j = ojson::object();
   j["object"] = "list";
   j["data"] = ojson::array({std::move(m)});
+  return dump(j);
+}
+
+ApiResult<TokenizeRequest> parse_tokenize(std::string_view body) {
+  json obj;
+  if (auto e = parse_body(body, obj)) return *e;
+  TokenizeRequest r;
+  r.chat = obj.contains("messages");
+  for (const auto& [key, value] : obj.items()) {
+    const bool known = key == "model" || key == "add_special_tokens" ||
+                       (r.chat ? key == "messages" || key == "add_generation_prompt"
+                               : key == "prompt" || key == "parse_special");
+    if (!known) return bad_request(shown_key(key), "unknown field: " + shown_key(key));
+  }
+  if (const json* model = field(obj, "model")) {
+    if (!model->is_string()) return bad_request("model", "model must be a string, got " + shown(*model));
+    r.model = model->get<std::string>();
+  }
+  if (auto e = read_bool(obj, "add_special_tokens", r.add_special_tokens)) return *e;
+  if (r.chat) {
+    ApiRequest chat;
+    if (auto e = parse_messages(obj, chat)) return *e;
+    r.messages = std::move(chat.messages);
+    if (auto e = read_bool(obj, "add_generation_prompt", r.add_generation_prompt)) return *e;
+    return r;
+  }
+  const json* prompt = field(obj, "prompt");
+  if (!prompt) return bad_request("prompt", "prompt (a string) or messages is required");
+  if (!prompt->is_string()) return bad_request("prompt", "prompt must be a string, got " + shown(*prompt));
+  r.prompt = prompt->get<std::string>();
+  if (auto e = read_bool(obj, "parse_special", r.parse_special)) return *e;
+  return r;
+}
+
+std::string tokenize_body(const std::vector<TokenId>& tokens, int64_t max_model_len) {
+  ojson j = ojson::object();
+  j["tokens"] = tokens;
+  j["count"] = tokens.size();
+  j["max_model_len"] = max_model_len;
+  return dump(j);
+}
+
+ApiResult<DetokenizeRequest> parse_detokenize(std::string_view body, int32_t vocab) {
+  json obj;
+  if (auto e = parse_body(body, obj)) return *e;
+  DetokenizeRequest r;
+  for (const auto& [key, value] : obj.items()) {
+    if (key != "model" && key != "tokens") return bad_request(shown_key(key), "unknown field: " + shown_key(key));
+  }
+  if (const json* model = field(obj, "model")) {
+    if (!model->is_string()) return bad_request("model", "model must be a string, got " + shown(*model));
+    r.model = model->get<std::string>();
+  }
+  const json* tokens = field(obj, "tokens");
+  if (!tokens) return bad_request("tokens", "tokens is required");
+  if (!tokens->is_array()) return bad_request("tokens", "tokens must be an array of token ids, got " + shown(*tokens));
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const IntRead id = as_int64((*tokens)[i]);
+    if (id.kind != IntRead::kOk || id.value < 0 || id.value >= vocab) {
+      return bad_request("tokens", "tokens[" + std::to_string(i) + "] must be a token id in [0, " +
+                                       std::to_string(vocab) + "), got " + shown((*tokens)[i]));
+    }
+    r.tokens.push_back(static_cast<TokenId>(id.value));
+  }
+  return r;
+}
+
+std::string detokenize_body(const std::string& text) {
+  ojson j = ojson::object();
+  j["prompt"] = text;
   return dump(j);
 }
 

@@ -3,15 +3,17 @@
 // server and the router's dispatch use these as pure functions, and every
 // function here may be called from any thread.
 //
-// Supported endpoints: POST /v1/completions and POST /v1/chat/completions, one
-// choice (n = 1), no logprobs, no tools. Anything a client asks for that is not
-// served is refused with a 400 that names the field, never silently ignored; a
-// short list of harmless OpenAI fields (user, metadata, store, ...) is accepted
-// and ignored.
+// Supported endpoints: POST /v1/completions (several prompts, token-id prompts,
+// echo, logprobs) and POST /v1/chat/completions (logprobs, top_logprobs), n
+// choices per prompt, no tools; POST /tokenize and /detokenize. Anything a
+// client asks for that is not served is refused with a 400 that names the
+// field, never silently ignored; a short list of harmless OpenAI fields (user,
+// metadata, store, ...) is accepted and ignored.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,22 +48,40 @@ struct RequestDefaults {
   float min_p = 0.0f;
 };
 
+// The most choices one request may ask for: prompts x n.
+inline constexpr int64_t kMaxChoices = 128;
+
+// One completions prompt: text to tokenize, or token ids taken as they are.
+struct PromptInput {
+  std::string text;
+  std::vector<TokenId> ids;  // is_ids only: each in [0, 2^31); the router checks them against the vocabulary
+  bool is_ids = false;
+};
+
 // A validated request. Sampling fields absent from the body take the
 // RequestDefaults given to parse_request (no penalties); an absent seed is
 // `seed_given` = false (the router then draws a fresh one).
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                  // as given; "" when the field is absent or null (use the served model)
-  std::string prompt;                 // completions only
+  std::vector<PromptInput> prompts;   // completions only: one or more (a batch), in order
   std::vector<ChatMessage> messages;  // chat only; role is system/user/assistant ("developer" maps to system);
                                       // content parts of type "text" are joined with "\n"
-  SamplingParams sampling;            // passes SamplingParams::validate()
+  SamplingParams sampling;            // passes SamplingParams::validate(). Logprobs asked for are in it:
+                                      // logprobs (-1 = none, else the alternatives per token: completions
+                                      // `logprobs`, chat `top_logprobs` with `logprobs: true`) and
+                                      // prompt_logprobs (echo with logprobs)
   bool max_tokens_given = false;      // false: sampling.max_tokens holds SamplingParams' default; the caller
                                       // fills it from the context left. Given values are clamped to INT32_MAX.
   std::vector<std::string> stop;      // 0..4 non-empty stop strings
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage (stream_options needs stream = true)
-  bool echo = false;                  // always false: echo = true is refused
+  bool echo = false;                  // completions: the prompt's text (and logprobs) lead each choice
+  bool prompt_only = false;           // completions: max_tokens 0 (needs echo): the answer is the prompt
+                                      // alone; sampling.max_tokens is then 1 and the router drops that token
+  bool parse_special = true;          // completions: special-token text in a string prompt ("<|im_start|>")
+                                      // becomes control tokens; chat content never does
+  int32_t n = 1;                      // choices per prompt, in [1, kMaxChoices]; prompts x n <= kMaxChoices
   bool seed_given = false;            // false: sampling.seed is 0 and the caller picks one
 };
 
@@ -102,11 +122,16 @@ std::string shown_text(std::string_view text);
 // "messages[0].content"), a body that is not an object, a missing required field
 // (prompt / messages), a wrong type, a value out of range (temperature [0, 2],
 // top_p (0, 1], top_k -1, 0 or >= 1, min_p [0, 1], penalties [-2, 2],
-// max_tokens >= 1; integer fields must also fit their type: max_tokens and top_k
-// in int64, seed in [-2^63, 2^64 - 1]), an unsupported feature ("<field> is not supported": n > 1,
-// best_of, logprobs, top_logprobs, logit_bias, tools, functions, tool_choice,
-// function_call, response_format other than text, suffix, echo = true,
-// token-id prompts, batched prompts), or an unknown field ("unknown field: X").
+// max_tokens >= 1 (completions: >= 0, 0 only with echo), n in [1, kMaxChoices];
+// integer fields must also fit their type: max_tokens and top_k in int64, seed
+// in [-2^63, 2^64 - 1]), a malformed prompt (param "prompt", the message naming
+// the element: "prompt[1][2] must be a token id"), more than kMaxChoices
+// choices, an unsupported feature ("<field> is not supported": best_of,
+// completions top_logprobs, logit_bias, tools, functions, tool_choice,
+// function_call, response_format other than text, suffix, chat echo = true),
+// or an unknown field ("unknown field: X"). Completions `logprobs` is an
+// integer in [0, kMaxLogprobs] (false = none); chat `logprobs` a boolean and
+// `top_logprobs` an integer in [0, kMaxLogprobs] that needs logprobs: true.
 // JSON null counts as absent for every optional field. Values and keys quoted in
 // messages (and keys in `param`) are cut to kMaxShownChars. Integral floats (5.0)
 // count as integers.
@@ -120,20 +145,76 @@ struct Usage {
 // "cmpl-<n>" or "chatcmpl-<n>".
 std::string make_response_id(Endpoint ep, uint64_t n);
 
-// The non-streaming answer: a text_completion or a chat.completion with one
-// choice and usage (total_tokens = prompt + completion).
-std::string completion_body(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
-                            const std::string& text, const std::string& finish_reason, Usage usage);
+// A token as a response's logprobs show it.
+struct ShownToken {
+  std::string text;              // the token's bytes (a token may hold part of a UTF-8 character)
+  std::optional<float> logprob;  // none: a prompt's first token (nothing precedes it)
+  std::vector<std::pair<std::string, float>> top;  // the most likely alternatives, most likely first
+};
 
-// One SSE data payload (without "data: "). finish_reason: nullptr = JSON null.
+// One choice of an answer, or its part in one stream chunk.
+struct ChoiceOut {
+  int32_t index = 0;
+  std::string text;
+  std::optional<std::string> finish_reason;  // none = JSON null
+  bool with_logprobs = false;                // false: "logprobs": null
+  std::vector<ShownToken> logprobs;          // the tokens behind `text`, in order
+  int64_t text_offset = 0;                   // completions: the choice's characters before logprobs[0]
+};
+// Characters of a token's bytes as text_offset counts them: each character at
+// the byte that starts it (so one split across tokens counts once, at its first).
+int64_t text_chars(std::string_view bytes);
+
+// Logprob values as JSON shows them: -inf (a token the model gives no mass) as
+// -9999.0, as vLLM does, since JSON has no infinity.
+//
+// Completions logprobs: {"tokens", "token_logprobs", "top_logprobs" (one
+// {token: logprob} object per token, holding the alternatives and the token
+// itself, as vLLM; null for a prompt's first token), "text_offset" (characters,
+// counting each one at the token holding its first byte)}. Chat logprobs:
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+// "logprob", "bytes"}]}], "refusal": null}.
+
+// The non-streaming answer: a text_completion or a chat.completion with
+// `choices` (in index order) and usage (total_tokens = prompt + completion).
+std::string completion_body(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
+                            const std::vector<ChoiceOut>& choices, Usage usage);
+
+// One SSE data payload (without "data: ") carrying one choice's delta.
 // Chat: `first` adds delta.role = "assistant"; delta.content is always present.
 std::string stream_chunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
-                         const std::string& delta_text, const std::string* finish_reason, bool first);
+                         const ChoiceOut& choice, bool first);
 
 // The last chunk of a stream with stream_options.include_usage: "choices": [] and usage.
 std::string usage_chunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created, Usage usage);
 
 // GET /v1/models: {"object":"list","data":[{"id":model,"object":"model","created","owned_by":"pdcluster"}]}
 std::string models_body(const std::string& model, int64_t created);
+
+// POST /tokenize: {"prompt": str, "add_special_tokens": bool (true), "parse_special": bool (true)}
+// or {"messages": [...], "add_generation_prompt": bool (true), "add_special_tokens": bool (true)};
+// "model" optional. add_special_tokens: prepend BOS where the model's tokenizer asks for one, as
+// the completion endpoints do, so the tokens are what they would feed the model.
+struct TokenizeRequest {
+  std::string model;
+  bool chat = false;
+  std::string prompt;                 // !chat
+  std::vector<ChatMessage> messages;  // chat
+  bool add_special_tokens = true;
+  bool parse_special = true;          // !chat
+  bool add_generation_prompt = true;  // chat
+};
+ApiResult<TokenizeRequest> parse_tokenize(std::string_view body);
+// {"tokens": [...], "count": n, "max_model_len": context}
+std::string tokenize_body(const std::vector<TokenId>& tokens, int64_t max_model_len);
+
+// POST /detokenize: {"tokens": [ids], "model"?}. Ids must be in [0, vocab).
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<TokenId> tokens;
+};
+ApiResult<DetokenizeRequest> parse_detokenize(std::string_view body, int32_t vocab);
+// {"prompt": text}
+std::string detokenize_body(const std::string& text);
 
 }  // namespace pd::router

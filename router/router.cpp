@@ -1,14 +1,14 @@
 #include "router/router.h"
 
-#include "router/auth.h"
+#include "router/router_errors.h"
 #include "util/lifecycle.h"
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,27 +18,6 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
-// A seed for a request that did not give one: per io thread, a generator seeded from the OS.
-uint64_t fresh_seed() {
-  thread_local std::mt19937_64 gen{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
-  return gen();
-}
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-ApiError api_error(int status, std::string message, std::string param = "", std::string type = "") {
-  ApiError e;
-  e.status = status;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  if (!type.empty()) e.type = std::move(type);
-  else if (status >= 500) e.type = status == 503 ? "service_unavailable" : "server_error";
-  return e;
-}
-void respond_error(ResponseWriter& w, const ApiError& e,
-                   std::vector<std::pair<std::string, std::string>> headers = {}) {
-  w.respond(e.status, "application/json", error_body(e), std::move(headers));
-}
 std::vector<double> gbps_buckets() { return {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64}; }
 
 HttpServerConfig http_server_config(const ClusterConfig::Http& h) {
@@ -83,6 +62,8 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       waiting_(metrics_.gauge("pd_waiting_requests", "Requests queued on a worker (last report)", {"role", "rank"})),
       free_blocks_(metrics_.gauge("pd_free_kv_blocks", "Free KV blocks of a worker (last report)", {"role", "rank"})),
       total_blocks_(metrics_.gauge("pd_kv_blocks", "KV blocks of a worker's pool", {"role", "rank"})),
+      kv_pool_bytes_(metrics_.gauge("pd_kv_pool_bytes", "Bytes of a worker's KV pool (blocks x block_size x pd_kv_bytes_per_token)",
+                                    {"role", "rank"})),
       preemptions_(metrics_.gauge("pd_preemptions", "Preemptions on a decode rank since start", {"rank"})),
       router_queue_(metrics_.gauge("pd_router_queue_length", "Requests waiting in the router for a worker")),
       in_flight_(metrics_.gauge("pd_requests_in_flight", "Requests accepted and not yet finished")),
@@ -99,6 +80,9 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       joined_total_(metrics_.counter("pd_ranks_joined_total", "Ranks that joined the running cluster (elastic pools)",
                                      {"role"})),
       left_total_(metrics_.counter("pd_ranks_left_total", "Ranks drained out of the cluster and removed", {"role"})) {
+  metrics_.gauge("pd_kv_bytes_per_token", "KV cache bytes per token (K and V, all layers) in the workers' kv.dtype",
+                 {"dtype"})
+      .set({model_.kv_dtype}, static_cast<double>(model_.kv_bytes_per_token));
   sampling_defaults_.temperature = static_cast<float>(cfg_.sampling.temperature);
   sampling_defaults_.top_p = static_cast<float>(cfg_.sampling.top_p);
   sampling_defaults_.top_k = cfg_.sampling.top_k;
@@ -110,190 +94,6 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
 }
 
 Router::~Router() { http_.stop(); }
-
-// ---------------------------------------------------------------- io threads
-
-void Router::handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
-  const std::string& path = http.target;
-  auto method_not_allowed = [&](const char* allow) {
-    respond_error(*w, api_error(405, "method " + shown_text(http.method) + " is not allowed on " + shown_text(path) + " (use " + allow + ")"),
-                  {{"Allow", allow}});
-  };
-  if (path == "/health") {
-    if (http.method != "GET") return method_not_allowed("GET");
-    std::string why, ranks;
-    {
-      std::lock_guard lock(ready_mu_);
-      why = draining_.load() ? "shutting down" : not_ready_reason_;
-      ranks = ranks_json_;
-    }
-    nlohmann::json body;
-    const bool ok = ready_.load() && !draining_.load();
-    body["status"] = !ok ? "unavailable" : degraded_.load() ? "degraded" : "ok";
-    if (!ok) body["reason"] = why;
-    body["ranks"] = nlohmann::json::parse(ranks, nullptr, false);
-    w->respond(ok ? 200 : 503, "application/json", body.dump());
-    return;
-  }
-  const bool v1 = path.rfind("/v1/", 0) == 0 || path.rfind("/admin/", 0) == 0;
-  const bool needs_key = v1 || (path == "/metrics" && cfg_.http.metrics_require_key);
-  if (needs_key && !authorized(http.authorization, cfg_.http.api_key)) {
-    ApiError e = api_error(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", "", "invalid_request_error");
-    e.code = "invalid_api_key";
-    return respond_error(*w, e, {{"WWW-Authenticate", "Bearer"}});
-  }
-  if (path == "/metrics") {
-    if (http.method != "GET") return method_not_allowed("GET");
-    w->respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render());
-    return;
-  }
-  if (path == "/v1/models") {
-    if (http.method != "GET") return method_not_allowed("GET");
-    w->respond(200, "application/json", models_body(model_.name, unix_now()));
-    return;
-  }
-  if (path == "/admin/drain") {
-    if (http.method != "POST") return method_not_allowed("POST");
-    return handle_drain(http, std::move(w));
-  }
-  if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    if (http.method != "POST") return method_not_allowed("POST");
-    handle_completion(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, http,
-                      std::move(w));
-    return;
-  }
-  ApiError e = api_error(404, "no route for " + shown_text(http.method) + " " + shown_text(path), "", "invalid_request_error");
-  e.code = "not_found";
-  respond_error(*w, e);
-}
-
-void Router::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
-  // {"rank": N}: the rank to drain out of the cluster (see /health for ranks).
-  const nlohmann::json body = nlohmann::json::parse(http.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object())
-    return respond_error(*w, api_error(400, "the body must be a JSON object {\"rank\": N}", "", "invalid_request_error"));
-  auto it = body.find("rank");
-  if (it == body.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 30))
-    return respond_error(*w, api_error(400, "'rank' must be a non-negative integer (a worker rank from /health)", "rank",
-                                       "invalid_request_error"));
-  std::lock_guard lock(inbox_mu_);
-  inbox_.push_back(DrainRank{static_cast<int>(it->get<int64_t>()), std::move(w)});
-}
-
-Result<std::vector<TokenId>> Router::encode_chat(const std::vector<ChatMessage>& messages) const {
-  // Render the template with a marker in place of each message's content, then
-  // encode template text with special tokens and the contents without, so a
-  // user cannot inject control tokens by writing "<|im_end|>".
-  auto marker = [](size_t i) {
-    std::string m(1, '\x1e');
-    m += std::to_string(i);
-    m += '\x1f';
-    return m;
-  };
-  std::vector<ChatMessage> marked = messages;
-  for (size_t i = 0; i < marked.size(); ++i) marked[i].content = marker(i);
-  PD_ASSIGN_OR_RETURN(std::string rendered, model_.chat_template.apply(marked, true));
-  const Tokenizer& tok = *model_.tokenizer;
-  std::vector<TokenId> ids;
-  auto add = [&](const std::vector<TokenId>& v) { ids.insert(ids.end(), v.begin(), v.end()); };
-  size_t pos = 0;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string m = marker(i);
-    const size_t at = rendered.find(m, pos);
-    if (at == std::string::npos) return Status::internal("chat template dropped message " + std::to_string(i));
-    add(tok.encode(std::string_view(rendered).substr(pos, at - pos), true));
-    add(tok.encode(messages[i].content, false));
-    pos = at + m.size();
-  }
-  add(tok.encode(std::string_view(rendered).substr(pos), true));
-  return ids;
-}
-
-void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
-  auto reject = [&](const ApiError& e, std::vector<std::pair<std::string, std::string>> headers = {}) {
-    requests_total_.inc({"rejected"});
-    respond_error(*w, e, std::move(headers));
-  };
-  ApiResult<ApiRequest> parsed = parse_request(ep, http.body, sampling_defaults_);
-  if (!parsed.is_ok()) return reject(parsed.error());
-  ApiRequest api = std::move(parsed).value();
-  // No seed: a fresh one, as OpenAI and vLLM do (repeated sampling must not
-  // return one answer). With a seed the output is reproducible.
-  if (!api.seed_given) api.sampling.seed = fresh_seed();
-  if (!api.model.empty() && api.model != model_.name) {
-    ApiError e = api_error(404, "the model '" + shown_text(api.model) + "' does not exist (this server serves '" + model_.name + "')",
-                           "model", "invalid_request_error");
-    e.code = "model_not_found";
-    return reject(e);
-  }
-  const Tokenizer& tok = *model_.tokenizer;
-  std::vector<TokenId> prompt;
-  const char* prompt_field = ep == Endpoint::kCompletions ? "prompt" : "messages";
-  if (ep == Endpoint::kCompletions) {
-    prompt = tok.encode(api.prompt, false);
-  } else {
-    auto ids = encode_chat(api.messages);
-    if (!ids.is_ok()) return reject(api_error(400, "messages: " + ids.status().message(), "messages"));
-    prompt = std::move(ids).value();
-  }
-  if (tok.add_bos() && tok.bos_id() >= 0) prompt.insert(prompt.begin(), tok.bos_id());
-  if (prompt.empty()) return reject(api_error(400, std::string(prompt_field) + " is empty", prompt_field));
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  if (n >= model_.context)
-    return reject(api_error(400, std::string(prompt_field) + " has " + std::to_string(n) +
-                                     " tokens; the model's context is " + std::to_string(model_.context),
-                            prompt_field));
-  if (api.max_tokens_given) {
-    if (n + api.sampling.max_tokens > model_.context)
-      return reject(api_error(400, "max_tokens " + std::to_string(api.sampling.max_tokens) + " + " +
-                                       std::to_string(n) + " prompt tokens exceeds the model's context of " +
-                                       std::to_string(model_.context) + " tokens",
-                              "max_tokens"));
-  } else {
-    // OpenAI's defaults: 16 for completions; chat runs to the end of the context.
-    const int64_t left = model_.context - n;
-    api.sampling.max_tokens = static_cast<int32_t>(ep == Endpoint::kCompletions ? std::min<int64_t>(16, left) : left);
-  }
-  if (ep == Endpoint::kChatCompletions && im_end_ >= 0 && im_end_ != tok.eos_id())
-    api.sampling.stop_token_ids.push_back(im_end_);
-  if (draining_.load())
-    return reject(api_error(503, "the server is shutting down"), {{"Retry-After", std::to_string(cfg_.router.retry_after_s)}});
-  if (!ready_.load() && degraded_.load()) {
-    std::string why;
-    {
-      std::lock_guard lock(ready_mu_);
-      why = not_ready_reason_;
-    }
-    return reject(api_error(503, "no prefill->decode path is up (" + why + "); retry later"),
-                  {{"Retry-After", std::to_string(cfg_.router.retry_after_s)}});
-  }
-  if (queued_.load() >= cfg_.router.max_queued)
-    return reject(api_error(503, "the router's queue is full (" + std::to_string(cfg_.router.max_queued) +
-                                     " requests waiting); retry later"),
-                  {{"Retry-After", std::to_string(cfg_.router.retry_after_s)}});
-
-  auto req = std::make_unique<Request>();
-  req->id = req->first_id = next_id_.fetch_add(1);
-  req->response_id = make_response_id(ep, req->id);
-  req->created = unix_now();
-  req->arrived = Clock::now();
-  req->prompt = std::move(prompt);
-  req->text = std::make_unique<TextStream>(tok, api.stop, hidden_ids_);
-  req->api = std::move(api);
-  req->writer = w;
-  const uint64_t id = req->id;
-  // SSE headers go out before the link can send a chunk. The disconnect
-  // callback is registered under the inbox lock, so its ClientGone (posted to
-  // an io thread, never run inline) always lands after the NewRequest.
-  if (req->api.stream) w->start_sse();
-  ++queued_;
-  std::lock_guard lock(inbox_mu_);
-  w->on_disconnect([this, id] {
-    std::lock_guard lock(inbox_mu_);
-    inbox_.push_back(ClientGone{id});
-  });
-  inbox_.push_back(NewRequest{std::move(req)});
-}
 
 // ---------------------------------------------------------------- link thread
 
@@ -406,9 +206,10 @@ void Router::drain_inbox() {
                            nlohmann::json{{"rank", d->rank}, {"state", "draining"}}.dump());
       }
     } else {
-      uint64_t id = std::get<ClientGone>(item).id;
-      if (auto re = renamed_.find(id); re != renamed_.end()) id = re->second;
-      if (requests_.count(id)) finalize(id, End::kCancelled, "");
+      for (uint64_t id : std::get<ClientGone>(item).ids) {
+        if (auto re = renamed_.find(id); re != renamed_.end()) id = re->second;
+        if (requests_.count(id)) finalize(id, End::kCancelled, "");
+      }
     }
   }
 }
@@ -490,23 +291,38 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
       stage_.observe({"prefill"}, ev.prefill_s);
     }
     if (ev.first_index == 1 && !workers_.colocated()) stage_.observe({"decode_queue"}, ev.queue_s);
+    if (ev.first_index == 0 && !ev.prompt_logprobs.empty()) r.prompt_logprobs = ev.prompt_logprobs;
+    const bool with_logprobs = r.api.sampling.logprobs >= 0 && ev.logprobs.size() == ev.tokens.size();
     for (size_t i = 0; i < ev.tokens.size(); ++i) {
       const bool last = i + 1 == ev.tokens.size();
-      r.pending[ev.first_index + static_cast<int32_t>(i)] = {ev.tokens[i], last ? ev.finish : proto::Finish::kNone};
+      PendingToken p{ev.tokens[i], last ? ev.finish : proto::Finish::kNone, std::nullopt};
+      if (with_logprobs) p.logprob = ev.logprobs[i];
+      r.pending[ev.first_index + static_cast<int32_t>(i)] = std::move(p);
     }
     // Deliver in order; the prefill rank's token 1 and the decode rank's
     // later tokens come from different ranks and may arrive in either order.
     while (!r.pending.empty() && r.pending.begin()->first == r.next_index) {
-      auto [token, finish] = r.pending.begin()->second;
+      const PendingToken p = std::move(r.pending.begin()->second);
+      const TokenId token = p.token;
+      const proto::Finish finish = p.finish;
       r.pending.erase(r.pending.begin());
       const auto now = Clock::now();
       if (r.next_index == 0) ttft_.observe(seconds(now - r.arrived));
       else itl_.observe(seconds(now - r.last_token_at));
       r.last_token_at = now;
-      if (r.next_index == 0) set_state(r, RequestState::kStreaming);
+      if (r.next_index == 0) {
+        set_state(r, RequestState::kStreaming);
+        if (r.api.echo) deliver_echo(r);
+      }
       ++r.next_index;
-      ++r.n_generated;
       generation_tokens_total_.inc();
+      if (r.api.prompt_only) {  // max_tokens 0: the token sampled anyway is not part of the answer
+        const uint64_t id = r.id;
+        finalize(id, End::kFinished, "length", {}, finish == proto::Finish::kNone);
+        break;
+      }
+      ++r.n_generated;
+      if (r.api.sampling.logprobs >= 0) r.shown.push_back(shown_token(token, p.logprob ? &*p.logprob : nullptr));
       deliver(r, r.text->push(token));
       if (r.text->stopped()) {  // a stop string matched: end it here, tell the workers
         finalize(r.id, End::kFinished, "stop");
@@ -529,8 +345,52 @@ void Router::deliver(Request& r, const std::string& text) {
   }
   const bool first = !r.first_chunk_sent;
   if (text.empty() && !(first && r.api.endpoint == Endpoint::kChatCompletions)) return;
-  r.writer->send_event(stream_chunk(r.api.endpoint, r.response_id, model_.name, r.created, text, nullptr, first));
+  ChoiceOut c;
+  c.index = r.index;
+  c.text = text;
+  c.with_logprobs = r.api.sampling.logprobs >= 0;
+  if (!text.empty()) {  // logprobs go with text (a chat's empty role chunk carries none)
+    c.text_offset = r.chars_shown;
+    for (const ShownToken& t : r.shown) r.chars_shown += text_chars(t.text);
+    c.logprobs = std::move(r.shown);
+    r.shown.clear();
+  }
+  const Response& resp = *r.response;
+  resp.writer->send_event(stream_chunk(resp.endpoint, resp.id, model_.name, resp.created, c, first));
   r.first_chunk_sent = true;
+}
+
+void Router::deliver_echo(Request& r) {
+  if (r.api.sampling.prompt_logprobs) {
+    for (size_t i = 0; i < r.prompt.size(); ++i) {
+      const bool have = i > 0 && i - 1 < r.prompt_logprobs.size();
+      r.shown.push_back(shown_token(r.prompt[i], have ? &r.prompt_logprobs[i - 1] : nullptr));
+      if (i == 0) r.shown.back().logprob.reset();  // nothing precedes the first token
+    }
+  }
+  deliver(r, r.echo_text);
+}
+
+ShownToken Router::shown_token(TokenId id, const LogprobEntry* logprob) const {
+  const Tokenizer& tok = *model_.tokenizer;
+  ShownToken t;
+  t.text = tok.token_to_bytes(id);
+  if (logprob == nullptr) return t;
+  t.logprob = logprob->logprob;
+  for (const TokenLogprob& alt : logprob->top) t.top.emplace_back(tok.token_to_bytes(alt.id), alt.logprob);
+  return t;
+}
+
+ChoiceOut Router::choice_out(Request& r, const std::string& finish_reason) {
+  ChoiceOut c;
+  c.index = r.index;
+  c.finish_reason = finish_reason;
+  c.with_logprobs = r.api.sampling.logprobs >= 0;
+  c.text_offset = r.chars_shown;
+  c.logprobs = std::move(r.shown);
+  r.shown.clear();
+  if (!r.api.stream) c.text = std::move(r.text_out);
+  return c;
 }
 
 namespace {
@@ -630,6 +490,8 @@ void Router::on_join(int source, const proto::Join& m) {
   else if (m.block_size != cfg_.kv.block_size)
     refused = "kv.block_size " + std::to_string(m.block_size) + " differs from the cluster's " +
               std::to_string(cfg_.kv.block_size);
+  else if (m.kv_dtype != model_.kv_dtype)
+    refused = "kv.dtype " + m.kv_dtype + " differs from the cluster's " + model_.kv_dtype;
   else if (draining_.load())
     refused = "the cluster is shutting down";
   if (!refused.empty()) {
@@ -764,6 +626,7 @@ bool Router::retry(uint64_t id, const std::string& why) {
   owned->dispatched = owned->prefill_done = false;
   owned->where = {};
   owned->pending.clear();
+  owned->prompt_logprobs.clear();
   set_state(*owned, RequestState::kQueued);
   renamed_[owned->first_id] = owned->id;
   spdlog::info("router: re-running request {} as {} (attempt {}): {}", id, owned->id, owned->attempts + 1, why);
@@ -810,34 +673,54 @@ void Router::finalize(uint64_t id, End how, const std::string& finish_reason, co
     workers_.on_request_done(r.where.decode_rank, static_cast<int64_t>(r.prompt.size()), r.api.sampling.max_tokens);
   }
   e2e_.observe(seconds(Clock::now() - r.arrived));
-  const Usage usage{static_cast<int64_t>(r.prompt.size()), r.n_generated};
-  ResponseWriter& w = *r.writer;
+  Response& resp = *r.response;
+  --resp.open;
+  ResponseWriter& w = *resp.writer;
   switch (how) {
-    case End::kFinished:
+    case End::kFinished: {
       requests_total_.inc({"finished"});
-      if (!r.api.stream) {
-        w.respond(200, "application/json",
-                  completion_body(r.api.endpoint, r.response_id, model_.name, r.created, r.text_out, finish_reason,
-                                  usage));
+      if (resp.ended) break;
+      if (r.counts_prompt) resp.usage.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+      resp.usage.completion_tokens += r.n_generated;
+      ChoiceOut c = choice_out(r, finish_reason);
+      if (!resp.stream) {
+        resp.done.push_back(std::move(c));
       } else {
-        w.send_event(stream_chunk(r.api.endpoint, r.response_id, model_.name, r.created, "", &finish_reason,
-                                  !r.first_chunk_sent));
-        if (r.api.include_usage) w.send_event(usage_chunk(r.api.endpoint, r.response_id, model_.name, r.created, usage));
+        w.send_event(stream_chunk(resp.endpoint, resp.id, model_.name, resp.created, c, !r.first_chunk_sent));
+      }
+      if (resp.open > 0) break;
+      resp.ended = true;
+      if (!resp.stream) {
+        std::sort(resp.done.begin(), resp.done.end(),
+                  [](const ChoiceOut& a, const ChoiceOut& b) { return a.index < b.index; });
+        w.respond(200, "application/json",
+                  completion_body(resp.endpoint, resp.id, model_.name, resp.created, resp.done, resp.usage));
+      } else {
+        if (resp.include_usage) w.send_event(usage_chunk(resp.endpoint, resp.id, model_.name, resp.created, resp.usage));
         w.send_event("[DONE]");
         w.finish();
       }
       break;
+    }
     case End::kCancelled:
       requests_total_.inc({"cancelled"});
-      break;  // the client is gone
+      resp.ended = true;  // the client is gone, or another choice failed and answered
+      break;
     case End::kFailed:
       requests_total_.inc({error.status == 504 ? "timeout" : "failed"});
-      if (!r.api.stream) {
+      if (resp.ended) break;
+      resp.ended = true;
+      if (!resp.stream) {
         respond_error(w, error);
       } else {
         w.send_event(error_body(error));
         w.send_event("[DONE]");
         w.finish();
+      }
+      // The answer is given: the other choices end here.
+      for (uint64_t other : resp.choices) {
+        if (auto re = renamed_.find(other); re != renamed_.end()) other = re->second;
+        if (requests_.count(other)) finalize(other, End::kCancelled, "");
       }
       break;
   }
@@ -852,6 +735,8 @@ void Router::update_gauges() {
       waiting_.set(labels, wv.load.waiting);
       free_blocks_.set(labels, static_cast<double>(wv.load.free_blocks));
       total_blocks_.set(labels, static_cast<double>(wv.load.total_blocks));
+      kv_pool_bytes_.set(labels, static_cast<double>(wv.load.total_blocks) * cfg_.kv.block_size *
+                                     static_cast<double>(model_.kv_bytes_per_token));
       if (!wv.is_prefill) preemptions_.set({std::to_string(wv.rank)}, static_cast<double>(wv.load.preemptions));
       rank_up_.set(labels, wv.state == RankState::kUp ? 1 : 0);
       quarantined_blocks_.set(labels, static_cast<double>(wv.load.quarantined_blocks));

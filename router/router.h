@@ -58,6 +58,8 @@ struct ModelInfo {
   ChatTemplate chat_template;
   int context = 0;
   std::string name;
+  std::string kv_dtype = "f16";     // kv.dtype: the workers' KV cache elements
+  int64_t kv_bytes_per_token = 0;   // of that cache (0: unknown, e.g. in tests)
 };
 
 class Router {
@@ -87,27 +89,52 @@ class Router {
   enum class RequestState { kQueued, kDispatched, kStreaming };
   friend const char* state_name(RequestState s);
   friend bool legal(RequestState from, RequestState to);
-  struct Request {
+  // One HTTP answer: the choices of one API request (several prompts, n per
+  // prompt), each generated as its own Request. Answered once every choice
+  // finished; the first choice that fails answers it with the error and ends
+  // the others (cancelled). Link thread only, once handed over.
+  struct Response {
+    std::shared_ptr<ResponseWriter> writer;
+    Endpoint endpoint = Endpoint::kCompletions;
+    bool stream = false, include_usage = false;
+    std::string id;                 // "cmpl-..." / "chatcmpl-..."
+    int64_t created = 0;
+    std::vector<uint64_t> choices;  // first ids of its Requests
+    size_t open = 0;                // choices not yet ended
+    std::vector<ChoiceOut> done;    // non-streaming: the finished choices
+    Usage usage;                    // summed over the finished choices
+    bool ended = false;             // answered, failed, or the client left
+  };
+  struct PendingToken {  // a token that arrived before the ones preceding it
+    TokenId token = 0;
+    proto::Finish finish = proto::Finish::kNone;
+    std::optional<LogprobEntry> logprob;
+  };
+  struct Request {  // one choice
     uint64_t id = 0;                // the current attempt's wire id
     uint64_t first_id = 0;          // the id the HTTP side knows (disconnects)
     RequestState state = RequestState::kQueued;
     int attempts = 0;
-    ApiRequest api;
-    std::string response_id;
-    int64_t created = 0;
+    ApiRequest api;                 // this choice's (its own seed and max_tokens; no prompts or messages)
+    std::shared_ptr<Response> response;
+    int32_t index = 0;              // the choice's index in the answer
+    bool counts_prompt = true;      // usage: the first choice of each prompt counts its tokens
     std::vector<TokenId> prompt;
-    std::shared_ptr<ResponseWriter> writer;
+    std::string echo_text;          // completions echo: the prompt's text, leading the choice's
     std::unique_ptr<TextStream> text;
     std::string text_out;           // non-streaming: the whole answer
+    std::vector<ShownToken> shown;  // logprobs of tokens not yet sent (streaming) or of all (not streaming)
+    int64_t chars_shown = 0;        // characters of the logprob tokens already sent (text_offset)
+    std::vector<LogprobEntry> prompt_logprobs;  // echo with logprobs, from token 0's event
     bool dispatched = false, prefill_done = false, first_chunk_sent = false;
     DispatchChoice where;
     int32_t next_index = 0;
-    std::map<int32_t, std::pair<TokenId, proto::Finish>> pending;  // out-of-order tokens
+    std::map<int32_t, PendingToken> pending;  // out-of-order tokens
     int64_t n_generated = 0;
     Clock::time_point arrived, dispatched_at, last_token_at;
   };
   struct NewRequest { std::unique_ptr<Request> req; };
-  struct ClientGone { uint64_t id; };
+  struct ClientGone { std::vector<uint64_t> ids; };  // first ids of the choices of the answer it was waiting for
   struct DrainRank {  // POST /admin/drain, answered by the link thread
     int rank;
     std::shared_ptr<ResponseWriter> writer;
@@ -117,7 +144,12 @@ class Router {
   void handle_http(HttpRequest http, std::shared_ptr<ResponseWriter> w);
   void handle_completion(Endpoint ep, const HttpRequest& http, std::shared_ptr<ResponseWriter> w);
   void handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w);
-  Result<std::vector<TokenId>> encode_chat(const std::vector<ChatMessage>& messages) const;
+  void handle_tokenize(const HttpRequest& http, ResponseWriter& w);
+  void handle_detokenize(const HttpRequest& http, ResponseWriter& w);
+  // 404 model_not_found unless `model` is empty or the served one.
+  std::optional<ApiError> check_model(const std::string& model) const;
+  Result<std::vector<TokenId>> encode_chat(const std::vector<ChatMessage>& messages,
+                                           bool add_generation_prompt = true) const;
 
   // link thread
   void drain_inbox();
@@ -145,7 +177,13 @@ class Router {
   void set_state(Request& r, RequestState to);
   // Tells `rank` to drop wire id `id` (unless it is down: it dropped everything).
   void cancel_on(int rank, uint64_t id);
+  // Sends (streaming) or keeps (not) `text` with the logprobs in r.shown.
   void deliver(Request& r, const std::string& text);
+  // Echo: the prompt's text, and its tokens' logprobs when asked, lead the choice.
+  void deliver_echo(Request& r);
+  ShownToken shown_token(TokenId id, const LogprobEntry* logprob) const;
+  // The choice as it ends (its text and logprobs not yet sent, when streaming).
+  ChoiceOut choice_out(Request& r, const std::string& finish_reason);
   enum class End { kFinished, kCancelled, kFailed };
   void finalize(uint64_t id, End how, const std::string& finish_reason, const ApiError& error = {},
                 bool tell_workers = true);
@@ -197,6 +235,7 @@ class Router {
   Gauge& waiting_;
   Gauge& free_blocks_;
   Gauge& total_blocks_;
+  Gauge& kv_pool_bytes_;
   Gauge& preemptions_;
   Gauge& router_queue_;
   Gauge& in_flight_;

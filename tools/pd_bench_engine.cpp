@@ -3,6 +3,7 @@
 //
 //   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep] [--fp32-activations]
 //                   [--prefill-tokens 512] [--prompt 128] [--gen 128] [--reps 3]
+//                   [--kv-dtype f16] [--kv-compare f32,f16,q8_0 [--kv-contexts 2048,8192] [--kv-batches 1,8]]
 //                   [--json FILE] [--profile FILE]
 //
 // Prints, per thread count: the machine probes (STREAM triad and read GB/s,
@@ -11,6 +12,11 @@
 // --prompt-token prompt generating --gen tokens, so contexts grow
 // prompt -> prompt + gen) with the fraction of the memory bandwidth the step
 // streams (weights + KV read), then peak RSS and KV bytes per token.
+// --kv-dtype picks the KV cache's elements for those runs (f16, the serving
+// default). --kv-compare adds decode at long contexts for each listed KV type
+// (tok/s, KV GB/s read, ratio to the first type, all in this run): the cache
+// is filled by kv_write with random K/V rather than by prefilling every
+// sequence (attention's cost does not depend on the values).
 // --json writes everything; --profile writes the per-phase cost profile
 // (prefill time vs tokens, decode step time vs batch and context) that
 // pd-plan's simulator reads (common/plan/engine_profile.h). Random token ids:
@@ -199,6 +205,55 @@ struct Engine {
   int block_size = 16;
 };
 
+// Median seconds of a decode step of `batch` sequences at `context` cached
+// tokens, KV elements of `dtype`; -1 on failure. The cache is filled with
+// random K/V through kv_write (the same conversion a prefill does).
+double time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::GgmlType dtype, int batch, int context,
+                                int steps, int block_size) {
+  const auto& c = model.config();
+  const int per_seq_blocks = (context + steps + block_size - 1) / block_size;
+  auto cache = pd::KvCache::create(be, c, block_size, static_cast<int64_t>(batch) * per_seq_blocks, dtype);
+  if (!cache.is_ok()) return -1;
+  // One chunk of random K and V, written to every position of every layer.
+  constexpr int kChunk = 1024;
+  const int64_t row = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  std::vector<float> host(static_cast<size_t>(row * kChunk));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : host) x = normal(rng);
+  auto buf = be.alloc(host.size() * sizeof(float));
+  if (!buf.is_ok()) return -1;
+  pd::Tensor kv;
+  kv.ne = {c.head_dim, c.n_kv_heads, kChunk, 1};
+  kv.data = (*buf)->data();
+  if (!be.copy_from_host(host.data(), kv, host.size() * sizeof(float)).is_ok()) return -1;
+  std::vector<std::vector<int32_t>> tables(batch);
+  std::vector<int32_t> slots;
+  for (int s = 0; s < batch; ++s) {
+    tables[s].resize(per_seq_blocks);
+    std::iota(tables[s].begin(), tables[s].end(), s * per_seq_blocks);
+    for (int p0 = 0; p0 < context; p0 += kChunk) {
+      slots.clear();
+      for (int p = p0; p < std::min(context, p0 + kChunk); ++p)
+        slots.push_back(tables[s][p / block_size] * block_size + p % block_size);
+      kv.ne[2] = static_cast<int64_t>(slots.size());
+      for (int l = 0; l < c.n_layers; ++l)
+        if (!be.kv_write(*cache->buffer, cache->layout, l, kv, kv, slots).is_ok()) return -1;
+    }
+  }
+  std::vector<int32_t> next(batch, 5);
+  std::vector<pd::SequenceBatch> b(batch);
+  std::vector<float> logits;
+  std::vector<double> step_s;
+  for (int i = 0; i < steps; ++i) {
+    for (int s = 0; s < batch; ++s) b[s] = {std::span<const int32_t>(&next[s], 1), context + i, tables[s], true};
+    const auto t0 = Clock::now();
+    if (!model.decode(b, *cache, &logits).is_ok()) return -1;
+    step_s.push_back(secs(Clock::now() - t0));
+  }
+  return median(step_s);
+}
+
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -318,7 +373,8 @@ std::vector<int> parse_list(const std::string& s, const char* flag, bool* ok) {
 
 int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", threads_s = "1,2", batches_s = "1,8,32";
-  std::string json_path, profile_path;
+  std::string json_path, profile_path, kv_dtype_flag = "f16", kv_compare_s, kv_contexts_s = "2048,8192",
+                                      kv_batches_s = "1,8";
   int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
   bool sweep = false, fp32_activations = false;
   CLI::App app{"pd-bench-engine: CPU engine speed vs this machine's limits, measured in one run"};
@@ -333,6 +389,11 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
   app.add_option("--gen", gen, "decode steps per batch")->check(CLI::Range(1, 8192));
   app.add_option("--reps", reps, "prefill repetitions (median)")->check(CLI::Range(1, 100));
+  app.add_option("--kv-dtype", kv_dtype_flag, "KV cache elements of the runs above: f16 (default), q8_0 or f32");
+  app.add_option("--kv-compare", kv_compare_s,
+                 "comma-separated KV types (e.g. f32,f16,q8_0): decode at long contexts for each, ratios to the first");
+  app.add_option("--kv-contexts", kv_contexts_s, "cached tokens per sequence for --kv-compare");
+  app.add_option("--kv-batches", kv_batches_s, "decode batch sizes for --kv-compare");
   app.add_option("--json", json_path, "write all results as JSON to this file");
   app.add_option("--profile", profile_path, "write the engine cost profile (pd-plan --profile) to this file");
   CLI11_PARSE(app, argc, argv);
@@ -340,6 +401,22 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = parse_list(threads_s, "--threads", &ok1);
   std::vector<int> batches = parse_list(batches_s, "--batches", &ok2);
   if (!ok1 || !ok2) return 2;
+  const auto kv_dtype = pd::parse_kv_dtype(kv_dtype_flag, "--kv-dtype");
+  if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);
+  std::vector<pd::GgmlType> kv_compare;
+  for (size_t pos = 0; !kv_compare_s.empty() && pos <= kv_compare_s.size();) {
+    const size_t comma = kv_compare_s.find(',', pos);
+    const auto t = pd::parse_kv_dtype(kv_compare_s.substr(pos, comma == std::string::npos ? comma : comma - pos),
+                                      "--kv-compare");
+    if (!t.is_ok()) return fail(t.status().message(), 2);
+    kv_compare.push_back(*t);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  bool ok3 = true, ok4 = true;
+  const std::vector<int> kv_contexts = parse_list(kv_contexts_s, "--kv-contexts", &ok3);
+  const std::vector<int> kv_batches = parse_list(kv_batches_s, "--kv-batches", &ok4);
+  if (!ok3 || !ok4) return 2;
   if (sweep)
     for (int b : {16, 64, 128})
       if (std::find(batches.begin(), batches.end(), b) == batches.end()) batches.push_back(b);
@@ -378,11 +455,11 @@ int main(int argc, char** argv) {
     const int max_batch = batches.back();
     const int64_t blocks = std::max<int64_t>((std::max(prefill_tokens, 256) + 15) / 16,
                                              static_cast<int64_t>(max_batch) * ((prompt + gen + 15) / 16));
-    auto cache = pd::KvCache::create(*e.backend, c, e.block_size, blocks);
+    auto cache = pd::KvCache::create(*e.backend, c, e.block_size, blocks, *kv_dtype);
     if (!cache.is_ok()) return fail(cache.status().to_string());
     e.cache = std::move(cache).value();
     kv_pool_mb = std::max(kv_pool_mb, static_cast<double>(e.cache.layout.total_bytes()) / 1e6);
-    const double kv_per_token = static_cast<double>(c.kv_geometry(4).bytes_per_token());
+    const double kv_per_token = static_cast<double>(c.kv_geometry(*kv_dtype).bytes_per_token());
     const double weight_bytes = static_cast<double>(e.model->weight_bytes());
 
     // Machine limits with this thread count.
@@ -464,20 +541,60 @@ int main(int argc, char** argv) {
       best_profile = prof;
     }
   }
-  // Issue 4's memory bound: model file + KV pool + 150 MB (the peak also
+  // The engine's memory bound: model file + KV pool + 150 MB (the peak also
   // covers the probes' STREAM arrays, freed before the engine runs).
   const double file_mb = std::filesystem::file_size(model_path) / 1e6;
   const double bound_mb = file_mb + kv_pool_mb + 150.0;
   std::printf("\npeak RSS of the engine runs %.0f MB%s (bound: model file %.1f + KV pool %.0f + 150 = %.0f MB: %s) | "
-              "KV %lld bytes/token (fp32)\n",
+              "KV %lld bytes/token (%s)\n",
               engine_peak_mb, peak_reset ? "" : " (with the probes: peak reset refused)", file_mb, kv_pool_mb,
               bound_mb, engine_peak_mb <= bound_mb ? "within" : "OVER",
-              static_cast<long long>(best_profile.kv_bytes_per_token));
+              static_cast<long long>(best_profile.kv_bytes_per_token), pd::kv_dtype_name(*kv_dtype));
   out["engine_peak_rss_mb"] = engine_peak_mb;
   out["kv_pool_mb"] = kv_pool_mb;
   out["rss_bound_mb"] = bound_mb;
   out["peak_rss_mb"] = peak_rss_mb();
   out["kv_bytes_per_token"] = best_profile.kv_bytes_per_token;
+  out["kv_dtype"] = pd::kv_dtype_name(*kv_dtype);
+  if (!kv_compare.empty()) {
+    // Long contexts, where decode attention reads the cache: one model, the
+    // largest thread count, each KV type in turn.
+    const int t = *std::max_element(thread_counts.begin(), thread_counts.end());
+    pd::BackendConfig bc;
+    bc.n_threads = t;
+    bc.int8_activations = !fp32_activations;
+    auto be = pd::create_backend(bc);
+    if (!be.is_ok()) return fail(be.status().to_string());
+    auto m = pd::LlamaModel::load(gguf, **be);
+    if (!m.is_ok()) return fail(m.status().to_string());
+    const auto& c = (*m)->config();
+    std::printf("\n== KV cache types at long contexts (%d thread%s; ratios to %s, this run)\n", t, t > 1 ? "s" : "",
+                pd::kv_dtype_name(kv_compare.front()));
+    std::printf("%-8s %-8s %-6s %-12s %-14s %-12s %-10s\n", "context", "batch", "kv", "bytes/tok", "decode tok/s",
+                "KV GB/s", "vs first");
+    out["kv_compare"] = nlohmann::json::array();
+    for (int ctx : kv_contexts) {
+      if (ctx + 16 > c.context) {
+        std::printf("%-8d (skipped: the model's context is %d)\n", ctx, c.context);
+        continue;
+      }
+      for (int b : kv_batches) {
+        double base_tps = 0;
+        for (pd::GgmlType dt : kv_compare) {
+          const double step = time_long_context_decode(**be, **m, dt, b, ctx, 16, 16);
+          if (step <= 0) return fail(std::string("long-context decode failed (") + pd::kv_dtype_name(dt) + ")");
+          const double per_token = static_cast<double>(c.kv_geometry(dt).bytes_per_token());
+          const double tps = b / step, kv_gbs = b * (ctx + 8.0) * per_token / step / 1e9;
+          if (base_tps == 0) base_tps = tps;
+          std::printf("%-8d %-8d %-6s %-12.0f %-14.1f %-12.1f x%.2f\n", ctx, b, pd::kv_dtype_name(dt), per_token, tps,
+                      kv_gbs, tps / base_tps);
+          out["kv_compare"].push_back({{"context", ctx}, {"batch", b}, {"kv_dtype", pd::kv_dtype_name(dt)},
+                                       {"kv_bytes_per_token", per_token}, {"tokens_per_s", tps},
+                                       {"kv_gbs", kv_gbs}, {"ratio_to_first", tps / base_tps}});
+        }
+      }
+    }
+  }
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     f << out.dump(2) << "\n";

@@ -45,7 +45,7 @@ int fail(const std::string& msg, int code = 1) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path, prompt, system_prompt, backend_kind = "cpu";
+  std::string model_path, prompt, system_prompt, backend_kind = "cpu", kv_dtype_flag = "f16";
   bool chat = false, raw_specials = false, fp32_activations = false;
   int n_predict = 64, threads = 0, block_size = 16;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f;
@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_option("--backend", backend_kind, "compute backend: cpu or cuda");
+  app.add_option("--kv-dtype", kv_dtype_flag, "KV cache elements: f16 (default), q8_0 or f32 (the reference)");
   app.add_flag("--fp32-activations", fp32_activations,
                "CPU: multiply fp32 activations by the weights as stored (the reference path) instead of "
                "8-bit activations with integer dot products");
@@ -86,6 +87,8 @@ int main(int argc, char** argv) {
   }
 
   if (prompt_opt->count() == 0 && batch_opt->count() == 0) return fail("one of --prompt or --batch is required", 2);
+  const auto kv_dtype = pd::parse_kv_dtype(kv_dtype_flag, "--kv-dtype");
+  if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);
   if (!std::filesystem::exists(model_path)) return fail("model file not found: " + model_path + " (--model)", 2);
   auto file = pd::GgufFile::open(model_path);
   if (!file.is_ok()) return fail(file.status().to_string());
@@ -145,7 +148,7 @@ int main(int argc, char** argv) {
       tokens_needed += static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens + block_size;
     }
     const int64_t n_blocks = tokens_needed / block_size + 1;
-    auto cache = pd::KvCache::create(**backend, (*model)->config(), block_size, n_blocks);
+    auto cache = pd::KvCache::create(**backend, (*model)->config(), block_size, n_blocks, *kv_dtype);
     if (!cache.is_ok()) return fail(cache.status().to_string());
     pd::KvBlockManager blocks(pd::KvBlockManagerConfig{block_size, n_blocks, true});
     pd::GenerateOptions opt;
@@ -202,7 +205,7 @@ int main(int argc, char** argv) {
 
   const int64_t tokens_needed = static_cast<int64_t>(ids.size()) + n_predict;
   const int64_t n_blocks = (tokens_needed + block_size - 1) / block_size + 1;
-  auto cache = pd::KvCache::create(**backend, cfg, block_size, n_blocks);
+  auto cache = pd::KvCache::create(**backend, cfg, block_size, n_blocks, *kv_dtype);
   if (!cache.is_ok()) return fail(cache.status().to_string());
   pd::KvBlockManager blocks(pd::KvBlockManagerConfig{block_size, n_blocks, true});
 
@@ -244,9 +247,10 @@ int main(int argc, char** argv) {
   const double decode_tps = stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0.0;
   std::fprintf(stderr,
                "[pd-generate] prompt tokens: %lld | generated: %zu | prefill: %.1f tok/s | decode: %.1f tok/s | "
-               "KV bytes/token: %lld | backend: %s, weights %.1f MB\n",
+               "KV bytes/token: %lld (%s) | backend: %s, weights %.1f MB\n",
                static_cast<long long>(stats.prompt_tokens), (*out)[0].tokens.size(), prefill_tps, decode_tps,
-               static_cast<long long>(cfg.kv_geometry(4).bytes_per_token()), (*backend)->name().c_str(),
+               static_cast<long long>(cfg.kv_geometry(*kv_dtype).bytes_per_token()), pd::kv_dtype_name(*kv_dtype),
+               (*backend)->name().c_str(),
                (*model)->weight_bytes() / 1e6);
   return 0;
 }

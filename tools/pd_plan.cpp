@@ -498,7 +498,11 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   if (!po.profile.empty()) {
     EngineProfile prof = or_die(engine_profile_from_file(po.profile));
     cost_source = "engine profile " + po.profile;
-    cost = std::make_unique<ProfileCostModel>(std::move(prof), double(kv_bytes_per_token(r.model, r.kv)),
+    // The profile's own KV bytes per token (the engine's cache type, scales
+    // included) when it has them; else the --kv precision's.
+    const double kv_per_token =
+        prof.kv_bytes_per_token > 0 ? double(prof.kv_bytes_per_token) : double(kv_bytes_per_token(r.model, r.kv));
+    cost = std::make_unique<ProfileCostModel>(std::move(prof), kv_per_token,
                                               r.model.n_layers, r.hw.inter_node_bandwidth * ho.tp,
                                               r.hw.link_latency);
   } else {

@@ -53,22 +53,24 @@ class BackendBuffer {
 };
 
 // Layout of the paged KV cache in backend memory. For layer l, block b:
-//   K: [n_kv_heads][block_size][head_dim]  at  base + ((l * 2 + 0) * num_blocks + b) * block_bytes
+//   K: [n_kv_heads][block_size] rows of head_dim elements of `dtype`
+//      at  base + ((l * 2 + 0) * num_blocks + b) * block_bytes
 //   V: the same with 1 in place of 0.
-// Each layer's K (and V) blocks are contiguous, so one layer of one sequence
-// is a list of num_blocks-strided pieces (what the KV transport ships).
+// A row is one token's one head: head_dim floats (f32), halves (f16) or
+// head_dim / 32 q8_0 blocks (q8_0). Each layer's K (and V) blocks are
+// contiguous, so one layer of one sequence is a list of num_blocks-strided
+// pieces (what the KV transport ships).
 struct KvCacheLayout {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
   int block_size = 16;
   int64_t num_blocks = 0;
-  GgmlType dtype = GgmlType::kF32;  // F32 or F16
+  GgmlType dtype = GgmlType::kF32;  // F32, F16 or Q8_0
 
-  size_t elem_bytes() const { return dtype == GgmlType::kF32 ? 4 : 2; }
-  size_t block_bytes() const {
-    return static_cast<size_t>(n_kv_heads) * block_size * head_dim * elem_bytes();
-  }
+  // Bytes of one token's one head.
+  size_t row_bytes() const { return ggml_row_bytes(dtype, head_dim); }
+  size_t block_bytes() const { return static_cast<size_t>(n_kv_heads) * block_size * row_bytes(); }
   // Byte offset of (layer, kind 0=K/1=V, block).
   size_t offset(int layer, int kind, int64_t block) const {
     return ((static_cast<size_t>(layer) * 2 + kind) * num_blocks + block) * block_bytes();

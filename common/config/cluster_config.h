@@ -38,6 +38,7 @@ struct ClusterConfig {
     int64_t decode_budget_mb = 512;      // KV pool per decode rank
     int64_t prefill_budget_mb = 256;     // KV pool per prefill rank (holds KV until handed off)
     bool checksum = true;                // XXH3-64 per layer on every transfer
+    std::string dtype = "f16";           // KV cache elements: f16, q8_0 or f32 (prefill and decode must agree)
   } kv;
 
   struct Prefill {

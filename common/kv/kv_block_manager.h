@@ -71,9 +71,13 @@ struct KvGeometry {
   // Sub-byte element widths (int4 KV: 4). When > 0 it replaces bytes_per_element
   // (an element takes bits_per_element / 8 bytes); 0 keeps bytes_per_element.
   int bits_per_element = 0;
+  // Block-quantized elements (q8_0: 34 bytes per 32): when > 0, the bytes of
+  // one token's one head (head_dim elements), replacing the widths above.
+  int64_t row_bytes = 0;
   // 2 (K and V) x layers x kv_heads x head_dim x bytes_per_element.
   // The one formula for KV bytes per token in the codebase.
   int64_t bytes_per_token() const {
+    if (row_bytes > 0) return 2LL * n_layers * n_kv_heads * row_bytes;
     const int64_t bits = bits_per_element > 0 ? bits_per_element : 8LL * bytes_per_element;
     return 2LL * n_layers * n_kv_heads * head_dim * bits / 8;
   }

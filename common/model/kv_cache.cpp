@@ -1,17 +1,52 @@
 #include "model/kv_cache.h"
 
+#include <algorithm>
+#include <cctype>
+#include <string>
+
 namespace pd {
 
-Result<KvCache> KvCache::create(Backend& backend, const LlamaConfig& cfg, int block_size, int64_t num_blocks) {
+Result<GgmlType> parse_kv_dtype(std::string_view name, std::string_view what) {
+  std::string s(name);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (s == "f32" || s == "fp32" || s == "float32") return GgmlType::kF32;
+  if (s == "f16" || s == "fp16" || s == "float16") return GgmlType::kF16;
+  if (s == "q8_0" || s == "q8") return GgmlType::kQ8_0;
+  return Status::invalid_argument(std::string(what) + ": unknown KV cache type '" + std::string(name) +
+                                  "' (expected f32, f16 or q8_0)");
+}
+
+const char* kv_dtype_name(GgmlType dtype) {
+  switch (dtype) {
+    case GgmlType::kF32: return "f32";
+    case GgmlType::kF16: return "f16";
+    case GgmlType::kQ8_0: return "q8_0";
+    default: return "unsupported";
+  }
+}
+
+Status check_kv_dtype(GgmlType dtype, int head_dim) {
+  if (dtype != GgmlType::kF32 && dtype != GgmlType::kF16 && dtype != GgmlType::kQ8_0)
+    return Status::invalid_argument(std::string("KV cache type ") + ggml_type_name(dtype) +
+                                    " is not supported (f32, f16 or q8_0)");
+  if (dtype == GgmlType::kQ8_0 && head_dim % 32 != 0)
+    return Status::invalid_argument("KV cache type q8_0 needs head_dim a multiple of 32 (the model's is " +
+                                    std::to_string(head_dim) + ")");
+  return Status::ok();
+}
+
+Result<KvCache> KvCache::create(Backend& backend, const LlamaConfig& cfg, int block_size, int64_t num_blocks,
+                                GgmlType dtype) {
   if (block_size <= 0 || num_blocks <= 0)
     return Status::invalid_argument("KvCache: block_size and num_blocks must be positive");
+  PD_RETURN_IF_ERROR(check_kv_dtype(dtype, cfg.head_dim));
   KvCache c;
   c.layout.n_layers = cfg.n_layers;
   c.layout.n_kv_heads = cfg.n_kv_heads;
   c.layout.head_dim = cfg.head_dim;
   c.layout.block_size = block_size;
   c.layout.num_blocks = num_blocks;
-  c.layout.dtype = GgmlType::kF32;
+  c.layout.dtype = dtype;
   PD_ASSIGN_OR_RETURN(c.buffer, backend.alloc(c.layout.total_bytes()));
   return c;
 }

@@ -1,20 +1,41 @@
 // KvCache: the paged KV storage of one model in backend memory. Which block
 // belongs to which sequence is the KvBlockManager's business; this holds bytes.
+//
+// Element types (KvCacheLayout::dtype):
+//   f32   the reference: exactly what the model computed;
+//   f16   the default (what llama.cpp and vLLM keep): half the bytes;
+//   q8_0  ggml's q8_0 blocks (32 elements: one fp16 scale + 32 int8) along
+//         each head's head_dim: 34 bytes per 32 elements, 0.53x of f16.
+// docs/ACCURACY.md gives what each costs in perplexity and KL divergence.
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "backend/backend.h"
 #include "model/llama_config.h"
 
 namespace pd {
 
+inline constexpr GgmlType kDefaultKvDtype = GgmlType::kF16;
+
+// "f32" | "f16" | "q8_0" (case-insensitive; "fp32", "fp16", "float32",
+// "float16" and "q8" are accepted too). InvalidArgument naming `what` (a flag
+// or config key) and the value otherwise.
+Result<GgmlType> parse_kv_dtype(std::string_view name, std::string_view what);
+// "f32", "f16", "q8_0" (the wire header's and the config's spelling).
+const char* kv_dtype_name(GgmlType dtype);
+// Whether a cache of `dtype` can hold heads of head_dim elements (q8_0 needs
+// a multiple of 32).
+Status check_kv_dtype(GgmlType dtype, int head_dim);
+
 struct KvCache {
   KvCacheLayout layout;
   std::unique_ptr<BackendBuffer> buffer;
 
-  // Allocates num_blocks blocks of block_size tokens for `cfg` (F32 KV).
-  static Result<KvCache> create(Backend& backend, const LlamaConfig& cfg, int block_size, int64_t num_blocks);
+  // Allocates num_blocks blocks of block_size tokens for `cfg`, elements of `dtype`.
+  static Result<KvCache> create(Backend& backend, const LlamaConfig& cfg, int block_size, int64_t num_blocks,
+                                GgmlType dtype);
 };
 
 }  // namespace pd

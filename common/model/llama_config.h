@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "gguf/ggml_types.h"
 #include "kv/kv_block_manager.h"
 #include "util/status.h"
 
@@ -28,7 +29,12 @@ struct LlamaConfig {
   // Reads and validates the metadata; refuses non-Llama architectures and
   // unsupported features (RoPE scaling, partial rotary dims) by name.
   static Result<LlamaConfig> from_gguf(const GgufFile& file);
-  KvGeometry kv_geometry(int bytes_per_element = 4) const { return KvGeometry{n_layers, n_kv_heads, head_dim, bytes_per_element}; }
+  // The KV cache's geometry with elements of `kv_dtype` (F32, F16 or Q8_0).
+  KvGeometry kv_geometry(GgmlType kv_dtype) const {
+    KvGeometry g{n_layers, n_kv_heads, head_dim};
+    g.row_bytes = static_cast<int64_t>(ggml_row_bytes(kv_dtype, head_dim));
+    return g;
+  }
   // Model fingerprint for KV compatibility checks: layers, KV heads, head dim.
   std::string describe() const;
 };

@@ -168,7 +168,11 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
       slots_.push_back(sb.block_table[pos / L.block_size] * L.block_size + pos % L.block_size);
       att_tokens_.push_back(AttentionToken{pos, static_cast<int32_t>(s)});
     }
-    if (sb.want_logits) logit_rows_.push_back(static_cast<int32_t>(ids_.size() - 1));
+    if (sb.all_logits) {
+      for (size_t i = ids_.size() - sb.tokens.size(); i < ids_.size(); ++i) logit_rows_.push_back(static_cast<int32_t>(i));
+    } else if (sb.want_logits) {
+      logit_rows_.push_back(static_cast<int32_t>(ids_.size() - 1));
+    }
   }
   const int64_t n = static_cast<int64_t>(ids_.size());
   const int64_t n_logits = static_cast<int64_t>(logit_rows_.size());

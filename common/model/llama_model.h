@@ -31,6 +31,7 @@ struct SequenceBatch {
   int32_t start_pos = 0;                 // tokens before it are already in the cache
   std::span<const int32_t> block_table;  // blocks covering [0, start_pos + tokens.size())
   bool want_logits = true;               // logits of its last new token
+  bool all_logits = false;               // logits of every new token, in order (prompt logprobs); implies want_logits
 };
 
 class LlamaModel {
@@ -47,7 +48,8 @@ class LlamaModel {
   size_t weight_bytes() const { return weight_bytes_; }
 
   // Runs the batch. logits receives vocab floats for every sequence with
-  // want_logits, in batch order (resized). Fails without touching the cache
+  // want_logits (tokens.size() rows for one with all_logits), in batch order
+  // (resized). Fails without touching the cache
   // if an input is invalid (token id out of range, table too short).
   Status forward(std::span<const SequenceBatch> batch, KvCache& cache, std::vector<float>* logits);
 

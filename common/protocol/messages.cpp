@@ -12,7 +12,8 @@ json sampling_json(const SamplingParams& p) {
               {"top_p", p.top_p},             {"min_p", p.min_p},
               {"presence", p.presence_penalty}, {"frequency", p.frequency_penalty},
               {"seed", p.seed},               {"max_tokens", p.max_tokens},
-              {"ignore_eos", p.ignore_eos},   {"stop_ids", p.stop_token_ids}};
+              {"ignore_eos", p.ignore_eos},   {"stop_ids", p.stop_token_ids},
+              {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs}};
 }
 SamplingParams sampling_from(const json& j) {
   SamplingParams p;
@@ -26,7 +27,37 @@ SamplingParams sampling_from(const json& j) {
   p.max_tokens = j.at("max_tokens").get<int32_t>();
   p.ignore_eos = j.at("ignore_eos").get<bool>();
   p.stop_token_ids = j.at("stop_ids").get<std::vector<int32_t>>();
+  p.logprobs = j.at("logprobs").get<int32_t>();
+  p.prompt_logprobs = j.at("prompt_logprobs").get<bool>();
   return p;
+}
+// A LogprobEntry as [token, logprob, [top ids], [top logprobs]].
+json logprobs_json(const std::vector<LogprobEntry>& entries) {
+  json out = json::array();
+  for (const LogprobEntry& e : entries) {
+    json ids = json::array(), lps = json::array();
+    for (const TokenLogprob& t : e.top) {
+      ids.push_back(t.id);
+      lps.push_back(t.logprob);
+    }
+    out.push_back(json::array({e.token, e.logprob, std::move(ids), std::move(lps)}));
+  }
+  return out;
+}
+std::vector<LogprobEntry> logprobs_from(const json& j) {
+  std::vector<LogprobEntry> out;
+  for (const json& e : j) {
+    if (!e.is_array() || e.size() != 4) throw std::out_of_range("a logprob entry must be [token, logprob, ids, logprobs]");
+    LogprobEntry entry;
+    entry.token = e[0].get<int32_t>();
+    entry.logprob = e[1].get<float>();
+    const auto ids = e[2].get<std::vector<int32_t>>();
+    const auto lps = e[3].get<std::vector<float>>();
+    if (ids.size() != lps.size()) throw std::out_of_range("a logprob entry's ids and logprobs differ in length");
+    for (size_t i = 0; i < ids.size(); ++i) entry.top.push_back({ids[i], lps[i]});
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 json header_json(const KvWireHeader& h) {
   return json{{"version", h.version},   {"id", h.request_id},       {"n_tokens", h.n_tokens},
@@ -76,7 +107,7 @@ struct ToJson {
   json operator()(const Listening& m) const { return {{"t", "listening"}, {"port", m.port}}; }
   json operator()(const Join& m) const {
     return {{"t", "join"}, {"role", m.role}, {"host", m.host}, {"pid", m.pid}, {"block_size", m.block_size},
-            {"port", m.port}, {"pool", m.pool}};
+            {"port", m.port}, {"pool", m.pool}, {"kv_dtype", m.kv_dtype}};
   }
   json operator()(const JoinAccepted& m) const {
     json peers = json::array();
@@ -91,10 +122,14 @@ struct ToJson {
   json operator()(const PeerLeft& m) const { return {{"t", "left"}, {"rank", m.rank}}; }
   json operator()(const TokenEvents& m) const {
     json events = json::array();
-    for (const TokenEvent& e : m.events)
-      events.push_back({{"id", e.id}, {"first", e.first_index}, {"tokens", e.tokens},
-                        {"finish", static_cast<int32_t>(e.finish)}, {"queue_s", e.queue_s},
-                        {"prefill_s", e.prefill_s}});
+    for (const TokenEvent& e : m.events) {
+      json ev = {{"id", e.id}, {"first", e.first_index}, {"tokens", e.tokens},
+                 {"finish", static_cast<int32_t>(e.finish)}, {"queue_s", e.queue_s}, {"prefill_s", e.prefill_s}};
+      // Only requests that asked carry logprobs: the common event stays small.
+      if (!e.logprobs.empty()) ev["lp"] = logprobs_json(e.logprobs);
+      if (!e.prompt_logprobs.empty()) ev["prompt_lp"] = logprobs_json(e.prompt_logprobs);
+      events.push_back(std::move(ev));
+    }
     return {{"t", "tokens"}, {"events", std::move(events)}};
   }
   json operator()(const TransferStats& m) const {
@@ -133,7 +168,8 @@ Message from_json(const json& j) {
   if (t == "listening") return Listening{j.at("port").get<std::string>()};
   if (t == "join")
     return Join{j.at("role").get<int32_t>(), j.at("host").get<std::string>(), j.at("pid").get<int32_t>(),
-                j.at("block_size").get<int32_t>(), j.at("port").get<std::string>(), j.at("pool").get<std::string>()};
+                j.at("block_size").get<int32_t>(), j.at("port").get<std::string>(), j.at("pool").get<std::string>(),
+                j.at("kv_dtype").get<std::string>()};
   if (t == "joined") {
     JoinAccepted m{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>(), j.at("colocated").get<bool>(), {}};
     for (const json& p : j.at("peers"))
@@ -158,6 +194,11 @@ Message from_json(const json& j) {
       ev.finish = static_cast<Finish>(f);
       ev.queue_s = e.at("queue_s").get<double>();
       ev.prefill_s = e.at("prefill_s").get<double>();
+      if (auto lp = e.find("lp"); lp != e.end()) ev.logprobs = logprobs_from(*lp);
+      if (auto lp = e.find("prompt_lp"); lp != e.end()) ev.prompt_logprobs = logprobs_from(*lp);
+      if (!ev.logprobs.empty() && ev.logprobs.size() != ev.tokens.size())
+        throw std::out_of_range("token event with " + std::to_string(ev.tokens.size()) + " tokens and " +
+                                std::to_string(ev.logprobs.size()) + " logprob entries");
       m.events.push_back(std::move(ev));
     }
     return m;

@@ -103,6 +103,7 @@ struct Join {
   int32_t block_size = 0;
   std::string port;  // where the joined rank accepts later joiners
   std::string pool;  // which pool (mpirun) it belongs to: its ranks reach each other
+  std::string kv_dtype = "f16";  // its KV cache elements (kv.dtype): must be the cluster's
 };
 struct JoinPeer { int32_t rank = -1; int32_t role = 0; std::string port; };
 struct JoinAccepted {
@@ -124,6 +125,11 @@ struct TokenEvent {
   int32_t first_index = 0;        // index of tokens[0] among the request's generated tokens
   std::vector<int32_t> tokens;
   Finish finish = Finish::kNone;  // set on the request's last event
+  // With SamplingParams::logprobs >= 0: one entry per token of `tokens`, else empty.
+  std::vector<LogprobEntry> logprobs;
+  // With SamplingParams::prompt_logprobs, on the event of token 0 (from the rank
+  // that computed the prompt): prompt tokens 1..n-1, each given those before it.
+  std::vector<LogprobEntry> prompt_logprobs;
   // Worker-side timings (seconds) for /metrics, on a rank's first event of the
   // request: prefill rank = its queue wait and the batch's compute time;
   // decode rank = the wait from "KV received" (or arrival, colocated) to its

@@ -174,7 +174,7 @@ Status write_join_file(const std::string& path, const std::string& port, int rou
 }
 
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
-                               int32_t block_size, std::chrono::milliseconds timeout) {
+                               int32_t block_size, const std::string& kv_dtype, std::chrono::milliseconds timeout) {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   auto target = read_join_file(join_file);
@@ -217,7 +217,7 @@ Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, co
         PD_ASSIGN_OR_RETURN(int router, links.connect(target->port, target->router));
         PD_RETURN_IF_ERROR(send_now(links, router,
                                     proto::Join{static_cast<int32_t>(world.roles[world.self]), world.hosts[world.self],
-                                                world.pids[world.self], block_size, links.port(), pool}));
+                                                world.pids[world.self], block_size, links.port(), pool, kv_dtype}));
         PD_ASSIGN_OR_RETURN(proto::Message answer, receive_now(links, router, timeout));
         if (auto* refused = std::get_if<proto::JoinRefused>(&answer))
           return Status::invalid_argument("the router refused: " + refused->reason);

@@ -70,7 +70,8 @@ Status send_now(MpiLinks& links, int dest, const proto::Message& m);
 // in the cluster's ids (self = its new id; world-mates mapped too). An error
 // names what failed (the file, a refusal and its reason, a timeout).
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
-                               int32_t block_size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                               int32_t block_size, const std::string& kv_dtype,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // The router's side of --join-file: FILE gets {"port": ..., "router": rank}
 // (written to a temporary name and renamed, so a reader never sees half).

@@ -165,6 +165,11 @@ Status SamplingParams::validate() const {
     return Status::invalid_argument("frequency_penalty must be in [-2, 2], got " + fmt_float(frequency_penalty));
   }
   if (max_tokens < 1) return Status::invalid_argument("max_tokens must be >= 1, got " + std::to_string(max_tokens));
+  if (logprobs < -1 || logprobs > kMaxLogprobs) {
+    return Status::invalid_argument("logprobs must be in [-1, " + std::to_string(kMaxLogprobs) + "], got " +
+                                    std::to_string(logprobs));
+  }
+  if (prompt_logprobs && logprobs < 0) return Status::invalid_argument("prompt_logprobs needs logprobs >= 0");
   return Status::ok();
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/logprobs.h"
 #include "util/status.h"
 
 namespace pd {
@@ -27,6 +28,14 @@ struct SamplingParams {
   int32_t max_tokens = 16;
   bool ignore_eos = false;
   std::vector<TokenId> stop_token_ids;  // in addition to EOS
+  // Log-probabilities the workers report with each token (sampling/logprobs.h;
+  // of the raw model distribution, not the processed one the draw uses):
+  // -1 = none; n in [0, kMaxLogprobs] = each generated token's logprob and
+  // the n most likely alternatives.
+  int32_t logprobs = -1;
+  // Also every prompt token's after the first (given the tokens before it),
+  // with as many alternatives. Needs logprobs >= 0.
+  bool prompt_logprobs = false;
 
   // InvalidArgument naming the field (e.g. "top_p must be in (0, 1]").
   Status validate() const;

@@ -23,7 +23,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
   PD_ASSIGN_OR_RETURN(e->backend, create_backend(bc));
   PD_ASSIGN_OR_RETURN(e->model, LlamaModel::load(e->gguf, *e->backend));
   const LlamaConfig& mc = e->model->config();
-  const KvGeometry g = mc.kv_geometry();
+  const KvGeometry g = mc.kv_geometry(cfg.kv_dtype);
   int64_t n_blocks = kv_blocks_for_budget(g, cfg.block_size, cfg.kv_budget_bytes);
   if (cfg.kv_fit_context && cfg.block_size > 0) {
     const int64_t context_blocks = (static_cast<int64_t>(mc.context) + cfg.block_size - 1) / cfg.block_size;
@@ -36,7 +36,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
   if (n_blocks < 1)
     return Status::resource_exhausted("KV budget of " + std::to_string(cfg.kv_budget_bytes) +
                                       " bytes holds no block of " + std::to_string(cfg.block_size) + " tokens");
-  PD_ASSIGN_OR_RETURN(e->cache, KvCache::create(*e->backend, mc, cfg.block_size, n_blocks));
+  PD_ASSIGN_OR_RETURN(e->cache, KvCache::create(*e->backend, mc, cfg.block_size, n_blocks, cfg.kv_dtype));
   e->blocks = std::make_unique<KvBlockManager>(KvBlockManagerConfig{cfg.block_size, n_blocks, cfg.prefix_sharing});
   e->kv_checksum = cfg.kv_checksum;
   return e;
@@ -46,7 +46,7 @@ proto::KvWireHeader Engine::wire_header() const {
   const LlamaConfig& mc = model->config();
   proto::KvWireHeader h;
   h.block_size = cache.layout.block_size;
-  h.dtype = cache.layout.dtype == GgmlType::kF32 ? "f32" : "f16";
+  h.dtype = kv_dtype_name(cache.layout.dtype);
   h.n_layers = mc.n_layers;
   h.n_kv_heads = mc.n_kv_heads;
   h.head_dim = mc.head_dim;

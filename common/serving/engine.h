@@ -21,6 +21,7 @@ struct EngineConfig {
   int threads = 0;                 // 0 = all cores
   bool int8_activations = true;    // CPU matmul path (BackendConfig::int8_activations)
   int block_size = 16;
+  GgmlType kv_dtype = kDefaultKvDtype;  // KV cache elements (f16, q8_0, f32)
   int64_t kv_budget_bytes = 0;     // KV pool size
   // true: the pool is raised, when the budget is smaller, to hold one sequence
   // of the model's whole context, so any prompt the router admits fits.

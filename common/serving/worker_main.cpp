@@ -34,7 +34,7 @@ bool wants_elastic(int argc, char** argv) {
 }
 
 Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* program, bool* help, LaunchFlags* flags) {
-  std::string config_path, model, host, port_file;
+  std::string config_path, model, host, port_file, kv_dtype;
   LaunchFlags launch;
   int threads = -1, port = -1;
   CLI::App app{std::string(program) + ": a pdcluster rank (start all ranks with one mpirun; see deploy/launch.sh)"};
@@ -42,6 +42,7 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   app.add_option("--model", model, "GGUF model file (overrides the config's 'model')");
   app.add_option("--threads", threads, "compute threads of this rank (overrides prefill/decode.threads)")
       ->check(CLI::Range(0, 1024));
+  app.add_option("--kv-dtype", kv_dtype, "KV cache elements: f16, q8_0 or f32 (overrides kv.dtype; every rank must agree)");
   app.add_option("--host", host, "HTTP bind address (router; overrides http.host)");
   app.add_option("--port", port, "HTTP port (router; overrides http.port; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--port-file", port_file, "file the router writes its bound port to (overrides http.port_file)");
@@ -67,6 +68,10 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   if (port >= 0) cfg.http.port = port;
   if (!host.empty()) cfg.http.host = host;
   if (!port_file.empty()) cfg.http.port_file = port_file;
+  if (!kv_dtype.empty()) {
+    PD_RETURN_IF_ERROR(parse_kv_dtype(kv_dtype, "--kv-dtype").status());
+    cfg.kv.dtype = kv_dtype;
+  }
   PD_RETURN_IF_ERROR(cfg.validate());
   if (launch.elastic && !launch.join.empty()) return Status::invalid_argument("--elastic and --join exclude each other");
   if (flags != nullptr) *flags = launch;
@@ -108,6 +113,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   ec.block_size = cfg->kv.block_size;
   ec.kv_checksum = cfg->kv.checksum;
   ec.int8_activations = cfg->engine.int8_activations;
+  ec.kv_dtype = *parse_kv_dtype(cfg->kv.dtype, "kv.dtype");  // validated with the config
   if (role == Role::kPrefill) {
     ec.threads = cfg->prefill.threads;
     ec.kv_budget_bytes = cfg->kv.prefill_budget_mb << 20;
@@ -130,7 +136,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
     if (Status st = links->listen(); !st.is_ok()) return abort_job(st.to_string());
   }
   if (joining) {
-    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size);
+    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size, kv_dtype_name(ec.kv_dtype));
     if (!joined.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + joined.status().message());
     table = std::move(joined).value();
     spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(table.self) +

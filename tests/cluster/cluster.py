@@ -24,14 +24,15 @@ def tiny_model(path, layers=2, seed=1, context=512):
     return path
 
 
-def reference(model, prompts):
+def reference(model, prompts, kv_dtype=None):
     """pd-generate --batch: [{"prompt", "chat", "max_tokens", "ignore_eos"}] -> list of result dicts."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for p in prompts:
             f.write(json.dumps(p) + "\n")
         path = f.name
     try:
-        out = subprocess.run([os.path.join(BUILD, "tools", "pd-generate"), "-m", model, "--batch", path, "-t", "2"],
+        cmd = [os.path.join(BUILD, "tools", "pd-generate"), "-m", model, "--batch", path, "-t", "2"]
+        out = subprocess.run(cmd + (["--kv-dtype", kv_dtype] if kv_dtype else []),
                              check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)

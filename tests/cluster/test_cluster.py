@@ -55,9 +55,9 @@ def mixed_prompts(n):
     return out
 
 
-def references(model, cases, ignore_eos=False):
+def references(model, cases, ignore_eos=False, kv_dtype=None):
     return reference(model, [{"prompt": p, "chat": e == "chat", "max_tokens": m, "ignore_eos": ignore_eos}
-                             for e, p, m in cases])
+                             for e, p, m in cases], kv_dtype)
 
 
 def run_case(c, endpoint, prompt, max_tokens, stream, **extra):
@@ -84,8 +84,8 @@ def expect_same(case, got, ref):
           % (case, text, n, finish, ref["text"], ref["completion_tokens"], ref["finish_reason"]))
 
 
-def concurrent_identity(c, model, cases, workers):
-    refs = references(model, cases)
+def concurrent_identity(c, model, cases, workers, kv_dtype=None):
+    refs = references(model, cases, kv_dtype=kv_dtype)
     before = c.metric('pd_requests_total{outcome="finished"}')
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         futs = [pool.submit(run_case, c, e, p, m, i % 3 == 0) for i, (e, p, m) in enumerate(cases)]
@@ -128,7 +128,7 @@ def suite_api(tmp):
         err(400, "POST", comp, {"max_tokens": 4}, param="prompt")
         err(400, "POST", comp, {"prompt": "x", "max_tokens": "4"}, param="max_tokens")
         err(400, "POST", comp, {"prompt": "x", "temperature": 5}, param="temperature")
-        err(400, "POST", comp, {"prompt": "x", "n": 2}, param="n")
+        err(400, "POST", comp, {"prompt": "x", "n": 0}, param="n")
         err(400, "POST", comp, {"prompt": "x", "logit_bias": {"1": 2}}, param="logit_bias")
         err(400, "POST", comp, {"prompt": "x", "frobnicate": 1}, param="frobnicate")
         err(400, "POST", comp, {"prompt": "x", "max_tokens": 100000}, param="max_tokens")
@@ -211,13 +211,33 @@ def suite_identity(tmp):
 def suite_preemption(tmp):
     """Default model, a decode pool too small for the load: preemption, same outputs, no leaks."""
     need_default_model()
-    cfg = {"kv": {"decode_budget_mb": 6}}  # ~130 tokens of KV: a few sequences at a time
+    cfg = {"kv": {"decode_budget_mb": 3}}  # ~130 tokens of f16 KV: a few sequences at a time
     with Cluster(1, 1, config=cfg) as c:
         cases = [("completion", " ".join(SENTENCES[:1 + i % 3]), 24 + (i % 4) * 4) for i in range(16)]
         concurrent_identity(c, DEFAULT_MODEL, cases, 16)
         pre = c.metric('pd_preemptions{rank="2"}')
         check(pre > 0, "the decode rank never preempted (pd_preemptions = %s); the test did not exercise it" % pre)
         check(c.stop() == 0, "clean exit")
+
+
+def suite_kv_types(tmp):
+    """Default model, 1 prefill + 1 decode with a q8_0 and then an f32 KV cache: each equals pd-generate
+    with the same --kv-dtype token for token (f16, the default, is what every other suite runs);
+    the handoff carries that many bytes per token."""
+    need_default_model()
+    per_token = {"q8_0": 2 * 30 * 3 * 68, "f32": 2 * 30 * 3 * 64 * 4}  # SmolLM2-135M
+    for dtype in ("q8_0", "f32"):
+        with Cluster(1, 1, config={"kv": {"dtype": dtype}}) as c:
+            cases = mixed_prompts(12)
+            bytes_before = c.metric("pd_kv_transfer_bytes_total")
+            check(c.metric('pd_kv_bytes_per_token{dtype="%s"}' % dtype) == per_token[dtype],
+                  "pd_kv_bytes_per_token{dtype=%s} is %s, want %d"
+                  % (dtype, c.metric('pd_kv_bytes_per_token{dtype="%s"}' % dtype), per_token[dtype]))
+            concurrent_identity(c, DEFAULT_MODEL, cases, 12, kv_dtype=dtype)
+            moved = c.metric("pd_kv_transfer_bytes_total") - bytes_before
+            check(moved > 0 and moved % per_token[dtype] == 0,
+                  "%s: %d KV bytes moved, not a whole number of %d-byte tokens" % (dtype, moved, per_token[dtype]))
+            check(c.stop() == 0, "clean exit")
 
 
 def suite_colocated(tmp):
@@ -333,6 +353,7 @@ def suite_limits(tmp):
 
 
 SUITES = {"limits": suite_limits, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
+          "kv_types": suite_kv_types,
           "colocated": suite_colocated, "lifecycle": suite_lifecycle}
 
 if __name__ == "__main__":

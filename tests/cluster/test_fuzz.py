@@ -11,11 +11,12 @@ bodies, boundary values, wrong methods, missing credentials):
     spec (so the spec is checked against the router as much as the reverse);
   - the router process stays alive, and GET /health answers 200 throughout
     (polled every second during the run) and afterwards.
-Bounded: at most MAX_EXAMPLES generated cases per operation (about 1,600
-requests in all), Hypothesis' deterministic mode (derandomized: the same
-requests every run, no seed involved), one worker, generated max_tokens cut to at
-most 16 (see map_body below). On 2 cores a run takes about 30 s on the Release
-build and about 70 s on the ASan build; it is killed at RUN_TIMEOUT_S.
+Bounded: at most MAX_EXAMPLES generated cases per operation (about 2,600
+requests in all, /tokenize and /detokenize included), Hypothesis' deterministic
+mode (derandomized: the same requests every run, no seed involved), one worker,
+generated max_tokens cut to at most 16 and n to at most 4 (see map_body below).
+On 2 busy cores a run of the Release build took about 90 s (before the tokenizer
+endpoints: about 30 s; about 70 s on the ASan build); it is killed at RUN_TIMEOUT_S.
 
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why: no mpirun, Schemathesis not
 importable; scripts/setup.sh installs it).
@@ -42,6 +43,7 @@ API_KEY = "fuzz-key"
 MAX_EXAMPLES = 400
 RUN_TIMEOUT_S = 420        # the whole Schemathesis run; ctest's TIMEOUT is 600
 MAX_GENERATED_TOKENS = 16  # generated max_tokens above this are cut (tiny model, 2 cores)
+MAX_GENERATED_CHOICES = 4  # and n above this (a batch of prompts x n choices each generate)
 # What is checked on every response. Not here: positive_data_acceptance (a
 # schema-valid request may still be refused: an unknown model name is a 404, a
 # prompt over the context a 400), negative_data_rejection (the spec cannot say
@@ -63,7 +65,8 @@ def _register_hooks():
     @schemathesis.hook
     def map_body(context, body):
         """Keeps generation cheap and reaching the interesting paths:
-          - generated max_tokens above MAX_GENERATED_TOKENS are cut;
+          - generated max_tokens above MAX_GENERATED_TOKENS are cut, and so is
+            n above MAX_GENERATED_CHOICES;
           - two thirds of the string `model` values become the served model's
             name, so most requests get past the 404 and actually generate;
           - half of the bodies that leave `stream` unset ask for a stream (half
@@ -79,6 +82,9 @@ def _register_hooks():
             v = body.get(key)
             if isinstance(v, int) and not isinstance(v, bool) and MAX_GENERATED_TOKENS < v < 2**63:
                 body[key] = 1 + v % MAX_GENERATED_TOKENS
+        n = body.get("n")
+        if isinstance(n, int) and not isinstance(n, bool) and MAX_GENERATED_CHOICES < n <= 128:
+            body["n"] = 1 + n % MAX_GENERATED_CHOICES
         if isinstance(body.get("model"), str) and served_model and h % 3:
             body["model"] = served_model
         if body.get("stream") is None and body.get("stream_options") is None and (h >> 8) % 2:
@@ -112,9 +118,10 @@ def _register_hooks():
     def sse_stream_conformance(ctx, response, case):
         """A text/event-stream answer: every payload a CompletionChunk /
         ChatCompletionChunk (or an Error) of the spec, then exactly one [DONE]
-        at the end; exactly one finish_reason; the usage chunk iff asked for;
-        a chat stream's first chunk carries the role. (With OpenAPI 3.0,
-        Schemathesis itself only sees each event's `data` as a string.)"""
+        at the end; exactly one finish_reason per choice (index); the usage
+        chunk iff asked for; a chat choice's first chunk carries the role.
+        (With OpenAPI 3.0, Schemathesis itself only sees each event's `data` as
+        a string.)"""
         ctype = next((v[0] for k, v in response.headers.items() if k.lower() == "content-type" and v), "")
         if not ctype.startswith("text/event-stream") or case.path not in chunk_validators:
             return None
@@ -133,13 +140,24 @@ def _register_hooks():
             else:
                 problems += ["event %d: %s" % (i, e) for e in chunk_validators[case.path].iter_errors(p)]
         chunks = [p for p in payloads if "error" not in p and p.get("choices")]
-        if chunks and case.path == "/v1/chat/completions" and chunks[0]["choices"][0]["delta"].get("role") != "assistant":
-            problems.append("the first chat chunk has no delta.role")
+        by_choice = collections.defaultdict(list)
+        for c in chunks:
+            by_choice[c["choices"][0]["index"]].append(c["choices"][0])
+        if case.path == "/v1/chat/completions":
+            for index, choice_chunks in by_choice.items():
+                if choice_chunks[0]["delta"].get("role") != "assistant":
+                    problems.append("the first chunk of chat choice %d has no delta.role" % index)
         if complete and not errored:
-            finishes = [c for c in chunks if c["choices"][0]["finish_reason"] is not None]
-            if len(finishes) != 1:
-                problems.append("%d chunks with a finish_reason (want 1)" % len(finishes))
+            for index, choice_chunks in by_choice.items():
+                finishes = [c for c in choice_chunks if c["finish_reason"] is not None]
+                if len(finishes) != 1:
+                    problems.append("choice %d: %d chunks with a finish_reason (want 1)" % (index, len(finishes)))
             body = case.body if isinstance(case.body, dict) else {}
+            prompt = body.get("prompt")
+            n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+            want = n_prompts * (body.get("n") or 1)  # one choice per prompt and n, indices 0..want-1
+            if sorted(by_choice) != list(range(want)):
+                problems.append("chunks for choices %s, want 0..%d" % (sorted(by_choice), want - 1))
             want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             usage = [p for p in payloads if "usage" in p]
             if len(usage) != int(want_usage) or (usage and payloads[-1] is not usage[0]):

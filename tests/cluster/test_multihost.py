@@ -73,7 +73,7 @@ from test_elastic import Pool, check_all, grow_and_shrink, pools_of, ranks, work
 INNER = "PD_NETNS_CLIENT"        # set in the copy of this script that runs in the client namespace
 LINK_BPS = "PD_NETNS_LINK_BPS"   # the prefill -> decode link's rate as measured by the outer process
 DECODE = 2
-KV_BYTES_PER_TOKEN = 46080       # SmolLM2-135M, fp32 K and V, 30 layers
+KV_BYTES_PER_TOKEN = 23040       # SmolLM2-135M, f16 K and V (kv.dtype's default), 30 layers
 BLOCK = 16                       # kv.block_size (default)
 LINK_RATE, LINK_DELAY = "1gbit", "1ms"
 CONFIG = {"timeouts": {"request_ms": 120000, "drain_ms": 30000}}

@@ -65,7 +65,7 @@ TEST_CASE("decode steps allocate nothing once warm (both matmul paths)", "[model
     REQUIRE(be.is_ok());
     auto model = pd::LlamaModel::load(file, *be.value());
     REQUIRE(model.is_ok());
-    auto cache = pd::KvCache::create(*be.value(), model.value()->config(), 16, 32);
+    auto cache = pd::KvCache::create(*be.value(), model.value()->config(), 16, 32, pd::GgmlType::kF32);
     REQUIRE(cache.is_ok());
 
     const int n_seq = 3, prompt = 20, steps = 12;

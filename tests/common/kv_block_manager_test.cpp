@@ -569,6 +569,10 @@ TEST_CASE("kv: geometry bytes per token and blocks for a budget", "[kv]") {
   KvGeometry half = smol;
   half.bytes_per_element = 2;
   CHECK(half.bytes_per_token() == 23040);
+  KvGeometry q8 = smol;  // q8_0: 34 bytes per 32 elements, a 64-wide head is 68 bytes
+  q8.row_bytes = 68;
+  CHECK(q8.bytes_per_token() == 2 * 30 * 3 * 68);
+  CHECK(q8.bytes_per_token() == 12240);
 
   const int64_t block_bytes = 46080LL * 16;  // 737280
   CHECK(kv_blocks_for_budget(smol, 16, 1LL << 30) == (1LL << 30) / block_bytes);

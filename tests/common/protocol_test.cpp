@@ -3,6 +3,8 @@
 // peer naming the fields.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "protocol/messages.h"
@@ -34,6 +36,8 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   sp.max_tokens = 77;
   sp.ignore_eos = true;
   sp.stop_token_ids = {2, 5};
+  sp.logprobs = 5;
+  sp.prompt_logprobs = true;
   PrefillRequest pr{123456789012345ULL, {1, 2, 3}, sp, 4};
   const PrefillRequest pr2 = round_trip(pr);
   CHECK(pr2.id == pr.id);
@@ -46,6 +50,8 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(pr2.sampling.ignore_eos);
   CHECK(pr2.sampling.stop_token_ids == sp.stop_token_ids);
   CHECK(pr2.sampling.frequency_penalty == sp.frequency_penalty);
+  CHECK(pr2.sampling.logprobs == 5);
+  CHECK(pr2.sampling.prompt_logprobs);
 
   KvWireHeader h;
   h.request_id = 9;
@@ -58,6 +64,7 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   h.vocab = 49152;
   const HandoffOffer off = round_trip(HandoffOffer{h, {7, 8}, sp});
   CHECK(off.header.request_id == 9);
+  CHECK(off.sampling.logprobs == 5);  // the decode rank reports logprobs too
   CHECK(off.header.n_tokens == 33);
   CHECK(check_compatible(h, off.header).is_ok());
   CHECK(off.prompt == std::vector<int32_t>{7, 8});
@@ -76,9 +83,9 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK((pu.rank == 3 && pu.epoch == 2));
   CHECK(round_trip(Rejoin{5}).epoch == 5);
   CHECK(round_trip(Listening{"123.0:456"}).port == "123.0:456");
-  const Join jn = round_trip(Join{2, "node-b", 77, 16, "9.0:1", "node-b:70"});
+  const Join jn = round_trip(Join{2, "node-b", 77, 16, "9.0:1", "node-b:70", "q8_0"});
   CHECK((jn.role == 2 && jn.host == "node-b" && jn.pid == 77 && jn.block_size == 16 && jn.port == "9.0:1" &&
-         jn.pool == "node-b:70"));
+         jn.pool == "node-b:70" && jn.kv_dtype == "q8_0"));
   const JoinAccepted ja = round_trip(JoinAccepted{6, 0, false, {{1, 1, "p1"}, {2, 1, "p2"}}});
   REQUIRE(ja.peers.size() == 2);
   CHECK((ja.rank == 6 && !ja.colocated && ja.peers[1].rank == 2 && ja.peers[1].port == "p2"));
@@ -101,6 +108,22 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(te.events[1].tokens == ev.tokens);
   CHECK(te.events[1].finish == Finish::kLength);
   CHECK(te.events[1].queue_s == 0.25);
+  CHECK(te.events[1].logprobs.empty());
+  CHECK(te.events[1].prompt_logprobs.empty());
+  // Logprobs, bit-exact (-inf included), for each token and for the prompt.
+  const float inf = std::numeric_limits<float>::infinity();
+  TokenEvent lp = ev;
+  lp.logprobs = {LogprobEntry{10, -0.125f, {{10, -0.125f}, {4, -3.5f}}}, LogprobEntry{11, -inf, {}}};
+  lp.prompt_logprobs = {LogprobEntry{7, -1.0f / 3.0f, {{2, -0.01f}}}};
+  const TokenEvents tl = round_trip(TokenEvents{{lp}});
+  REQUIRE(tl.events.size() == 1);
+  CHECK(tl.events[0].logprobs == lp.logprobs);
+  CHECK(tl.events[0].prompt_logprobs == lp.prompt_logprobs);
+  // One logprob entry per token, or none.
+  TokenEvent uneven = lp;
+  uneven.logprobs.pop_back();
+  const std::vector<uint8_t> bytes = serialize(TokenEvents{{uneven}});
+  CHECK(deserialize(bytes.data(), bytes.size()).status().is_corruption());
   CHECK(round_trip(TransferStats{3, 1000, 0.5, 0.25}).bytes == 1000);
   const RequestFailed f = round_trip(RequestFailed{4, "boom", FailureKind::kPeerDown});
   CHECK((f.reason == "boom" && f.kind == FailureKind::kPeerDown));

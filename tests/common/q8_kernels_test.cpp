@@ -175,6 +175,60 @@ TEST_CASE("integer gemm equals the scalar dot of the dequantized operands on eve
   }
 }
 
+// Two-pass activations (CpuBackendConfig::int8x2_matmul_kinds): x ~ d1*q1 +
+// d2*q2, q2 the quantized residual, each pass through the same kernels.
+TEST_CASE("two-pass activations: the same bits on every ISA path, error bounded by the second step", "[cpu][kernels]") {
+  for (pd::GgmlType type : {pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0}) {
+    const int64_t k = 576, n = 21, nb = k / 32, ld = (n + 7) / 8 * 8;
+    const Weights w = make_weights(type, n, k, 11);
+    for (int m : {1, 5}) {
+      // One large value per block (as in a transformer's hidden state): with one
+      // pass it sets the step of the block's other 31 values.
+      std::vector<float> x = random_floats(k * m, 41 + m);
+      for (int64_t b = 0; b < m * nb; ++b) x[b * 32 + (b * 7) % 32] *= 60.0f;
+      std::vector<BlockQ8A> q1(m * nb), q2(m * nb);
+      std::vector<float> res(k * m);
+      const pd::cpu::Kernels& scalar = pd::cpu::kernels(Isa::kScalar);
+      scalar.quantize_rows(x.data(), k, k, m, q1.data());
+      for (int t = 0; t < m; ++t) pd::cpu::quantization_residual(x.data() + t * k, q1.data() + t * nb, k, res.data() + t * k);
+      scalar.quantize_rows(res.data(), k, k, m, q2.data());
+      const std::vector<float> one = run_gemm(scalar, w, q1, m), second = run_gemm(scalar, w, q2, m);
+      double err_one = 0.0, err_two = 0.0;
+      for (int t = 0; t < m; ++t) {
+        for (int64_t r = 0; r < n; ++r) {
+          double want_x = 0.0, bound = 0.0, mag = 0.0;
+          for (int64_t j = 0; j < k; ++j) {
+            const double wj = w.deq[r * k + j];
+            want_x += wj * x[t * k + j];
+            bound += std::fabs(wj) * 0.5 * q2[t * nb + j / 32].d;  // half the second step per element
+            mag += std::fabs(wj * x[t * k + j]);
+          }
+          const double two = static_cast<double>(one[t * ld + r]) + second[t * ld + r];
+          INFO(pd::ggml_type_name(type) << " m=" << m << " t=" << t << " r=" << r);
+          CHECK(std::fabs(two - want_x) <= bound * 1.001 + 1e-5 * mag);
+          err_one += std::fabs(one[t * ld + r] - want_x);
+          err_two += std::fabs(two - want_x);
+        }
+      }
+      std::printf("two-pass activations, %s m=%d: mean |error| %.3g (one pass %.3g)\n", pd::ggml_type_name(type), m,
+                  err_two / (m * n), err_one / (m * n));
+      CHECK(err_two * 50 < err_one);
+      for (Isa isa : runnable_isas()) {
+        const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
+        std::vector<BlockQ8A> g1(m * nb), g2(m * nb);
+        std::vector<float> gres(k * m);
+        kern.quantize_rows(x.data(), k, k, m, g1.data());
+        for (int t = 0; t < m; ++t) pd::cpu::quantization_residual(x.data() + t * k, g1.data() + t * nb, k, gres.data() + t * k);
+        kern.quantize_rows(gres.data(), k, k, m, g2.data());
+        INFO(pd::cpu::isa_name(isa) << " " << pd::ggml_type_name(type) << " m=" << m);
+        CHECK(std::memcmp(g2.data(), q2.data(), q2.size() * sizeof(BlockQ8A)) == 0);
+        const std::vector<float> got = run_gemm(kern, w, g2, m);
+        CHECK(std::memcmp(got.data(), second.data(), got.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bit", "[cpu][kernels]") {
   if (!pd::cpu::isa_supported(Isa::kAvx2)) pd::test::skip("the emulated VNNI kernels need AVX2, which this CPU lacks");
   pd::cpu::Kernels emulated = pd::cpu::kernels(Isa::kAvx2);

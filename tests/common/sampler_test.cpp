@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
@@ -407,5 +408,107 @@ TEST_CASE("sampler: replay continues another sampler's stream exactly", "[sample
       CHECK(t == expected[static_cast<size_t>(i)]);
     }
   }
+}
+
+// ---- logprobs (sampling/logprobs.h)
+
+// log_softmax of `logits` in double precision, the reference.
+std::vector<double> reference_logprobs(const std::vector<float>& logits) {
+  double max = -INFINITY;
+  for (float l : logits) max = std::max(max, static_cast<double>(l));
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(l - max);
+  std::vector<double> out;
+  for (float l : logits) out.push_back(l - max - std::log(sum));
+  return out;
+}
+
+TEST_CASE("logprobs: log_softmax of the raw logits, with the top alternatives most likely first", "[sampler]") {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    const std::vector<float> logits = random_logits(4096, seed);
+    const std::vector<double> ref = reference_logprobs(logits);
+    const TokenId token = static_cast<TokenId>(seed * 97);
+    const LogprobEntry e = token_logprob(logits, token, 20);
+    CHECK(e.token == token);
+    CHECK(e.logprob == Approx(ref[static_cast<size_t>(token)]).margin(1e-5));
+    REQUIRE(e.top.size() == 20);
+    double mass = 0.0;
+    for (size_t i = 0; i < e.top.size(); ++i) {
+      CHECK(e.top[i].logprob == Approx(ref[static_cast<size_t>(e.top[i].id)]).margin(1e-5));
+      if (i > 0) CHECK(e.top[i].logprob <= e.top[i - 1].logprob);
+      mass += std::exp(static_cast<double>(e.top[i].logprob));
+    }
+    CHECK(mass <= 1.0 + 1e-6);
+    // The best 20 by the reference are exactly these.
+    std::vector<size_t> order(logits.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::partial_sort(order.begin(), order.begin() + 20, order.end(),
+                      [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    for (size_t i = 0; i < 20; ++i) CHECK(e.top[i].id == static_cast<TokenId>(order[i]));
+    // The greedy token is the first alternative, and its logprob is the same float in both places.
+    const LogprobEntry g = token_logprob(logits, argmax(logits), 3);
+    CHECK(g.top[0].id == g.token);
+    CHECK(g.top[0].logprob == g.logprob);
+    // The whole distribution sums to 1.
+    const LogprobEntry all = token_logprob(logits, 0, static_cast<int32_t>(logits.size()));
+    double total = 0.0;
+    for (const TokenLogprob& t : all.top) total += std::exp(static_cast<double>(t.logprob));
+    CHECK(total == Approx(1.0).margin(1e-4));
+  }
+}
+
+TEST_CASE("logprobs: ties, -inf and NaN logits, and out-of-range counts", "[sampler]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> logits = {1.0f, nan, 2.0f, -inf, 2.0f, 0.0f};
+  LogprobEntry e = token_logprob(logits, 1, 6);
+  CHECK(e.logprob == -inf);  // NaN is -inf
+  REQUIRE(e.top.size() == 6);
+  CHECK(e.top[0].id == 2);  // a tie keeps the lower id first
+  CHECK(e.top[1].id == 4);
+  CHECK(e.top[0].logprob == e.top[1].logprob);
+  CHECK(e.top[2].id == 0);
+  CHECK(e.top[3].id == 5);
+  CHECK(e.top[4].logprob == -inf);
+  CHECK(e.top[5].logprob == -inf);
+  const double z = std::log(2 * std::exp(2.0) + std::exp(1.0) + 1.0);
+  CHECK(e.top[0].logprob == Approx(2.0 - z));
+  CHECK(token_logprob(logits, 3, 0).top.empty());
+  CHECK(token_logprob(logits, 3, 0).logprob == -inf);
+  CHECK(token_logprob(logits, 99, 2).logprob == -inf);  // not a token of this vocabulary
+  CHECK(token_logprob(logits, -1, 2).logprob == -inf);
+  CHECK(token_logprob(logits, 0, 1000).top.size() == 6);
+  // Nothing finite: no token gets any mass.
+  const std::vector<float> none = {-inf, nan};
+  CHECK(token_logprob(none, 0, 2).logprob == -inf);
+}
+
+TEST_CASE("logprobs: the sampler draws each token with the probability its logprob gives", "[sampler]") {
+  // Temperature 1 without truncation or penalties is the raw distribution itself.
+  const std::vector<float> logits = logits_of({0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.015, 0.005});
+  Sampler s(params_with(1.0f, 0, 1.0f, 0.0f, 42));
+  constexpr int kDraws = 40000;
+  const std::vector<int> counts = histogram(s, logits, kDraws);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double p = std::exp(static_cast<double>(token_logprob(logits, static_cast<TokenId>(i), 0).logprob));
+    const double sigma = std::sqrt(p * (1 - p) / kDraws);
+    INFO("token " << i << ": p " << p << ", drawn " << counts[i]);
+    CHECK(std::abs(counts[i] / static_cast<double>(kDraws) - p) < 5 * sigma + 1e-4);
+  }
+}
+
+TEST_CASE("logprobs: validate() bounds logprobs and ties prompt_logprobs to it", "[sampler]") {
+  SamplingParams p;
+  p.logprobs = kMaxLogprobs;
+  p.prompt_logprobs = true;
+  CHECK(p.validate().is_ok());
+  p.logprobs = kMaxLogprobs + 1;
+  CHECK_FALSE(p.validate().is_ok());
+  p.logprobs = -1;
+  CHECK_FALSE(p.validate().is_ok());  // prompt logprobs without logprobs
+  p.prompt_logprobs = false;
+  CHECK(p.validate().is_ok());
+  p.logprobs = -2;
+  CHECK_FALSE(p.validate().is_ok());
 }
 }  // namespace pd

@@ -131,22 +131,30 @@ std::vector<float> download(Backend& be, const Tensor& t) {
   return out;
 }
 
-// A KV cache buffer with random contents, the same on both backends.
+// A KV cache buffer with random contents, the same on both backends: rows of
+// random floats stored as the layout's type (ggml's reference quantizers), so
+// f16 and q8_0 caches hold valid numbers. Buffers are rounded up to whole
+// floats (a q8_0 cache need not be).
 struct CachePair {
   std::unique_ptr<BackendBuffer> cpu, gpu;
 };
 CachePair random_cache(Backends& b, const KvCacheLayout& L, std::mt19937& rng) {
-  const size_t n_floats = L.total_bytes() / sizeof(float);
-  const std::vector<float> init = random_floats(n_floats, rng);
+  const size_t row = L.row_bytes(), n_rows = L.total_bytes() / row;
+  const size_t n_floats = (L.total_bytes() + sizeof(float) - 1) / sizeof(float);
+  std::vector<uint8_t> init(n_floats * sizeof(float), 0);
+  for (size_t r = 0; r < n_rows; ++r) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(L.head_dim), rng);
+    quantize_row(L.dtype, x.data(), init.data() + r * row, L.head_dim);
+  }
   CachePair c;
   for (int side = 0; side < 2; ++side) {
     Backend& be = side == 0 ? *b.cpu : *b.gpu;
-    Result<std::unique_ptr<BackendBuffer>> buf = be.alloc(L.total_bytes());
+    Result<std::unique_ptr<BackendBuffer>> buf = be.alloc(init.size());
     REQUIRE_OK(buf.status());
     Tensor view;
     view.ne = {static_cast<int64_t>(n_floats), 1, 1, 1};
     view.data = buf.value()->data();
-    REQUIRE_OK(be.copy_from_host(init.data(), view, L.total_bytes()));
+    REQUIRE_OK(be.copy_from_host(init.data(), view, init.size()));
     (side == 0 ? c.cpu : c.gpu) = std::move(buf).value();
   }
   return c;
@@ -364,8 +372,11 @@ TEST_CASE("cuda: kv_write and kv_copy_block match the CPU backend bit for bit", 
     int n_layers, n_kv_heads, head_dim, block_size, num_blocks, layer, n_tokens;
   };
   const Case cases[] = {{3, 2, 64, 16, 12, 1, 23}, {1, 1, 128, 1, 40, 0, 17}, {2, 4, 40, 32, 5, 1, 70}};
+  for (GgmlType dtype : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0})
   for (const Case& c : cases) {
+    if (dtype == GgmlType::kQ8_0 && c.head_dim % 32 != 0) continue;  // q8_0 rows are whole 32-blocks
     KvCacheLayout L;
+    L.dtype = dtype;
     L.n_layers = c.n_layers;
     L.n_kv_heads = c.n_kv_heads;
     L.head_dim = c.head_dim;
@@ -394,8 +405,8 @@ TEST_CASE("cuda: kv_write and kv_copy_block match the CPU backend bit for bit", 
       REQUIRE_OK(be.kv_copy_block(buf, L, 1, 1));
       copied[side] = download_cache(be, buf);
     }
-    INFO("layers " << c.n_layers << " kv heads " << c.n_kv_heads << " head_dim " << c.head_dim << " block_size "
-                   << c.block_size);
+    INFO(ggml_type_name(dtype) << " layers " << c.n_layers << " kv heads " << c.n_kv_heads << " head_dim "
+                               << c.head_dim << " block_size " << c.block_size);
     CHECK(std::memcmp(written[0].data(), written[1].data(), written[0].size() * sizeof(float)) == 0);
     CHECK(std::memcmp(copied[0].data(), copied[1].data(), copied[0].size() * sizeof(float)) == 0);
   }
@@ -414,8 +425,11 @@ TEST_CASE("cuda: paged_attention matches the CPU backend (GQA, mixed sequences, 
       {6, 1, 80, 32, 1, 0, {129, 64}, 1.0f},      {4, 2, 256, 8, 1, 0, {50}, 1.0f},
       {2, 1, 32, 1, 1, 0, {7, 3, 1}, 1.0f},       {8, 4, 64, 16, 2, 0, {150, 33}, 30.0f},
   };
+  for (GgmlType dtype : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0})
   for (const Case& c : cases) {
+    if (dtype == GgmlType::kQ8_0 && c.head_dim % 32 != 0) continue;
     KvCacheLayout L;
+    L.dtype = dtype;
     L.n_layers = c.n_layers;
     L.n_kv_heads = c.n_kv_heads;
     L.head_dim = c.head_dim;
@@ -464,7 +478,8 @@ TEST_CASE("cuda: paged_attention matches the CPU backend (GQA, mixed sequences, 
       REQUIRE_OK(be.paged_attention(qt.t, buf, L, c.layer, tokens, table_spans, scale, ot.t));
       results[side] = download(be, ot.t);
     }
-    INFO("heads " << c.n_heads << "/" << c.n_kv_heads << " head_dim " << c.head_dim << " block_size "
+    INFO(ggml_type_name(dtype) << " heads " << c.n_heads << "/" << c.n_kv_heads << " head_dim " << c.head_dim
+                               << " block_size "
                   << c.block_size << " tokens " << nt << " q scale " << c.q_scale);
     CHECK(nmax_err(results[1], results[0]) <= kTolAttention);
   }
@@ -546,10 +561,10 @@ TEST_CASE("cuda: argument validation matches the CPU backend", "[gpu]") {
   expect_same("kv_write k shape", kInvalid, [&](Backend& be, Side& s, BackendBuffer& c) {
     return be.kv_write(c, L, 0, s.q.t, s.q.t, std::vector<int32_t>{0});
   });
-  expect_same("kv_write F16 cache", StatusCode::kUnsupported, [&](Backend& be, Side& s, BackendBuffer& c) {
-    KvCacheLayout f16 = L;
-    f16.dtype = GgmlType::kF16;
-    return be.kv_write(c, f16, 0, s.kv.t, s.kv.t, std::vector<int32_t>{0});
+  expect_same("kv_write Q4_0 cache", StatusCode::kUnsupported, [&](Backend& be, Side& s, BackendBuffer& c) {
+    KvCacheLayout q4 = L;
+    q4.dtype = GgmlType::kQ4_0;
+    return be.kv_write(c, q4, 0, s.kv.t, s.kv.t, std::vector<int32_t>{0});
   });
   const std::vector<int32_t> table0{2, 0};
   const std::vector<std::span<const int32_t>> tables{table0};
@@ -572,11 +587,11 @@ TEST_CASE("cuda: argument validation matches the CPU backend", "[gpu]") {
                 const std::vector<AttentionToken> toks{{0, 0}};
                 return be.paged_attention(q, c, L, 1, toks, tables, 0.25f, q);
               });
-  expect_same("paged_attention F16 cache", StatusCode::kUnsupported, [&](Backend& be, Side& s, BackendBuffer& c) {
-    KvCacheLayout f16 = L;
-    f16.dtype = GgmlType::kF16;
+  expect_same("paged_attention Q4_0 cache", StatusCode::kUnsupported, [&](Backend& be, Side& s, BackendBuffer& c) {
+    KvCacheLayout q4 = L;
+    q4.dtype = GgmlType::kQ4_0;
     const std::vector<AttentionToken> toks{{0, 0}};
-    return be.paged_attention(s.q.t, c, f16, 1, toks, tables, 0.25f, s.q.t);
+    return be.paged_attention(s.q.t, c, q4, 1, toks, tables, 0.25f, s.q.t);
   });
   expect_same("kv_copy_block source past the cache", kInvalid,
               [&](Backend& be, Side&, BackendBuffer& c) { return be.kv_copy_block(c, L, 3, 0); });

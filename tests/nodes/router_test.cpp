@@ -411,6 +411,12 @@ TEST_CASE("router: a join is refused naming what differs", "[router]") {
   auto bad_role = h.expect<proto::JoinRefused>(9);
   REQUIRE(bad_role);
   CHECK(bad_role->reason.find("role 3") != std::string::npos);
+  proto::Join other_kv{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size, "p", "x:1"};
+  other_kv.kv_dtype = "q8_0";  // the harness's cluster keeps f16
+  h.hub.send(10, kRouterRank, other_kv);
+  auto bad_kv = h.expect<proto::JoinRefused>(10);
+  REQUIRE(bad_kv);
+  CHECK(bad_kv->reason.find("kv.dtype q8_0 differs from the cluster's f16") != std::string::npos);
   CHECK(h.get("/health").raw.find("\"rank\":8") == std::string::npos);
 }
 
@@ -507,6 +513,181 @@ TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on",
   CHECK(health.raw.find("\"rank\":4,") == std::string::npos);
   CHECK(health.raw.find("\"status\":\"ok\"") != std::string::npos);  // no longer degraded
   CHECK(post(R"({"rank": 4})").status == 404);
+}
+
+
+// The JSON body of a non-streaming answer.
+nlohmann::json body_json(const HttpResult& r) {
+  const size_t at = r.raw.find("\r\n\r\n");
+  REQUIRE(at != std::string::npos);
+  return nlohmann::json::parse(r.raw.substr(at + 4));
+}
+// The data: payloads of a stream, [DONE] excluded.
+std::vector<nlohmann::json> stream_events(const HttpResult& r) {
+  std::vector<nlohmann::json> out;
+  for (size_t at = r.raw.find("data: "); at != std::string::npos; at = r.raw.find("data: ", at + 6)) {
+    const size_t end = r.raw.find("\n", at);
+    const std::string payload = r.raw.substr(at + 6, end - at - 6);
+    if (payload != "[DONE]") out.push_back(nlohmann::json::parse(payload));
+  }
+  return out;
+}
+
+// Collects the prompts dispatched to the prefill ranks until `n` arrived (or 2 s passed).
+std::vector<std::pair<int, proto::PrefillRequest>> dispatched_n(Harness& h, size_t n) {
+  std::vector<std::pair<int, proto::PrefillRequest>> out;
+  const auto end = Clock::now() + 2000ms;
+  while (out.size() < n && Clock::now() < end) {
+    h.pump();
+    for (int r : {kP1, kP2})
+      for (auto& [src, m] : h.hub.take_all(r)) {
+        h.inbox[r].push_back(m);
+        if (auto* p = std::get_if<proto::PrefillRequest>(&m)) out.emplace_back(r, *p);
+      }
+  }
+  return out;
+}
+
+TEST_CASE("router: a batch of prompts x n gets its choices in index order, usage summed", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": ["hello", "hi there"], "n": 2, "max_tokens": 2, "seed": 7})");
+  auto ds = dispatched_n(h, 4);
+  REQUIRE(ds.size() == 4);
+  std::map<std::vector<int32_t>, std::set<uint64_t>> seeds_by_prompt;
+  for (auto& [prefill, pr] : ds) seeds_by_prompt[pr.prompt].insert(pr.sampling.seed);
+  REQUIRE(seeds_by_prompt.size() == 2);
+  for (auto& [prompt, seeds] : seeds_by_prompt) CHECK(seeds == std::set<uint64_t>{7, 8});  // choice j: seed + j
+  // Answer them in reverse order: the body still lists choices by index.
+  for (auto it = ds.rbegin(); it != ds.rend(); ++it) {
+    h.tokens(it->first, it->second.id, 0, 1, false);
+    h.tokens(it->second.decode_rank, it->second.id, 1, 1, true);
+  }
+  const HttpResult r = h.finish(f);
+  REQUIRE(r.status == 200);
+  const nlohmann::json j = body_json(r);
+  REQUIRE(j["choices"].size() == 4);
+  for (int i = 0; i < 4; ++i) CHECK(j["choices"][i]["index"] == i);
+  int64_t prompt_tokens = 0;
+  for (auto& [prompt, seeds] : seeds_by_prompt) prompt_tokens += static_cast<int64_t>(prompt.size());
+  CHECK(j["usage"]["prompt_tokens"] == prompt_tokens);  // each prompt once, whatever n
+  CHECK(j["usage"]["completion_tokens"] == 8);
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: a streamed batch tags chunks with their choice and ends once", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": [[70, 71], [72]], "max_tokens": 2, "stream": true,
+                      "stream_options": {"include_usage": true}})");
+  auto ds = dispatched_n(h, 2);
+  REQUIRE(ds.size() == 2);
+  CHECK(ds[0].second.prompt != ds[1].second.prompt);  // token-id prompts as given
+  for (auto& [prefill, pr] : ds) {
+    h.tokens(prefill, pr.id, 0, 1, false);
+    h.tokens(pr.decode_rank, pr.id, 1, 1, true);
+  }
+  const HttpResult r = h.finish(f);
+  REQUIRE(r.status == 200);
+  CHECK(count(r.raw, "data: [DONE]") == 1);
+  std::map<int, int> finished;
+  const std::vector<nlohmann::json> events = stream_events(r);
+  REQUIRE_FALSE(events.empty());
+  for (const nlohmann::json& e : events) {
+    if (e["choices"].empty()) continue;  // the usage chunk
+    if (!e["choices"][0]["finish_reason"].is_null()) ++finished[e["choices"][0]["index"].get<int>()];
+  }
+  CHECK(finished == std::map<int, int>{{0, 1}, {1, 1}});
+  CHECK(events.back()["usage"]["prompt_tokens"] == 3);
+  CHECK(events.back()["usage"]["completion_tokens"] == 4);
+}
+
+TEST_CASE("router: one failing choice answers the batch with its error and cancels the others", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": ["a", "b", "c"], "max_tokens": 3})");
+  auto ds = dispatched_n(h, 3);
+  REQUIRE(ds.size() == 3);
+  h.tokens(ds[0].first, ds[0].second.id, 0, 1, false);
+  h.hub.send(ds[1].first, kRouterRank, proto::RequestFailed{ds[1].second.id, "boom", proto::FailureKind::kInternal});
+  const HttpResult r = h.finish(f);
+  CHECK(r.status == 500);
+  CHECK(body_json(r)["error"]["message"] == "boom");
+  // The others are dropped on their ranks.
+  h.pump_for(50ms);
+  std::set<proto::RequestId> cancelled;
+  for (int rank : {kP1, kP2, kD1, kD2}) {
+    for (auto& [src, m] : h.hub.take_all(rank)) h.inbox[rank].push_back(m);
+    for (const proto::Message& m : h.inbox[rank])
+      if (auto* c = std::get_if<proto::Cancel>(&m)) cancelled.insert(c->id);
+  }
+  CHECK(cancelled.count(ds[0].second.id));
+  CHECK(cancelled.count(ds[2].second.id));
+  // Late tokens of an ended choice change nothing.
+  h.tokens(ds[2].second.decode_rank, ds[2].second.id, 0, 3, true);
+  h.pump_for(20ms);
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: echo with max_tokens 0 answers the prompt and its logprobs, first one null", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": [[100, 101, 102]], "echo": true, "max_tokens": 0, "logprobs": 1})");
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const proto::PrefillRequest& pr = d->second;
+  CHECK(pr.sampling.prompt_logprobs);
+  CHECK(pr.sampling.logprobs == 1);
+  CHECK(pr.sampling.max_tokens == 1);
+  proto::TokenEvent ev;
+  ev.id = pr.id;
+  ev.tokens = {104};
+  ev.finish = proto::Finish::kLength;
+  ev.logprobs = {LogprobEntry{104, -0.5f, {{104, -0.5f}}}};
+  ev.prompt_logprobs = {LogprobEntry{101, -2.0f, {{103, -1.0f}}}, LogprobEntry{102, -0.25f, {{102, -0.25f}}}};
+  h.hub.send(d->first, kRouterRank, proto::TokenEvents{{ev}});
+  const HttpResult r = h.finish(f);
+  REQUIRE(r.status == 200);
+  const nlohmann::json j = body_json(r);
+  const nlohmann::json& c = j["choices"][0];
+  const ModelInfo info = tiny_model_info();
+  const Tokenizer& tok = *info.tokenizer;
+  CHECK(c["text"] == tok.decode({100, 101, 102}));  // the sampled token is not part of the answer
+  CHECK(c["finish_reason"] == "length");
+  const nlohmann::json& lp = c["logprobs"];
+  REQUIRE(lp["tokens"].size() == 3);
+  CHECK(lp["tokens"][1] == tok.token_to_bytes(101));
+  CHECK(lp["token_logprobs"] == nlohmann::json::parse("[null, -2.0, -0.25]"));
+  CHECK(lp["top_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][1].size() == 2);  // the alternative and the token itself
+  CHECK(lp["top_logprobs"][1][tok.token_to_bytes(103)] == -1.0);
+  CHECK(lp["text_offset"][0] == 0);
+  CHECK(j["usage"]["prompt_tokens"] == 3);
+  CHECK(j["usage"]["completion_tokens"] == 0);
+}
+
+TEST_CASE("router: token ids outside the vocabulary and bad tokenizer bodies are 400s naming the field", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": [[1, 2], [3, 99999]]})");
+  HttpResult r = h.finish(f);
+  CHECK(r.status == 400);
+  CHECK(body_json(r)["error"]["param"] == "prompt");
+  CHECK_THAT(body_json(r)["error"]["message"].get<std::string>(), Catch::Matchers::Contains("prompt[1][1] is token id 99999"));
+  f = h.post(R"({"tokens": [1, 300]})", "/detokenize");
+  r = h.finish(f);
+  CHECK(r.status == 400);
+  CHECK(body_json(r)["error"]["param"] == "tokens");
+  f = h.post(R"({"prompt": 1})", "/v1/tokenize");
+  CHECK(h.finish(f).status == 400);
+  f = h.post(R"({"prompt": "x", "model": "other"})", "/tokenize");
+  CHECK(h.finish(f).status == 404);
+  // A round trip through both.
+  f = h.post(R"({"prompt": "hello world"})", "/tokenize");
+  r = h.finish(f);
+  REQUIRE(r.status == 200);
+  const nlohmann::json t = body_json(r);
+  CHECK(t["count"] == t["tokens"].size());
+  CHECK(t["max_model_len"] == 512);
+  f = h.post(nlohmann::json{{"tokens", t["tokens"]}}.dump(), "/v1/detokenize");
+  r = h.finish(f);
+  REQUIRE(r.status == 200);
+  CHECK(body_json(r)["prompt"] == "hello world");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -774,6 +775,133 @@ TEST_CASE("workers: a drained decode rank finishes its sequences before Drained;
   c.step_prefill();
   CHECK(c.hub.forgotten(kPrefill) == std::set<int>{kDecode});
   CHECK(c.settle());
+}
+
+
+TEST_CASE("workers: a pass with all_logits gives each position the logits its prefix alone ends with", "[workers]") {
+  std::unique_ptr<Engine> e = make_engine(false);
+  const int64_t vocab = e->config().vocab;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 37) % 250);
+  auto logits_of = [&](std::span<const int32_t> tokens, bool all) {
+    const SeqId seq{1};
+    REQUIRE(e->blocks->allocate(seq, tokens).is_ok());
+    std::vector<int32_t> table;
+    for (BlockId b : e->blocks->block_table(seq)) table.push_back(b.value);
+    SequenceBatch sb{tokens, 0, table, true, all};
+    std::vector<float> logits;
+    REQUIRE(e->model->prefill(std::span<const SequenceBatch>(&sb, 1), e->cache, &logits).is_ok());
+    REQUIRE(e->blocks->free(seq).is_ok());
+    return logits;
+  };
+  const std::vector<float> all = logits_of(prompt, true);
+  REQUIRE(all.size() == prompt.size() * static_cast<size_t>(vocab));
+  for (size_t p : {1u, 2u, 16u, 17u, 40u}) {
+    const std::vector<float> last = logits_of(std::span<const int32_t>(prompt).first(p), false);
+    REQUIRE(last.size() == static_cast<size_t>(vocab));
+    INFO("prefix of " << p);
+    for (int64_t v = 0; v < vocab; v += 7) CHECK(all[(p - 1) * vocab + v] == Approx(last[v]).margin(1e-3));
+  }
+}
+
+// Greedy: each generated token is the first alternative, with the same logprob.
+void check_greedy_logprobs(const std::vector<proto::TokenEvent>& events, size_t top_n) {
+  for (const proto::TokenEvent& e : events) {
+    REQUIRE(e.logprobs.size() == e.tokens.size());
+    for (size_t k = 0; k < e.tokens.size(); ++k) {
+      const LogprobEntry& lp = e.logprobs[k];
+      CHECK(lp.token == e.tokens[k]);
+      REQUIRE(lp.top.size() == top_n);
+      CHECK(lp.top[0].id == lp.token);
+      CHECK(lp.top[0].logprob == lp.logprob);
+      double mass = 0.0;
+      for (const TokenLogprob& t : lp.top) mass += std::exp(static_cast<double>(t.logprob));
+      CHECK(mass <= 1.0 + 1e-6);
+    }
+  }
+}
+
+TEST_CASE("workers: logprobs come from both ranks; prompt logprobs from every prompt position", "[workers]") {
+  MiniCluster c(small_config());
+  constexpr int kTop = 20;
+  proto::PrefillRequest r = MiniCluster::request(1, 40, 6);
+  r.sampling.logprobs = kTop;
+  r.sampling.prompt_logprobs = true;
+  c.submit(r);
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  c.check_stream(1, 6);
+  check_greedy_logprobs(c.events.at(1), kTop);
+  const proto::TokenEvent& first = c.events.at(1).front();
+  REQUIRE(first.first_index == 0);
+  REQUIRE(first.prompt_logprobs.size() == r.prompt.size() - 1);
+  for (const proto::TokenEvent& e : c.events.at(1))
+    if (e.first_index > 0) CHECK(e.prompt_logprobs.empty());
+
+  // Prompt position p's entry is what prefilling the first p tokens alone gives
+  // for the next token (its logits row), e.g. for p = 1, 15, 16, 17 and 39
+  // (around a block boundary: those prefixes hit the prefix cache).
+  proto::RequestId id = 10;
+  for (size_t p : {1, 15, 16, 17, 39}) {
+    proto::PrefillRequest prefix = MiniCluster::request(++id, 0, 1);
+    prefix.prompt.assign(r.prompt.begin(), r.prompt.begin() + static_cast<std::ptrdiff_t>(p));
+    prefix.sampling.logprobs = kTop;
+    c.submit(prefix);
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+    const LogprobEntry& next = c.events.at(id).front().logprobs.at(0);
+    const LogprobEntry& at = first.prompt_logprobs[p - 1];
+    INFO("prompt position " << p);
+    CHECK(at.token == r.prompt[p]);
+    REQUIRE(at.top.size() == next.top.size());
+    for (size_t k = 0; k < at.top.size(); ++k) {
+      CHECK(at.top[k].id == next.top[k].id);
+      CHECK(at.top[k].logprob == Approx(next.top[k].logprob).margin(1e-4));
+      if (at.top[k].id == at.token) CHECK(at.logprob == at.top[k].logprob);
+    }
+  }
+
+  // The same prompt again: its prefix is resident now, yet every position is
+  // computed (prompt logprobs never reuse cached KV), with the same result.
+  proto::PrefillRequest again = r;
+  again.id = 2;
+  c.submit(again);
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  CHECK(c.token_ids(2) == c.token_ids(1));
+  const proto::TokenEvent& first2 = c.events.at(2).front();
+  REQUIRE(first2.prompt_logprobs.size() == first.prompt_logprobs.size());
+  for (size_t p = 0; p < first.prompt_logprobs.size(); ++p) {
+    CHECK(first2.prompt_logprobs[p].token == first.prompt_logprobs[p].token);
+    CHECK(first2.prompt_logprobs[p].logprob == Approx(first.prompt_logprobs[p].logprob).margin(1e-4));
+  }
+  // Without logprobs nothing extra travels.
+  c.submit(MiniCluster::request(3, 20, 4));
+  REQUIRE(c.run_until([&] { return c.finished(3); }));
+  for (const proto::TokenEvent& e : c.events.at(3)) CHECK((e.logprobs.empty() && e.prompt_logprobs.empty()));
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
+}
+
+TEST_CASE("workers: a decode rank prefilling a prompt itself (colocated) reports the same logprobs", "[workers]") {
+  MiniCluster c(small_config());
+  proto::PrefillRequest r = MiniCluster::request(1, 24, 4);
+  r.sampling.logprobs = 5;
+  r.sampling.prompt_logprobs = true;
+  c.submit(r);
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  proto::PrefillRequest local = r;
+  local.id = 2;
+  c.hub.send(kRouter, kDecode, local);  // as the router does in colocated mode
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  CHECK(c.token_ids(2) == c.token_ids(1));
+  check_greedy_logprobs(c.events.at(2), 5);
+  const proto::TokenEvent& a = c.events.at(1).front();
+  const proto::TokenEvent& b = c.events.at(2).front();
+  REQUIRE(b.prompt_logprobs.size() == a.prompt_logprobs.size());
+  for (size_t p = 0; p < a.prompt_logprobs.size(); ++p) {
+    CHECK(b.prompt_logprobs[p].token == a.prompt_logprobs[p].token);
+    CHECK(b.prompt_logprobs[p].logprob == Approx(a.prompt_logprobs[p].logprob).margin(1e-4));
+  }
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
 }
 
 }  // namespace

@@ -7,7 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <limits>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace pd::router {
@@ -33,6 +37,14 @@ ApiError parse_err(Endpoint ep, const std::string& body) {
 std::string completions_with(const std::string& extra) {
   return extra.empty() ? R"({"prompt":"hi"})" : R"({"prompt":"hi",)" + extra + "}";
 }
+ChoiceOut choice(int32_t index, std::string text, std::optional<std::string> finish = std::nullopt) {
+  ChoiceOut c;
+  c.index = index;
+  c.text = std::move(text);
+  c.finish_reason = std::move(finish);
+  return c;
+}
+
 std::string chat_with(const std::string& extra) {
   const std::string base = R"({"messages":[{"role":"user","content":"hi"}])";
   return extra.empty() ? base + "}" : base + "," + extra + "}";
@@ -62,7 +74,9 @@ TEST_CASE("openai_api: a full completions request is parsed into the right field
     "n": 1, "echo": false, "user": "u1", "best_of": 1, "logprobs": null, "suffix": null })");
   CHECK(r.endpoint == Endpoint::kCompletions);
   CHECK(r.model == "smol");
-  CHECK(r.prompt == "Once upon");
+  REQUIRE(r.prompts.size() == 1);
+  CHECK(r.prompts[0].text == "Once upon");
+  CHECK_FALSE(r.prompts[0].is_ids);
   CHECK(r.messages.empty());
   CHECK(r.max_tokens_given);
   CHECK(r.sampling.max_tokens == 32);
@@ -130,8 +144,22 @@ TEST_CASE("openai_api: configured sampling defaults fill only what a request omi
 }
 
 TEST_CASE("openai_api: prompt forms", "[openai_api]") {
-  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":["only one"]})").prompt == "only one");
-  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":""})").prompt.empty());
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":["only one"]})").prompts[0].text == "only one");
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":""})").prompts[0].text.empty());
+  // A batch of strings, one token-id prompt, a batch of token-id prompts.
+  ApiRequest r = parse_ok(Endpoint::kCompletions, R"({"prompt":["a","b","c"]})");
+  REQUIRE(r.prompts.size() == 3);
+  CHECK(r.prompts[2].text == "c");
+  r = parse_ok(Endpoint::kCompletions, R"({"prompt":[1,2,3.0]})");
+  REQUIRE(r.prompts.size() == 1);
+  CHECK(r.prompts[0].is_ids);
+  CHECK(r.prompts[0].ids == std::vector<TokenId>{1, 2, 3});
+  r = parse_ok(Endpoint::kCompletions, R"({"prompt":[[5],[6,7]], "n": 2})");
+  REQUIRE(r.prompts.size() == 2);
+  CHECK(r.prompts[1].ids == std::vector<TokenId>{6, 7});
+  CHECK(r.n == 2);
+  CHECK(r.parse_special);
+  CHECK_FALSE(parse_ok(Endpoint::kCompletions, R"({"prompt":"x","parse_special":false})").parse_special);
 }
 
 TEST_CASE("openai_api: a full chat request is parsed into the right fields", "[openai_api]") {
@@ -161,7 +189,7 @@ TEST_CASE("openai_api: a full chat request is parsed into the right fields", "[o
   CHECK(r.sampling.seed == ~uint64_t{0});  // -1 as its 64-bit pattern
   CHECK(r.sampling.top_k == 0);            // -1 = disabled
   CHECK(r.stop == std::vector<std::string>{"###"});
-  CHECK(r.prompt.empty());
+  CHECK(r.prompts.empty());
 }
 
 TEST_CASE("openai_api: chat max_tokens alone and large values", "[openai_api]") {
@@ -240,10 +268,9 @@ TEST_CASE("openai_api: ranges", "[openai_api]") {
       {R"("min_p": 1.5)", "min_p", "min_p must be in [0, 1]"},
       {R"("presence_penalty": 2.1)", "presence_penalty", "presence_penalty must be in [-2, 2]"},
       {R"("frequency_penalty": -3)", "frequency_penalty", "frequency_penalty must be in [-2, 2]"},
-      {R"("max_tokens": 0)", "max_tokens", "max_tokens must be >= 1"},
-      {R"("max_tokens": -5)", "max_tokens", "max_tokens must be >= 1"},
-      {R"("n": 2)", "n", "n > 1 is not supported"},
-      {R"("n": 0)", "n", "n must be 1"},
+      {R"("max_tokens": -5)", "max_tokens", "max_tokens must be >= "},
+      {R"("n": 129)", "n", "n must be an integer in [1, 128]"},
+      {R"("n": 0)", "n", "n must be an integer in [1, 128]"},
       {R"("stop": "")", "stop", "must not be empty"},
       {R"("stop": ["a", ""])", "stop", "must not be empty"},
       {R"("stop": ["a", "b", "c", "d", "e"])", "stop", "at most 4"},
@@ -267,21 +294,19 @@ TEST_CASE("openai_api: ranges", "[openai_api]") {
 TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]") {
   const std::vector<BadCase> cases = {
       {R"("best_of": 2)", "best_of", "best_of is not supported"},
-      {R"("logprobs": 1)", "logprobs", "logprobs is not supported"},
-      {R"("logprobs": true)", "logprobs", "logprobs is not supported"},
-      {R"("top_logprobs": 3)", "top_logprobs", "top_logprobs is not supported"},
       {R"("logit_bias": {"50256": -100})", "logit_bias", "logit_bias is not supported"},
       {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"},
       {R"("functions": [{"name": "f"}])", "functions", "functions is not supported"},
       {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"},
       {R"("response_format": {"type": "json_object"})", "response_format", "response_format is not supported"},
       {R"("suffix": "tail")", "suffix", "suffix is not supported"},
-      {R"("echo": true)", "echo", "echo is not supported"},
   };
   for (const BadCase& c : cases) {
     check_bad(Endpoint::kCompletions, c);
     check_bad(Endpoint::kChatCompletions, c);
   }
+  check_bad(Endpoint::kChatCompletions, {R"("echo": true)", "echo", "echo is not supported"});
+  check_bad(Endpoint::kCompletions, {R"("top_logprobs": 3)", "top_logprobs", "top_logprobs is not supported"});
   check_bad(Endpoint::kCompletions, {R"("stream_options": {"include_usage": true})", "stream_options",
                                      "only allowed when stream is true"});
   check_bad(Endpoint::kCompletions, {R"("stream": true, "stream_options": {"continuous": true})",
@@ -304,19 +329,135 @@ TEST_CASE("openai_api: unknown fields are refused, harmless ones ignored", "[ope
 }
 
 TEST_CASE("openai_api: completions prompt validation", "[openai_api]") {
-  ApiError e = parse_err(Endpoint::kCompletions, R"({"prompt":[1,2,3]})");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"([])", "prompt must not be an empty array"},
+      {R"({"text":"x"})", "prompt must be a string, an array of strings, an array of token ids"},
+      {R"([-1, 2])", "prompt[0] must be a token id (an integer >= 0), got -1"},
+      {R"([1, 2.5])", "prompt[1] must be a token id"},
+      {R"([1, "a"])", "prompt[1] must be a token id"},
+      {R"([2147483648])", "prompt[0] must be a token id"},
+      {R"([[1], []])", "prompt[1] must not be an empty array"},
+      {R"([[1], [2, -3]])", "prompt[1][1] must be a token id"},
+      {R"(["a", [1]])", "(not mixed); prompt[1] is [1]"},
+      {R"([[1], "a"])", "(not mixed); prompt[1] is \"a\""},
+      {R"([null])", "prompt[0] is null"},
+  };
+  for (const auto& [prompt, message] : cases) {
+    const ApiError e = parse_err(Endpoint::kCompletions, R"({"prompt":)" + prompt + "}");
+    CHECK(e.param == "prompt");
+    CHECK_THAT(e.message, Catch::Matchers::Contains(message));
+  }
+  // At most kMaxChoices choices: prompts x n.
+  std::string many = "[";
+  for (int i = 0; i <= kMaxChoices; ++i) many += std::string(i ? "," : "") + "\"p\"";
+  ApiError e = parse_err(Endpoint::kCompletions, R"({"prompt":)" + many + "]}");
   CHECK(e.param == "prompt");
-  CHECK_THAT(e.message, Catch::Matchers::Contains("token-id prompts are not supported"));
-  e = parse_err(Endpoint::kCompletions, R"({"prompt":[[1,2]]})");
-  CHECK_THAT(e.message, Catch::Matchers::Contains("token-id prompts are not supported"));
-  e = parse_err(Endpoint::kCompletions, R"({"prompt":["a","b"]})");
-  CHECK(e.param == "prompt");
-  CHECK_THAT(e.message, Catch::Matchers::Contains("more than one"));
-  e = parse_err(Endpoint::kCompletions, R"({"prompt":[]})");
-  CHECK(e.param == "prompt");
-  e = parse_err(Endpoint::kCompletions, R"({"prompt":{"text":"x"}})");
-  CHECK(e.param == "prompt");
-  CHECK_THAT(e.message, Catch::Matchers::Contains("prompt must be a string"));
+  CHECK_THAT(e.message, Catch::Matchers::Contains("at most 128"));
+  e = parse_err(Endpoint::kCompletions, R"({"prompt":["a","b","c"],"n":50})");
+  CHECK(e.param == "n");
+  CHECK_THAT(e.message, Catch::Matchers::Contains("3 prompts x n 50"));
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":["a","b"],"n":64})").n == 64);
+}
+
+TEST_CASE("openai_api: logprobs, top_logprobs, echo and max_tokens 0", "[openai_api]") {
+  // Completions: logprobs is the number of alternatives; false or null is none.
+  ApiRequest r = parse_ok(Endpoint::kCompletions, completions_with(R"("logprobs": 3)"));
+  CHECK(r.sampling.logprobs == 3);
+  CHECK_FALSE(r.sampling.prompt_logprobs);
+  CHECK(parse_ok(Endpoint::kCompletions, completions_with(R"("logprobs": 0)")).sampling.logprobs == 0);
+  CHECK(parse_ok(Endpoint::kCompletions, completions_with(R"("logprobs": false)")).sampling.logprobs == -1);
+  CHECK(parse_ok(Endpoint::kCompletions, completions_with("")).sampling.logprobs == -1);
+  // lm-evaluation-harness's loglikelihood request.
+  r = parse_ok(Endpoint::kCompletions, R"({"prompt":[[1,2,3]],"echo":true,"max_tokens":0,"logprobs":1,"temperature":0})");
+  CHECK(r.echo);
+  CHECK(r.prompt_only);
+  CHECK(r.sampling.max_tokens == 1);  // computed, then dropped
+  CHECK(r.sampling.logprobs == 1);
+  CHECK(r.sampling.prompt_logprobs);
+  CHECK(r.sampling.validate().is_ok());
+  r = parse_ok(Endpoint::kCompletions, completions_with(R"("echo": true, "max_tokens": 2)"));
+  CHECK(r.echo);
+  CHECK_FALSE(r.prompt_only);
+  CHECK_FALSE(r.sampling.prompt_logprobs);  // echo without logprobs: the text alone
+  check_bad(Endpoint::kCompletions, {R"("max_tokens": 0)", "max_tokens", "max_tokens 0 needs echo: true"});
+  check_bad(Endpoint::kCompletions, {R"("logprobs": 21)", "logprobs", "logprobs must be an integer in [0, 20]"});
+  check_bad(Endpoint::kCompletions, {R"("logprobs": -1)", "logprobs", "logprobs must be an integer in [0, 20]"});
+  check_bad(Endpoint::kCompletions, {R"("logprobs": true)", "logprobs", "logprobs must be an integer"});
+  check_bad(Endpoint::kCompletions, {R"("parse_special": 1)", "parse_special", "parse_special must be a boolean"});
+
+  // Chat: logprobs is a boolean, top_logprobs the number of alternatives.
+  r = parse_ok(Endpoint::kChatCompletions, chat_with(R"("logprobs": true, "top_logprobs": 5)"));
+  CHECK(r.sampling.logprobs == 5);
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(R"("logprobs": true)")).sampling.logprobs == 0);
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(R"("logprobs": false, "top_logprobs": 0)")).sampling.logprobs == -1);
+  check_bad(Endpoint::kChatCompletions, {R"("top_logprobs": 2)", "top_logprobs", "top_logprobs needs logprobs: true"});
+  check_bad(Endpoint::kChatCompletions,
+            {R"("logprobs": true, "top_logprobs": 21)", "top_logprobs", "top_logprobs must be an integer in [0, 20]"});
+  check_bad(Endpoint::kChatCompletions,
+            {R"("logprobs": true, "top_logprobs": -1e300)", "top_logprobs", "top_logprobs must be an integer in [0, 20]"});
+  check_bad(Endpoint::kChatCompletions, {R"("logprobs": 1)", "logprobs", "logprobs must be a boolean"});
+  check_bad(Endpoint::kChatCompletions, {R"("max_tokens": 0)", "max_tokens", "max_tokens must be >= 1"});
+  check_bad(Endpoint::kChatCompletions, {R"("parse_special": false)", "parse_special", "unknown field"});
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(R"("n": 3)")).n == 3);
+}
+
+TEST_CASE("openai_api: tokenize and detokenize requests", "[openai_api]") {
+  ApiResult<TokenizeRequest> t = parse_tokenize(R"({"prompt":"hi <|im_start|>","add_special_tokens":false})");
+  REQUIRE(t.is_ok());
+  CHECK_FALSE(t.value().chat);
+  CHECK(t.value().prompt == "hi <|im_start|>");
+  CHECK_FALSE(t.value().add_special_tokens);
+  CHECK(t.value().parse_special);
+  t = parse_tokenize(R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"model":"m"})");
+  REQUIRE(t.is_ok());
+  CHECK(t.value().chat);
+  CHECK(t.value().model == "m");
+  REQUIRE(t.value().messages.size() == 1);
+  CHECK_FALSE(t.value().add_generation_prompt);
+  CHECK(t.value().add_special_tokens);  // as the chat endpoint feeds the model
+  const std::vector<std::pair<std::string, std::string>> bad_tokenize = {
+      {R"({})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": "x", "add_special_tokens": "yes"})", "add_special_tokens"},
+      {R"({"prompt": "x", "add_generation_prompt": true})", "add_generation_prompt"},  // a chat field
+      {R"({"messages": "x"})", "messages"},
+      {R"({"messages": [{"role": "robot", "content": "x"}]})", "messages[0].role"},
+      {R"({"prompt": "x", "junk": 1})", "junk"},
+      {R"([1])", ""},
+      {R"({"prompt": "x")", ""},
+  };
+  for (const auto& [body, param] : bad_tokenize) {
+    INFO(body);
+    t = parse_tokenize(body);
+    REQUIRE_FALSE(t.is_ok());
+    CHECK(t.error().status == 400);
+    CHECK(t.error().param == param);
+  }
+  ApiResult<DetokenizeRequest> d = parse_detokenize(R"({"tokens":[0, 5, 99]})", 100);
+  REQUIRE(d.is_ok());
+  CHECK(d.value().tokens == std::vector<TokenId>{0, 5, 99});
+  CHECK(parse_detokenize(R"({"tokens":[]})", 100).is_ok());
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad_detokenize = {
+      {R"({"tokens":[100]})", "tokens", "tokens[0] must be a token id in [0, 100), got 100"},
+      {R"({"tokens":[1, -1]})", "tokens", "tokens[1] must be a token id in [0, 100)"},
+      {R"({"tokens":[1, "a"]})", "tokens", "tokens[1] must be a token id"},
+      {R"({"tokens":"1 2"})", "tokens", "tokens must be an array of token ids"},
+      {R"({})", "tokens", "tokens is required"},
+      {R"({"tokens":[1], "prompt": "x"})", "prompt", "unknown field: prompt"},
+      {R"({"tokens":[1], "model": 1})", "model", "model must be a string"},
+  };
+  for (const auto& [body, param, message] : bad_detokenize) {
+    INFO(body);
+    d = parse_detokenize(body, 100);
+    REQUIRE_FALSE(d.is_ok());
+    CHECK(d.error().param == param);
+    CHECK_THAT(d.error().message, Catch::Matchers::Contains(message));
+  }
+  json j = json::parse(tokenize_body({3, 4}, 8192));
+  CHECK(j["tokens"] == json::array({3, 4}));
+  CHECK(j["count"] == 2);
+  CHECK(j["max_model_len"] == 8192);
+  CHECK(json::parse(detokenize_body("a\xff"))["prompt"].get<std::string>().size() > 1);  // invalid UTF-8 replaced
 }
 
 TEST_CASE("openai_api: chat messages validation", "[openai_api]") {
@@ -374,7 +515,7 @@ TEST_CASE("openai_api: nesting deeper than kMaxJsonDepth is refused before parsi
 
   // Brackets inside strings (escaped quotes included) are text, not nesting.
   const std::string brackets(1000, '[');
-  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\")" + brackets + R"("})").prompt == "\"" + brackets);
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\")" + brackets + R"("})").prompts[0].text == "\"" + brackets);
   CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\\", "stop":")" + brackets + R"("})").stop[0] == brackets);
 
   // At the limit, the value shown in the message is still bounded.
@@ -466,11 +607,11 @@ TEST_CASE("openai_api: numbers beyond double range are a 400 naming the field", 
 
 TEST_CASE("openai_api: integers beyond their type are a 400 naming the field", "[openai_api]") {
   const std::vector<BadCase> cases = {
-      {R"("max_tokens": 1e300)", "max_tokens", "max_tokens must be an integer in [1, 9223372036854775807]"},
-      {R"("max_tokens": 18446744073709551615)", "max_tokens", "max_tokens must be an integer in [1, "},
-      {R"("max_tokens": 9223372036854775808)", "max_tokens", "max_tokens must be an integer in [1, "},
-      {R"("max_tokens": -1e300)", "max_tokens", "max_tokens must be >= 1"},
-      {R"("max_tokens": -9223372036854775808)", "max_tokens", "max_tokens must be >= 1"},
+      {R"("max_tokens": 1e300)", "max_tokens", "max_tokens must be an integer in ["},
+      {R"("max_tokens": 18446744073709551615)", "max_tokens", "max_tokens must be an integer in ["},
+      {R"("max_tokens": 9223372036854775808)", "max_tokens", "max_tokens must be an integer in ["},
+      {R"("max_tokens": -1e300)", "max_tokens", "max_tokens must be >= "},
+      {R"("max_tokens": -9223372036854775808)", "max_tokens", "max_tokens must be >= "},
       {R"("seed": 1e30)", "seed", "seed must be an integer in [-9223372036854775808, 18446744073709551615]"},
       {R"("seed": -1e30)", "seed", "seed must be an integer in ["},
       {R"("seed": 18446744073709551616)", "seed", "seed must be an integer in ["},  // 2^64: parsed as a float
@@ -478,15 +619,14 @@ TEST_CASE("openai_api: integers beyond their type are a 400 naming the field", "
       {R"("seed": -9223372036854775809)", "seed", "seed must be an integer in ["},
       {R"("top_k": -9223372036854775809)", "top_k", "top_k must be an integer in [-1, "},
       {R"("seed": 0.5)", "seed", "seed must be an integer, got 0.5"},
-      {R"("n": 1e20)", "n", "n > 1 is not supported"},
-      {R"("n": 18446744073709551615)", "n", "n > 1 is not supported"},
-      {R"("n": -1e20)", "n", "n must be 1"},
+      {R"("n": 1e20)", "n", "n must be an integer in [1, 128]"},
+      {R"("n": 18446744073709551615)", "n", "n must be an integer in [1, 128]"},
+      {R"("n": -1e20)", "n", "n must be an integer in [1, 128]"},
       {R"("top_k": 1e19)", "top_k", "top_k must be an integer in [-1, 9223372036854775807]"},
       {R"("top_k": 18446744073709551615)", "top_k", "top_k must be an integer in [-1, "},
       {R"("top_k": -1e19)", "top_k", "top_k must be an integer in [-1, "},
       {R"("top_k": -9223372036854775808)", "top_k", "top_k must be -1 or 0 (disabled) or >= 1"},
       {R"("best_of": 1e300)", "best_of", "best_of is not supported"},
-      {R"("top_logprobs": -1e300)", "top_logprobs", "top_logprobs is not supported"},
   };
   for (const BadCase& c : cases) {
     check_bad(Endpoint::kCompletions, c);
@@ -532,8 +672,8 @@ TEST_CASE("openai_api: non-streaming bodies", "[openai_api]") {
   CHECK(make_response_id(Endpoint::kCompletions, 7) == "cmpl-7");
   CHECK(make_response_id(Endpoint::kChatCompletions, 8) == "chatcmpl-8");
 
-  json j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-7", "smol", 1700000000, "hello \"world\"",
-                                       "length", Usage{5, 3}));
+  json j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-7", "smol", 1700000000,
+                                       {choice(0, "hello \"world\"", "length")}, Usage{5, 3}));
   CHECK(j["id"] == "cmpl-7");
   CHECK(j["object"] == "text_completion");
   CHECK(j["created"] == 1700000000);
@@ -548,7 +688,7 @@ TEST_CASE("openai_api: non-streaming bodies", "[openai_api]") {
   CHECK(j["usage"]["total_tokens"] == 8);
 
   j = json::parse(
-      completion_body(Endpoint::kChatCompletions, "chatcmpl-8", "smol", 1, "héllo", "stop", Usage{10, 2}));
+      completion_body(Endpoint::kChatCompletions, "chatcmpl-8", "smol", 1, {choice(0, "héllo", "stop")}, Usage{10, 2}));
   CHECK(j["object"] == "chat.completion");
   CHECK(j["choices"][0]["message"]["role"] == "assistant");
   CHECK(j["choices"][0]["message"]["content"] == "héllo");
@@ -558,13 +698,57 @@ TEST_CASE("openai_api: non-streaming bodies", "[openai_api]") {
   CHECK(j["usage"]["total_tokens"] == 12);
 
   // Invalid UTF-8 never breaks the body (replaced, still valid JSON).
-  j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-1", "m", 1, std::string("a\xff") + "b", "stop", {}));
+  j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-1", "m", 1, {choice(0, std::string("a\xff") + "b", "stop")}, {}));
   CHECK(j["choices"][0]["text"].get<std::string>().size() > 2);
+
+  // Several choices, in the order given, each with its index.
+  j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-2", "m", 1,
+                                  {choice(0, "a", "stop"), choice(1, "b", "length"), choice(2, "c", "stop")}, {6, 9}));
+  REQUIRE(j["choices"].size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(j["choices"][i]["index"] == i);
+  CHECK(j["choices"][1]["text"] == "b");
+  CHECK(j["choices"][1]["finish_reason"] == "length");
+  CHECK(j["usage"]["total_tokens"] == 15);
+}
+
+TEST_CASE("openai_api: logprobs in OpenAI's shapes", "[openai_api]") {
+  ChoiceOut c = choice(0, "Hi th\xc3\xa9", "length");
+  c.with_logprobs = true;
+  c.logprobs = {ShownToken{"Hi", std::nullopt, {}},  // an echoed prompt's first token
+                ShownToken{" th", -0.5f, {{" th", -0.5f}, {" the", -1.25f}}},
+                ShownToken{"\xc3", -0.25f, {{"\xc3", -0.25f}}},  // half of "é"
+                ShownToken{"\xa9", -std::numeric_limits<float>::infinity(), {{"x", -2.0f}}}};
+  json j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-1", "m", 1, {c}, {}));
+  const json& lp = j["choices"][0]["logprobs"];
+  CHECK(lp["tokens"] == json::array({"Hi", " th", "\xef\xbf\xbd", "\xef\xbf\xbd"}));  // invalid UTF-8 replaced
+  CHECK(lp["token_logprobs"][0].is_null());
+  CHECK(lp["token_logprobs"][1] == -0.5);
+  CHECK(lp["token_logprobs"][3] == -9999.0);  // -inf has no JSON form
+  CHECK(lp["top_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][1] == json({{" th", -0.5}, {" the", -1.25}}));
+  CHECK(lp["top_logprobs"][3] == json({{"x", -2.0}, {"\xef\xbf\xbd", -9999.0}}));  // the token itself joins, as vLLM
+  CHECK(lp["text_offset"] == json::array({0, 2, 5, 6}));  // "é" counts once, at its first byte
+  c.text_offset = 10;  // a later stream chunk
+  j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "m", 1, c, false));
+  CHECK(j["choices"][0]["logprobs"]["text_offset"] == json::array({10, 12, 15, 16}));
+
+  j = json::parse(completion_body(Endpoint::kChatCompletions, "chatcmpl-1", "m", 1, {c}, {}));
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  CHECK(j["choices"][0]["logprobs"]["refusal"].is_null());
+  REQUIRE(content.size() == 4);
+  CHECK(content[1]["token"] == " th");
+  CHECK(content[1]["logprob"] == -0.5);
+  CHECK(content[1]["bytes"] == json::array({32, 116, 104}));
+  CHECK(content[2]["bytes"] == json::array({0xc3}));
+  REQUIRE(content[1]["top_logprobs"].size() == 2);
+  CHECK(content[1]["top_logprobs"][1] == json({{"token", " the"}, {"logprob", -1.25}, {"bytes", {32, 116, 104, 101}}}));
+  CHECK(content[3]["top_logprobs"].size() == 1);  // chat: exactly the alternatives asked for
+  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "m", 1, c, true));
+  CHECK(j["choices"][0]["logprobs"]["content"].size() == 4);
 }
 
 TEST_CASE("openai_api: stream chunks", "[openai_api]") {
-  const std::string stop = "stop";
-  json j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "smol", 5, "tok", nullptr, true));
+  json j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "smol", 5, choice(0, "tok"), true));
   CHECK(j["object"] == "text_completion");
   CHECK(j["id"] == "cmpl-1");
   CHECK(j["created"] == 5);
@@ -572,16 +756,17 @@ TEST_CASE("openai_api: stream chunks", "[openai_api]") {
   CHECK(j["choices"][0]["finish_reason"].is_null());
   CHECK(j["choices"][0]["logprobs"].is_null());
   CHECK_FALSE(j.contains("usage"));
-  j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "smol", 5, "", &stop, false));
+  j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "smol", 5, choice(3, "", "stop"), false));
   CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(j["choices"][0]["index"] == 3);
 
-  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "smol", 5, "Hi", nullptr, true));
+  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "smol", 5, choice(0, "Hi"), true));
   CHECK(j["object"] == "chat.completion.chunk");
   CHECK(j["choices"][0]["index"] == 0);
   CHECK(j["choices"][0]["delta"]["role"] == "assistant");
   CHECK(j["choices"][0]["delta"]["content"] == "Hi");
   CHECK(j["choices"][0]["finish_reason"].is_null());
-  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "smol", 5, " there", &stop, false));
+  j = json::parse(stream_chunk(Endpoint::kChatCompletions, "chatcmpl-1", "smol", 5, choice(0, " there", "stop"), false));
   CHECK_FALSE(j["choices"][0]["delta"].contains("role"));
   CHECK(j["choices"][0]["delta"]["content"] == " there");
   CHECK(j["choices"][0]["finish_reason"] == "stop");

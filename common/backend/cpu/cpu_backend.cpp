@@ -1,6 +1,9 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -89,6 +92,58 @@ Status expect_f32(const Tensor& t, const char* op, const char* arg) {
   return Status::ok();
 }
 
+// ---- KV cache rows of f16 / q8_0 elements, read back as fp32.
+// Both conversions are exact (an fp16 widens exactly; a q8_0 element is an
+// fp16 scale times an int8, a product of 11 and 8 significant bits), so the
+// F16C path and the scalar one give the same floats and attention results do
+// not depend on the instruction set.
+
+void kv_rows_to_f32_scalar(GgmlType dtype, const uint8_t* src, int n, int64_t hd, float* dst) {
+  const size_t row = ggml_row_bytes(dtype, hd);
+  for (int r = 0; r < n; ++r) dequantize_row(dtype, src + r * row, dst + r * hd, hd);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,f16c"))) void kv_rows_to_f32_f16c(GgmlType dtype, const uint8_t* src, int n, int64_t hd,
+                                                               float* dst) {
+  const int64_t count = n * hd;  // rows are contiguous in both layouts
+  if (dtype == GgmlType::kF16) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    for (; i < count; ++i) dst[i] = fp16_to_fp32(h[i]);
+    return;
+  }
+  // Q8_0: count / 32 blocks of {fp16 d, int8 qs[32]}.
+  const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(src);
+  for (int64_t blk = 0; blk < count / 32; ++blk, dst += 32) {
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(b[blk].d));
+    for (int j = 0; j < 32; j += 8) {
+      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[blk].qs + j));
+      _mm256_storeu_ps(dst + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+    }
+  }
+}
+#endif
+
+// dst = n rows of hd elements of `dtype` at src, as floats.
+void kv_rows_to_f32(GgmlType dtype, bool f16c, const uint8_t* src, int n, int64_t hd, float* dst) {
+#if defined(__x86_64__)
+  if (f16c) return kv_rows_to_f32_f16c(dtype, src, n, hd, dst);
+#endif
+  (void)f16c;
+  kv_rows_to_f32_scalar(dtype, src, n, hd, dst);
+}
+
+Status check_kv_layout(const KvCacheLayout& L) {
+  if (L.dtype != GgmlType::kF32 && L.dtype != GgmlType::kF16 && L.dtype != GgmlType::kQ8_0)
+    return Status::unsupported(std::string("cpu: KV cache type ") + ggml_type_name(L.dtype) + " (f32, f16 or q8_0)");
+  if (L.dtype == GgmlType::kQ8_0 && L.head_dim % 32 != 0)
+    return Status::invalid_argument("cpu: a q8_0 KV cache needs head_dim a multiple of 32");
+  return Status::ok();
+}
+
 constexpr int kMaxAttnHeads = 8;  // query heads sharing one pass over a kv head's blocks
 
 // Causal attention of query heads that share one kv head, for one token: the
@@ -107,6 +162,7 @@ struct AttentionRun {
   std::span<const int32_t> table;
   int64_t n_ctx;  // attends to positions [0, n_ctx)
   float scale;
+  bool f16c;  // convert f16/q8_0 rows with F16C/AVX2
 };
 
 void attend_run(const cpu::Kernels& kern, const AttentionRun& a) {
@@ -119,16 +175,28 @@ void attend_run(const cpu::Kernels& kern, const AttentionRun& a) {
     for (int64_t j = 0; j < hd; ++j) acc[h][j] = 0.0f;
   }
   // Keys in runs of at most kScoreRun (a block, or a slice of a large one).
+  // f16 and q8_0 runs are widened to fp32 once, shared by the nq heads.
   constexpr int64_t kScoreRun = 256;
   alignas(64) float s[kScoreRun];
+  const GgmlType dtype = a.L->dtype;
+  const size_t row = a.L->row_bytes();
+  thread_local std::vector<float> kv_f32;
+  if (dtype != GgmlType::kF32 && kv_f32.size() < static_cast<size_t>(2 * kScoreRun * hd))
+    kv_f32.resize(2 * kScoreRun * hd);
   for (int64_t p0 = 0; p0 < a.n_ctx;) {
     const int64_t block = a.table[p0 / bs], off = p0 % bs;
-    const float* kb =
-        reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 0, block)) + (a.kv_head * bs + off) * hd;
-    const float* vb =
-        reinterpret_cast<const float*>(a.base + a.L->offset(a.layer, 1, block)) + (a.kv_head * bs + off) * hd;
+    const uint8_t* kraw = a.base + a.L->offset(a.layer, 0, block) + (a.kv_head * bs + off) * row;
+    const uint8_t* vraw = a.base + a.L->offset(a.layer, 1, block) + (a.kv_head * bs + off) * row;
     const int n_in = static_cast<int>(std::min({bs - off, a.n_ctx - p0, kScoreRun}));
     p0 += n_in;
+    const float* kb = reinterpret_cast<const float*>(kraw);
+    const float* vb = reinterpret_cast<const float*>(vraw);
+    if (dtype != GgmlType::kF32) {
+      kv_rows_to_f32(dtype, a.f16c, kraw, n_in, hd, kv_f32.data());
+      kv_rows_to_f32(dtype, a.f16c, vraw, n_in, hd, kv_f32.data() + kScoreRun * hd);
+      kb = kv_f32.data();
+      vb = kv_f32.data() + kScoreRun * hd;
+    }
     for (int h = 0; h < a.nq; ++h) {
       kern.qk_scores(a.q + h * hd, kb, hd, n_in, a.scale, s);
       float block_max = s[0];
@@ -151,6 +219,25 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendConfig& cfg) : cfg_(cfg) {
     n_threads_ = cfg.n_threads > 0 ? cfg.n_threads : omp_get_num_procs();
     isa_ = cpu::best_isa();
+    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni})
+      if (cfg.isa == cpu::isa_name(isa) && cpu::isa_supported(isa)) isa_ = isa;
+    // PD_CPU_INT8X2=none|KIND+KIND overrides the two-pass kinds (for
+    // comparisons, like PD_CPU_ISA; kinds qkv, attn_out, gate_up, down, lm_head, all).
+    if (const char* env = std::getenv("PD_CPU_INT8X2")) {
+      cfg_.int8x2_matmul_kinds = 0;
+      std::string list(env);
+      for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find('+', at), list.size());
+        const std::string k = list.substr(at, end - at);
+        if (k == "qkv") cfg_.int8x2_matmul_kinds |= kMatmulQkv;
+        if (k == "attn_out") cfg_.int8x2_matmul_kinds |= kMatmulAttnOut;
+        if (k == "gate_up") cfg_.int8x2_matmul_kinds |= kMatmulGateUp;
+        if (k == "down") cfg_.int8x2_matmul_kinds |= kMatmulDown;
+        if (k == "lm_head") cfg_.int8x2_matmul_kinds |= kMatmulLmHead;
+        if (k == "all") cfg_.int8x2_matmul_kinds |= 0x1f;
+        at = end + 1;
+      }
+    }
     // We split GEMMs across our own threads; each sgemm call runs on one.
     openblas_set_num_threads(1);
   }
@@ -191,6 +278,7 @@ class CpuBackend final : public Backend {
     arena_used_ += bytes;
     release_pages(info.data, info.nbytes);
     t.data = buf->data();
+    packed_weights_.push_back(PackedWeight{t.data, mode_for(info.name)});
     t.layout = static_cast<uint8_t>(f);
     *storage = std::move(buf);
     return t;
@@ -350,11 +438,101 @@ class CpuBackend final : public Backend {
   // groups and runs them against a chunk of tokens (kChunk rows stay in
   // cache while the weights stream past).
   static constexpr size_t kMaxMulti = 4;
+  // Splits the weights by how their activations are taken (CpuBackendConfig::
+  // int8x2_matmul_kinds, fp32_matmul_kinds): each group shares one input
+  // preparation and one parallel pass.
   Status matmul_packed(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+    const Tensor* sel_ws[3][kMaxMulti];
+    Tensor* sel_outs[3][kMaxMulti];
+    size_t n_sel[3] = {0, 0, 0};  // 0: int8, 1: two-pass int8, 2: fp32 (diagnostics)
+    for (size_t j = 0; j < ws.size(); ++j) {
+      const ActivationMode mode = activation_mode(ws[j]->data);
+      const int c = mode == ActivationMode::kInt8 ? 0 : mode == ActivationMode::kInt8x2 ? 1 : 2;
+      sel_ws[c][n_sel[c]] = ws[j];
+      sel_outs[c][n_sel[c]++] = outs[j];
+    }
+    for (size_t j = 0; j < n_sel[2]; ++j) matmul_unpacked_fp32(x, *sel_ws[2][j], *sel_outs[2][j]);
+    for (int c = 0; c < 2; ++c) {
+      if (n_sel[c] == 0) continue;
+      PD_RETURN_IF_ERROR(matmul_int8(x, std::span<const Tensor* const>(sel_ws[c], n_sel[c]),
+                                     std::span<Tensor* const>(sel_outs[c], n_sel[c]), c == 1));
+    }
+    return Status::ok();
+  }
+
+  // How one repacked weight's activations are taken, fixed at load from its
+  // GGUF name (the matmul kind and layer) and the config.
+  enum class ActivationMode : uint8_t { kInt8, kInt8x2, kFp32 };
+  struct PackedWeight {
+    const void* data;
+    ActivationMode mode;
+  };
+  ActivationMode mode_for(const std::string& name) const {
+    uint32_t kind = 0;
+    int layer = -1;
+    if (name == "output.weight" || name == "token_embd.weight") kind = kMatmulLmHead;
+    if (name.rfind("blk.", 0) == 0) {
+      layer = std::atoi(name.c_str() + 4);
+      if (name.find(".attn_q.") != std::string::npos || name.find(".attn_k.") != std::string::npos ||
+          name.find(".attn_v.") != std::string::npos)
+        kind = kMatmulQkv;
+      else if (name.find(".attn_output.") != std::string::npos)
+        kind = kMatmulAttnOut;
+      else if (name.find(".ffn_gate.") != std::string::npos || name.find(".ffn_up.") != std::string::npos)
+        kind = kMatmulGateUp;
+      else if (name.find(".ffn_down.") != std::string::npos)
+        kind = kMatmulDown;
+    }
+    auto in_layers = [&](uint64_t mask) { return layer < 0 || (layer < 64 && ((mask >> layer) & 1) != 0); };
+    if ((cfg_.fp32_matmul_kinds & kind) != 0 && in_layers(cfg_.fp32_matmul_layers)) return ActivationMode::kFp32;
+    if ((cfg_.int8x2_matmul_kinds & kind) != 0 && in_layers(cfg_.int8x2_matmul_layers)) return ActivationMode::kInt8x2;
+    return ActivationMode::kInt8;
+  }
+  // Newest first: a model loaded after another was freed may reuse its addresses.
+  ActivationMode activation_mode(const void* data) const {
+    for (auto it = packed_weights_.rbegin(); it != packed_weights_.rend(); ++it)
+      if (it->data == data) return it->mode;
+    return ActivationMode::kInt8;
+  }
+  // out = x * dequant(w) in fp32 for a repacked weight: panels of rows
+  // unpacked exactly (unpack_row), one sgemm each. Diagnostics only.
+  void matmul_unpacked_fp32(const Tensor& x, const Tensor& w, Tensor& out) {
+    const int64_t k = w.ne[0], n = w.n_rows(), m = x.n_rows();
+    const auto f = static_cast<cpu::PackedFormat>(w.layout);
+    constexpr int64_t kPanel = 64;
+    const int64_t n_panels = (n + kPanel - 1) / kPanel;
+    if (static_cast<int>(panel_bufs_.size()) < n_threads_) panel_bufs_.resize(n_threads_);
+    const float* xs = f32(x);
+    float* os = f32(out);
+#pragma omp parallel num_threads(n_threads_)
+    {
+      std::vector<float>& panel = panel_bufs_[omp_get_thread_num()];
+      if (panel.size() < static_cast<size_t>(kPanel * k)) panel.resize(kPanel * k);
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < n_panels; ++p) {
+        const int64_t j0 = p * kPanel, rows = std::min(kPanel, n - j0);
+        for (int64_t r = 0; r < rows; ++r) cpu::unpack_row(f, w.data, k, j0 + r, panel.data() + r * k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(rows),
+                    static_cast<int>(k), 1.0f, xs, static_cast<int>(k), panel.data(), static_cast<int>(k), 0.0f,
+                    os + j0, static_cast<int>(n));
+      }
+    }
+  }
+
+  // two_pass: x ~ d1*q1 + d2*q2 with q2 the quantized residual x - d1*q1;
+  // each group runs against q1 and q2 and the two results are added.
+  Status matmul_int8(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                     bool two_pass) {
     const cpu::Kernels& kern = cpu::kernels(isa_);
     const int64_t k = x.ne[0], m = x.n_rows(), nb = k / cpu::kQBlock;
     if (static_cast<int64_t>(xq_.size()) < m * nb) xq_.resize(m * nb);
     cpu::BlockQ8A* xq = xq_.data();
+    cpu::BlockQ8A* xq2 = nullptr;
+    if (two_pass) {
+      if (static_cast<int64_t>(xq2_.size()) < m * nb) xq2_.resize(m * nb);
+      if (static_cast<int64_t>(xres_.size()) < n_threads_ * k) xres_.resize(n_threads_ * k);
+      xq2 = xq2_.data();
+    }
     const float* xs = f32(x);
     constexpr int kR = cpu::kPackRows;
     int64_t first_group[kMaxMulti + 1] = {0};
@@ -364,10 +542,18 @@ class CpuBackend final : public Backend {
 #pragma omp parallel num_threads(n_threads_)
     {
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < m; ++i) kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
+      for (int64_t i = 0; i < m; ++i) {
+        kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
+        if (two_pass) {
+          float* res = xres_.data() + omp_get_thread_num() * k;
+          cpu::quantization_residual(xs + i * k, xq + i * nb, k, res);
+          kern.quantize_rows(res, k, k, 1, xq2 + i * nb);
+        }
+      }
       for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
         const int mt = static_cast<int>(std::min(kChunk, m - i0));
         const cpu::BlockQ8A* xc = xq + i0 * nb;
+        const cpu::BlockQ8A* xc2 = two_pass ? xq2 + i0 * nb : nullptr;
 #pragma omp for schedule(static)
         for (int64_t gg = 0; gg < total_groups; ++gg) {
           size_t j = 0;
@@ -387,10 +573,19 @@ class CpuBackend final : public Backend {
           float tail[kChunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
           float* dst = whole ? os + i0 * n + g * kR : tail;
           const int64_t stride = whole ? n : kR;
-          if (cpu::is_q4x8(f))
-            kern.gemm_q4x8(static_cast<const cpu::PackedQ4x8*>(group), nb, xc, mt, dst, stride);
-          else
-            kern.gemm_q8x8(static_cast<const cpu::PackedQ8x8*>(group), nb, xc, mt, dst, stride);
+          auto gemm = [&](const cpu::BlockQ8A* xa, float* o, int64_t o_stride) {
+            if (cpu::is_q4x8(f))
+              kern.gemm_q4x8(static_cast<const cpu::PackedQ4x8*>(group), nb, xa, mt, o, o_stride);
+            else
+              kern.gemm_q8x8(static_cast<const cpu::PackedQ8x8*>(group), nb, xa, mt, o, o_stride);
+          };
+          gemm(xc, dst, stride);
+          if (two_pass) {
+            float second[kChunk * kR];
+            gemm(xc2, second, kR);
+            for (int i = 0; i < mt; ++i)
+              for (int r = 0; r < kR; ++r) dst[i * stride + r] += second[i * kR + r];
+          }
           if (!whole)
             for (int i = 0; i < mt; ++i)
               for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
@@ -460,20 +655,29 @@ class CpuBackend final : public Backend {
 
   Status kv_write(BackendBuffer& cache, const KvCacheLayout& L, int layer, const Tensor& k, const Tensor& v,
                   std::span<const int32_t> slots) override {
-    if (L.dtype != GgmlType::kF32) return Status::unsupported("cpu: KV cache dtype must be F32");
+    PD_RETURN_IF_ERROR(check_kv_layout(L));
     const int64_t hd = L.head_dim, nkv = L.n_kv_heads;
     if (k.ne[0] != hd || k.ne[1] != nkv || v.ne[0] != hd || v.ne[1] != nkv)
       return Status::invalid_argument("kv_write: k/v shape does not match the cache layout");
     const int64_t n = static_cast<int64_t>(slots.size());
+    const size_t row = L.row_bytes();
     uint8_t* base = static_cast<uint8_t*>(cache.data());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t block = slots[i] / L.block_size, off = slots[i] % L.block_size;
       if (slots[i] < 0 || block >= L.num_blocks) return Status::invalid_argument("kv_write: slot out of range");
-      float* kb = reinterpret_cast<float*>(base + L.offset(layer, 0, block));
-      float* vb = reinterpret_cast<float*>(base + L.offset(layer, 1, block));
+      uint8_t* kb = base + L.offset(layer, 0, block);
+      uint8_t* vb = base + L.offset(layer, 1, block);
       for (int64_t g = 0; g < nkv; ++g) {
-        std::memcpy(kb + (g * L.block_size + off) * hd, f32(k) + (i * nkv + g) * hd, hd * sizeof(float));
-        std::memcpy(vb + (g * L.block_size + off) * hd, f32(v) + (i * nkv + g) * hd, hd * sizeof(float));
+        const size_t at = (g * L.block_size + off) * row;
+        const float* ks = f32(k) + (i * nkv + g) * hd;
+        const float* vs = f32(v) + (i * nkv + g) * hd;
+        if (L.dtype == GgmlType::kF32) {
+          std::memcpy(kb + at, ks, row);
+          std::memcpy(vb + at, vs, row);
+        } else {  // ggml's reference rounding: the same bytes on every CPU
+          quantize_row(L.dtype, ks, kb + at, hd);
+          quantize_row(L.dtype, vs, vb + at, hd);
+        }
       }
     }
     return Status::ok();
@@ -483,7 +687,7 @@ class CpuBackend final : public Backend {
                          std::span<const AttentionToken> tokens,
                          std::span<const std::span<const int32_t>> block_tables, float scale,
                          Tensor& out) override {
-    if (L.dtype != GgmlType::kF32) return Status::unsupported("cpu: KV cache dtype must be F32");
+    PD_RETURN_IF_ERROR(check_kv_layout(L));
     const int64_t hd = q.ne[0], nh = q.ne[1], nt = static_cast<int64_t>(tokens.size());
     const int64_t nkv = L.n_kv_heads, bs = L.block_size;
     if (hd != L.head_dim || nh % nkv != 0 || q.ne[2] < nt || hd > 256)
@@ -502,7 +706,10 @@ class CpuBackend final : public Backend {
     // there are too few items to keep the threads busy (small decode batches).
     // The SIMD attention kernels take rows of a multiple of 8 floats.
     const cpu::Kernels& kern = cpu::kernels(hd % 8 == 0 ? isa_ : cpu::Isa::kScalar);
-    const int64_t per_item = nt * nkv >= 4 * n_threads_ ? std::min<int64_t>(group, kMaxAttnHeads) : 1;
+    // An f16/q8_0 run is widened once per item, so there the heads stay
+    // together as soon as there is an item per thread.
+    const int64_t together = L.dtype == GgmlType::kF32 ? 4 * n_threads_ : n_threads_;
+    const int64_t per_item = nt * nkv >= together ? std::min<int64_t>(group, kMaxAttnHeads) : 1;
     const int64_t runs = (group + per_item - 1) / per_item;
 #pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
     for (int64_t t = 0; t < nt; ++t) {
@@ -511,7 +718,7 @@ class CpuBackend final : public Backend {
           const int64_t h0 = g * group + run * per_item;
           const int nq = static_cast<int>(std::min(per_item, (g + 1) * group - h0));
           const AttentionRun a{qs + (t * nh + h0) * hd, os + (t * nh + h0) * hd, nq, hd, base, &L, layer, g,
-                               block_tables[tokens[t].seq], tokens[t].position + 1, scale};
+                               block_tables[tokens[t].seq], tokens[t].position + 1, scale, isa_ != cpu::Isa::kScalar};
           attend_run(kern, a);
         }
       }
@@ -538,6 +745,9 @@ class CpuBackend final : public Backend {
   std::shared_ptr<HostBuffer> arena_;  // where the next repacked weight goes
   size_t arena_used_ = 0;
   std::vector<std::vector<float>> panel_bufs_;  // per-thread dequantized weight panels
+  std::vector<PackedWeight> packed_weights_;    // every repacked weight and how its activations are taken
+  std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
+  std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
   std::vector<double> inv_freq_;
   float inv_freq_base_ = 0.0f;
 };

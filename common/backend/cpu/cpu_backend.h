@@ -7,11 +7,22 @@
 // batch_invariant is off as well.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
 namespace pd {
+
+// Which matmul a weight serves, from its GGUF tensor name.
+enum CpuMatmulKind : uint32_t {
+  kMatmulQkv = 1u << 0,      // attn_q, attn_k, attn_v
+  kMatmulAttnOut = 1u << 1,  // attn_output
+  kMatmulGateUp = 1u << 2,   // ffn_gate, ffn_up
+  kMatmulDown = 1u << 3,     // ffn_down
+  kMatmulLmHead = 1u << 4,   // output (or token_embd when tied)
+};
 
 struct CpuBackendConfig {
   int n_threads = 0;  // 0 = all cores
@@ -29,7 +40,30 @@ struct CpuBackendConfig {
   // (q8_kernels.h): the fast path, batch invariant. Off = fp32 activations
   // against the weights as stored (the reference path, slower).
   bool int8_activations = true;
+  // Kernel instruction set: "" = the widest this CPU runs (or PD_CPU_ISA),
+  // else "scalar", "avx2" or "avx512vnni" (ignored when this CPU cannot run
+  // it; name() says what runs). For comparing ISAs in one process.
+  std::string isa;
+  // With int8_activations: the matmuls of these kinds (CpuMatmulKind bits)
+  // in these layers take their activations in two 8-bit passes, x ~ d1*q1 +
+  // d2*q2 with q2 the 8-bit quantization of the residual x - d1*q1, each
+  // multiplied by the same integer kernels and the two results added: about
+  // 15 bits of activation precision for twice that matmul's integer work.
+  // Still batch invariant and the same bits on every ISA. The default, Q/K/V
+  // and the LM head, halves the mean KL divergence from the fp32 path; it
+  // costs ~15% of compute-bound work on one AVX2 core (prefill, batched
+  // decode), within the noise on two, nothing at batch-1 decode
+  // (docs/ACCURACY.md). PD_CPU_INT8X2=none|KIND+KIND|all overrides.
+  uint32_t int8x2_matmul_kinds = kMatmulQkv | kMatmulLmHead;
+  uint64_t int8x2_matmul_layers = ~uint64_t{0};
+  // Diagnostics (pd-perplexity): with int8_activations, the matmuls of these
+  // kinds (CpuMatmulKind bits) in these layers (bit l = layer l; the LM head
+  // has no layer and follows its kind bit alone) take fp32 activations
+  // against the exactly dequantized weights instead. 0 = none (the default).
+  uint32_t fp32_matmul_kinds = 0;
+  uint64_t fp32_matmul_layers = ~uint64_t{0};
 };
+
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendConfig& cfg);
 

@@ -126,6 +126,13 @@ bool cpu_has_avx512vnni() {
 
 }  // namespace
 
+void quantization_residual(const float* x, const BlockQ8A* q, int64_t k, float* res) {
+  for (int64_t j = 0; j < k; ++j) {
+    const BlockQ8A& b = q[j / kQBlock];
+    res[j] = std::fma(-b.d, static_cast<float>(b.qs[j % kQBlock]), x[j]);
+  }
+}
+
 PackedFormat packed_format_for(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return PackedFormat::kQ4_0x8;

@@ -101,6 +101,12 @@ inline float exp_approx(float x) {
   return p * __builtin_bit_cast(float, bits);
 }
 
+// What quantizing k floats x (k a multiple of 32) to the blocks q lost:
+// res[j] = x[j] - d_b * qs_b[j], one fused multiply-add each (exact in most
+// cases, the same bits everywhere). Quantizing res again gives the second
+// pass of two-pass activations (CpuBackendConfig::int8x2_matmul_kinds).
+void quantization_residual(const float* x, const BlockQ8A* q, int64_t k, float* res);
+
 enum class Isa { kScalar, kAvx2, kAvx512Vnni };
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)

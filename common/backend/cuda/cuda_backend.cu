@@ -463,7 +463,7 @@ class CudaBackend final : public Backend {
 
   Status kv_write(BackendBuffer& cache, const KvCacheLayout& L, int layer, const Tensor& k, const Tensor& v,
                   std::span<const int32_t> slots) override {
-    if (L.dtype != GgmlType::kF32) return Status::unsupported("cuda: KV cache dtype must be F32");
+    PD_RETURN_IF_ERROR(check_kv_dtype(L));
     const int64_t hd = L.head_dim, nkv = L.n_kv_heads;
     if (k.ne[0] != hd || k.ne[1] != nkv || v.ne[0] != hd || v.ne[1] != nkv)
       return Status::invalid_argument("kv_write: k/v shape does not match the cache layout");
@@ -491,7 +491,7 @@ class CudaBackend final : public Backend {
                          std::span<const AttentionToken> tokens,
                          std::span<const std::span<const int32_t>> block_tables, float scale,
                          Tensor& out) override {
-    if (L.dtype != GgmlType::kF32) return Status::unsupported("cuda: KV cache dtype must be F32");
+    PD_RETURN_IF_ERROR(check_kv_dtype(L));
     const int64_t hd = q.ne[0], nh = q.ne[1], nt = static_cast<int64_t>(tokens.size());
     const int64_t nkv = L.n_kv_heads, bs = L.block_size;
     if (hd != L.head_dim || nkv <= 0 || nh % nkv != 0 || q.ne[2] < nt || hd > cuda::kMaxAttnHeadDim)
@@ -593,8 +593,18 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  static Status check_kv_dtype(const KvCacheLayout& L) {
+    if (L.dtype != GgmlType::kF32 && L.dtype != GgmlType::kF16 && L.dtype != GgmlType::kQ8_0)
+      return Status::unsupported(std::string("cuda: KV cache type ") + ggml_type_name(L.dtype) + " (f32, f16 or q8_0)");
+    if (L.dtype == GgmlType::kQ8_0 && L.head_dim % 32 != 0)
+      return Status::invalid_argument("cuda: a q8_0 KV cache needs head_dim a multiple of 32");
+    return Status::ok();
+  }
+
   static cuda::KvLayerView layer_view(BackendBuffer& cache, const KvCacheLayout& L, int layer) {
     cuda::KvLayerView kv;
+    kv.dtype = L.dtype;
+    kv.row_bytes = L.row_bytes();
     kv.base = static_cast<uint8_t*>(cache.data());
     kv.k_offset = L.offset(layer, 0, 0);
     kv.v_offset = L.offset(layer, 1, 0);

@@ -186,13 +186,39 @@ __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out
 
 // ---- paged KV cache
 
-__device__ __forceinline__ float* kv_row(const KvLayerView& kv, size_t kind_offset, int32_t block, int g,
-                                         int off) {
-  return reinterpret_cast<float*>(kv.base + kind_offset + static_cast<size_t>(block) * kv.block_bytes) +
-         (static_cast<size_t>(g) * kv.block_size + off) * kv.head_dim;
+__device__ __forceinline__ uint8_t* kv_row(const KvLayerView& kv, size_t kind_offset, int32_t block, int g, int off) {
+  return kv.base + kind_offset + static_cast<size_t>(block) * kv.block_bytes +
+         (static_cast<size_t>(g) * kv.block_size + off) * kv.row_bytes;
+}
+
+// Stores hd floats as one cache row of type T. Q8_0: one thread per 32-element
+// block, with ggml's reference arithmetic (d = amax / 127, q = round(x / d)).
+template <GgmlType T>
+__device__ void store_row(const float* src, uint8_t* dst, int hd) {
+  if constexpr (T == GgmlType::kF32) {
+    float* d = reinterpret_cast<float*>(dst);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) d[e] = src[e];
+  } else if constexpr (T == GgmlType::kF16) {
+    __half* d = reinterpret_cast<__half*>(dst);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) d[e] = __float2half_rn(src[e]);
+  } else {  // kQ8_0
+    for (int b = threadIdx.x; b < hd / kQK; b += blockDim.x) {
+      const float* x = src + b * kQK;
+      uint8_t* out = dst + b * sizeof(BlockQ8_0);
+      float amax = 0.0f;
+      for (int j = 0; j < kQK; ++j) amax = fmaxf(amax, fabsf(x[j]));
+      const float d = __fdiv_rn(amax, 127.0f);
+      const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+      const uint16_t dh = __half_as_ushort(__float2half_rn(d));
+      out[0] = static_cast<uint8_t>(dh & 0xFF);
+      out[1] = static_cast<uint8_t>(dh >> 8);
+      for (int j = 0; j < kQK; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(roundf(__fmul_rn(x[j], id))));
+    }
+  }
 }
 
 // One thread block per (token, kv head).
+template <GgmlType T>
 __global__ void kv_write_kernel(KvLayerView kv, const float* k, const float* v, const int32_t* slots, int64_t n) {
   const int64_t n_items = n * kv.n_kv_heads;
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
@@ -201,14 +227,8 @@ __global__ void kv_write_kernel(KvLayerView kv, const float* k, const float* v, 
     const int32_t slot = slots[i];
     const int32_t block = slot / kv.block_size;
     const int off = slot % kv.block_size;
-    float* kd = kv_row(kv, kv.k_offset, block, g, off);
-    float* vd = kv_row(kv, kv.v_offset, block, g, off);
-    const float* ks = k + item * kv.head_dim;
-    const float* vs = v + item * kv.head_dim;
-    for (int e = threadIdx.x; e < kv.head_dim; e += blockDim.x) {
-      kd[e] = ks[e];
-      vd[e] = vs[e];
-    }
+    store_row<T>(k + item * kv.head_dim, kv_row(kv, kv.k_offset, block, g, off), kv.head_dim);
+    store_row<T>(v + item * kv.head_dim, kv_row(kv, kv.v_offset, block, g, off), kv.head_dim);
   }
 }
 
@@ -221,6 +241,7 @@ constexpr int kAttnChunk = 128;
 static_assert(2 * kAttnThreads >= kMaxAttnHeadDim, "each thread owns at most two output dims");
 static_assert(kAttnChunk <= kAttnThreads, "one thread per position of a chunk computes its weight");
 
+template <GgmlType T>
 __global__ void __launch_bounds__(kAttnThreads)
     paged_attention_kernel(KvLayerView kv, const float* q, int n_heads, const int32_t* tokens, int64_t n_tokens,
                            const int32_t* table_offsets, const int32_t* tables, float scale, float* out) {
@@ -251,9 +272,9 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int n_in = n_ctx - c0 < kAttnChunk ? static_cast<int>(n_ctx - c0) : kAttnChunk;
       for (int r = warp; r < n_in; r += kWarps) {
         const int64_t p = c0 + r;
-        const float* kr = kv_row(kv, kv.k_offset, table[p / bs], g, static_cast<int>(p % bs));
+        const uint8_t* kr = kv_row(kv, kv.k_offset, table[p / bs], g, static_cast<int>(p % bs));
         float dot = 0.0f;
-        for (int e = lane; e < hd; e += 32) dot += q_sh[e] * kr[e];
+        for (int e = lane; e < hd; e += 32) dot += q_sh[e] * load_elem<T>(kr, e);
         dot = warp_sum(dot);
         if (lane == 0) s_sh[r] = dot * scale;
       }
@@ -271,9 +292,9 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int64_t p = c0 + r;
         const float pr = p_sh[r];
         p_sum += pr;
-        const float* vr = kv_row(kv, kv.v_offset, table[p / bs], g, static_cast<int>(p % bs));
-        if (tid < hd) acc0 += pr * vr[tid];
-        if (tid + kAttnThreads < hd) acc1 += pr * vr[tid + kAttnThreads];
+        const uint8_t* vr = kv_row(kv, kv.v_offset, table[p / bs], g, static_cast<int>(p % bs));
+        if (tid < hd) acc0 += pr * load_elem<T>(vr, tid);
+        if (tid + kAttnThreads < hd) acc1 += pr * load_elem<T>(vr, tid + kAttnThreads);
       }
       l = l * correction + p_sum;
       m = m_new;
@@ -368,7 +389,13 @@ cudaError_t add(const float* a, const float* b, int64_t n, float* out, cudaStrea
 cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t n,
                      cudaStream_t stream) {
   if (n <= 0 || kv.n_kv_heads <= 0 || kv.head_dim <= 0) return cudaSuccess;
-  kv_write_kernel<<<grid_for(n * kv.n_kv_heads, 1), 128, 0, stream>>>(kv, k, v, slots, n);
+  const unsigned grid = grid_for(n * kv.n_kv_heads, 1);
+  switch (kv.dtype) {
+    case GgmlType::kF32: kv_write_kernel<GgmlType::kF32><<<grid, 128, 0, stream>>>(kv, k, v, slots, n); break;
+    case GgmlType::kF16: kv_write_kernel<GgmlType::kF16><<<grid, 128, 0, stream>>>(kv, k, v, slots, n); break;
+    case GgmlType::kQ8_0: kv_write_kernel<GgmlType::kQ8_0><<<grid, 128, 0, stream>>>(kv, k, v, slots, n); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
@@ -378,8 +405,22 @@ cudaError_t paged_attention(const KvLayerView& kv, const float* q, int n_heads, 
   if (n_tokens <= 0 || n_heads <= 0) return cudaSuccess;
   if (kv.head_dim > kMaxAttnHeadDim || kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0)
     return cudaErrorInvalidValue;
-  paged_attention_kernel<<<grid_for(n_tokens * n_heads, 1), kAttnThreads, 0, stream>>>(
-      kv, q, n_heads, tokens, n_tokens, table_offsets, tables, scale, out);
+  const unsigned grid = grid_for(n_tokens * n_heads, 1);
+  switch (kv.dtype) {
+    case GgmlType::kF32:
+      paged_attention_kernel<GgmlType::kF32><<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens,
+                                                                                table_offsets, tables, scale, out);
+      break;
+    case GgmlType::kF16:
+      paged_attention_kernel<GgmlType::kF16><<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens,
+                                                                                table_offsets, tables, scale, out);
+      break;
+    case GgmlType::kQ8_0:
+      paged_attention_kernel<GgmlType::kQ8_0><<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens,
+                                                                                 table_offsets, tables, scale, out);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

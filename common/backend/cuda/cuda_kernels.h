@@ -44,8 +44,10 @@ cudaError_t rope(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* po
 cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 cudaError_t add(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
 
-// One layer of the paged F32 KV cache (see KvCacheLayout).
+// One layer of the paged KV cache (see KvCacheLayout): F32, F16 or Q8_0 rows.
 struct KvLayerView {
+  GgmlType dtype = GgmlType::kF32;
+  size_t row_bytes = 0;      // one token's one head
   uint8_t* base = nullptr;   // the cache buffer
   size_t k_offset = 0;       // byte offset of (layer, K, block 0)
   size_t v_offset = 0;       // byte offset of (layer, V, block 0)
@@ -55,7 +57,9 @@ struct KvLayerView {
   int head_dim = 0;
 };
 
-// Token i's K and V (k, v: [head_dim, n_kv_heads, n]) go to slot slots[i] (device [n]).
+// Token i's K and V (k, v: [head_dim, n_kv_heads, n]) go to slot slots[i] (device [n]),
+// rounded as the CPU backend rounds them (fp16 to nearest even; q8_0 as ggml's
+// reference quantizer), so both backends store the same bytes.
 cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t n,
                      cudaStream_t stream);
 
