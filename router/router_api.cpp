@@ -243,7 +243,7 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
     }
   }
   const int n_choices = static_cast<int>(prompts.size()) * api.n;
-  if (n_choices > cfg_.router.max_queued)  // could never be queued at once: retrying would not help
+  if (n_choices > 1 && n_choices > cfg_.router.max_queued)  // could never be queued at once: retrying would not help
     return reject(api_error(400, std::to_string(n_choices) + " choices (prompts x n) is more than this server queues at once (" +
                                      std::to_string(cfg_.router.max_queued) + ", router.max_queued)",
                             api.n > 1 ? "n" : "prompt"));

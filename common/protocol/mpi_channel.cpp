@@ -280,21 +280,45 @@ MpiControlChannel::~MpiControlChannel() {
 
 void MpiControlChannel::send(int dest, const proto::Message& m) {
   const auto to = links_->endpoint(dest);
-  if (!to) {
-    spdlog::warn("control message {} to rank {}: no link to that rank; dropped", proto::message_name(m), dest);
+  const bool waiting = std::any_of(unlinked_.begin(), unlinked_.end(), [&](const Unlinked& u) { return u.dest == dest; });
+  if (!to || waiting) {  // keep the order of messages to one rank
+    unlinked_.push_back({dest, proto::serialize(m), proto::message_name(m),
+                         std::chrono::steady_clock::now() + kUnlinkedWait});
     return;
   }
+  isend(dest, *to, proto::serialize(m), proto::message_name(m));
+}
+
+void MpiControlChannel::isend(int dest, const MpiLinks::Endpoint& to, std::vector<uint8_t> bytes, const char* name) {
   PendingSend& s = sends_.emplace_back();
-  s.bytes = proto::serialize(m);
-  if (MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to->rank, proto::kTagControl, to->comm,
+  s.bytes = std::move(bytes);
+  if (MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to.rank, proto::kTagControl, to.comm,
                 &s.req) != MPI_SUCCESS) {
-    spdlog::warn("control message {} to rank {}: MPI_Isend failed", proto::message_name(m), dest);
+    spdlog::warn("control message {} to rank {}: MPI_Isend failed", name, dest);
     sends_.pop_back();
   }
 }
 
+void MpiControlChannel::send_unlinked() {
+  const auto now = std::chrono::steady_clock::now();
+  std::deque<Unlinked> still;
+  for (Unlinked& u : unlinked_) {
+    const bool blocked = std::any_of(still.begin(), still.end(), [&](const Unlinked& s) { return s.dest == u.dest; });
+    const auto to = blocked ? std::nullopt : links_->endpoint(u.dest);
+    if (to) {
+      isend(u.dest, *to, std::move(u.bytes), u.name);
+    } else if (now >= u.drop_at) {
+      spdlog::warn("control message {} to rank {}: no link to that rank; dropped", u.name, u.dest);
+    } else {
+      still.push_back(std::move(u));
+    }
+  }
+  unlinked_ = std::move(still);
+}
+
 std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
   links_->take_accepted();
+  if (!unlinked_.empty()) send_unlinked();
   for (;;) {
     const auto& links = links_->links();
     std::optional<Received> got;

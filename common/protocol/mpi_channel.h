@@ -114,7 +114,20 @@ class MpiControlChannel final : public ControlChannel {
     std::vector<uint8_t> bytes;
     MPI_Request req = MPI_REQUEST_NULL;
   };
+  // A message to a rank whose link is not bound yet (a rank that joined a
+  // moment ago: its Hello may still be on the way), sent once it is, dropped
+  // after kUnlinkedWait.
+  struct Unlinked {
+    int dest;
+    std::vector<uint8_t> bytes;
+    const char* name;
+    std::chrono::steady_clock::time_point drop_at;
+  };
+  static constexpr std::chrono::seconds kUnlinkedWait{5};
+  void isend(int dest, const MpiLinks::Endpoint& to, std::vector<uint8_t> bytes, const char* name);
+  void send_unlinked();
   std::shared_ptr<MpiLinks> links_;
+  std::deque<Unlinked> unlinked_;
   size_t next_link_ = 0;  // probing starts here (round robin over the links)
   std::deque<PendingSend> sends_;
   std::vector<uint8_t> recv_buf_;
