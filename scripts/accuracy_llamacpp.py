@@ -64,9 +64,12 @@ def run(cmd, log=None, cwd=None, env=None):
     return p.stdout
 
 
-def build_llama_perplexity(work, jobs):
+def build_llama_cpp(work, jobs, target):
+    """llama.cpp's `target` (llama-perplexity, llama-server, ...) built from the source
+    PyPI's llama-cpp-python sdist vendors, under `work`; (executable, source dir).
+    Skipped when already built there."""
     src = os.path.join(work, f"llama_cpp_python-{LLAMA_CPP_PYTHON}", "vendor", "llama.cpp")
-    exe = os.path.join(src, "build", "bin", "llama-perplexity")
+    exe = os.path.join(src, "build", "bin", target)
     if os.path.exists(exe):
         return exe, src
     os.makedirs(work, exist_ok=True)
@@ -74,11 +77,12 @@ def build_llama_perplexity(work, jobs):
     if not os.path.exists(sdist):
         run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
              f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", work])
-    with tarfile.open(sdist) as t:
-        t.extractall(work)
+    if not os.path.exists(os.path.join(src, "CMakeLists.txt")):
+        with tarfile.open(sdist) as t:
+            t.extractall(work)
     run(["cmake", "-S", src, "-B", os.path.join(src, "build"), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
          "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"])
-    run(["cmake", "--build", os.path.join(src, "build"), "-j", str(jobs), "--target", "llama-perplexity"])
+    run(["cmake", "--build", os.path.join(src, "build"), "-j", str(jobs), "--target", target])
     return exe, src
 
 
@@ -190,7 +194,7 @@ def main():
     if not os.path.exists(pd_ppl):
         sys.exit(f"accuracy_llamacpp.py: {pd_ppl} not found (--pd-build; build the pd-perplexity target)")
     os.makedirs(args.work, exist_ok=True)
-    exe, _ = build_llama_perplexity(args.work, args.jobs)
+    exe, _ = build_llama_cpp(args.work, args.jobs, "llama-perplexity")
     chunk_args = ["--chunks", str(args.chunks)] if args.chunks > 0 else []
 
     # 2. our fp32 reference as a llama.cpp base file

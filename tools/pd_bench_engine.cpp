@@ -4,7 +4,7 @@
 //   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep] [--fp32-activations]
 //                   [--prefill-tokens 512] [--prompt 128] [--gen 128] [--reps 3]
 //                   [--kv-dtype f16] [--kv-compare f32,f16,q8_0 [--kv-contexts 2048,8192] [--kv-batches 1,8]]
-//                   [--json FILE] [--profile FILE]
+//                   [--json FILE] [--profile FILE [--profile-prefill 64,512,4096] [--profile-contexts 128,2048]]
 //
 // Prints, per thread count: the machine probes (STREAM triad and read GB/s,
 // FMA GFLOP/s, 8-bit multiply-add GMAC/s), prefill tok/s for one prompt and
@@ -19,7 +19,11 @@
 // sequence (attention's cost does not depend on the values).
 // --json writes everything; --profile writes the per-phase cost profile
 // (prefill time vs tokens, decode step time vs batch and context) that
-// pd-plan's simulator reads (common/plan/engine_profile.h). Random token ids:
+// pd-plan's simulator reads (common/plan/engine_profile.h); --profile-prefill
+// and --profile-contexts spread its points over the prompt lengths and
+// contexts a workload will reach (the planner interpolates between points and
+// extrapolates beyond the last segment, so points bunched near one length
+// predict long prompts and contexts badly). Random token ids:
 // the speed does not depend on the text. A bad flag or model: one line naming
 // it, exit status 2.
 #include <CLI/CLI.hpp>
@@ -374,7 +378,7 @@ std::vector<int> parse_list(const std::string& s, const char* flag, bool* ok) {
 int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", threads_s = "1,2", batches_s = "1,8,32";
   std::string json_path, profile_path, kv_dtype_flag = "f16", kv_compare_s, kv_contexts_s = "2048,8192",
-                                      kv_batches_s = "1,8";
+                                      kv_batches_s = "1,8", profile_prefill_s, profile_contexts_s;
   int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
   bool sweep = false, fp32_activations = false;
   CLI::App app{"pd-bench-engine: CPU engine speed vs this machine's limits, measured in one run"};
@@ -396,6 +400,11 @@ int main(int argc, char** argv) {
   app.add_option("--kv-batches", kv_batches_s, "decode batch sizes for --kv-compare");
   app.add_option("--json", json_path, "write all results as JSON to this file");
   app.add_option("--profile", profile_path, "write the engine cost profile (pd-plan --profile) to this file");
+  app.add_option("--profile-prefill", profile_prefill_s,
+                 "prompt lengths of the profile's prefill points (default 64,128,256 and --prefill-tokens)");
+  app.add_option("--profile-contexts", profile_contexts_s,
+                 "cached tokens per sequence of the profile's decode grid (default: three points of the decode runs, "
+                 "--prompt+1 to --prompt+--gen); the cache is filled with random K/V as for --kv-compare");
   CLI11_PARSE(app, argc, argv);
   bool ok1 = false, ok2 = false;
   std::vector<int> thread_counts = parse_list(threads_s, "--threads", &ok1);
@@ -417,6 +426,12 @@ int main(int argc, char** argv) {
   const std::vector<int> kv_contexts = parse_list(kv_contexts_s, "--kv-contexts", &ok3);
   const std::vector<int> kv_batches = parse_list(kv_batches_s, "--kv-batches", &ok4);
   if (!ok3 || !ok4) return 2;
+  bool ok5 = true, ok6 = true;
+  const std::vector<int> profile_prefill =
+      profile_prefill_s.empty() ? std::vector<int>{} : parse_list(profile_prefill_s, "--profile-prefill", &ok5);
+  const std::vector<int> profile_contexts =
+      profile_contexts_s.empty() ? std::vector<int>{} : parse_list(profile_contexts_s, "--profile-contexts", &ok6);
+  if (!ok5 || !ok6) return 2;
   if (sweep)
     for (int b : {16, 64, 128})
       if (std::find(batches.begin(), batches.end(), b) == batches.end()) batches.push_back(b);
@@ -494,11 +509,23 @@ int main(int argc, char** argv) {
     prof.model = model_path;
     prof.hardware = std::to_string(t) + " thread(s), triad " + std::to_string(static_cast<int>(triad)) + " GB/s";
     prof.kv_bytes_per_token = static_cast<int64_t>(kv_per_token);
-    for (int pt : {64, 128, 256, prefill_tokens}) {
-      if (pt > c.context) continue;
+    std::vector<int> prefill_points = profile_prefill;
+    if (prefill_points.empty()) prefill_points = {64, 128, 256, prefill_tokens};
+    for (int pt : prefill_points) {
+      if (pt > c.context) {
+        std::printf("profile: prefill point %d skipped (the model's context is %d)\n", pt, c.context);
+        continue;
+      }
       if (std::find(prof.prefill_tokens.begin(), prof.prefill_tokens.end(), pt) != prof.prefill_tokens.end()) continue;
       std::vector<double> v;
-      for (int r = 0; r < reps; ++r) v.push_back(time_prefill(e, pt, 100 + r));
+      // Long prompts once: their time is seconds, its spread small against it.
+      const int point_reps = pt > 1024 ? 1 : reps;
+      if (pt > e.cache.layout.num_blocks * e.cache.layout.block_size) {
+        auto bigger = pd::KvCache::create(*e.backend, c, e.block_size, (pt + e.block_size - 1) / e.block_size, *kv_dtype);
+        if (!bigger.is_ok()) return fail(bigger.status().to_string());
+        std::swap(e.cache, *bigger);
+      }
+      for (int r = 0; r < point_reps; ++r) v.push_back(time_prefill(e, pt, 100 + r));
       prof.prefill_tokens.push_back(pt);
       prof.prefill_seconds.push_back(pt == prefill_tokens ? pre_s : median(v));
     }
@@ -511,7 +538,15 @@ int main(int argc, char** argv) {
     prof.prefill_tokens = pt2;
     prof.prefill_seconds = ps2;
     const std::vector<int> ctx_points{0, gen / 2, gen - 1};  // step indices: contexts prompt+1, +gen/2, +gen
-    for (int ci : ctx_points) prof.decode_contexts.push_back(prompt + ci + 1);
+    if (profile_contexts.empty()) {
+      for (int ci : ctx_points) prof.decode_contexts.push_back(prompt + ci + 1);
+    } else {
+      for (int ctx : profile_contexts) {
+        if (ctx + 16 > c.context) return fail("--profile-contexts: " + std::to_string(ctx) + " + 16 steps exceeds the model's context " + std::to_string(c.context), 2);
+        prof.decode_contexts.push_back(ctx);
+      }
+      std::sort(prof.decode_contexts.begin(), prof.decode_contexts.end());
+    }
     double decode8 = 0;
     for (int b : batches) {
       const DecodeRun d = time_decode(e, b, prompt, gen);
@@ -524,11 +559,20 @@ int main(int argc, char** argv) {
       run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
                                {"streamed_gbs", streamed}, {"fraction_of_triad", streamed / triad}});
       prof.decode_batches.push_back(b);
-      for (int ci : ctx_points) {
-        // A few steps around each context point, for a steadier figure.
-        std::vector<double> w;
-        for (int k = std::max(0, ci - 2); k <= std::min(gen - 1, ci + 2); ++k) w.push_back(d.step_seconds[k]);
-        prof.decode_seconds.push_back(median(w));
+      if (!profile_contexts.empty()) {
+        for (double ctx : prof.decode_contexts) {
+          const double st = time_long_context_decode(*e.backend, *e.model, *kv_dtype, b, static_cast<int>(ctx), 12,
+                                                     e.block_size);
+          if (st <= 0) return fail("profile decode failed at batch " + std::to_string(b));
+          prof.decode_seconds.push_back(st);
+        }
+      } else {
+        for (int ci : ctx_points) {
+          // A few steps around each context point, for a steadier figure.
+          std::vector<double> w;
+          for (int k = std::max(0, ci - 2); k <= std::min(gen - 1, ci + 2); ++k) w.push_back(d.step_seconds[k]);
+          prof.decode_seconds.push_back(median(w));
+        }
       }
       if (b == 8) decode8 = d.tokens_per_s;
     }

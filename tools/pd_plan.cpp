@@ -433,6 +433,7 @@ struct PoolsOptions {
   double tpot = 0.05;
   double quantile = 0.9;
   std::string profile;
+  std::string trace;  // a request trace (Mooncake JSONL) instead of rate + lengths
   int64_t prefill_budget = 8192;
   int max_decode_batch = 256;
   int max_ranks = 256;
@@ -475,11 +476,15 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   if ((po.prefill > 0) != (po.decode > 0)) die("--prefill and --decode: give both (or neither, to search)");
   if (po.prefill < 0 || po.decode < 0) die("--prefill/--decode: must be positive");
   Workload w;
-  w.arrival_rate = po.rate;
-  w.prompt = or_die(parse_length_dist(po.prompt_len, "--prompt-len"));
-  w.output = or_die(parse_length_dist(po.output_len, "--output-len"));
-  w.num_requests = po.requests;
-  w.seed = po.seed;
+  if (!po.trace.empty()) {
+    w = or_die(trace_workload(po.trace));
+  } else {
+    w.arrival_rate = po.rate;
+    w.prompt = or_die(parse_length_dist(po.prompt_len, "--prompt-len"));
+    w.output = or_die(parse_length_dist(po.output_len, "--output-len"));
+    w.num_requests = po.requests;
+    w.seed = po.seed;
+  }
   const Resolved r = resolve(mo, ho, true);
   RooflineConfig rc;
   rc.weights = r.weights;
@@ -550,9 +555,10 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
     j["hardware"] = hardware_json(r.hw);
     j["tp"] = ho.tp;
     j["cost_model"] = cost_source;
-    j["workload"] = {{"rate", po.rate}, {"prompt_len", length_dist_to_string(w.prompt)},
-                     {"output_len", length_dist_to_string(w.output)}, {"requests", po.requests},
+    j["workload"] = {{"rate", w.arrival_rate}, {"prompt_len", length_dist_to_string(w.prompt)},
+                     {"output_len", length_dist_to_string(w.output)}, {"requests", w.num_requests},
                      {"seed", po.seed}};
+    if (!po.trace.empty()) j["workload"]["trace"] = po.trace;
     j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
     j["kv_pool"] = {{"blocks_per_rank", pool->num_blocks}, {"block_size", ho.block_size},
                     {"tokens_per_rank", pool->token_capacity}};
@@ -574,8 +580,15 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
 
   print_model_line(r.model, r.weights, r.kv);
   print_hw_line(r.hw, ho.tp);
-  std::cout << "workload: " << po.rate << " req/s Poisson, prompt " << length_dist_to_string(w.prompt) << ", output "
-            << length_dist_to_string(w.output) << ", " << po.requests << " requests (seed " << po.seed << ")\n"
+  if (po.trace.empty()) {
+    std::cout << "workload: " << po.rate << " req/s Poisson, prompt " << length_dist_to_string(w.prompt) << ", output "
+              << length_dist_to_string(w.output) << ", " << po.requests << " requests (seed " << po.seed << ")\n";
+  } else {
+    std::cout << "workload: trace " << po.trace << ", " << w.num_requests << " requests, "
+              << fmt_sig(w.arrival_rate) << " req/s, mean prompt " << fmt_fixed(w.prompt.a, 0) << " and output "
+              << fmt_fixed(w.output.a, 0) << " tokens\n";
+  }
+  std::cout
             << "SLO: TTFT p" << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.ttft) << ", TPOT p"
             << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.tpot) << "; costs from " << cost_source
             << "; KV pool " << pool->num_blocks << " blocks (" << pool->token_capacity << " tokens) per rank\n\n";
@@ -605,7 +618,7 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   }
   t.print(std::cout);
   std::cout << "\n(goodput = requests/s within both SLOs; " << plan.simulations << " simulations of "
-            << po.requests << " requests in " << fmt_fixed(wall, 2) << " s)\n";
+            << w.num_requests << " requests in " << fmt_fixed(wall, 2) << " s)\n";
   return 0;
 }
 
@@ -681,12 +694,21 @@ int main(int argc, char** argv) {
   CLI::App* pl = app.add_subcommand("pools", "Size prefill and decode pools by simulation");
   add_model_options(pl, &mo);
   add_hardware_options(pl, &ho);
-  pl->add_option("--rate", po.rate, "Arrival rate, requests/s (Poisson)")->capture_default_str();
-  pl->add_option("--prompt-len", po.prompt_len, "Prompt length: N, uniform:LO:HI, exp:MEAN, lognormal:MEAN:SIGMA")
-      ->capture_default_str();
-  pl->add_option("--output-len", po.output_len, "Output length, same forms")->capture_default_str();
-  pl->add_option("--requests", po.requests, "Simulated requests per run")->capture_default_str();
-  pl->add_option("--seed", po.seed, "Workload seed")->capture_default_str();
+  CLI::Option* rate_opt = pl->add_option("--rate", po.rate, "Arrival rate, requests/s (Poisson)")->capture_default_str();
+  CLI::Option* prompt_opt =
+      pl->add_option("--prompt-len", po.prompt_len, "Prompt length: N, uniform:LO:HI, exp:MEAN, lognormal:MEAN:SIGMA")
+          ->capture_default_str();
+  CLI::Option* output_opt = pl->add_option("--output-len", po.output_len, "Output length, same forms")->capture_default_str();
+  CLI::Option* requests_opt = pl->add_option("--requests", po.requests, "Simulated requests per run")->capture_default_str();
+  CLI::Option* seed_opt = pl->add_option("--seed", po.seed, "Workload seed")->capture_default_str();
+  pl->add_option("--trace", po.trace,
+                 "Request trace to simulate instead of --rate/--prompt-len/--output-len: JSONL lines "
+                 "{\"timestamp\": ms, \"input_length\": N, \"output_length\": N} (AIPerf's mooncake_trace)")
+      ->excludes(rate_opt)
+      ->excludes(prompt_opt)
+      ->excludes(output_opt)
+      ->excludes(requests_opt)
+      ->excludes(seed_opt);
   pl->add_option("--ttft", po.ttft, "TTFT SLO, seconds")->capture_default_str();
   pl->add_option("--tpot", po.tpot, "Time-per-output-token SLO, seconds")->capture_default_str();
   pl->add_option("--quantile", po.quantile, "SLO quantile")->capture_default_str();

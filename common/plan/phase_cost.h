@@ -45,7 +45,12 @@ class RooflineCostModel final : public PhaseCostModel {
 };
 
 // Costs from a measured engine profile; the KV link from the profile when it
-// has one, else `link_bytes_per_second` / `link_latency`.
+// has one, else `link_bytes_per_second` / `link_latency`. The profile's
+// prefill points are single prompts, whose attention grows with the square of
+// their length; a pass of several prompts attends only within each, so it
+// costs the profile's time for its total tokens less c x (total^2 - sum of
+// squared lengths), c the n^2 term of a least-squares fit a + b n + c n^2 to
+// the points (0 with fewer than three).
 class ProfileCostModel final : public PhaseCostModel {
  public:
   ProfileCostModel(EngineProfile profile, double kv_bytes_per_token, int n_layers, double link_bytes_per_second,
@@ -55,9 +60,11 @@ class ProfileCostModel final : public PhaseCostModel {
   double kv_transfer_seconds(double tokens) const override;
   double kv_transfer_latency() const override { return latency_; }
   int transfer_chunks() const override { return n_layers_; }
+  double prefill_quadratic_coefficient() const { return attention_coeff_; }
 
  private:
   EngineProfile profile_;
+  double attention_coeff_ = 0;
   double kv_bytes_per_token_;
   int n_layers_;
   double link_bw_;

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
 #include <sstream>
@@ -104,6 +106,14 @@ Status validate_workload(const Workload& w) {
   if (!(w.arrival_rate > 0) || !std::isfinite(w.arrival_rate)) {
     return Status::invalid_argument("rate: arrival rate must be positive, got " + std::to_string(w.arrival_rate));
   }
+  for (size_t i = 0; i < w.trace.size(); ++i) {
+    const DrawnRequest& r = w.trace[i];
+    if (r.prompt < 1 || r.output < 1 || !std::isfinite(r.arrival) || r.arrival < 0 ||
+        (i > 0 && r.arrival < w.trace[i - 1].arrival)) {
+      return Status::invalid_argument("trace: request " + std::to_string(i) +
+                                      " needs lengths >= 1 and an arrival no earlier than the one before");
+    }
+  }
   if (w.num_requests <= 0 || w.num_requests > 100'000'000) {
     return Status::invalid_argument("requests: must be in [1, 1e8], got " + std::to_string(w.num_requests));
   }
@@ -154,6 +164,7 @@ int64_t draw_length(const LengthDist& d, Stream& s) {
 }  // namespace
 
 std::vector<DrawnRequest> draw_workload(const Workload& w) {
+  if (!w.trace.empty()) return w.trace;
   std::vector<DrawnRequest> out(static_cast<size_t>(w.num_requests));
   Stream arrivals(splitmix64(w.seed * 3 + 0));
   Stream prompts(splitmix64(w.seed * 3 + 1));
@@ -166,6 +177,50 @@ std::vector<DrawnRequest> draw_workload(const Workload& w) {
     r.output = static_cast<int32_t>(draw_length(w.output, outputs));
   }
   return out;
+}
+
+Result<Workload> trace_workload(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::invalid_argument("--trace: cannot open '" + path + "'");
+  Workload w;
+  std::string line;
+  int64_t line_no = 0;
+  double prompt_sum = 0, output_sum = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = "--trace: " + path + ":" + std::to_string(line_no) + ": ";
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return Status::invalid_argument(where + "not a JSON object");
+    for (const char* key : {"timestamp", "input_length", "output_length"}) {
+      if (!j.contains(key) || !j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < 0) {
+        return Status::invalid_argument(where + "field '" + key + "' must be a non-negative number");
+      }
+    }
+    DrawnRequest r;
+    r.arrival = j["timestamp"].get<double>() / 1000.0;
+    const double in_len = j["input_length"].get<double>(), out_len = j["output_length"].get<double>();
+    if (in_len < 1 || out_len < 1 || in_len > 1e8 || out_len > 1e8) {
+      return Status::invalid_argument(where + "input_length and output_length must be in [1, 1e8]");
+    }
+    r.prompt = static_cast<int32_t>(in_len);
+    r.output = static_cast<int32_t>(out_len);
+    if (!w.trace.empty() && r.arrival < w.trace.back().arrival) {
+      return Status::invalid_argument(where + "timestamp earlier than the line before (sort the trace)");
+    }
+    prompt_sum += r.prompt;
+    output_sum += r.output;
+    w.trace.push_back(r);
+  }
+  if (w.trace.empty()) return Status::invalid_argument("--trace: no requests in '" + path + "'");
+  const double n = static_cast<double>(w.trace.size());
+  const double span = w.trace.back().arrival - w.trace.front().arrival;
+  w.num_requests = static_cast<int64_t>(w.trace.size());
+  w.arrival_rate = span > 0 ? (n - 1) / span : n;
+  w.prompt.kind = w.output.kind = LengthDist::Kind::kFixed;
+  w.prompt.a = std::max(1.0, prompt_sum / n);
+  w.output.a = std::max(1.0, output_sum / n);
+  return w;
 }
 
 }  // namespace pd::plan

@@ -26,6 +26,13 @@ struct LengthDist {
 Result<LengthDist> parse_length_dist(std::string_view text, std::string_view what);
 std::string length_dist_to_string(const LengthDist& d);
 
+// One request of a drawn workload.
+struct DrawnRequest {
+  double arrival = 0;  // seconds from the start
+  int32_t prompt = 0;  // tokens
+  int32_t output = 0;  // tokens generated, the first included
+};
+
 struct Workload {
   double arrival_rate = 1;   // requests per second
   bool poisson = true;       // false: evenly spaced arrivals
@@ -33,15 +40,20 @@ struct Workload {
   LengthDist output;         // tokens generated per request, first token included
   int64_t num_requests = 10'000;
   uint64_t seed = 1;
+  // A recorded or pre-generated request stream (arrivals ascending). When
+  // non-empty it is the workload: draw_workload returns it as it is, and the
+  // fields above describe it (trace_workload sets them from it).
+  std::vector<DrawnRequest> trace;
 };
 Status validate_workload(const Workload& w);
 
-// One request of a drawn workload.
-struct DrawnRequest {
-  double arrival = 0;  // seconds from the start
-  int32_t prompt = 0;  // tokens
-  int32_t output = 0;  // tokens generated, the first included
-};
+// A trace file as load generators replay it (the Mooncake trace format that
+// AIPerf's --custom-dataset-type mooncake_trace reads): one JSON object per
+// line, {"timestamp": ms, "input_length": tokens, "output_length": tokens};
+// other fields are ignored, timestamps must not decrease. The workload's rate
+// is requests over the span of arrivals, its lengths fixed at the trace's means
+// (used only for the search's feasibility check). Errors name the file and line.
+Result<Workload> trace_workload(const std::string& path);
 // Draws `w.num_requests` requests: arrival gaps, prompt and output lengths each
 // from its own stream seeded from `w.seed` (changing one distribution leaves the
 // others' draws unchanged). Bit-identical for a seed on every platform (no

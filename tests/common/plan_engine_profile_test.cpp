@@ -4,6 +4,7 @@
 #include <string>
 
 #include "plan/engine_profile.h"
+#include "plan/phase_cost.h"
 
 using namespace pd::plan;
 
@@ -80,4 +81,38 @@ TEST_CASE("plan: bad engine profiles are errors naming the field", "[plan][profi
     CHECK(p.status().message().find(c.needle) != std::string::npos);
     CHECK(p.status().message().find("bad.json") != std::string::npos);
   }
+}
+
+TEST_CASE("plan: a pass of several prompts is charged attention within each prompt only", "[plan][profile]") {
+  // Single prompts of n tokens cost exactly a + b n + c n^2, measured at seven lengths.
+  const double a = 0.01, b = 1e-3, c = 2e-6;
+  auto t = [&](double n) { return a + b * n + c * n * n; };
+  EngineProfile prof;
+  for (double n : {64, 128, 256, 512, 1024, 2048, 4096}) {
+    prof.prefill_tokens.push_back(n);
+    prof.prefill_seconds.push_back(t(n));
+  }
+  prof.decode_batches = {1};
+  prof.decode_contexts = {128};
+  prof.decode_seconds = {0.01};
+  ProfileCostModel cost(prof, 1000, 30, 1e9, 0);
+  CHECK(cost.prefill_quadratic_coefficient() == Approx(c).epsilon(1e-6));
+  // One prompt: the profile itself.
+  CHECK(cost.prefill_seconds(1024, 1, 1024.0 * 1024) == Approx(t(1024)));
+  // Four prompts of 256 in one pass: the linear part for 1,024 tokens, attention for four 256s
+  // (not one 1,024-token prompt's, which costs 2.9x as much here).
+  const double four = cost.prefill_seconds(1024, 4, 4 * 256.0 * 256);
+  CHECK(four == Approx(a + b * 1024 + c * 4 * 256 * 256).epsilon(0.02));
+  CHECK(four < t(1024));
+  // Uneven prompts, 3,000 + 1,000 tokens: never below the longest prompt alone.
+  const double uneven = cost.prefill_seconds(4000, 2, 3000.0 * 3000 + 1000.0 * 1000);
+  CHECK(uneven == Approx(a + b * 4000 + c * (3000.0 * 3000 + 1000.0 * 1000)).epsilon(0.02));
+  CHECK(uneven > t(3000));
+  // Fewer than three points: no fitted term, the profile's total-token time as before.
+  EngineProfile two = prof;
+  two.prefill_tokens.resize(2);
+  two.prefill_seconds.resize(2);
+  ProfileCostModel flat(two, 1000, 30, 1e9, 0);
+  CHECK(flat.prefill_quadratic_coefficient() == 0);
+  CHECK(flat.prefill_seconds(1024, 4, 4 * 256.0 * 256) == Approx(two.prefill_time(1024)));
 }

@@ -2,6 +2,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 
 #include "plan/pool_search.h"
 #include "plan/pool_simulator.h"
@@ -15,6 +19,19 @@ LengthDist fixed(double n) {
   d.kind = LengthDist::Kind::kFixed;
   d.a = n;
   return d;
+}
+
+// Prefill, decode and a link, each with a fixed and a per-unit part.
+LinearCosts mixed_costs() {
+  LinearCosts lc;
+  lc.prefill_fixed = 0.002;
+  lc.prefill_per_token = 1e-5;
+  lc.decode_fixed = 0.005;
+  lc.decode_per_seq = 2e-4;
+  lc.decode_per_context_token = 1e-8;
+  lc.kv_bytes_per_token = 1e5;
+  lc.link_bytes_per_second = 1e10;
+  return lc;
 }
 
 SimResult run(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost, const Slo& slo = Slo{}) {
@@ -56,15 +73,7 @@ TEST_CASE("plan: simulator reproduces M/D/1 waiting time (Pollaczek-Khinchine)",
 }
 
 TEST_CASE("plan: simulator is deterministic for a seed", "[plan][sim]") {
-  LinearCosts lc;
-  lc.prefill_fixed = 0.002;
-  lc.prefill_per_token = 1e-5;
-  lc.decode_fixed = 0.005;
-  lc.decode_per_seq = 2e-4;
-  lc.decode_per_context_token = 1e-8;
-  lc.kv_bytes_per_token = 1e5;
-  lc.link_bytes_per_second = 1e10;
-  LinearCostModel cost(lc);
+  LinearCostModel cost(mixed_costs());
   Workload w;
   w.arrival_rate = 50;
   w.prompt = *parse_length_dist("uniform:64:1024", "prompt");
@@ -81,6 +90,62 @@ TEST_CASE("plan: simulator is deterministic for a seed", "[plan][sim]") {
   w.seed = 2;
   const SimResult d = run(w, c, cost);
   CHECK(d.makespan_seconds != a.makespan_seconds);
+}
+
+TEST_CASE("plan: a trace file replays exactly the requests it lists", "[plan][sim]") {
+  LinearCostModel cost(mixed_costs());
+  Workload w;
+  w.arrival_rate = 20;
+  w.prompt = *parse_length_dist("uniform:64:1024", "prompt");
+  w.output = *parse_length_dist("exp:64", "output");
+  w.num_requests = 500;
+  const std::vector<DrawnRequest> drawn = draw_workload(w);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("pd_plan_trace_" + std::to_string(::getpid()) + ".jsonl")).string();
+  {
+    std::ofstream f(path);
+    f.precision(17);
+    for (const DrawnRequest& r : drawn) {
+      f << "{\"timestamp\": " << r.arrival * 1000.0 << ", \"input_length\": " << r.prompt
+        << ", \"output_length\": " << r.output << ", \"hash_ids\": []}\n";
+    }
+  }
+  auto traced = trace_workload(path);
+  REQUIRE(traced.is_ok());
+  CHECK(traced->num_requests == 500);
+  CHECK(std::abs(traced->arrival_rate - 20) < 3);  // the draw's own rate, sampled
+  const std::vector<DrawnRequest> replay = draw_workload(*traced);
+  REQUIRE(replay.size() == drawn.size());
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    CHECK(replay[i].prompt == drawn[i].prompt);
+    CHECK(replay[i].output == drawn[i].output);
+    CHECK(std::abs(replay[i].arrival - drawn[i].arrival) < 1e-9);
+  }
+  ClusterConfig c;
+  c.prefill_ranks = 1;
+  c.decode_ranks = 1;
+  c.decode_kv_blocks = 4000;
+  const SimResult a = run(w, c, cost), b = run(*traced, c, cost);
+  CHECK(std::abs(a.ttft.p90 - b.ttft.p90) < 1e-9);
+  CHECK(std::abs(a.tpot.p90 - b.tpot.p90) < 1e-9);
+
+  // Bad traces: the error names the file's line and the field.
+  std::ofstream(path) << "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5}\n"
+                         "{\"timestamp\": 5, \"input_length\": 10}\n";
+  auto missing = trace_workload(path);
+  REQUIRE_FALSE(missing.is_ok());
+  CHECK(missing.status().message().find(":2: field 'output_length'") != std::string::npos);
+  std::ofstream(path) << "{\"timestamp\": 50, \"input_length\": 10, \"output_length\": 5}\n"
+                         "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 5}\n";
+  auto unsorted = trace_workload(path);
+  REQUIRE_FALSE(unsorted.is_ok());
+  CHECK(unsorted.status().message().find(":2: timestamp earlier") != std::string::npos);
+  std::ofstream(path) << "not json\n";
+  CHECK_FALSE(trace_workload(path).is_ok());
+  std::ofstream(path) << "\n";
+  CHECK_FALSE(trace_workload(path).is_ok());
+  std::remove(path.c_str());
+  CHECK_FALSE(trace_workload(path).is_ok());
 }
 
 TEST_CASE("plan: more decode ranks never worsen simulated TPOT", "[plan][sim]") {
