@@ -394,12 +394,12 @@ def summarize(recs, wall_s, ttft_slo, tpot_slo):
     return out
 
 
-def long_prompt_figures(recs, rows):
+def long_prompt_figures(recs, rows, long_prompt):
     """For a long-prompt trace: the background decodes' inter-token gaps and worst stalls
     (what the long prefills cost the requests already generating), and the long prompts'
     own TTFT and first gap (their KV handoff, on the disaggregated cluster)."""
     def is_long(r):
-        return r["session"] is not None and r["session"] < len(rows) and rows[r["session"]]["input_length"] >= 1024
+        return r["session"] is not None and r["session"] < len(rows) and rows[r["session"]]["input_length"] >= long_prompt
     ok = [r for r in recs if r["ok"]]
     bg = [r for r in ok if not is_long(r)]
     long = [r for r in ok if is_long(r)]
@@ -808,7 +808,7 @@ def main():
                 results[c][n] = {"summary": s, "window": summarize(windowed(recs), wall, args.ttft_slo, args.tpot_slo),
                                  "records": recs}
                 if w["kind"] == "long":
-                    results[c][n]["long"] = long_prompt_figures(recs, w["rows"])
+                    results[c][n]["long"] = long_prompt_figures(recs, w["rows"], w["long_prompt"])
                 client[c][n] = {"wall_s": wall, "window_s": window_s, "client_cpu_s": ccpu, "server_cpu_s": scpu,
                                 "client_cpu_s_whole_run": samples[-1][1] if samples else float("nan")}
                 log("  %-16s ok %3d failed %d | TTFT p50 %.2f p90 %.2f s | ITL p50 %.0f p99 %.0f ms | %.1f tok/s | "
@@ -860,7 +860,8 @@ def report_only(args):
     for per_config in saved["results"].values():
         for name, run in per_config.items():
             if saved["workloads"][name]["kind"] == "long":
-                run["long"] = long_prompt_figures(run["records"], trace_rows_of(args.out, name))
+                run["long"] = long_prompt_figures(run["records"], trace_rows_of(args.out, name),
+                                                  saved["workloads"][name]["long_prompt"])
     profile = os.path.join(args.out, "engine_profile.json")
     preds = saved["planner"]
     if preds and os.path.exists(profile):  # simulate again: pd-plan may have changed, the profile has not
