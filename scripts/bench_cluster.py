@@ -171,17 +171,19 @@ def make_workloads(quick, seed):
 
 # --------------------------------------------------------------------------- servers
 
+def stat_fields(pid):
+    """/proc/PID/stat's fields after the command name (field 3 onwards), or None if gone."""
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def proc_cpu_seconds(pids):
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    fields = [stat_fields(pid) for pid in pids]
+    return sum((int(f[11]) + int(f[12])) / tick for f in fields if f)  # utime, stime
 
 
 class PdServer:
@@ -218,7 +220,9 @@ class LlamaServer:
                      # httplib holds a thread per keep-alive connection: with the default
                      # (slots + 2) a pooling client's idle connections starve new requests.
                      "--threads-http", "64", "--no-webui"] + extra
-        self.log = open(log_path, "w")
+        self.log = open(log_path, "a")  # one server per workload: keep every one's log
+        self.log.write("# " + " ".join(self.args) + "\n")
+        self.log.flush()
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -281,12 +285,8 @@ def tree_cpu_seconds(root):
     tick = os.sysconf("SC_CLK_TCK")
     kids, stats = {}, {}
     for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = stat_fields(d) if d.isdigit() else None
+        if not fields:
             continue
         kids.setdefault(int(fields[1]), []).append(int(d))
         stats[int(d)] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
@@ -761,6 +761,8 @@ def main():
                 f.write(json.dumps(row) + "\n")
         traces[n] = path
     llama_exe = None
+    if os.path.exists(os.path.join(args.out, "llama-server.log")):
+        os.unlink(os.path.join(args.out, "llama-server.log"))  # this run's servers append to it
     if "llamacpp" in configs:
         from accuracy_llamacpp import build_llama_cpp
         llama_exe, _ = build_llama_cpp(os.path.join(args.work, "llama.cpp"), args.jobs, "llama-server")
@@ -776,10 +778,8 @@ def main():
         # cells in use across slots), 2 threads on the 2 cores, flash attention.
         longest = max(r["input_length"] + r["output_length"] for r in w["rows"]) + 64  # + chat template
         slot_ctx = args.llamacpp_slot_ctx or 256 * math.ceil(longest / 256)
-        srv = LlamaServer(llama_exe, args.model, 2, args.llamacpp_slots, slot_ctx, args.llamacpp_args.split(),
-                          os.path.join(args.out, "llama-server.log"))
-        warm_up(srv.port, srv.model_name)
-        return srv
+        return LlamaServer(llama_exe, args.model, 2, args.llamacpp_slots, slot_ctx, args.llamacpp_args.split(),
+                           os.path.join(args.out, "llama-server.log"))
 
     for c in configs:
         log("# configuration %s" % c)

@@ -427,11 +427,15 @@ int main(int argc, char** argv) {
   const std::vector<int> kv_batches = parse_list(kv_batches_s, "--kv-batches", &ok4);
   if (!ok3 || !ok4) return 2;
   bool ok5 = true, ok6 = true;
-  const std::vector<int> profile_prefill =
+  std::vector<int> profile_prefill =
       profile_prefill_s.empty() ? std::vector<int>{} : parse_list(profile_prefill_s, "--profile-prefill", &ok5);
-  const std::vector<int> profile_contexts =
+  std::vector<int> profile_contexts =
       profile_contexts_s.empty() ? std::vector<int>{} : parse_list(profile_contexts_s, "--profile-contexts", &ok6);
   if (!ok5 || !ok6) return 2;
+  for (std::vector<int>* v : {&profile_prefill, &profile_contexts}) {  // the profile's points: sorted, distinct
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
   if (sweep)
     for (int b : {16, 64, 128})
       if (std::find(batches.begin(), batches.end(), b) == batches.end()) batches.push_back(b);
@@ -467,6 +471,11 @@ int main(int argc, char** argv) {
       out["cpu"] = cpu_model();
     }
     const auto& c = e.model->config();
+    for (int ctx : profile_contexts)
+      if (ctx + 16 > c.context)
+        return fail("--profile-contexts: " + std::to_string(ctx) + " + 16 steps exceeds the model's context " +
+                        std::to_string(c.context),
+                    2);
     const int max_batch = batches.back();
     const int64_t blocks = std::max<int64_t>((std::max(prefill_tokens, 256) + 15) / 16,
                                              static_cast<int64_t>(max_batch) * ((prompt + gen + 15) / 16));
@@ -521,9 +530,11 @@ int main(int argc, char** argv) {
       // Long prompts once: their time is seconds, its spread small against it.
       const int point_reps = pt > 1024 ? 1 : reps;
       if (pt > e.cache.layout.num_blocks * e.cache.layout.block_size) {
-        auto bigger = pd::KvCache::create(*e.backend, c, e.block_size, (pt + e.block_size - 1) / e.block_size, *kv_dtype);
+        auto bigger =
+            pd::KvCache::create(*e.backend, c, e.block_size, (pt + e.block_size - 1) / e.block_size, *kv_dtype);
         if (!bigger.is_ok()) return fail(bigger.status().to_string());
         std::swap(e.cache, *bigger);
+        kv_pool_mb = std::max(kv_pool_mb, static_cast<double>(e.cache.layout.total_bytes()) / 1e6);
       }
       for (int r = 0; r < point_reps; ++r) v.push_back(time_prefill(e, pt, 100 + r));
       prof.prefill_tokens.push_back(pt);
@@ -541,11 +552,7 @@ int main(int argc, char** argv) {
     if (profile_contexts.empty()) {
       for (int ci : ctx_points) prof.decode_contexts.push_back(prompt + ci + 1);
     } else {
-      for (int ctx : profile_contexts) {
-        if (ctx + 16 > c.context) return fail("--profile-contexts: " + std::to_string(ctx) + " + 16 steps exceeds the model's context " + std::to_string(c.context), 2);
-        prof.decode_contexts.push_back(ctx);
-      }
-      std::sort(prof.decode_contexts.begin(), prof.decode_contexts.end());
+      prof.decode_contexts.assign(profile_contexts.begin(), profile_contexts.end());  // sorted, distinct, checked
     }
     double decode8 = 0;
     for (int b : batches) {
