@@ -57,6 +57,7 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
       transport_(std::move(transport)),
       channel_(std::move(channel)) {
   header_ = engine_->wire_header();
+  endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
   confirmed_dead_ = [this](int rank) { return rank_confirmed_dead(roles_, rank); };
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
@@ -77,8 +78,13 @@ Status DecodeWorker::run() {
   spdlog::info("decode rank {} ready ({} KV blocks of {} tokens{})", roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size(), roles_.colocated() ? ", colocated: prefills its own prompts" : "");
   report_load(true);
-  while (!shutdown_)
+  while (!shutdown_ && device_fault_.is_ok())
     if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
+  if (!device_fault_.is_ok()) {
+    // The device is gone: leave like a crashed rank (the cluster fences it).
+    spdlog::critical("decode rank {}: device failed, stopping: {}", roles_.self, device_fault_.to_string());
+    return device_fault_;
+  }
   for (auto& [id, s] : seqs_)
     for (TransferOp op : s.ops) transport_->cancel(op);
   const auto end = Clock::now() + std::chrono::milliseconds(2000);
@@ -91,6 +97,7 @@ Status DecodeWorker::run() {
 }
 
 bool DecodeWorker::run_once() {
+  transport_->progress();
   bool busy = handle_messages();
   busy |= progress_transfers();
   check_deadlines();
@@ -195,6 +202,7 @@ void DecodeWorker::on_peer_left(int rank) {
   on_peer_down(rank, peers_.epoch(rank));
   peers_.forget(rank);
   tags_.erase(rank);
+  transport_->forget_peer(rank);
   channel_->forget(rank);
 }
 
@@ -273,6 +281,7 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
   s.id = id;
   s.source = source;
   s.state = SeqState::kOffered;
+  s.path = choose_kv_path(m.endpoint, endpoint_);
   s.n_prompt = static_cast<int32_t>(m.prompt.size());
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
@@ -375,7 +384,7 @@ bool DecodeWorker::accept_offers() {
     s.tag = *tag;
     std::vector<int32_t> table;
     for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
-    Status st;
+    Status st = transport_->select_path(s.source, s.path);
     for (int l = 0; l < header_.n_layers && st.is_ok(); ++l) {
       const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table);
       auto op = transport_->post_recv(s.source, s.tag, region);
@@ -396,7 +405,7 @@ bool DecodeWorker::accept_offers() {
       drain(s);
       continue;
     }
-    channel_->send(s.source, proto::HandoffAccept{s.id, s.tag, epoch_});
+    channel_->send(s.source, proto::HandoffAccept{s.id, s.tag, epoch_, endpoint_});
     any = true;
   }
   return any;
@@ -450,8 +459,12 @@ void DecodeWorker::finish_transfer(Seq& s) {
   for (BlockId b : engine_->blocks->block_table(seq_of(s.id))) table.push_back(b.value);
   for (int l = 0; l < header_.n_layers; ++l) {
     if (trailer->checksums[l] == 0) continue;  // the sender does not checksum
-    const uint64_t got = kv_region_checksum(kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table));
-    if (got != trailer->checksums[l])
+    const Result<uint64_t> got = kv_region_checksum(
+        *engine_->backend, *engine_->cache.buffer, kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table));
+    if (!got.is_ok())
+      return fail(s, "KV checksum of layer " + std::to_string(l) + " failed: " + got.status().message(),
+                  proto::FailureKind::kTransfer);
+    if (*got != trailer->checksums[l])
       return fail(s, "KV checksum mismatch at layer " + std::to_string(l) + " (transfer from prefill rank " +
                          std::to_string(s.source) + " corrupted)",
                   proto::FailureKind::kTransfer);
@@ -652,6 +665,7 @@ bool DecodeWorker::step() {
     batch.resize(stepped.size());
     Status st = engine_->model->decode(batch, engine_->cache, &logits_);
     if (!st.is_ok()) {
+      device_fault_ = engine_->backend->device_health();
       for (proto::RequestId id : stepped) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
     } else {
       const int64_t vocab = engine_->config().vocab;
@@ -704,6 +718,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
   const auto t0 = Clock::now();
   std::vector<float> logits;
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
+  if (!st.is_ok()) device_fault_ = engine_->backend->device_health();
   if (!st.is_ok()) return st;
   for (proto::RequestId id : ids) seqs_.at(id).kv_complete = true;
   const double prefill_s = seconds(Clock::now() - t0);

@@ -61,6 +61,8 @@ class DecodeWorker {
   bool run_once();
   // The router sent Shutdown: run() leaves its loop.
   bool shutting_down() const { return shutdown_; }
+  // Why this rank stops serving because its device failed (OK while none).
+  const Status& device_fault() const { return device_fault_; }
   using Clock = std::chrono::steady_clock;
   // Whether `rank`'s process has ended for sure (default: rank_confirmed_dead).
   // Tests substitute their own.
@@ -86,6 +88,7 @@ class DecodeWorker {
     bool needs_compute = false;        // colocated prompt or preempted: KV to (re)compute locally
     uint64_t order = 0;                // arrival order (preempted sequences resume oldest first)
     // transfer
+    KvPathChoice path;                 // how its KV travels (from the offer's and this rank's endpoints)
     int tag = 0;
     std::vector<TransferOp> ops;
     std::vector<uint8_t> trailer;
@@ -130,6 +133,7 @@ class DecodeWorker {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ControlChannel> channel_;
   proto::KvWireHeader header_;
+  proto::KvEndpoint endpoint_;  // where this rank's KV lives and its device paths (accepts carry it)
 
   std::unordered_map<proto::RequestId, Seq> seqs_;
   std::deque<proto::RequestId> offers_;    // offered, waiting for room (FIFO)
@@ -145,6 +149,7 @@ class DecodeWorker {
   std::function<bool(int)> confirmed_dead_;
   int64_t preemptions_ = 0;
   bool shutdown_ = false;
+  Status device_fault_;  // set when a failed step finds the device itself gone: run() stops
   bool leaving_ = false, drained_sent_ = false, leave_sent_ = false;  // Drain (elastic pools)
   LoadReporter load_reporter_;
   std::vector<float> logits_;

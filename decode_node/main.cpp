@@ -2,15 +2,16 @@
 //   mpirun -np 1 pd-router CFG : -np P pd-prefill CFG : -np D pd-decode CFG
 // With no pd-prefill ranks in the job (colocated mode) it prefills its own prompts.
 #include "decode_node/decode_worker.h"
-#include "kvtransfer/mpi_transport.h"
+#include "kvtransfer/kv_paths.h"
+#include "protocol/mpi_channel.h"
 #include "serving/worker_main.h"
 
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
                                                             std::unique_ptr<pd::Engine> engine,
                                                              std::shared_ptr<pd::MpiLinks> links) {
-    pd::DecodeWorker w(cfg, roles, std::move(engine), std::make_unique<pd::MpiTransport>(links),
-                       std::make_unique<pd::MpiControlChannel>(links));
+    auto transport = pd::make_kv_transport(links, *engine->backend, *engine->cache.buffer);
+    pd::DecodeWorker w(cfg, roles, std::move(engine), std::move(transport), std::make_unique<pd::MpiControlChannel>(links));
     return w.run();
   });
 }

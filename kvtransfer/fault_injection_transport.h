@@ -40,6 +40,10 @@ class FaultInjectionTransport final : public Transport {
   void cancel(TransferOp op) override;
   void abandon(TransferOp op) override;
   size_t pending() const override { return inner_->pending() + hung_.size(); }
+  std::vector<KvPath> paths() const override { return inner_->paths(); }
+  Status select_path(int peer, const KvPathChoice& choice) override { return inner_->select_path(peer, choice); }
+  void forget_peer(int peer) override { inner_->forget_peer(peer); }
+  void progress() override { inner_->progress(); }
 
  private:
   bool targets(int tag);

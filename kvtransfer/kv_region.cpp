@@ -25,6 +25,13 @@ uint64_t kv_region_checksum(const KvRegion& r) {
   return h;
 }
 
+Result<uint64_t> kv_region_checksum(Backend& backend, const BackendBuffer& cache, const KvRegion& r) {
+  if (!backend.device_memory()) return kv_region_checksum(r);
+  std::vector<uint8_t> host(static_cast<size_t>(r.total_bytes()));
+  PD_RETURN_IF_ERROR(backend.kv_gather(cache, r.offsets, static_cast<size_t>(r.piece_bytes), host.data()));
+  return XXH3_64bits(host.data(), host.size());
+}
+
 std::vector<uint8_t> KvTrailer::serialize() const {
   std::vector<uint8_t> out(serialized_size(static_cast<int>(checksums.size())));
   std::memcpy(out.data(), &request_id, 8);

@@ -24,6 +24,10 @@ KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int laye
 
 // XXH3-64 of the region's bytes in wire order.
 uint64_t kv_region_checksum(const KvRegion& r);
+// The same for a region of `cache` wherever `backend` keeps it: device memory
+// is gathered to the host first (waiting for the ops that wrote it), so both
+// ends of any path agree on the value.
+Result<uint64_t> kv_region_checksum(Backend& backend, const BackendBuffer& cache, const KvRegion& r);
 
 // The fixed-size message that ends a transfer (same tag, after the layers):
 // whose KV it is (request id and the sender's epoch, checked on arrival so a

@@ -9,7 +9,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "kvtransfer/kv_path.h"
 #include "kvtransfer/kv_region.h"
 #include "util/status.h"
 
@@ -48,6 +51,26 @@ class Transport {
   // with a vanished peer ends.
   virtual void abandon(TransferOp op) = 0;
   virtual size_t pending() const = 0;
+
+  // The paths this transport can carry (KvPaths: every path it holds).
+  virtual std::vector<KvPath> paths() const { return {KvPath::kMpi}; }
+  // Region operations with `peer` posted from now on take `choice.path`
+  // (choose_kv_path, computed the same on both ends). Unsupported for a path
+  // this transport lacks.
+  // Small byte buffers (trailers) always travel over MPI.
+  virtual Status select_path(int peer, const KvPathChoice& choice) {
+    if (choice.path == KvPath::kMpi) return Status::ok();
+    return Status::unsupported(std::string("transport '") + name() + "' has no " + kv_path_name(choice.path) +
+                               " path to rank " + std::to_string(peer));
+  }
+  // `peer` left or was declared dead and every operation with it has ended or
+  // been abandoned: release what is kept for it (mapped memory, a communicator).
+  virtual void forget_peer(int peer) { (void)peer; }
+  // Moves operations along without testing any (the engine loop calls it every
+  // iteration): a device path answers its peer's messages here even when this
+  // rank has nothing of its own to test. MPI needs nothing (its progress rides
+  // on every MPI call).
+  virtual void progress() {}
 };
 
 }  // namespace pd

@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kvtransfer/fault_injection_transport.h"
-#include "kvtransfer/mpi_transport.h"
+#include "kvtransfer/kv_paths.h"
 #include "prefill_node/prefill_worker.h"
 #include "serving/worker_main.h"
 
@@ -11,7 +11,8 @@ int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kPrefill, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
                                                              std::unique_ptr<pd::Engine> engine,
                                                              std::shared_ptr<pd::MpiLinks> links) {
-    pd::PrefillWorker w(cfg, roles, std::move(engine), pd::FaultInjectionTransport::from_env(std::make_unique<pd::MpiTransport>(links)),
+    auto transport = pd::make_kv_transport(links, *engine->backend, *engine->cache.buffer);
+    pd::PrefillWorker w(cfg, roles, std::move(engine), pd::FaultInjectionTransport::from_env(std::move(transport)),
                         std::make_unique<pd::MpiControlChannel>(links));
     return w.run();
   });

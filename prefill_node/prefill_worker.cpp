@@ -69,6 +69,7 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
       transport_(std::move(transport)),
       channel_(std::move(channel)) {
   header_ = engine_->wire_header();
+  endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
   // Layer hook: runs on this thread inside forward(), right after a layer's KV
   // is in the cache. Checksums are taken for every request of the batch (a
   // held request sends later); sends go out only for accepted handoffs. It
@@ -80,9 +81,13 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
       if (it == jobs_.end()) continue;
       Job& job = it->second;
       if (job.state != JobState::kComputing) continue;
-      if (engine_->kv_checksum)
-        job.checksums[layer] = kv_region_checksum(
+      if (engine_->kv_checksum) {
+        Result<uint64_t> sum = kv_region_checksum(
+            *engine_->backend, *engine_->cache.buffer,
             kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table));
+        if (sum.is_ok()) job.checksums[layer] = *sum;
+        else if (job.send_error.empty()) job.send_error = "KV checksum failed: " + sum.status().message();
+      }
       if (job.accepted && job.layers_posted == layer) post_layer(job, layer);
     }
     pump_transfers();    // keep MPI progressing while compute continues
@@ -96,8 +101,14 @@ Status PrefillWorker::run() {
   spdlog::info("prefill rank {} ready ({} KV blocks of {} tokens)", roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size());
   report_load(true);
-  while (!shutdown_)
+  while (!shutdown_ && device_fault_.is_ok())
     if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
+  if (!device_fault_.is_ok()) {
+    // The device is gone: nothing more can run here. Leave like a crashed rank
+    // (the cluster's heartbeats fence it and re-run or fail what it held).
+    spdlog::critical("prefill rank {}: device failed, stopping: {}", roles_.self, device_fault_.to_string());
+    return device_fault_;
+  }
   // Shutdown: the router drained first; give in-flight sends a bounded chance.
   const auto end = Clock::now() + std::chrono::milliseconds(std::min(cfg_.timeouts.transfer_ms, 5000));
   while (transport_->pending() && Clock::now() < end) {
@@ -109,6 +120,7 @@ Status PrefillWorker::run() {
 }
 
 bool PrefillWorker::run_once() {
+  transport_->progress();
   bool busy = handle_messages();
   busy |= progress_transfers();
   check_deadlines();
@@ -203,6 +215,7 @@ void PrefillWorker::on_peer_left(int rank) {
   on_peer_down(rank, peers_.epoch(rank));
   peers_.forget(rank);
   peer_sends_.erase(rank);
+  transport_->forget_peer(rank);
   channel_->forget(rank);
 }
 
@@ -273,6 +286,7 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   offer.prompt = job.req.prompt;
   offer.sampling = job.req.sampling;
   offer.epoch = epoch_;
+  offer.endpoint = endpoint_;
   channel_->send(job.req.decode_rank, offer);
   queue_.push_back(id);
 }
@@ -310,6 +324,10 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
   if (job->accepted) return;  // a duplicate
   job->accepted = true;
   job->tag = m.tag;
+  // The decode rank chose the same path from the same two endpoints.
+  if (Status st = transport_->select_path(source, choose_kv_path(endpoint_, m.endpoint));
+      !st.is_ok() && job->send_error.empty())
+    job->send_error = "KV path: " + st.message();
   if (job->state == JobState::kHeld) {
     set_state(*job, JobState::kSending);
     for (int l = 0; l < header_.n_layers; ++l) post_layer(*job, l);
@@ -468,6 +486,7 @@ bool PrefillWorker::run_batch() {
   ran.swap(batch_);
   if (!st.is_ok()) {
     spdlog::error("prefill rank {}: batch of {} failed: {}", roles_.self, ran.size(), st.to_string());
+    device_fault_ = engine_->backend->device_health();
     for (proto::RequestId id : ran)
       if (Job* job = find_job(id)) fail(*job, "prefill failed: " + st.message(), proto::FailureKind::kInternal, true);
   }

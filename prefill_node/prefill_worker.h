@@ -60,6 +60,8 @@ class PrefillWorker {
   bool run_once();
   // The router sent Shutdown: run() leaves its loop.
   bool shutting_down() const { return shutdown_; }
+  // Why this rank stops serving because its device failed (OK while none).
+  const Status& device_fault() const { return device_fault_; }
   // Tests: the in-flight KV send budget per decode rank (bytes, see PeerSends).
   void set_send_budget(int64_t bytes) { send_budget_ = bytes; }
 
@@ -136,6 +138,7 @@ class PrefillWorker {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ControlChannel> channel_;
   proto::KvWireHeader header_;
+  proto::KvEndpoint endpoint_;  // where this rank's KV lives and its device paths (offers carry it)
 
   std::unordered_map<proto::RequestId, Job> jobs_;
   std::deque<proto::RequestId> queue_;
@@ -143,7 +146,8 @@ class PrefillWorker {
   int64_t next_seq_ = 0;
   bool shutdown_ = false;
   bool leaving_ = false, drained_sent_ = false, leave_sent_ = false;
-  bool in_pass_ = false;                              // forward() is running (the layer hook may call in)
+  bool in_pass_ = false;
+  Status device_fault_;  // set when a failed pass finds the device itself gone: run() stops                              // forward() is running (the layer hook may call in)
   proto::Epoch epoch_ = 0;
   PeerEpochs peers_;                                  // the other workers' epochs, which are down
   std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned sends (MPI may still read them)

@@ -46,8 +46,8 @@ int fail(const std::string& msg, int code = 1) {
 
 int main(int argc, char** argv) {
   std::string model_path, prompt, system_prompt, backend_kind = "cpu", kv_dtype_flag = "f16";
-  bool chat = false, raw_specials = false, fp32_activations = false;
-  int n_predict = 64, threads = 0, block_size = 16;
+  bool chat = false, raw_specials = false, fp32_activations = false, tf32 = false;
+  int n_predict = 64, threads = 0, block_size = 16, device = 0;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f;
   int top_k = 0;
   uint64_t seed = 0;
@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_option("--backend", backend_kind, "compute backend: cpu or cuda");
+  app.add_option("--device", device, "cuda: device ordinal")->check(CLI::Range(0, 1023));
+  app.add_flag("--tf32", tf32, "cuda: GEMMs on TF32 tensor cores (changes outputs; off by default)");
   app.add_option("--kv-dtype", kv_dtype_flag, "KV cache elements: f16 (default), q8_0 or f32 (the reference)");
   app.add_flag("--fp32-activations", fp32_activations,
                "CPU: multiply fp32 activations by the weights as stored (the reference path) instead of "
@@ -137,6 +139,8 @@ int main(int argc, char** argv) {
     bc.kind = backend_kind;
     bc.n_threads = threads;
     bc.int8_activations = !fp32_activations;
+    bc.device = device;
+    bc.cuda_tf32 = tf32;
     auto backend = pd::create_backend(bc);
     if (!backend.is_ok()) return fail(backend.status().to_string() + " (--backend)", 2);
     auto model = pd::LlamaModel::load(gguf, **backend);
@@ -193,6 +197,8 @@ int main(int argc, char** argv) {
   bc.kind = backend_kind;
   bc.n_threads = threads;
   bc.int8_activations = !fp32_activations;
+  bc.device = device;
+  bc.cuda_tf32 = tf32;
   auto backend = pd::create_backend(bc);
   if (!backend.is_ok()) return fail(backend.status().to_string() + " (--backend)", 2);
   auto model = pd::LlamaModel::load(gguf, **backend);

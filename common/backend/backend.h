@@ -137,6 +137,32 @@ class Backend {
                                  Tensor& out) = 0;
   // Copies one block (all layers, K and V) — copy-on-write of a shared block.
   virtual Status kv_copy_block(BackendBuffer& cache, const KvCacheLayout& layout, int64_t src, int64_t dst) = 0;
+
+  // ---- KV bytes to and from host memory (checksums, host-staged transfers)
+  // Copies pieces of `piece_bytes` at byte `offsets` of `cache` into `host`,
+  // back to back in the order given (a KvRegion's wire order), and waits for
+  // the copy and for every op enqueued before it. The default reads
+  // cache.data() directly (host memory).
+  virtual Status kv_gather(const BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
+                           void* host);
+  // The reverse: contiguous `host` bytes into the pieces; done on return.
+  virtual Status kv_scatter(BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
+                            const void* host);
+
+  // ---- where memory lives (the KV transport picks its path from these)
+  // True when buffers are device memory the host cannot address (CUDA).
+  virtual bool device_memory() const { return false; }
+  // A stable identity of the device (CUDA: "GPU-<uuid>"), "" for host memory.
+  // Two processes with the same identity share one device.
+  virtual std::string device_id() const { return ""; }
+  // The stream every op is enqueued on (CUDA: a cudaStream_t), nullptr where
+  // ops are synchronous. A device transport orders its reads of the KV cache
+  // after the ops enqueued here, and this stream's later ops after its writes.
+  virtual void* native_stream() { return nullptr; }
+  // OK while the device can run work. After an op failed, an error here means
+  // the device itself is gone (a sticky CUDA fault: every later call fails
+  // too), not just that op: the rank must stop and be handled as a failed one.
+  virtual Status device_health() { return Status::ok(); }
 };
 
 struct BackendConfig {
@@ -148,6 +174,8 @@ struct BackendConfig {
   // CPU: 8-bit activations and integer dot products for quantized weights
   // (see CpuBackendConfig::int8_activations).
   bool int8_activations = true;
+  // CUDA: GEMMs on TF32 tensor cores (see CudaBackendConfig::tf32).
+  bool cuda_tf32 = false;
 };
 
 // Creates a backend. Unsupported (naming the kind) when it wasn't built or no
@@ -155,5 +183,8 @@ struct BackendConfig {
 Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg);
 // Backend kinds compiled into this binary, e.g. {"cpu", "cuda"}.
 std::vector<std::string> available_backends();
+// Devices of a kind this process sees: 1 for "cpu"; CUDA devices for "cuda"
+// (0 where none exists or the kind was not built).
+int backend_device_count(const std::string& kind);
 
 }  // namespace pd

@@ -127,7 +127,20 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("port_file", c.http.port_file).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "engine", [&](const json& j, std::string p) {
-    return Reader(j, p).get("int8_activations", c.engine.int8_activations).finish();
+    Reader r(j, p);
+    r.get("int8_activations", c.engine.int8_activations).get("backend", c.engine.backend).known("devices");
+    if (j.contains("devices")) {
+      const json& d = j.at("devices");
+      if (!d.is_array()) return Status::invalid_argument("config: '" + p + "devices' must be an array of device ordinals");
+      c.engine.devices.clear();
+      for (const json& v : d) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1023)
+          return Status::invalid_argument("config: '" + p + "devices' holds " + v.dump() +
+                                          "; each entry is a device ordinal in [0, 1023]");
+        c.engine.devices.push_back(v.get<int>());
+      }
+    }
+    return r.finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "kv", [&](const json& j, std::string p) {
     return Reader(j, p).get("block_size", c.kv.block_size).get("decode_budget_mb", c.kv.decode_budget_mb)
@@ -172,6 +185,8 @@ Result<ClusterConfig> ClusterConfig::load(const std::string& path) {
 }
 
 Status ClusterConfig::validate() const {
+  if (engine.backend != "cpu" && engine.backend != "cuda")
+    return Status::invalid_argument("config: 'engine.backend' = \"" + engine.backend + "\" (expected \"cpu\" or \"cuda\")");
   if (model.empty()) return Status::invalid_argument("config: 'model' must name a GGUF file");
   PD_RETURN_IF_ERROR(range("http.port", http.port, 0, 65535));
   PD_RETURN_IF_ERROR(range("http.threads", http.threads, 1, 64));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "util/status.h"
 
@@ -31,6 +32,12 @@ struct ClusterConfig {
     // CPU: 8-bit activations with integer dot products (fast, the default) or
     // fp32 activations against the weights as stored (the reference path).
     bool int8_activations = true;
+    // Where the model and the KV cache live: "cpu" or "cuda" (a binary built
+    // with the CUDA toolkit; refused at start-up elsewhere).
+    std::string backend = "cpu";
+    // CUDA: the device of each rank on a host, by its node-local rank (entry
+    // i for local rank i, cycling); empty = local rank modulo the device count.
+    std::vector<int> devices;
   } engine;
 
   struct Kv {

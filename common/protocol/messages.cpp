@@ -81,6 +81,18 @@ KvWireHeader header_from(const json& j) {
   return h;
 }
 
+json endpoint_json(const KvEndpoint& e) {
+  return json{{"host", e.host}, {"memory", e.memory}, {"device", e.device}, {"paths", e.paths}};
+}
+KvEndpoint endpoint_from(const json& j) {
+  KvEndpoint e;
+  e.host = j.at("host").get<std::string>();
+  e.memory = j.at("memory").get<std::string>();
+  e.device = j.at("device").get<std::string>();
+  e.paths = j.at("paths").get<std::vector<std::string>>();
+  return e;
+}
+
 struct ToJson {
   json operator()(const PrefillRequest& m) const {
     return {{"t", "prefill"}, {"id", m.id}, {"prompt", m.prompt}, {"sampling", sampling_json(m.sampling)},
@@ -90,10 +102,10 @@ struct ToJson {
   json operator()(const Shutdown&) const { return {{"t", "shutdown"}}; }
   json operator()(const HandoffOffer& m) const {
     return {{"t", "offer"}, {"header", header_json(m.header)}, {"prompt", m.prompt},
-            {"sampling", sampling_json(m.sampling)}, {"epoch", m.epoch}};
+            {"sampling", sampling_json(m.sampling)}, {"epoch", m.epoch}, {"endpoint", endpoint_json(m.endpoint)}};
   }
   json operator()(const HandoffAccept& m) const {
-    return {{"t", "accept"}, {"id", m.id}, {"tag", m.tag}, {"epoch", m.epoch}};
+    return {{"t", "accept"}, {"id", m.id}, {"tag", m.tag}, {"epoch", m.epoch}, {"endpoint", endpoint_json(m.endpoint)}};
   }
   json operator()(const HandoffReject& m) const {
     return {{"t", "reject"}, {"id", m.id}, {"reason", m.reason}, {"cancelled", m.cancelled}, {"epoch", m.epoch}};
@@ -154,9 +166,10 @@ Message from_json(const json& j) {
   if (t == "shutdown") return Shutdown{};
   if (t == "offer")
     return HandoffOffer{header_from(j.at("header")), j.at("prompt").get<std::vector<int32_t>>(),
-                        sampling_from(j.at("sampling")), j.at("epoch").get<Epoch>()};
+                        sampling_from(j.at("sampling")), j.at("epoch").get<Epoch>(), endpoint_from(j.at("endpoint"))};
   if (t == "accept")
-    return HandoffAccept{j.at("id").get<RequestId>(), j.at("tag").get<int32_t>(), j.at("epoch").get<Epoch>()};
+    return HandoffAccept{j.at("id").get<RequestId>(), j.at("tag").get<int32_t>(), j.at("epoch").get<Epoch>(),
+                         endpoint_from(j.at("endpoint"))};
   if (t == "reject")
     return HandoffReject{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(),
                          j.at("cancelled").get<bool>(), j.at("epoch").get<Epoch>()};

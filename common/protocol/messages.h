@@ -57,6 +57,22 @@ inline constexpr int kTagControl = 1;
 inline constexpr int kTagKvFirst = 1000;
 inline constexpr int kKvTagSpan = 30000;  // MPI guarantees tags up to 32767
 
+// Tags of the device KV paths' own small MPI messages, never probed by the
+// control channel: CUDA IPC descriptors and acks; NCCL envelopes and
+// communicator ids.
+inline constexpr int kTagKvDevice = 2;
+inline constexpr int kTagKvNccl = 3;
+
+// Where one end of a KV handoff keeps its cache and which device paths it
+// has; the handoff's offer carries the sender's, the accept the receiver's,
+// and both ends pick the path from the pair (kvtransfer/kv_path.h).
+struct KvEndpoint {
+  std::string host;                // the process's host name
+  std::string memory = "host";     // "host" or "cuda": where its KV cache lives
+  std::string device;              // device identity ("GPU-<uuid>"), "" for host memory
+  std::vector<std::string> paths;  // device paths it can use: "nccl", "cuda_ipc"
+};
+
 // The model and cache geometry a KV transfer must agree on (the "fingerprint").
 struct KvWireHeader {
   static constexpr uint32_t kVersion = 1;
@@ -88,8 +104,14 @@ struct HandoffOffer {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   Epoch epoch = 0;  // the sender's
+  KvEndpoint endpoint;  // the sender's
 };
-struct HandoffAccept { RequestId id = 0; int32_t tag = 0; Epoch epoch = 0; };
+struct HandoffAccept {
+  RequestId id = 0;
+  int32_t tag = 0;
+  Epoch epoch = 0;
+  KvEndpoint endpoint;  // the receiver's
+};
 struct HandoffReject { RequestId id = 0; std::string reason; bool cancelled = false; Epoch epoch = 0; };
 struct HandoffAbort { RequestId id = 0; std::string reason; Epoch epoch = 0; };
 struct PeerDown { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that is over

@@ -19,6 +19,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
   BackendConfig bc;
   bc.kind = cfg.backend;
   bc.n_threads = cfg.threads;
+  bc.device = cfg.device;
   bc.int8_activations = cfg.int8_activations;
   PD_ASSIGN_OR_RETURN(e->backend, create_backend(bc));
   PD_ASSIGN_OR_RETURN(e->model, LlamaModel::load(e->gguf, *e->backend));

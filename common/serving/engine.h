@@ -18,6 +18,7 @@ namespace pd {
 struct EngineConfig {
   std::string model_path;
   std::string backend = "cpu";
+  int device = 0;                  // CUDA device ordinal
   int threads = 0;                 // 0 = all cores
   bool int8_activations = true;    // CPU matmul path (BackendConfig::int8_activations)
   int block_size = 16;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <string>
@@ -23,6 +24,16 @@ bool g_left = false;
 
 void note_left() { g_left = true; }
 
+// This process's rank among the ranks of its mpirun on its host (0 when the
+// launcher does not say).
+static int node_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && *v != '\0') return std::max(0, std::atoi(v));
+  }
+  return 0;
+}
+
 bool wants_elastic(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -34,15 +45,18 @@ bool wants_elastic(int argc, char** argv) {
 }
 
 Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* program, bool* help, LaunchFlags* flags) {
-  std::string config_path, model, host, port_file, kv_dtype;
+  std::string config_path, model, host, port_file, kv_dtype, backend;
   LaunchFlags launch;
-  int threads = -1, port = -1;
+  int threads = -1, port = -1, device = -1;
   CLI::App app{std::string(program) + ": a pdcluster rank (start all ranks with one mpirun; see deploy/launch.sh)"};
   app.add_option("config", config_path, "cluster config JSON (deploy/cluster.json); defaults apply without one");
   app.add_option("--model", model, "GGUF model file (overrides the config's 'model')");
   app.add_option("--threads", threads, "compute threads of this rank (overrides prefill/decode.threads)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--kv-dtype", kv_dtype, "KV cache elements: f16, q8_0 or f32 (overrides kv.dtype; every rank must agree)");
+  app.add_option("--backend", backend, "worker: compute backend, cpu or cuda (overrides engine.backend)");
+  app.add_option("--device", device, "worker: CUDA device ordinal of this rank (overrides engine.devices)")
+      ->check(CLI::Range(0, 1023));
   app.add_option("--host", host, "HTTP bind address (router; overrides http.host)");
   app.add_option("--port", port, "HTTP port (router; overrides http.port; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--port-file", port_file, "file the router writes its bound port to (overrides http.port_file)");
@@ -66,6 +80,8 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   if (!model.empty()) cfg.model = model;
   if (threads >= 0) cfg.prefill.threads = cfg.decode.threads = threads;
   if (port >= 0) cfg.http.port = port;
+  if (!backend.empty()) cfg.engine.backend = backend;
+  if (device >= 0) cfg.engine.devices = {device};
   if (!host.empty()) cfg.http.host = host;
   if (!port_file.empty()) cfg.http.port_file = port_file;
   if (!kv_dtype.empty()) {
@@ -110,6 +126,15 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
 
   EngineConfig ec;
   ec.model_path = cfg->model;
+  ec.backend = cfg->engine.backend;
+  if (ec.backend == "cuda") {
+    // The rank's device: engine.devices by node-local rank, else local rank
+    // modulo the devices this process sees (ranks of a host spread over its GPUs).
+    const int local = node_local_rank();
+    const int count = backend_device_count("cuda");
+    const std::vector<int>& devices = cfg->engine.devices;
+    ec.device = !devices.empty() ? devices[static_cast<size_t>(local) % devices.size()] : (count > 0 ? local % count : 0);
+  }
   ec.block_size = cfg->kv.block_size;
   ec.kv_checksum = cfg->kv.checksum;
   ec.int8_activations = cfg->engine.int8_activations;
@@ -128,7 +153,12 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
     ec.prefix_sharing = false;
   }
   auto engine = Engine::create(ec);
-  if (!engine.is_ok()) return abort_job(engine.status().to_string());
+  if (!engine.is_ok())
+    return abort_job(engine.status().to_string() +
+                     (ec.backend != "cpu" ? " (engine.backend '" + ec.backend + "', device " + std::to_string(ec.device) + ")"
+                                          : std::string()));
+  if ((*engine)->backend->device_memory())
+    spdlog::info("model and KV cache on {} device {} ({})", ec.backend, ec.device, (*engine)->backend->device_id());
 
   auto links = std::make_shared<MpiLinks>();
   RoleTable table = *roles;

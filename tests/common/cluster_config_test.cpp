@@ -65,9 +65,15 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(err(R"({"sampling": {"top_k": -2}})").find("'sampling.top_k'") != std::string::npos);
   CHECK(err(R"({"sampling": {"min_p": "x"}})").find("'sampling.min_p' has the wrong type") != std::string::npos);
   CHECK(err(R"({"sampling": {"seed": 1}})").find("'sampling.seed'") != std::string::npos);
+  CHECK(err(R"({"engine": {"backend": "tpu"}})").find("'engine.backend' = \"tpu\"") != std::string::npos);
+  CHECK(err(R"({"engine": {"devices": 0}})").find("'engine.devices' must be an array") != std::string::npos);
+  CHECK(err(R"({"engine": {"devices": [0, -1]}})").find("'engine.devices' holds -1") != std::string::npos);
+  CHECK(err(R"({"engine": {"devices": ["0"]}})").find("'engine.devices' holds \"0\"") != std::string::npos);
   auto ok = ClusterConfig::parse(R"({"kv": {"block_size": 32}, "served_model_name": "m",
-                                     "engine": {"int8_activations": false}})");
+                                     "engine": {"int8_activations": false, "backend": "cuda", "devices": [1, 0]}})");
   REQUIRE(ok.is_ok());
+  CHECK(ok->engine.backend == "cuda");
+  CHECK(ok->engine.devices == std::vector<int>{1, 0});
   CHECK(ok->kv.block_size == 32);
   CHECK(!ok->engine.int8_activations);
   CHECK(ok->model_name() == "m");

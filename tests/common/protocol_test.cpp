@@ -71,8 +71,14 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
 
   CHECK(round_trip(Cancel{5}).id == 5);
   round_trip(Shutdown{});
-  const HandoffAccept acc = round_trip(HandoffAccept{5, 1234, 3});
+  const HandoffAccept acc = round_trip(HandoffAccept{5, 1234, 3, KvEndpoint{"h2", "cuda", "GPU-9", {"cuda_ipc"}}});
   CHECK((acc.tag == 1234 && acc.epoch == 3));
+  CHECK((acc.endpoint.host == "h2" && acc.endpoint.memory == "cuda" && acc.endpoint.device == "GPU-9"));
+  CHECK(acc.endpoint.paths == std::vector<std::string>{"cuda_ipc"});
+  HandoffOffer with_end{h, {7}, sp};
+  with_end.endpoint = KvEndpoint{"h1", "host", "", {}};
+  CHECK(round_trip(with_end).endpoint.host == "h1");
+  CHECK(round_trip(with_end).endpoint.memory == "host");
   const HandoffReject rj = round_trip(HandoffReject{5, "no room", true, 2});
   CHECK((rj.reason == "no room" && rj.cancelled && rj.epoch == 2));
   const HandoffAbort ab = round_trip(HandoffAbort{6, "gone", 4});

@@ -599,4 +599,43 @@ TEST_CASE("cuda: argument validation matches the CPU backend", "[gpu]") {
               [&](Backend& be, Side&, BackendBuffer& c) { return be.kv_copy_block(c, L, 0, -1); });
 }
 
+TEST_CASE("cuda: kv_gather and kv_scatter move the same bytes as the CPU backend; device identity", "[gpu]") {
+  Backends b = both_or_skip();
+  std::mt19937 rng(11);
+  KvCacheLayout L;
+  L.dtype = GgmlType::kF16;
+  L.n_layers = 2;
+  L.n_kv_heads = 3;
+  L.head_dim = 64;
+  L.block_size = 16;
+  L.num_blocks = 9;
+  CachePair cache = random_cache(b, L, rng);
+  // Pieces out of order, including one at an offset that is not 16-byte aligned
+  // (the unaligned kernel path) in the second round.
+  const size_t piece = L.block_bytes();
+  for (const std::vector<int64_t>& offsets :
+       {std::vector<int64_t>{static_cast<int64_t>(L.offset(1, 0, 7)), static_cast<int64_t>(L.offset(0, 1, 2)),
+                             static_cast<int64_t>(L.offset(1, 1, 0))},
+        std::vector<int64_t>{3, static_cast<int64_t>(L.offset(1, 0, 4)) + 5}}) {
+    std::vector<uint8_t> from_cpu(offsets.size() * piece), from_gpu(offsets.size() * piece, 0);
+    REQUIRE_OK(b.cpu->kv_gather(*cache.cpu, offsets, piece, from_cpu.data()));
+    REQUIRE_OK(b.gpu->kv_gather(*cache.gpu, offsets, piece, from_gpu.data()));
+    CHECK(from_cpu == from_gpu);
+    std::vector<uint8_t> in(offsets.size() * piece);
+    for (uint8_t& x : in) x = static_cast<uint8_t>(rng());
+    REQUIRE_OK(b.cpu->kv_scatter(*cache.cpu, offsets, piece, in.data()));
+    REQUIRE_OK(b.gpu->kv_scatter(*cache.gpu, offsets, piece, in.data()));
+    CHECK(download_cache(*b.cpu, *cache.cpu) == download_cache(*b.gpu, *cache.gpu));
+  }
+  CHECK(b.gpu->kv_gather(*cache.gpu, std::vector<int64_t>{static_cast<int64_t>(cache.gpu->size())}, 1, nullptr)
+            .is_invalid_argument());
+  CHECK(b.gpu->device_memory());
+  CHECK(b.gpu->native_stream() != nullptr);
+  const std::string id = b.gpu->device_id();
+  INFO(id);
+  CHECK(id.size() == 40);  // "GPU-" + 8-4-4-4-12 hex digits
+  CHECK(id.rfind("GPU-", 0) == 0);
+  CHECK(backend_device_count("cuda") >= 1);
+}
+
 }  // namespace pd

@@ -16,6 +16,8 @@
 
 #include "decode_node/decode_worker.h"
 #include "gguf/gguf_writer.h"
+#include "kvtransfer/kv_paths.h"
+#include "kvtransfer/staged_transport.h"
 #include "nodes/fake_channel.h"
 #include "nodes/loopback_transport.h"
 #include "prefill_node/prefill_worker.h"
@@ -79,6 +81,84 @@ std::unique_ptr<Engine> make_engine(bool prefill_side) {
   return std::move(e).value();
 }
 
+// A backend that forwards to the CPU one until told to fail: then matmul
+// errors, and device_health() reports the device gone or not (a failing op
+// on a healthy device, e.g. out of memory, versus a dead GPU).
+class FlakyBackend final : public Backend {
+ public:
+  explicit FlakyBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  bool fail_ops = false, device_gone = false;
+
+  std::string name() const override { return "flaky-" + inner_->name(); }
+  Result<std::unique_ptr<BackendBuffer>> alloc(size_t bytes) override { return inner_->alloc(bytes); }
+  Result<Tensor> load_weight(const GgufTensorInfo& info, std::unique_ptr<BackendBuffer>* storage) override {
+    return inner_->load_weight(info, storage);
+  }
+  Status copy_to_host(const Tensor& src, void* dst, size_t bytes) override { return inner_->copy_to_host(src, dst, bytes); }
+  Status copy_from_host(const void* src, Tensor& dst, size_t bytes) override {
+    return inner_->copy_from_host(src, dst, bytes);
+  }
+  Status synchronize() override { return inner_->synchronize(); }
+  Status get_rows(const Tensor& t, std::span<const int32_t> ids, Tensor& out) override { return inner_->get_rows(t, ids, out); }
+  Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override { return inner_->rms_norm(x, w, eps, out); }
+  Status matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    if (fail_ops) return Status::resource_exhausted("flaky: matmul refused");
+    return inner_->matmul(x, w, out);
+  }
+  Status matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
+    if (fail_ops) return Status::resource_exhausted("flaky: matmul refused");
+    return inner_->matmul_multi(x, ws, outs);
+  }
+  Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) override {
+    return inner_->rope(x, positions, freq_base);
+  }
+  Status swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { return inner_->swiglu(g, u, out); }
+  Status add(const Tensor& a, const Tensor& b, Tensor& out) override { return inner_->add(a, b, out); }
+  Status kv_write(BackendBuffer& cache, const KvCacheLayout& L, int layer, const Tensor& k, const Tensor& v,
+                  std::span<const int32_t> slots) override {
+    return inner_->kv_write(cache, L, layer, k, v, slots);
+  }
+  Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& L, int layer,
+                         std::span<const AttentionToken> tokens, std::span<const std::span<const int32_t>> tables,
+                         float scale, Tensor& out) override {
+    return inner_->paged_attention(q, cache, L, layer, tokens, tables, scale, out);
+  }
+  Status kv_copy_block(BackendBuffer& cache, const KvCacheLayout& L, int64_t src, int64_t dst) override {
+    return inner_->kv_copy_block(cache, L, src, dst);
+  }
+  Status device_health() override {
+    return device_gone ? Status::internal("flaky: the device is gone") : Status::ok();
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+// An engine like make_engine's whose backend is a FlakyBackend.
+std::unique_ptr<Engine> make_flaky_engine(bool prefill_side, FlakyBackend** flaky) {
+  std::unique_ptr<Engine> e = make_engine(prefill_side);
+  BackendConfig bc;
+  bc.n_threads = 1;
+  auto cpu = create_backend(bc);
+  REQUIRE(cpu.is_ok());
+  auto backend = std::make_unique<FlakyBackend>(std::move(cpu).value());
+  *flaky = backend.get();
+  auto model = LlamaModel::load(e->gguf, *backend);
+  REQUIRE(model.is_ok());
+  auto cache = KvCache::create(*backend, (*model)->config(), e->cache.layout.block_size, e->cache.layout.num_blocks,
+                               e->cache.layout.dtype);
+  REQUIRE(cache.is_ok());
+  e->model = std::move(model).value();
+  e->cache = std::move(cache).value();
+  e->backend = std::move(backend);
+  return e;
+}
+
+// Which ends stage their KV through a host buffer (as a device-memory cache does).
+struct KvStaging {
+  bool prefill = false, decode = false;
+};
+
 // A prefill rank and a decode rank, and what reached the router.
 struct MiniCluster {
   ClusterConfig cfg;
@@ -98,17 +178,24 @@ struct MiniCluster {
   std::vector<int> drained;  // ranks that said Drained, in order
 
   using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
-  explicit MiniCluster(ClusterConfig c, const WrapTransport& wrap_prefill = {}) : cfg(std::move(c)) {
-    auto pe = make_engine(true);
-    auto de = make_engine(false);
+  using MakeEngine = std::function<std::unique_ptr<Engine>(bool prefill_side)>;
+  explicit MiniCluster(ClusterConfig c, const WrapTransport& wrap_prefill = {}, KvStaging staged = {},
+                       const MakeEngine& engines = make_engine)
+      : cfg(std::move(c)) {
+    auto pe = engines(true);
+    auto de = engines(false);
     prefill_engine = pe.get();
     decode_engine = de.get();
-    std::unique_ptr<Transport> pt = net.endpoint(kPrefill);
+    auto paths = [](std::unique_ptr<Transport> t, Engine& e, bool stage) -> std::unique_ptr<Transport> {
+      if (stage) t = std::make_unique<StagedTransport>(std::move(t), *e.backend, *e.cache.buffer);
+      return std::make_unique<KvPaths>(std::move(t));
+    };
+    std::unique_ptr<Transport> pt = paths(net.endpoint(kPrefill), *pe, staged.prefill);
     if (wrap_prefill) pt = wrap_prefill(std::move(pt));
     prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), std::move(pt),
                                               hub.endpoint(kPrefill));
-    decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de), net.endpoint(kDecode),
-                                            hub.endpoint(kDecode));
+    decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de),
+                                            paths(net.endpoint(kDecode), *de, staged.decode), hub.endpoint(kDecode));
   }
 
   static proto::PrefillRequest request(proto::RequestId id, int n_prompt = 20, int max_tokens = 6) {
@@ -248,6 +335,63 @@ TEST_CASE("workers: a request goes end to end through prefill, handoff and decod
   CHECK(c.transfers[0].id == 1);
   CHECK(c.transfers[0].bytes > 0);
   CHECK(c.net.bytes_moved() >= c.transfers[0].bytes);
+}
+
+TEST_CASE("workers: a host-staged end (a device-memory cache's path) talks to a plain one unchanged", "[workers]") {
+  // The staged end sends and receives one contiguous buffer where the plain
+  // end uses the region's pieces: the same bytes in wire order, so either
+  // pairing must hand off the KV intact (checksummed) and decode the same tokens.
+  auto tokens_of = [](MiniCluster& c, proto::RequestId id) {
+    std::vector<int32_t> out;
+    for (const auto& e : c.events.at(id)) out.insert(out.end(), e.tokens.begin(), e.tokens.end());
+    return out;
+  };
+  MiniCluster plain(small_config());
+  plain.submit(MiniCluster::request(1, 40, 8));
+  REQUIRE(plain.run_until([&] { return plain.finished(1); }));
+  for (KvStaging staged : {KvStaging{true, false}, KvStaging{false, true}, KvStaging{true, true}}) {
+    INFO("staged prefill " << staged.prefill << ", staged decode " << staged.decode);
+    MiniCluster c(small_config(), {}, staged);
+    c.submit(MiniCluster::request(1, 40, 8));
+    REQUIRE(c.run_until([&] { return c.finished(1); }));
+    c.check_stream(1, 8);
+    CHECK(c.failed.empty());
+    CHECK(tokens_of(c, 1) == tokens_of(plain, 1));
+    REQUIRE(c.settle());
+    CHECK(c.pools_free());
+    REQUIRE(c.transfers.size() == 1);
+    CHECK(c.net.bytes_moved() >= c.transfers[0].bytes);
+  }
+}
+
+TEST_CASE("workers: a failing op fails its requests; a failed device stops the rank", "[workers]") {
+  FlakyBackend* prefill_backend = nullptr;
+  FlakyBackend* decode_backend = nullptr;
+  MiniCluster c(small_config(), {}, {}, [&](bool prefill_side) {
+    return make_flaky_engine(prefill_side, prefill_side ? &prefill_backend : &decode_backend);
+  });
+  REQUIRE(prefill_backend != nullptr);
+  REQUIRE(decode_backend != nullptr);
+  // An op fails on a healthy device (out of memory, say): that batch's request
+  // fails with the reason, and the rank serves the next one.
+  prefill_backend->fail_ops = true;
+  c.submit(MiniCluster::request(1, 20, 4));
+  REQUIRE(c.run_until([&] { return c.failed_with(1, kPrefill, proto::FailureKind::kInternal); }));
+  CHECK(c.prefill->device_fault().is_ok());
+  prefill_backend->fail_ops = false;
+  c.submit(MiniCluster::request(2, 20, 4));
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  c.check_stream(2, 4);
+  // The decode rank's device dies mid-stream: its sequence fails and the rank
+  // stops (run() returns the fault at once) instead of failing every later request.
+  c.submit(MiniCluster::request(3, 20, 40));
+  REQUIRE(c.run_until([&] { return c.events.count(3) > 0; }));
+  decode_backend->fail_ops = decode_backend->device_gone = true;
+  REQUIRE(c.run_until([&] { return c.failed_with(3, kDecode, proto::FailureKind::kInternal); }));
+  CHECK(c.decode->device_fault().message().find("the device is gone") != std::string::npos);
+  const Status ran = c.decode->run();
+  CHECK(ran.message().find("the device is gone") != std::string::npos);
+  CHECK(c.prefill->device_fault().is_ok());
 }
 
 TEST_CASE("workers: a cancel reaching the prefill rank while its prompt is queued", "[workers]") {

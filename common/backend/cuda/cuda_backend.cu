@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_copy.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "gguf/gguf_reader.h"
 
@@ -246,9 +247,20 @@ class CudaBackend final : public Backend {
     PD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PD_CUBLAS_TRY(cublasCreate(&cublas_));
     PD_CUBLAS_TRY(cublasSetStream(cublas_, stream_));
-    // Plain fp32 GEMMs (no TF32), so results track the CPU backend.
-    PD_CUBLAS_TRY(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    // Plain fp32 GEMMs by default, so results track the CPU backend; TF32
+    // tensor cores only when asked (CudaBackendConfig::tf32).
+    PD_CUBLAS_TRY(cublasSetMathMode(cublas_, cfg_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     PD_RETURN_IF_ERROR(staging_.init());
+    cudaDeviceProp prop{};
+    PD_CUDA_TRY(cudaGetDeviceProperties(&prop, cfg_.device));
+    device_id_ = "GPU-";
+    static const char* const kHex = "0123456789abcdef";
+    for (int i = 0; i < 16; ++i) {
+      const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+      device_id_ += kHex[b >> 4];
+      device_id_ += kHex[b & 15];
+      if (i == 3 || i == 5 || i == 7 || i == 9) device_id_ += '-';
+    }
     return Status::ok();
   }
 
@@ -569,6 +581,64 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  // ---- KV bytes to and from host memory
+
+  Status kv_gather(const BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
+                   void* host) override {
+    PD_RETURN_IF_ERROR(check_pieces(cache, offsets, piece_bytes, "kv_gather"));
+    const size_t total = offsets.size() * piece_bytes;
+    if (total == 0) return synchronize();
+    PD_RETURN_IF_ERROR(activate());
+    const void* base = const_cast<BackendBuffer&>(cache).data();
+    args_.clear();
+    const size_t off_at = args_.put(offsets.data(), offsets.size_bytes());
+    PD_ASSIGN_OR_RETURN(const uint8_t* dev, upload_args());
+    PD_RETURN_IF_ERROR(pieces_.reserve(total, stream_, "KV gather"));
+    const auto n = static_cast<int64_t>(offsets.size());
+    PD_CUDA_LAUNCH("kv_gather kernel",
+                   cuda::copy_pieces(base, reinterpret_cast<const int64_t*>(dev + off_at), pieces_.data(), nullptr, n,
+                                     piece_bytes, cuda::pieces_aligned16(base, offsets.data(), n, piece_bytes) &&
+                                                      cuda::pieces_aligned16(pieces_.data(), nullptr, n, piece_bytes),
+                                     stream_));
+    PD_CUDA_TRY(cudaMemcpyAsync(host, pieces_.data(), total, cudaMemcpyDeviceToHost, stream_));
+    PD_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return Status::ok();
+  }
+
+  Status kv_scatter(BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
+                    const void* host) override {
+    PD_RETURN_IF_ERROR(check_pieces(cache, offsets, piece_bytes, "kv_scatter"));
+    const size_t total = offsets.size() * piece_bytes;
+    if (total == 0) return synchronize();
+    PD_RETURN_IF_ERROR(activate());
+    void* base = cache.data();
+    args_.clear();
+    const size_t off_at = args_.put(offsets.data(), offsets.size_bytes());
+    PD_ASSIGN_OR_RETURN(const uint8_t* dev, upload_args());
+    PD_RETURN_IF_ERROR(pieces_.reserve(total, stream_, "KV scatter"));
+    PD_CUDA_TRY(cudaMemcpyAsync(pieces_.data(), host, total, cudaMemcpyHostToDevice, stream_));
+    const auto n = static_cast<int64_t>(offsets.size());
+    PD_CUDA_LAUNCH("kv_scatter kernel",
+                   cuda::copy_pieces(pieces_.data(), nullptr, base, reinterpret_cast<const int64_t*>(dev + off_at), n,
+                                     piece_bytes, cuda::pieces_aligned16(base, offsets.data(), n, piece_bytes) &&
+                                                      cuda::pieces_aligned16(pieces_.data(), nullptr, n, piece_bytes),
+                                     stream_));
+    PD_CUDA_TRY(cudaStreamSynchronize(stream_));  // `host` may be reused on return
+    return Status::ok();
+  }
+
+  // ---- where memory lives
+
+  bool device_memory() const override { return true; }
+  Status device_health() override {
+    if (cudaSetDevice(cfg_.device) != cudaSuccess) return cuda_status("cudaSetDevice", cudaGetLastError());
+    const cudaError_t e = cudaStreamQuery(stream_);  // an asynchronous fault is sticky: it shows here
+    if (e == cudaSuccess || e == cudaErrorNotReady) return Status::ok();
+    return cuda_status("device health (cudaStreamQuery)", e);
+  }
+  std::string device_id() const override { return device_id_; }
+  void* native_stream() override { return stream_; }
+
  private:
   Status activate() {
     PD_CUDA_TRY(cudaSetDevice(cfg_.device));
@@ -580,6 +650,16 @@ class CudaBackend final : public Backend {
     PD_RETURN_IF_ERROR(args_dev_.reserve(args_.size(), stream_, "argument"));
     PD_RETURN_IF_ERROR(staging_.upload(args_.data(), args_.size(), args_dev_.data(), stream_));
     return static_cast<const uint8_t*>(args_dev_.data());
+  }
+
+  static Status check_pieces(const BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
+                             const char* op) {
+    for (int64_t off : offsets)
+      if (off < 0 || static_cast<size_t>(off) > cache.size() || cache.size() - static_cast<size_t>(off) < piece_bytes)
+        return Status::invalid_argument(std::string(op) + ": piece at byte " + std::to_string(off) + " of " +
+                                        std::to_string(piece_bytes) + " bytes lies outside the cache (" +
+                                        std::to_string(cache.size()) + " bytes)");
+    return Status::ok();
   }
 
   static Status check_cache(const BackendBuffer& cache, const KvCacheLayout& L, int layer, const char* op) {
@@ -617,6 +697,7 @@ class CudaBackend final : public Backend {
 
   // Constant after init().
   CudaBackendConfig cfg_;
+  std::string device_id_;  // "GPU-" + the device's UUID
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   // Scratch, used by the driving thread only. Declared after stream_ so they
@@ -624,6 +705,7 @@ class CudaBackend final : public Backend {
   PinnedRing staging_;
   DeviceScratch args_dev_;
   DeviceScratch panel_;
+  DeviceScratch pieces_;  // kv_gather / kv_scatter: the region, contiguous
   ArgPack args_;
   std::vector<int64_t> attn_last_pos_;
   std::vector<int32_t> attn_offsets_;
@@ -654,6 +736,15 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendConfig& cfg)
   auto backend = std::make_unique<CudaBackend>(cfg);
   PD_RETURN_IF_ERROR(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {

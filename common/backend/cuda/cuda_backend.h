@@ -23,6 +23,10 @@ struct CudaBackendConfig {
   // Upper bound of the fp32 scratch panel a quantized weight is dequantized
   // into before cuBLAS; larger weights are processed in row panels.
   size_t max_panel_bytes = size_t{256} << 20;
+  // cuBLAS GEMMs (batches of gemm_min_rows rows or more) on tensor cores in
+  // TF32 (10-bit mantissa products, fp32 accumulation) instead of plain fp32.
+  // Off by default: it changes outputs, and is chosen only on measured figures.
+  bool tf32 = false;
 };
 
 // Unsupported when no CUDA device exists ("cuda: no CUDA device available
@@ -30,5 +34,7 @@ struct CudaBackendConfig {
 // binary carries no kernels for the device's architecture.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendConfig& cfg);
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
+// CUDA devices this process sees (0 where none, or the driver is missing).
+int cuda_device_count();
 
 }  // namespace pd
