@@ -63,17 +63,7 @@ CudaIpcTransport::~CudaIpcTransport() {
 }
 
 Result<std::vector<int64_t>> CudaIpcTransport::cache_offsets(const KvRegion& region) const {
-  if (region.offsets.empty() || region.piece_bytes <= 0)
-    return Status::invalid_argument("cuda_ipc transport: empty KV region");
-  const int64_t shift = region.base - cache_base_;
-  std::vector<int64_t> offsets(region.offsets.size());
-  for (size_t i = 0; i < offsets.size(); ++i) {
-    offsets[i] = region.offsets[i] + shift;
-    if (offsets[i] < 0 || static_cast<size_t>(offsets[i] + region.piece_bytes) > cache_bytes_)
-      return Status::invalid_argument("cuda_ipc transport: KV region piece " + std::to_string(i) +
-                                      " lies outside the cache buffer");
-  }
-  return offsets;
+  return kv_cache_offsets(region, cache_base_, cache_bytes_, "cuda_ipc transport");
 }
 
 Result<TransferOp> CudaIpcTransport::post_send(int peer, int tag, const KvRegion& region) {

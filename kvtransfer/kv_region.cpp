@@ -16,6 +16,20 @@ KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int laye
   return r;
 }
 
+Result<std::vector<int64_t>> kv_cache_offsets(const KvRegion& r, const uint8_t* cache_base, size_t cache_bytes,
+                                              const char* who) {
+  if (r.offsets.empty() || r.piece_bytes <= 0) return Status::invalid_argument(std::string(who) + ": empty KV region");
+  const int64_t shift = r.base - cache_base;
+  std::vector<int64_t> offsets(r.offsets.size());
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    offsets[i] = r.offsets[i] + shift;
+    if (offsets[i] < 0 || static_cast<size_t>(offsets[i] + r.piece_bytes) > cache_bytes)
+      return Status::invalid_argument(std::string(who) + ": KV region piece " + std::to_string(i) +
+                                      " lies outside the cache buffer");
+  }
+  return offsets;
+}
+
 uint64_t kv_region_checksum(const KvRegion& r) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);

@@ -22,6 +22,12 @@ struct KvRegion {
 // The region of `layer` for a sequence holding `blocks` in a cache with `layout`.
 KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int layer, std::span<const int32_t> blocks);
 
+// The region's pieces as offsets from `cache_base` (the start of a cache of
+// `cache_bytes`), each checked to lie inside it; InvalidArgument naming `who`
+// for an empty region or a piece outside.
+Result<std::vector<int64_t>> kv_cache_offsets(const KvRegion& r, const uint8_t* cache_base, size_t cache_bytes,
+                                              const char* who);
+
 // XXH3-64 of the region's bytes in wire order.
 uint64_t kv_region_checksum(const KvRegion& r);
 // The same for a region of `cache` wherever `backend` keeps it: device memory

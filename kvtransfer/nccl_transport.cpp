@@ -62,17 +62,7 @@ NcclTransport::~NcclTransport() {
 }
 
 Result<std::vector<int64_t>> NcclTransport::cache_offsets(const KvRegion& region) const {
-  if (region.offsets.empty() || region.piece_bytes <= 0)
-    return Status::invalid_argument("nccl transport: empty KV region");
-  const int64_t shift = region.base - cache_base_;
-  std::vector<int64_t> offsets(region.offsets.size());
-  for (size_t i = 0; i < offsets.size(); ++i) {
-    offsets[i] = region.offsets[i] + shift;
-    if (offsets[i] < 0 || static_cast<size_t>(offsets[i] + region.piece_bytes) > cache_bytes_)
-      return Status::invalid_argument("nccl transport: KV region piece " + std::to_string(i) +
-                                      " lies outside the cache buffer");
-  }
-  return offsets;
+  return kv_cache_offsets(region, cache_base_, cache_bytes_, "nccl transport");
 }
 
 Status NcclTransport::init_comm(int peer, Pair& p, const ncclUniqueId& id, int nranks, int rank) {

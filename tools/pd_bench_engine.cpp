@@ -1,7 +1,8 @@
-// pd-bench-engine: the CPU engine's speed against this machine's own limits,
-// measured in the same run.
+// pd-bench-engine: the engine's speed against the machine's limits: on the CPU
+// against limits measured in the same run, on a GPU against a hardware preset.
 //
 //   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep] [--fp32-activations]
+//                   [--backend cpu|cuda [--device N] [--peak-preset h200] [--tf32]]
 //                   [--prefill-tokens 512] [--prompt 128] [--gen 128] [--reps 3]
 //                   [--kv-dtype f16] [--kv-compare f32,f16,q8_0 [--kv-contexts 2048,8192] [--kv-batches 1,8]]
 //                   [--json FILE] [--profile FILE [--profile-prefill 64,512,4096] [--profile-contexts 128,2048]]
@@ -26,6 +27,17 @@
 // predict long prompts and contexts badly). Random token ids:
 // the speed does not depend on the text. A bad flag or model: one line naming
 // it, exit status 2.
+//
+// --backend cuda runs the same measurements once on CUDA device --device
+// (--threads and the CPU probes do not apply) and compares them with the
+// --peak-preset hardware preset (common/plan/hardware.h; default h200): prefill
+// FLOP/s (2 x parameters x tokens + attention, forward_flops below) as a
+// fraction of the preset's dense peak, decode bytes per step (weights + the KV
+// read at the step's context) per second as a fraction of its memory
+// bandwidth. Decode batches default to 1,8,32,128 there. --tf32 runs the
+// backend's GEMMs on TF32 tensor cores (else fp32 cuBLAS SGEMM, no tensor
+// cores: expect a small fraction of a bf16 peak). Without --backend the
+// CPU behaviour and output are as they always were.
 #include <CLI/CLI.hpp>
 #include <omp.h>
 #include <sys/resource.h>
@@ -49,6 +61,7 @@
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "plan/engine_profile.h"
+#include "plan/hardware.h"
 
 namespace {
 
@@ -312,6 +325,7 @@ DecodeRun time_decode(Engine& e, int batch, int prompt, int gen) {
     for (int s = s0; s < std::min(batch, s0 + 8); ++s) b.push_back({toks[s], 0, tables[s], false});
     if (!e.model->prefill(b, e.cache, nullptr).is_ok()) return {};
   }
+  if (!e.backend->synchronize().is_ok()) return {};  // an asynchronous backend: not into the first step's time
   DecodeRun r;
   r.batch = batch;
   std::vector<int32_t> next(batch, 5);
@@ -380,11 +394,19 @@ int main(int argc, char** argv) {
   std::string json_path, profile_path, kv_dtype_flag = "f16", kv_compare_s, kv_contexts_s = "2048,8192",
                                       kv_batches_s = "1,8", profile_prefill_s, profile_contexts_s;
   int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
-  bool sweep = false, fp32_activations = false;
-  CLI::App app{"pd-bench-engine: CPU engine speed vs this machine's limits, measured in one run"};
+  bool sweep = false, fp32_activations = false, tf32 = false;
+  std::string backend_kind, peak_preset_s;
+  int device = 0;
+  CLI::App app{"pd-bench-engine: engine speed vs the machine's limits (CPU: measured in the same run)"};
   app.add_option("-m,--model", model_path, "GGUF model (default: the default model)");
   app.add_option("--threads", threads_s, "comma-separated thread counts");
-  app.add_option("--batches", batches_s, "comma-separated decode batch sizes");
+  auto* batches_opt = app.add_option("--batches", batches_s, "comma-separated decode batch sizes (cuda: 1,8,32,128)");
+  app.add_option("--backend", backend_kind, "compute backend: cpu (default) or cuda");
+  auto* device_opt =
+      app.add_option("--device", device, "CUDA device ordinal (--backend cuda)")->check(CLI::NonNegativeNumber);
+  app.add_option("--peak-preset", peak_preset_s,
+                 "hardware preset the cuda figures are fractions of (default h200; see pd-plan --help)");
+  app.add_flag("--tf32", tf32, "cuda: GEMMs on TF32 tensor cores (the backend's default is fp32 SGEMM)");
   app.add_flag("--sweep", sweep, "also decode batches 16, 64 and 128");
   app.add_flag("--fp32-activations", fp32_activations,
                "measure the CPU reference path (fp32 activations, weights as stored) instead of the default "
@@ -406,10 +428,24 @@ int main(int argc, char** argv) {
                  "cached tokens per sequence of the profile's decode grid (default: three points of the decode runs, "
                  "--prompt+1 to --prompt+--gen); the cache is filled with random K/V as for --kv-compare");
   CLI11_PARSE(app, argc, argv);
+  const bool gpu = backend_kind == "cuda";
+  if (!backend_kind.empty() && backend_kind != "cpu" && !gpu)
+    return fail("--backend: unknown backend '" + backend_kind + "' (expected cpu or cuda)", 2);
+  if (!gpu && !peak_preset_s.empty()) return fail("--peak-preset applies to --backend cuda only", 2);
+  if (!gpu && device_opt->count() > 0) return fail("--device applies to --backend cuda only", 2);
+  if (!gpu && tf32) return fail("--tf32 applies to --backend cuda only", 2);
+  pd::plan::HardwareSpec peak;
+  if (gpu) {
+    auto hw = pd::plan::hardware_preset(peak_preset_s.empty() ? "h200" : peak_preset_s);
+    if (!hw.is_ok()) return fail(hw.status().message() + " (--peak-preset)", 2);
+    peak = *hw;
+    if (batches_opt->count() == 0) batches_s = "1,8,32,128";
+  }
   bool ok1 = false, ok2 = false;
   std::vector<int> thread_counts = parse_list(threads_s, "--threads", &ok1);
   std::vector<int> batches = parse_list(batches_s, "--batches", &ok2);
   if (!ok1 || !ok2) return 2;
+  if (gpu) thread_counts = {1};  // one run on the device; the thread count is the CPU backend's
   const auto kv_dtype = pd::parse_kv_dtype(kv_dtype_flag, "--kv-dtype");
   if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);
   std::vector<pd::GgmlType> kv_compare;
@@ -457,10 +493,13 @@ int main(int argc, char** argv) {
   for (int t : thread_counts) {
     Engine e;
     pd::BackendConfig bc;
+    bc.kind = gpu ? "cuda" : "cpu";
+    bc.device = device;
+    bc.cuda_tf32 = tf32;
     bc.n_threads = t;
     bc.int8_activations = !fp32_activations;
     auto be = pd::create_backend(bc);
-    if (!be.is_ok()) return fail(be.status().to_string());
+    if (!be.is_ok()) return fail(be.status().to_string() + (gpu ? " (--backend)" : ""), gpu ? 2 : 1);
     e.backend = std::move(be).value();
     auto m = pd::LlamaModel::load(gguf, *e.backend);
     if (!m.is_ok()) return fail(m.status().to_string());
@@ -469,6 +508,13 @@ int main(int argc, char** argv) {
       std::printf("# backend %s | CPU: %s\n", e.backend->name().c_str(), cpu_model().c_str());
       out["backend"] = e.backend->name();
       out["cpu"] = cpu_model();
+      if (gpu) {
+        std::printf("# device %d %s | peak (preset %s): %.0f TFLOP/s %s, %.2f TB/s memory\n", device,
+                    e.backend->device_id().c_str(), peak.name.c_str(), peak.peak_flops / 1e12, peak.peak_note.c_str(),
+                    peak.mem_bandwidth / 1e12);
+        out["device"] = device;
+        out["device_id"] = e.backend->device_id();
+      }
     }
     const auto& c = e.model->config();
     for (int ctx : profile_contexts)
@@ -486,9 +532,10 @@ int main(int argc, char** argv) {
     const double kv_per_token = static_cast<double>(c.kv_geometry(*kv_dtype).bytes_per_token());
     const double weight_bytes = static_cast<double>(e.model->weight_bytes());
 
-    // Machine limits with this thread count.
+    // Machine limits with this thread count (the CPU's; a GPU's come from the preset).
     const size_t n = 32u << 20;  // 128 MiB per array
-    const double triad = stream_triad_gbs(t, n), rd = read_gbs(t, n), fma = fma_gflops(t), i8 = int8_gmacs(t);
+    double triad = 0, rd = 0, fma = 0, i8 = 0;
+    if (!gpu) triad = stream_triad_gbs(t, n), rd = read_gbs(t, n), fma = fma_gflops(t), i8 = int8_gmacs(t);
     peak_reset = reset_peak_rss() && peak_reset;  // the engine's peak from here on
 
     // Prefill.
@@ -500,23 +547,46 @@ int main(int argc, char** argv) {
     const double pre_tps = prefill_tokens / pre_s;
     const double pre_gflops = forward_flops(c, prefill_tokens) / pre_s / 1e9;
 
-    std::printf("\n== %d thread%s | machine: triad %.1f GB/s, read %.1f GB/s, FMA %.1f GFLOP/s, int8 %.1f GMAC/s\n", t,
-                t > 1 ? "s" : "", triad, rd, fma, i8);
-    // The matmuls run as 8-bit multiply-adds (int8 peak); attention in fp32.
-    std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GOP/s = %.1f%% of FMA peak, %.1f%% of int8 peak)\n",
-                prefill_tokens, pre_tps, pre_s, pre_gflops, 100.0 * pre_gflops / fma,
-                i8 > 0 ? 100.0 * pre_gflops / (2 * i8) : 0.0);
-    std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
-    nlohmann::json run{{"threads", t},
-                       {"machine", {{"triad_gbs", triad}, {"read_gbs", rd}, {"fma_gflops", fma}, {"int8_gmacs", i8}}},
-                       {"prefill", {{"tokens", prefill_tokens}, {"seconds", pre_s}, {"tokens_per_s", pre_tps},
-                                    {"gflops", pre_gflops}, {"fraction_of_fma", pre_gflops / fma},
-                                    {"fraction_of_int8", i8 > 0 ? pre_gflops / (2 * i8) : 0.0}}},
-                       {"decode", nlohmann::json::array()}};
+    nlohmann::json run;
+    if (gpu) {
+      // Fractions of the preset's peaks: the dense tensor-core FLOP/s and the memory bandwidth.
+      const double frac = pre_gflops * 1e9 / peak.peak_flops;
+      std::printf("\n== cuda device %d, GEMMs %s | preset %s: %.0f TFLOP/s (%s), %.2f TB/s\n", device,
+                  tf32 ? "on TF32 tensor cores" : "fp32 SGEMM", peak.name.c_str(), peak.peak_flops / 1e12,
+                  peak.peak_note.c_str(), peak.mem_bandwidth / 1e12);
+      std::printf("prefill %d tokens: %.1f tok/s (%.4f s, %.2f TFLOP/s = %.2f%% of the %s peak)\n", prefill_tokens,
+                  pre_tps, pre_s, pre_gflops / 1e3, 100.0 * frac, peak.peak_note.c_str());
+      std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of HBM");
+      run = {{"backend", "cuda"},
+             {"device", device},
+             {"tf32", tf32},
+             {"machine", {{"preset", peak.name}, {"peak_note", peak.peak_note}, {"peak_flops", peak.peak_flops},
+                          {"mem_bandwidth_bytes_per_s", peak.mem_bandwidth}}},
+             {"weight_bytes", weight_bytes},
+             {"prefill", {{"tokens", prefill_tokens}, {"seconds", pre_s}, {"tokens_per_s", pre_tps},
+                          {"gflops", pre_gflops}, {"flops", forward_flops(c, prefill_tokens)},
+                          {"fraction_of_peak", frac}}},
+             {"decode", nlohmann::json::array()}};
+    } else {
+      std::printf("\n== %d thread%s | machine: triad %.1f GB/s, read %.1f GB/s, FMA %.1f GFLOP/s, int8 %.1f GMAC/s\n",
+                  t, t > 1 ? "s" : "", triad, rd, fma, i8);
+      // The matmuls run as 8-bit multiply-adds (int8 peak); attention in fp32.
+      std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GOP/s = %.1f%% of FMA peak, %.1f%% of int8 peak)\n",
+                  prefill_tokens, pre_tps, pre_s, pre_gflops, 100.0 * pre_gflops / fma,
+                  i8 > 0 ? 100.0 * pre_gflops / (2 * i8) : 0.0);
+      std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
+      run = {{"threads", t},
+             {"machine", {{"triad_gbs", triad}, {"read_gbs", rd}, {"fma_gflops", fma}, {"int8_gmacs", i8}}},
+             {"prefill", {{"tokens", prefill_tokens}, {"seconds", pre_s}, {"tokens_per_s", pre_tps},
+                          {"gflops", pre_gflops}, {"fraction_of_fma", pre_gflops / fma},
+                          {"fraction_of_int8", i8 > 0 ? pre_gflops / (2 * i8) : 0.0}}},
+             {"decode", nlohmann::json::array()}};
+    }
 
     pd::plan::EngineProfile prof;
     prof.model = model_path;
-    prof.hardware = std::to_string(t) + " thread(s), triad " + std::to_string(static_cast<int>(triad)) + " GB/s";
+    prof.hardware = gpu ? "cuda device " + std::to_string(device) + " " + e.backend->device_id()
+                        : std::to_string(t) + " thread(s), triad " + std::to_string(static_cast<int>(triad)) + " GB/s";
     prof.kv_bytes_per_token = static_cast<int64_t>(kv_per_token);
     std::vector<int> prefill_points = profile_prefill;
     if (prefill_points.empty()) prefill_points = {64, 128, 256, prefill_tokens};
@@ -560,11 +630,20 @@ int main(int argc, char** argv) {
       if (d.step_seconds.empty()) return fail("decode failed at batch " + std::to_string(b));
       const double step = median(d.step_seconds);
       const double mean_ctx = prompt + (gen + 1) / 2.0;
-      const double streamed = (weight_bytes + b * mean_ctx * kv_per_token) / step / 1e9;
+      // Bytes a step must read: every weight once, and each sequence's KV at its context.
+      const double step_bytes = weight_bytes + b * mean_ctx * kv_per_token;
+      const double streamed = step_bytes / step / 1e9;
+      const double limit_gbs = gpu ? peak.mem_bandwidth / 1e9 : triad;
       std::printf("%-8d %-14.1f %-14.2f %-16.1f %.1f%%\n", b, d.tokens_per_s, step * 1e3, streamed,
-                  100.0 * streamed / triad);
-      run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
-                               {"streamed_gbs", streamed}, {"fraction_of_triad", streamed / triad}});
+                  100.0 * streamed / limit_gbs);
+      if (gpu) {
+        run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
+                                 {"mean_context", mean_ctx}, {"bytes_per_step", step_bytes},
+                                 {"streamed_gbs", streamed}, {"fraction_of_bandwidth", streamed / limit_gbs}});
+      } else {
+        run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
+                                 {"streamed_gbs", streamed}, {"fraction_of_triad", streamed / triad}});
+      }
       prof.decode_batches.push_back(b);
       if (!profile_contexts.empty()) {
         for (double ctx : prof.decode_contexts) {
@@ -612,6 +691,9 @@ int main(int argc, char** argv) {
     // largest thread count, each KV type in turn.
     const int t = *std::max_element(thread_counts.begin(), thread_counts.end());
     pd::BackendConfig bc;
+    bc.kind = gpu ? "cuda" : "cpu";
+    bc.device = device;
+    bc.cuda_tf32 = tf32;
     bc.n_threads = t;
     bc.int8_activations = !fp32_activations;
     auto be = pd::create_backend(bc);
@@ -619,7 +701,9 @@ int main(int argc, char** argv) {
     auto m = pd::LlamaModel::load(gguf, **be);
     if (!m.is_ok()) return fail(m.status().to_string());
     const auto& c = (*m)->config();
-    std::printf("\n== KV cache types at long contexts (%d thread%s; ratios to %s, this run)\n", t, t > 1 ? "s" : "",
+    const std::string where = gpu ? "cuda device " + std::to_string(device)
+                                  : std::to_string(t) + (t > 1 ? " threads" : " thread");
+    std::printf("\n== KV cache types at long contexts (%s; ratios to %s, this run)\n", where.c_str(),
                 pd::kv_dtype_name(kv_compare.front()));
     std::printf("%-8s %-8s %-6s %-12s %-14s %-12s %-10s\n", "context", "batch", "kv", "bytes/tok", "decode tok/s",
                 "KV GB/s", "vs first");
@@ -655,7 +739,8 @@ int main(int argc, char** argv) {
     std::ofstream f(profile_path);
     f << pd::plan::engine_profile_to_json(best_profile) << "\n";
     if (!f) return fail("cannot write --profile file '" + profile_path + "'", 2);
-    std::printf("profile (best thread count by batch-8 decode) written to %s\n", profile_path.c_str());
+    std::printf("profile (%s) written to %s\n", gpu ? "cuda" : "best thread count by batch-8 decode",
+                profile_path.c_str());
   }
   return 0;
 }

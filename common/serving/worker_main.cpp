@@ -155,7 +155,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   auto engine = Engine::create(ec);
   if (!engine.is_ok())
     return abort_job(engine.status().to_string() +
-                     (ec.backend != "cpu" ? " (engine.backend '" + ec.backend + "', device " + std::to_string(ec.device) + ")"
+                     (ec.backend != "cpu" ? " (engine.backend / --backend '" + ec.backend + "', device " + std::to_string(ec.device) + ")"
                                           : std::string()));
   if ((*engine)->backend->device_memory())
     spdlog::info("model and KV cache on {} device {} ({})", ec.backend, ec.device, (*engine)->backend->device_id());

@@ -599,7 +599,7 @@ TEST_CASE("cuda: argument validation matches the CPU backend", "[gpu]") {
               [&](Backend& be, Side&, BackendBuffer& c) { return be.kv_copy_block(c, L, 0, -1); });
 }
 
-TEST_CASE("cuda: kv_gather and kv_scatter move the same bytes as the CPU backend; device identity", "[gpu]") {
+TEST_CASE("cuda: kv_gather and kv_scatter move the same bytes as the CPU backend, and the device has an identity", "[gpu]") {
   Backends b = both_or_skip();
   std::mt19937 rng(11);
   KvCacheLayout L;

@@ -47,3 +47,20 @@ TEST_CASE("kv trailer: round trip; a wrong size is Corruption", "[kvtransfer]") 
   CHECK(back->checksums == t.checksums);
   CHECK(pd::KvTrailer::deserialize(bytes, 4).status().is_corruption());
 }
+
+TEST_CASE("kv region: offsets from a cache's base; an empty region or a piece outside the cache is refused",
+          "[kvtransfer]") {
+  std::vector<uint8_t> cache(1000);
+  pd::KvRegion r{cache.data() + 100, {0, 200, 40}, 50};  // a region described from inside the buffer
+  auto off = pd::kv_cache_offsets(r, cache.data(), cache.size(), "t");
+  REQUIRE(off.is_ok());
+  CHECK(*off == std::vector<int64_t>{100, 300, 140});
+  r.offsets.push_back(851);  // 951 + 50 > 1000
+  auto past = pd::kv_cache_offsets(r, cache.data(), cache.size(), "t");
+  CHECK(past.status().is_invalid_argument());
+  CHECK(past.status().message() == "t: KV region piece 3 lies outside the cache buffer");
+  pd::KvRegion before{cache.data(), {-1}, 1};
+  CHECK(pd::kv_cache_offsets(before, cache.data(), cache.size(), "t").status().is_invalid_argument());
+  CHECK(pd::kv_cache_offsets(pd::KvRegion{}, cache.data(), cache.size(), "t").status().message() ==
+        "t: empty KV region");
+}
