@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Every GPU check of pdcluster in one run, for a GPU machine lent for minutes
-# (one NVIDIA H200 here) that lacks this project's Debian packages. Prepare
-# here first (builds the CUDA executables and gathers the packages):
+# Every GPU check of pdcluster in one run, for a GPU machine (one NVIDIA H200
+# when written) that may be available only for minutes and may lack this
+# project's Debian packages. Prepare on a build machine first (builds the CUDA
+# executables and gathers the packages into .gpu-bundle/):
 #
 #   bash scripts/gpu_bundle.sh
 #
-# then the device run (the tool `run`; 600 s is its limit, the script keeps to
-# --budget, default 540 s):
+# then, on the GPU machine, in a copy of the checkout with .gpu-bundle/ beside
+# it (the script keeps to --budget, default 540 s, so it fits a 10-minute slot):
 #
-#   run(command='bash scripts/gpu_check.sh --out "$OUT/gpu"', carry=[".gpu-bundle"], timeout_s=600)
+#   bash scripts/gpu_check.sh --out DIR
 #
 # Stages, each under its own `timeout`, each with a log and a line in
 # OUT/summary.txt (PASS/FAIL/SKIP, seconds, a note); a failed stage does not
@@ -51,7 +52,7 @@ while [[ $# -gt 0 ]]; do
     --build-here) BUILD_HERE=1; shift ;;
     --no-bf16) BF16=0; shift ;;
     --stage) STAGE="$2"; shift 2 ;;  # internal: run one stage (under timeout)
-    -h|--help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
