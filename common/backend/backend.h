@@ -178,6 +178,11 @@ struct BackendConfig {
   bool cuda_tf32 = false;
 };
 
+// For kv_gather / kv_scatter implementations: InvalidArgument naming `op` when
+// a piece of `piece_bytes` at one of `offsets` lies outside a buffer of
+// `buffer_bytes`.
+Status check_kv_pieces(size_t buffer_bytes, std::span<const int64_t> offsets, size_t piece_bytes, const char* op);
+
 // Creates a backend. Unsupported (naming the kind) when it wasn't built or no
 // device exists.
 Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg);

@@ -48,8 +48,7 @@ Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg) {
   return Status::invalid_argument("unknown backend '" + cfg.kind + "' (expected cpu or cuda)");
 }
 
-// Host-memory defaults of the KV copies (the CPU backend's).
-static Status check_pieces(size_t cache_bytes, std::span<const int64_t> offsets, size_t piece_bytes, const char* op) {
+Status check_kv_pieces(size_t cache_bytes, std::span<const int64_t> offsets, size_t piece_bytes, const char* op) {
   for (int64_t off : offsets)
     if (off < 0 || static_cast<size_t>(off) > cache_bytes || cache_bytes - static_cast<size_t>(off) < piece_bytes)
       return Status::invalid_argument(std::string(op) + ": piece at byte " + std::to_string(off) + " of " +
@@ -60,7 +59,7 @@ static Status check_pieces(size_t cache_bytes, std::span<const int64_t> offsets,
 
 Status Backend::kv_gather(const BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
                           void* host) {
-  PD_RETURN_IF_ERROR(check_pieces(cache.size(), offsets, piece_bytes, "kv_gather"));
+  PD_RETURN_IF_ERROR(check_kv_pieces(cache.size(), offsets, piece_bytes, "kv_gather"));
   PD_RETURN_IF_ERROR(synchronize());
   const auto* base = static_cast<const uint8_t*>(const_cast<BackendBuffer&>(cache).data());
   auto* out = static_cast<uint8_t*>(host);
@@ -70,7 +69,7 @@ Status Backend::kv_gather(const BackendBuffer& cache, std::span<const int64_t> o
 
 Status Backend::kv_scatter(BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
                            const void* host) {
-  PD_RETURN_IF_ERROR(check_pieces(cache.size(), offsets, piece_bytes, "kv_scatter"));
+  PD_RETURN_IF_ERROR(check_kv_pieces(cache.size(), offsets, piece_bytes, "kv_scatter"));
   PD_RETURN_IF_ERROR(synchronize());
   auto* base = static_cast<uint8_t*>(cache.data());
   const auto* in = static_cast<const uint8_t*>(host);

@@ -184,6 +184,12 @@ Result<ClusterConfig> ClusterConfig::load(const std::string& path) {
   return c;
 }
 
+int ClusterConfig::EngineSection::device_of(int local_rank, int device_count) const {
+  const int local = std::max(local_rank, 0);
+  if (!devices.empty()) return devices[static_cast<size_t>(local) % devices.size()];
+  return device_count > 0 ? local % device_count : 0;
+}
+
 Status ClusterConfig::validate() const {
   if (engine.backend != "cpu" && engine.backend != "cuda")
     return Status::invalid_argument("config: 'engine.backend' = \"" + engine.backend + "\" (expected \"cpu\" or \"cuda\")");

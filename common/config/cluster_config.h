@@ -38,6 +38,10 @@ struct ClusterConfig {
     // CUDA: the device of each rank on a host, by its node-local rank (entry
     // i for local rank i, cycling); empty = local rank modulo the device count.
     std::vector<int> devices;
+    // The device of node-local rank `local_rank` on a host with `device_count`
+    // devices: devices[local_rank % size] when listed, else local_rank modulo
+    // the count (0 when there is none: creating the backend then says why).
+    int device_of(int local_rank, int device_count) const;
   } engine;
 
   struct Kv {

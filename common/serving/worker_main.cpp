@@ -127,14 +127,8 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   EngineConfig ec;
   ec.model_path = cfg->model;
   ec.backend = cfg->engine.backend;
-  if (ec.backend == "cuda") {
-    // The rank's device: engine.devices by node-local rank, else local rank
-    // modulo the devices this process sees (ranks of a host spread over its GPUs).
-    const int local = node_local_rank();
-    const int count = backend_device_count("cuda");
-    const std::vector<int>& devices = cfg->engine.devices;
-    ec.device = !devices.empty() ? devices[static_cast<size_t>(local) % devices.size()] : (count > 0 ? local % count : 0);
-  }
+  // Ranks of a host spread over its GPUs (engine.devices, else local rank modulo the count).
+  if (ec.backend == "cuda") ec.device = cfg->engine.device_of(node_local_rank(), backend_device_count("cuda"));
   ec.block_size = cfg->kv.block_size;
   ec.kv_checksum = cfg->kv.checksum;
   ec.int8_activations = cfg->engine.int8_activations;

@@ -74,6 +74,15 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   REQUIRE(ok.is_ok());
   CHECK(ok->engine.backend == "cuda");
   CHECK(ok->engine.devices == std::vector<int>{1, 0});
+  // Node-local ranks take the listed devices in turn; without a list, local rank modulo the count.
+  CHECK(ok->engine.device_of(0, 8) == 1);
+  CHECK(ok->engine.device_of(1, 8) == 0);
+  CHECK(ok->engine.device_of(2, 8) == 1);
+  ClusterConfig::EngineSection spread;
+  CHECK(spread.device_of(0, 4) == 0);
+  CHECK(spread.device_of(5, 4) == 1);
+  CHECK(spread.device_of(3, 0) == 0);  // no device: the backend's creation says so
+  CHECK(spread.device_of(-1, 4) == 0);
   CHECK(ok->kv.block_size == 32);
   CHECK(!ok->engine.int8_activations);
   CHECK(ok->model_name() == "m");

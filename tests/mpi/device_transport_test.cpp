@@ -23,42 +23,13 @@
 #include "backend/backend.h"
 #include "kvtransfer/device_transports.h"
 #include "kvtransfer/kv_region.h"
+#include "mpi/mpi_test_support.h"
 
 namespace {
 
-int failures = 0;
-#define EXPECT(cond, ...)                                       \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-      ++failures;                                               \
-    }                                                           \
-  } while (0)
-
-uint8_t pattern(int layer, int kind, int logical_block, size_t i) {
-  return static_cast<uint8_t>(layer * 131 + kind * 71 + logical_block * 29 + i * 7 + 1);
-}
-
-// Waits for `op`; returns the state, or the error message in *err.
-pd::OpState wait(pd::Transport& t, pd::TransferOp op, std::string* err = nullptr) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < end) {
-    auto r = t.test(op);
-    if (!r.is_ok()) {
-      if (err)
-        *err = r.status().to_string();
-      else
-        std::fprintf(stderr, "op %lld: %s\n", static_cast<long long>(op.value), r.status().to_string().c_str());
-      return pd::OpState::kPending;
-    }
-    if (*r != pd::OpState::kPending) return *r;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  if (err) *err = "timed out";
-  return pd::OpState::kPending;
-}
+using pd::test::failures;
+using pd::test::pattern;
+using pd::test::wait;
 
 struct Cache {
   pd::KvCacheLayout L;

@@ -15,37 +15,15 @@
 
 #include "backend/backend.h"
 #include "kvtransfer/kv_region.h"
+#include "mpi/mpi_test_support.h"
 #include "kvtransfer/mpi_transport.h"
 #include "kvtransfer/staged_transport.h"
 
 namespace {
 
-int failures = 0;
-#define EXPECT(cond, ...)                                      \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                       \
-      std::fprintf(stderr, "\n");                              \
-      ++failures;                                              \
-    }                                                          \
-  } while (0)
-
-// The byte a sequence holds at (layer, kind, logical block, offset in block).
-uint8_t pattern(int layer, int kind, int logical_block, size_t i) {
-  return static_cast<uint8_t>(layer * 131 + kind * 71 + logical_block * 29 + i * 7 + 1);
-}
-
-pd::OpState wait(pd::Transport& t, pd::TransferOp op) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < end) {
-    auto r = t.test(op);
-    if (!r.is_ok()) return pd::OpState::kPending;
-    if (*r != pd::OpState::kPending) return *r;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return pd::OpState::kPending;
-}
+using pd::test::failures;
+using pd::test::pattern;
+using pd::test::wait;
 
 }  // namespace
 

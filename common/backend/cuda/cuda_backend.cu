@@ -585,7 +585,7 @@ class CudaBackend final : public Backend {
 
   Status kv_gather(const BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
                    void* host) override {
-    PD_RETURN_IF_ERROR(check_pieces(cache, offsets, piece_bytes, "kv_gather"));
+    PD_RETURN_IF_ERROR(check_kv_pieces(cache.size(), offsets, piece_bytes, "kv_gather"));
     const size_t total = offsets.size() * piece_bytes;
     if (total == 0) return synchronize();
     PD_RETURN_IF_ERROR(activate());
@@ -607,7 +607,7 @@ class CudaBackend final : public Backend {
 
   Status kv_scatter(BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
                     const void* host) override {
-    PD_RETURN_IF_ERROR(check_pieces(cache, offsets, piece_bytes, "kv_scatter"));
+    PD_RETURN_IF_ERROR(check_kv_pieces(cache.size(), offsets, piece_bytes, "kv_scatter"));
     const size_t total = offsets.size() * piece_bytes;
     if (total == 0) return synchronize();
     PD_RETURN_IF_ERROR(activate());
@@ -650,16 +650,6 @@ class CudaBackend final : public Backend {
     PD_RETURN_IF_ERROR(args_dev_.reserve(args_.size(), stream_, "argument"));
     PD_RETURN_IF_ERROR(staging_.upload(args_.data(), args_.size(), args_dev_.data(), stream_));
     return static_cast<const uint8_t*>(args_dev_.data());
-  }
-
-  static Status check_pieces(const BackendBuffer& cache, std::span<const int64_t> offsets, size_t piece_bytes,
-                             const char* op) {
-    for (int64_t off : offsets)
-      if (off < 0 || static_cast<size_t>(off) > cache.size() || cache.size() - static_cast<size_t>(off) < piece_bytes)
-        return Status::invalid_argument(std::string(op) + ": piece at byte " + std::to_string(off) + " of " +
-                                        std::to_string(piece_bytes) + " bytes lies outside the cache (" +
-                                        std::to_string(cache.size()) + " bytes)");
-    return Status::ok();
   }
 
   static Status check_cache(const BackendBuffer& cache, const KvCacheLayout& L, int layer, const char* op) {
