@@ -285,7 +285,7 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
   s.n_prompt = static_cast<int32_t>(m.prompt.size());
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
-  s.arrived = Clock::now();
+  s.arrived = channel_->arrival();  // taken off the network by the communication side
   s.order = next_order_++;
   s.trailer.assign(KvTrailer::serialized_size(header_.n_layers), 0);
   offers_.push_back(id);
@@ -311,7 +311,7 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
   s.needs_compute = true;
-  s.arrived = s.received = Clock::now();
+  s.arrived = s.received = channel_->arrival();
   s.order = next_order_++;
   waiting_.push_back(id);
 }

@@ -1,7 +1,10 @@
 // pd-decode: one decode rank of the cluster (see decode_worker.h).
 //   mpirun -np 1 pd-router CFG : -np P pd-prefill CFG : -np D pd-decode CFG
 // With no pd-prefill ranks in the job (colocated mode) it prefills its own prompts.
+// The worker's loop is the compute side; every MPI call is made by the rank's
+// communication side (kvtransfer/comm_side.h).
 #include "decode_node/decode_worker.h"
+#include "kvtransfer/comm_side.h"
 #include "kvtransfer/kv_paths.h"
 #include "protocol/mpi_channel.h"
 #include "serving/worker_main.h"
@@ -9,9 +12,15 @@
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
                                                             std::unique_ptr<pd::Engine> engine,
-                                                             std::shared_ptr<pd::MpiLinks> links) {
+                                                            std::shared_ptr<pd::MpiLinks> links) {
     auto transport = pd::make_kv_transport(links, *engine->backend, *engine->cache.buffer);
-    pd::DecodeWorker w(cfg, roles, std::move(engine), std::move(transport), std::make_unique<pd::MpiControlChannel>(links));
-    return w.run();
+    pd::CommSideOptions opts;
+    opts.router = roles.router;
+    return pd::serve_with_comm_side<pd::DecodeWorker>(
+        std::make_unique<pd::MpiControlChannel>(links), std::move(transport), opts,
+        [&](std::unique_ptr<pd::ControlChannel> channel, std::unique_ptr<pd::Transport> port) {
+          return std::make_unique<pd::DecodeWorker>(cfg, roles, std::move(engine), std::move(port),
+                                                    std::move(channel));
+        });
   });
 }

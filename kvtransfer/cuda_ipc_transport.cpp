@@ -33,6 +33,7 @@ Result<std::unique_ptr<CudaIpcTransport>> CudaIpcTransport::create(std::shared_p
     return cuda_call_error(kWho, "cudaSetDevice", err);
   std::unique_ptr<CudaIpcTransport> t(
       new CudaIpcTransport(std::move(links), static_cast<cudaStream_t>(compute_stream), cache));
+  t->device_ = attr.device;
   cudaIpcMemHandle_t h;
   if (cudaError_t err = cudaIpcGetMemHandle(&h, cache.data()); err != cudaSuccess)
     return cuda_call_error(kWho, "cudaIpcGetMemHandle (KV cache)", err);
@@ -258,6 +259,11 @@ void CudaIpcTransport::forget_peer(int peer) {
     recvs_.erase(op);
   }
   mapped_.erase(peer);
+}
+
+void CudaIpcTransport::bind_thread() {
+  if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess)
+    spdlog::error("CudaIpcTransport: cudaSetDevice({}) on the communication thread: {}", device_, cudaGetErrorString(err));
 }
 
 }  // namespace pd

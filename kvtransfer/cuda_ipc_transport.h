@@ -54,11 +54,14 @@ class CudaIpcTransport final : public Transport {
   void abandon(TransferOp op) override;
   size_t pending() const override { return ops_.size(); }
   void progress() override;
+  // Makes the device holding the cache current on the calling thread.
+  void bind_thread() override;
   // Unmaps the peer's cache once no copy reads it. Its operations that wait on
   // it (unmatched receives, sends) fail; a running copy completes.
   void forget_peer(int peer) override;
 
  private:
+  int device_ = 0;  // the device holding the cache (bind_thread)
   // A peer's cache mapped into this process; unmapped when the last user goes.
   struct Mapping {
     std::array<uint8_t, 64> handle{};

@@ -44,6 +44,7 @@ class FaultInjectionTransport final : public Transport {
   Status select_path(int peer, const KvPathChoice& choice) override { return inner_->select_path(peer, choice); }
   void forget_peer(int peer) override { inner_->forget_peer(peer); }
   void progress() override { inner_->progress(); }
+  void bind_thread() override { inner_->bind_thread(); }
 
  private:
   bool targets(int tag);

@@ -44,6 +44,10 @@ KvPath KvPaths::path_of(int peer) const {
   return it == selected_.end() ? KvPath::kMpi : it->second;
 }
 
+void KvPaths::bind_thread() {
+  for (auto& [path, t] : paths_) t->bind_thread();
+}
+
 void KvPaths::progress() {
   for (auto& [path, t] : paths_) t->progress();
 }

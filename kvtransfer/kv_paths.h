@@ -39,6 +39,7 @@ class KvPaths final : public Transport {
   Status select_path(int peer, const KvPathChoice& choice) override;
   void forget_peer(int peer) override;
   void progress() override;
+  void bind_thread() override;
   // The path region operations with `peer` take now (kMpi until selected).
   KvPath path_of(int peer) const;
 

@@ -33,6 +33,7 @@ Result<std::unique_ptr<NcclTransport>> NcclTransport::create(std::shared_ptr<Mpi
     return cuda_call_error(kWho, "cudaSetDevice", err);
   std::unique_ptr<NcclTransport> t(
       new NcclTransport(std::move(links), static_cast<cudaStream_t>(compute_stream), cache));
+  t->device_ = attr.device;
   PD_ASSIGN_OR_RETURN(t->order_, t->events_.get());
   return t;
 }
@@ -398,6 +399,11 @@ void NcclTransport::forget_peer(int peer) {
   // Queued sends of the peer failed with it; their compute events go back in progress().
   if (p.stream != nullptr) (void)cudaStreamDestroy(p.stream);  // returns at once; its work still completes
   pairs_.erase(it);
+}
+
+void NcclTransport::bind_thread() {
+  if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess)
+    spdlog::error("NcclTransport: cudaSetDevice({}) on the communication thread: {}", device_, cudaGetErrorString(err));
 }
 
 }  // namespace pd

@@ -66,11 +66,14 @@ class NcclTransport final : public Transport {
   void abandon(TransferOp op) override;
   size_t pending() const override { return ops_.size(); }
   void progress() override;
+  // Makes the device holding the cache current on the calling thread.
+  void bind_thread() override;
   // Aborts the pair's communicator and drops its state; the peer's operations
   // fail (a receive already on the device fails once its last write is done).
   void forget_peer(int peer) override;
 
  private:
+  int device_ = 0;  // the device holding the cache (bind_thread)
   enum class CommState {
     kWaitingId,     // the higher id: waiting for the lower one's ncclUniqueId
     kInitializing,  // ncclCommInitRankConfig in progress

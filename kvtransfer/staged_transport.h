@@ -41,6 +41,7 @@ class StagedTransport final : public Transport {
   size_t pending() const override { return inner_->pending(); }
   void forget_peer(int peer) override { inner_->forget_peer(peer); }
   void progress() override { inner_->progress(); }
+  void bind_thread() override { inner_->bind_thread(); }
 
  private:
   struct Staged {

@@ -71,6 +71,10 @@ class Transport {
   // rank has nothing of its own to test. MPI needs nothing (its progress rides
   // on every MPI call).
   virtual void progress() {}
+  // The calling thread makes every later call (a rank's communication side,
+  // kvtransfer/comm_side.h): a device path makes the rank's device current on
+  // it. Called once, before any other call from that thread.
+  virtual void bind_thread() {}
 };
 
 }  // namespace pd

@@ -72,9 +72,11 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
   // Layer hook: runs on this thread inside forward(), right after a layer's KV
   // is in the cache. Checksums are taken for every request of the batch (a
-  // held request sends later); sends go out only for accepted handoffs. It
-  // never ends a job: a failure here marks it kAborted and run_batch ends it
-  // once forward() no longer reads its block table.
+  // held request sends later); the control messages that arrived meanwhile
+  // are acted on (mid_pass_message); every layer written so far of an
+  // accepted handoff is handed to the communication side, which sends it
+  // while the next layers compute. Nothing here ends a job under forward():
+  // a job ended mid-pass becomes kAborted and run_batch ends it after the pass.
   engine_->model->set_kv_written_hook([this](int layer) {
     for (proto::RequestId id : batch_) {
       auto it = jobs_.find(id);
@@ -88,10 +90,15 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
         if (sum.is_ok()) job.checksums[layer] = *sum;
         else if (job.send_error.empty()) job.send_error = "KV checksum failed: " + sum.status().message();
       }
-      if (job.accepted && job.layers_posted == layer) post_layer(job, layer);
     }
-    pump_transfers();    // keep MPI progressing while compute continues
-    report_load(false);  // a long batch must not look like a dead rank to the router
+    handle_messages(/*in_pass=*/true);
+    for (proto::RequestId id : batch_) {
+      Job* job = find_job(id);
+      if (job == nullptr || job->state != JobState::kComputing || !job->accepted) continue;
+      while (job->layers_posted <= layer) post_layer(*job, job->layers_posted);
+    }
+    progress_transfers();  // refunds the send budget of what went out, posts what waited for it
+    report_load(false);
   });
 }
 
@@ -121,10 +128,9 @@ Status PrefillWorker::run() {
 
 bool PrefillWorker::run_once() {
   transport_->progress();
-  bool busy = handle_messages();
+  bool busy = handle_messages(/*in_pass=*/false);
   busy |= progress_transfers();
   check_deadlines();
-  if (!queue_.empty()) pump_transfers();  // a batch is next: push pending sends out first
   busy |= run_batch();
   if (leave_requested() && !leave_sent_) {
     channel_->send(roles_.router, proto::Leave{});
@@ -136,8 +142,20 @@ bool PrefillWorker::run_once() {
   return busy;
 }
 
-bool PrefillWorker::handle_messages() {
-  return channel_->drain([&](int source, proto::Message& msg) {
+// What the layer hook may act on in the middle of a pass: a new prompt (it is
+// offered and queued), a cancel or a handoff answer (an accept starts the sends
+// of the layers already written), a peer going down or up. Anything else —
+// Rejoin, Drain, PeerLeft, Shutdown — waits for the pass to end, and so does
+// every message behind it (order per source holds).
+bool PrefillWorker::mid_pass_message(const proto::Message& m) {
+  return std::holds_alternative<proto::PrefillRequest>(m) || std::holds_alternative<proto::Cancel>(m) ||
+         std::holds_alternative<proto::HandoffAccept>(m) || std::holds_alternative<proto::HandoffReject>(m) ||
+         std::holds_alternative<proto::PeerDown>(m) || std::holds_alternative<proto::PeerUp>(m) ||
+         std::holds_alternative<proto::Hello>(m);
+}
+
+bool PrefillWorker::handle_messages(bool in_pass) {
+  const auto handle = [&](int source, proto::Message& msg) {
     // One bad message must not end the rank (and, with it, every request on it).
     try {
     std::visit(
@@ -165,7 +183,9 @@ bool PrefillWorker::handle_messages() {
       spdlog::error("prefill rank {}: handling {} from rank {}: {}", roles_.self, proto::message_name(msg), source,
                     e.what());
     }
-  }) > 0;
+  };
+  if (!in_pass) return channel_->drain(handle) > 0;
+  return channel_->drain_while([](int, const proto::Message& m) { return mid_pass_message(m); }, handle) > 0;
 }
 
 bool PrefillWorker::current(int source, proto::Epoch epoch) {
@@ -276,7 +296,10 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   }
   Job& job = jobs_[id];
   job.req = std::move(req);
-  job.arrived = job.offered = Clock::now();
+  // Its queue wait counts from when the communication side took it off the
+  // network, not from when this loop got to it.
+  job.arrived = channel_->arrival();
+  job.offered = Clock::now();
   job.checksums.assign(static_cast<size_t>(header_.n_layers), 0);
   // Offer the handoff now: the decode rank reserves blocks while we compute.
   proto::HandoffOffer offer;
@@ -396,7 +419,7 @@ void PrefillWorker::post_send(Job& job, int layer) {
   }
   const int64_t charge = std::min(bytes, kSendChargeCap);
   peer_sends_[job.req.decode_rank].charged += charge;
-  job.ops.push_back({*op, charge});
+  job.ops.push_back({*op, charge, bytes});
   job.last_progress = Clock::now();
 }
 
@@ -482,6 +505,9 @@ bool PrefillWorker::run_batch() {
   Status st = engine_->model->prefill(seqs, engine_->cache, &logits);
   in_pass_ = false;
   const double prefill_s = seconds(Clock::now() - t0);
+  // What the communication side sent during the pass counts as hidden: take
+  // the completions now, before the pass's end is stamped.
+  progress_transfers();
   std::vector<proto::RequestId> ran;
   ran.swap(batch_);
   if (!st.is_ok()) {
@@ -524,6 +550,7 @@ bool PrefillWorker::run_batch() {
     const StopReason stop = check_stop(job.req.sampling, job.first_token, engine_->eos_id, 1);
     job.finished_at_first = stop != StopReason::kNone;
     job.computed = Clock::now();
+    job.hidden_bytes = job.bytes_sent;
     ev.id = job.req.id;
     ev.first_index = 0;
     ev.tokens = {job.first_token};
@@ -545,20 +572,6 @@ bool PrefillWorker::run_batch() {
   return true;
 }
 
-void PrefillWorker::pump_transfers() {
-  // MPI moves a large send only while this rank calls into it: OpenMPI's ob1
-  // layer keeps a few fragments of each send in flight and schedules the next
-  // ones on a later call. Called once per layer of a long pass, a single test
-  // per op would let a layer's KV trickle out over many layers' compute time
-  // (and, to the decode rank, look like a stalled transfer). So call it until
-  // nothing is pending or a short slice is spent.
-  constexpr auto kSlice = std::chrono::milliseconds(2);
-  const auto end = Clock::now() + kSlice;
-  do {
-    progress_transfers();
-  } while (transport_->pending() && Clock::now() < end);
-}
-
 bool PrefillWorker::progress_transfers() {
   bool any = false;
   std::vector<proto::RequestId> sent, broken;
@@ -569,6 +582,7 @@ bool PrefillWorker::progress_transfers() {
       if (!r.is_ok() || *r != OpState::kPending) {
         peer_sends_[job.req.decode_rank].charged -= op->charge;
         refunded.insert(job.req.decode_rank);
+        if (r.is_ok() && *r == OpState::kDone) job.bytes_sent += op->bytes;
         if (!r.is_ok() && job.send_error.empty()) job.send_error = "KV send failed: " + r.status().message();
         op = job.ops.erase(op);
         job.last_progress = Clock::now();
@@ -590,7 +604,7 @@ bool PrefillWorker::progress_transfers() {
     // Every byte is out: the blocks may be reused.
     const auto now = Clock::now();
     channel_->send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
-                                                      seconds(now - job.send_started)});
+                                                      seconds(now - job.send_started), job.hidden_bytes});
     end(id);
   }
   for (proto::RequestId id : broken)

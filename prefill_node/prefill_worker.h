@@ -27,7 +27,12 @@
 // request (the router already re-ran or failed them) and continues under the
 // new epoch.
 //
-// Threading: one thread (the engine loop) calls everything, including MPI.
+// Threading: one thread (the engine loop, a compute thread) calls everything;
+// it never calls MPI: `channel` and `transport` are the communication side's
+// ends in the cluster (kvtransfer/comm_side.h), which keep messages and sends
+// moving while a pass runs. A control message that arrives during a pass is
+// acted on at the next layer's end (mid_pass_message); sends of an accepted
+// handoff go out layer by layer as each is written.
 #pragma once
 
 #include <chrono>
@@ -86,7 +91,10 @@ class PrefillWorker {
     struct SendOp {
       TransferOp op;
       int64_t charge;                    // what it counts against the peer's in-flight budget
+      int64_t bytes;
     };
+    int64_t bytes_sent = 0;              // of bytes_posted, sends that completed
+    int64_t hidden_bytes = 0;            // bytes_sent when the last layer was computed
     std::vector<SendOp> ops;
     int queued_posts = 0;                // sends waiting in the peer's queue
     bool trailer_posted = false;
@@ -97,7 +105,9 @@ class PrefillWorker {
     double queue_s = 0;
   };
 
-  bool handle_messages();
+  // Handles the messages that arrived; in a pass, only those mid_pass_message allows.
+  bool handle_messages(bool in_pass);
+  static bool mid_pass_message(const proto::Message& m);
   void on_request(proto::PrefillRequest req);
   void on_cancel(proto::RequestId id);
   void on_accept(const proto::HandoffAccept& m, int source);
@@ -121,7 +131,6 @@ class PrefillWorker {
   void post_send(Job& job, int layer);
   void post_waiting(int peer);
   bool progress_transfers();
-  void pump_transfers();
   void check_deadlines();
   void fail(Job& job, const std::string& reason, proto::FailureKind kind, bool tell_decode);
   // Ends the job: abandons its sends, frees its blocks, erases it (or, in the

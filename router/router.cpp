@@ -56,6 +56,10 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       transfer_gbps_(metrics_.histogram("pd_kv_transfer_gbps", "KV handoff throughput per request: bytes / (first layer posted to last byte sent), GB/s",
                                         gbps_buckets())),
       transfer_bytes_(metrics_.counter("pd_kv_transfer_bytes_total", "KV bytes moved from prefill to decode ranks")),
+      transfer_hidden_(metrics_.histogram("pd_kv_transfer_hidden_ratio",
+                                          "Per handoff: fraction of its KV bytes sent before the prompt's last layer "
+                                          "was computed (moved behind compute)",
+                                          {0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0})),
       prompt_tokens_total_(metrics_.counter("pd_prompt_tokens_total", "Prompt tokens of dispatched requests")),
       generation_tokens_total_(metrics_.counter("pd_generation_tokens_total", "Tokens generated")),
       running_(metrics_.gauge("pd_running_sequences", "Sequences in a worker's batch (last report)", {"role", "rank"})),
@@ -271,6 +275,8 @@ void Router::handle_messages() {
                 transfer_seconds_.observe(m.exposed_s);
                 stage_.observe({"transfer"}, m.exposed_s);
                 if (m.wire_s > 0) transfer_gbps_.observe(static_cast<double>(m.bytes) / m.wire_s / 1e9);
+                if (m.bytes > 0)
+                  transfer_hidden_.observe(std::clamp(static_cast<double>(m.hidden_bytes) / static_cast<double>(m.bytes), 0.0, 1.0));
               } else spdlog::warn("router: unexpected {} from rank {}", proto::message_name(m), source);
             },
             msg);

@@ -229,6 +229,7 @@ class Router {
   Histogram& transfer_seconds_;
   Histogram& transfer_gbps_;
   Counter& transfer_bytes_;
+  Histogram& transfer_hidden_;
   Counter& prompt_tokens_total_;
   Counter& generation_tokens_total_;
   Gauge& running_;

@@ -5,7 +5,9 @@
 // KV path runs against a fake Transport.
 //
 // Threading: an object belongs to one thread (the engine loop or the router's
-// link); nothing here is thread-safe.
+// link); nothing here is thread-safe. A worker's engine loop holds the
+// communication side's end of a channel (kvtransfer/comm_side.h), which owns
+// the real one on its own thread.
 #pragma once
 
 #include <chrono>
@@ -28,6 +30,20 @@ class ControlChannel {
   // source) and dropped. Never blocks. Returns how many messages arrived,
   // malformed ones included.
   virtual int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) = 0;
+  // As drain(), but stops before the first message `take` refuses, leaving it
+  // and every later one for a later drain (so order per source holds). What a
+  // worker calls in the middle of a pass for the messages it can act on there.
+  // A channel that cannot look ahead takes nothing (the default).
+  virtual int drain_while(const std::function<bool(int source, const proto::Message& m)>& take,
+                          const std::function<void(int source, proto::Message& m)>& fn, int max = 64) {
+    (void)take;
+    (void)fn;
+    (void)max;
+    return 0;
+  }
+  // When the message being handed to drain()'s `fn` reached this rank (taken
+  // off the network); outside `fn`, or for a channel that does not know, now.
+  virtual std::chrono::steady_clock::time_point arrival() const { return std::chrono::steady_clock::now(); }
   // Completes finished sends (frees their buffers). Call once per loop.
   virtual void progress() = 0;
   // Sends posted and not yet complete.

@@ -145,7 +145,8 @@ struct ToJson {
     return {{"t", "tokens"}, {"events", std::move(events)}};
   }
   json operator()(const TransferStats& m) const {
-    return {{"t", "xfer"}, {"id", m.id}, {"bytes", m.bytes}, {"exposed_s", m.exposed_s}, {"wire_s", m.wire_s}};
+    return {{"t", "xfer"},         {"id", m.id},         {"bytes", m.bytes},
+            {"exposed_s", m.exposed_s}, {"wire_s", m.wire_s}, {"hidden", m.hidden_bytes}};
   }
   json operator()(const RequestFailed& m) const {
     return {{"t", "failed"}, {"id", m.id}, {"reason", m.reason}, {"kind", static_cast<int32_t>(m.kind)}};
@@ -218,7 +219,7 @@ Message from_json(const json& j) {
   }
   if (t == "xfer")
     return TransferStats{j.at("id").get<RequestId>(), j.at("bytes").get<int64_t>(), j.at("exposed_s").get<double>(),
-                         j.at("wire_s").get<double>()};
+                         j.at("wire_s").get<double>(), j.value("hidden", int64_t{0})};
   if (t == "failed") {
     const int32_t k = j.at("kind").get<int32_t>();
     if (k < 1 || k > kFailureKindMax) throw std::out_of_range("failure kind " + std::to_string(k));

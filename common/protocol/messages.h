@@ -164,6 +164,9 @@ struct TransferStats {
   int64_t bytes = 0;
   double exposed_s = 0;  // end of the prefill compute -> last byte sent (what the overlap did not hide)
   double wire_s = 0;     // first layer posted -> last byte sent
+  // Of `bytes`, those whose send had completed when the prompt's last layer
+  // was computed: moved behind compute (bytes - hidden_bytes were exposed).
+  int64_t hidden_bytes = 0;
 };
 // Why a request failed on a worker. Workers say what happened; only the router
 // decides what the client sees (HTTP status) and whether to re-run it.

@@ -29,13 +29,15 @@ const char* role_name(Role r) {
 
 Status mpi_init(int* argc, char*** argv, bool elastic) {
   int provided = 0;
-  const int need = elastic ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+  // SERIALIZED: a worker's MPI calls are made by its communication thread, not
+  // by the thread that called MPI_Init (kvtransfer/comm_side.h).
+  const int need = elastic ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
   if (MPI_Init_thread(argc, argv, need, &provided) != MPI_SUCCESS)
     return Status::internal("MPI_Init_thread failed");
   if (provided < need)
     return Status::unsupported("the MPI library provides thread level " + std::to_string(provided) +
                                ", pdcluster needs " + (elastic ? "MPI_THREAD_MULTIPLE (elastic pools)"
-                                                               : "MPI_THREAD_FUNNELED"));
+                                                               : "MPI_THREAD_SERIALIZED"));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return Status::ok();
 }

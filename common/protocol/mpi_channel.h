@@ -1,8 +1,10 @@
 // The MPI side of the control plane: who is who in the job (the role table)
 // and the ControlChannel over MPI (see protocol/control_channel.h).
 //
-// Threading: MPI is called from one thread per process (MPI_THREAD_FUNNELED);
-// every object here belongs to that thread.
+// Threading: MPI is called from one thread at a time per process
+// (MPI_THREAD_SERIALIZED): a worker's communication thread
+// (kvtransfer/comm_side.h), the router's link thread; every object here
+// belongs to the thread that calls it.
 #pragma once
 
 #include <mpi.h>
@@ -36,7 +38,7 @@ struct RoleTable {
   bool colocated() const { return prefill.empty() && !joined_disaggregated; }
 };
 
-// MPI_Init_thread(FUNNELED, or MULTIPLE for `elastic` ranks: their MpiLinks
+// MPI_Init_thread(SERIALIZED, or MULTIPLE for `elastic` ranks: their MpiLinks
 // accept on a background thread) with an error naming what was provided
 // instead; MPI_COMM_WORLD then returns errors instead of aborting the job, so
 // one rank's death is this rank's to handle (mpirun --mca orte_enable_recovery 1).

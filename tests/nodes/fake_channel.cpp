@@ -35,6 +35,23 @@ class FakeChannelHub::Endpoint final : public ControlChannel {
     }
     return n;
   }
+  int drain_while(const std::function<bool(int source, const proto::Message& m)>& take,
+                  const std::function<void(int source, proto::Message& m)>& fn, int max) override {
+    auto& inbox = inboxes_->by_rank[rank_];
+    int n = 0;
+    for (; n < max && !inbox.empty(); ++n) {
+      auto msg = proto::deserialize(inbox.front().second.data(), inbox.front().second.size());
+      const int source = inbox.front().first;
+      if (msg.is_ok() && !take(source, *msg)) break;
+      inbox.pop_front();
+      if (!msg.is_ok()) {
+        spdlog::error("control message from rank {}: {}", source, msg.status().to_string());
+        continue;
+      }
+      fn(source, *msg);
+    }
+    return n;
+  }
   void progress() override {}
   size_t pending_sends() const override { return 0; }  // the hub takes every send at once
   bool flush(std::chrono::milliseconds) override { return true; }

@@ -1,0 +1,411 @@
+#include "kvtransfer/comm_side.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <variant>
+
+namespace pd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What the compute side asks of the thread, in the order it asked.
+struct SendMessage {
+  int dest;
+  proto::Message message;
+};
+struct ForgetRank {
+  int rank;
+};
+struct PostOp {
+  enum Kind { kSend, kRecv, kSendBytes, kRecvBytes };
+  int64_t id;
+  Kind kind;
+  int peer, tag;
+  KvRegion region;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+struct CancelOp {
+  int64_t id;
+};
+struct AbandonOp {
+  int64_t id;
+};
+struct SelectPath {
+  int peer;
+  KvPathChoice choice;
+};
+struct ForgetPeer {
+  int peer;
+};
+using Command = std::variant<SendMessage, ForgetRank, PostOp, CancelOp, AbandonOp, SelectPath, ForgetPeer>;
+
+struct Inbound {
+  int source;
+  proto::Message message;
+  Clock::time_point arrived;
+};
+
+}  // namespace
+
+struct CommSide::Shared {
+  // Constant after construction.
+  CommSideOptions opts;
+  std::string transport_name;
+  std::vector<KvPath> paths;
+  // The real channel and transport: the thread's alone between start() and stop().
+  std::unique_ptr<ControlChannel> channel;
+  std::unique_ptr<Transport> transport;
+
+  mutable std::mutex mu;
+  std::condition_variable wake;     // the thread waits here (commands, stop)
+  std::condition_variable changed;  // flush() waits here (sends completed)
+  // Guarded by mu.
+  std::deque<Command> commands;
+  std::deque<Inbound> inbox;
+  std::unordered_map<int64_t, Result<OpState>> ended;  // op id -> how it ended, until test() takes it
+  size_t queued_sends = 0;                             // SendMessage commands not yet run
+  size_t channel_pending = 0;                          // the real channel's sends in flight (last round)
+  bool started = false, stopping = false, stopped = false;
+  CommStats stats;
+
+  // Last call of the compute side (steady clock ticks): the stall guard.
+  std::atomic<int64_t> compute_touch{0};
+  void touch() { compute_touch.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+
+  void push(Command c) {
+    {
+      std::lock_guard lock(mu);
+      if (std::holds_alternative<SendMessage>(c)) ++queued_sends;
+      commands.push_back(std::move(c));
+    }
+    wake.notify_one();
+  }
+};
+
+// The compute side's ControlChannel.
+class CommSide::Channel final : public ControlChannel {
+ public:
+  explicit Channel(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+
+  void send(int dest, const proto::Message& m) override {
+    s_->touch();
+    {
+      std::lock_guard lock(s_->mu);
+      if (s_->stopped) return;
+    }
+    s_->push(SendMessage{dest, m});
+  }
+  int drain(const std::function<void(int, proto::Message&)>& fn, int max) override {
+    s_->touch();
+    std::vector<Inbound> got;
+    {
+      std::lock_guard lock(s_->mu);
+      while (static_cast<int>(got.size()) < max && !s_->inbox.empty()) {
+        got.push_back(std::move(s_->inbox.front()));
+        s_->inbox.pop_front();
+      }
+    }
+    for (Inbound& in : got) hand(in, fn);
+    return static_cast<int>(got.size());
+  }
+  int drain_while(const std::function<bool(int, const proto::Message&)>& take,
+                  const std::function<void(int, proto::Message&)>& fn, int max) override {
+    s_->touch();
+    int n = 0;
+    while (n < max) {
+      std::optional<Inbound> in;
+      {
+        std::lock_guard lock(s_->mu);
+        if (s_->inbox.empty() || !take(s_->inbox.front().source, s_->inbox.front().message)) break;
+        in = std::move(s_->inbox.front());
+        s_->inbox.pop_front();
+      }
+      hand(*in, fn);
+      ++n;
+    }
+    return n;
+  }
+  Clock::time_point arrival() const override { return in_fn_ ? arrival_ : Clock::now(); }
+  void progress() override { s_->touch(); }
+  size_t pending_sends() const override {
+    std::lock_guard lock(s_->mu);
+    return s_->queued_sends + s_->channel_pending;
+  }
+  bool flush(std::chrono::milliseconds deadline) override {
+    std::unique_lock lock(s_->mu);
+    return s_->changed.wait_for(lock, deadline, [&] {
+      return s_->stopped || (s_->queued_sends == 0 && s_->channel_pending == 0);
+    }) && !s_->stopped;
+  }
+  void forget(int rank) override { s_->push(ForgetRank{rank}); }
+
+ private:
+  void hand(Inbound& in, const std::function<void(int, proto::Message&)>& fn) {
+    in_fn_ = true;
+    arrival_ = in.arrived;
+    struct Reset {
+      bool* flag;
+      ~Reset() { *flag = false; }
+    } reset{&in_fn_};
+    fn(in.source, in.message);
+  }
+  std::shared_ptr<Shared> s_;
+  bool in_fn_ = false;
+  Clock::time_point arrival_{};
+};
+
+// The compute side's Transport.
+class CommSide::Port final : public Transport {
+ public:
+  explicit Port(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+
+  std::string name() const override { return s_->transport_name; }
+  Result<TransferOp> post_send(int peer, int tag, const KvRegion& region) override {
+    return post(PostOp{0, PostOp::kSend, peer, tag, region});
+  }
+  Result<TransferOp> post_recv(int peer, int tag, const KvRegion& region) override {
+    return post(PostOp{0, PostOp::kRecv, peer, tag, region});
+  }
+  Result<TransferOp> post_send_bytes(int peer, int tag, const void* data, size_t bytes) override {
+    return post(PostOp{0, PostOp::kSendBytes, peer, tag, {}, const_cast<void*>(data), bytes});
+  }
+  Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) override {
+    return post(PostOp{0, PostOp::kRecvBytes, peer, tag, {}, data, bytes});
+  }
+  Result<OpState> test(TransferOp op) override {
+    if (!mine_.count(op.value)) return Status::not_found("transfer op " + std::to_string(op.value));
+    std::lock_guard lock(s_->mu);
+    auto it = s_->ended.find(op.value);
+    if (it == s_->ended.end()) return OpState::kPending;
+    Result<OpState> r = std::move(it->second);
+    s_->ended.erase(it);
+    mine_.erase(op.value);
+    return r;
+  }
+  void cancel(TransferOp op) override {
+    if (mine_.count(op.value)) s_->push(CancelOp{op.value});
+  }
+  void abandon(TransferOp op) override {
+    if (!mine_.erase(op.value)) return;
+    {
+      std::lock_guard lock(s_->mu);
+      s_->ended.erase(op.value);
+    }
+    s_->push(AbandonOp{op.value});
+  }
+  size_t pending() const override { return mine_.size(); }
+  std::vector<KvPath> paths() const override { return s_->paths; }
+  Status select_path(int peer, const KvPathChoice& choice) override {
+    // The real transport refuses only a path it lacks: answered here, now.
+    if (std::find(s_->paths.begin(), s_->paths.end(), choice.path) == s_->paths.end())
+      return Status::unsupported(std::string("no ") + kv_path_name(choice.path) + " path in this process (it has " +
+                                 s_->transport_name + ") for KV with rank " + std::to_string(peer));
+    s_->push(SelectPath{peer, choice});
+    return Status::ok();
+  }
+  void forget_peer(int peer) override { s_->push(ForgetPeer{peer}); }
+
+ private:
+  Result<TransferOp> post(PostOp p) {
+    s_->touch();
+    {
+      std::lock_guard lock(s_->mu);
+      if (s_->stopped) return Status::cancelled("the rank's communication side has stopped");
+    }
+    p.id = next_id_++;
+    mine_.insert(p.id);
+    s_->push(std::move(p));
+    return TransferOp{p.id};
+  }
+  std::shared_ptr<Shared> s_;
+  int64_t next_id_ = 1;
+  std::unordered_set<int64_t> mine_;  // posted, not yet reported ended nor abandoned
+};
+
+CommSide::CommSide(std::unique_ptr<ControlChannel> channel, std::unique_ptr<Transport> transport,
+                   CommSideOptions opts)
+    : shared_(std::make_shared<Shared>()) {
+  shared_->opts = opts;
+  shared_->transport_name = transport->name();
+  shared_->paths = transport->paths();
+  shared_->channel = std::move(channel);
+  shared_->transport = std::move(transport);
+  shared_->touch();
+}
+
+CommSide::~CommSide() { stop(); }
+
+std::unique_ptr<ControlChannel> CommSide::channel() { return std::make_unique<Channel>(shared_); }
+std::unique_ptr<Transport> CommSide::transport() { return std::make_unique<Port>(shared_); }
+
+void CommSide::start() {
+  {
+    std::lock_guard lock(shared_->mu);
+    if (shared_->started) return;
+    shared_->started = true;
+  }
+  shared_->touch();
+  thread_ = std::thread([this] { loop(); });
+}
+
+void CommSide::stop() {
+  {
+    std::lock_guard lock(shared_->mu);
+    if (!shared_->started || shared_->stopping) return;
+    shared_->stopping = true;
+  }
+  shared_->wake.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+CommStats CommSide::stats() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->stats;
+}
+
+void CommSide::loop() {
+  Shared& s = *shared_;
+  ControlChannel& channel = *s.channel;
+  Transport& transport = *s.transport;
+  transport.bind_thread();
+  std::unordered_map<int64_t, TransferOp> live;  // op id -> the real transport's op
+  std::optional<proto::LoadReport> last_report;  // the compute side's last, for heartbeats
+  Clock::time_point last_report_at{};
+  std::deque<Command> commands;
+  std::vector<Inbound> arrived;
+  std::vector<std::pair<int64_t, Result<OpState>>> ended;
+  std::vector<int64_t> abandoned;
+  CommStats round_stats;
+
+  auto run = [&](Command& c) {
+    std::visit(
+        [&](auto& cmd) {
+          using T = std::decay_t<decltype(cmd)>;
+          if constexpr (std::is_same_v<T, SendMessage>) {
+            if (s.opts.router >= 0 && cmd.dest == s.opts.router) {
+              if (auto* r = std::get_if<proto::LoadReport>(&cmd.message)) {
+                last_report = *r;
+                last_report_at = Clock::now();
+              }
+            }
+            channel.send(cmd.dest, cmd.message);
+            ++round_stats.messages_out;
+          } else if constexpr (std::is_same_v<T, ForgetRank>) {
+            channel.forget(cmd.rank);
+          } else if constexpr (std::is_same_v<T, PostOp>) {
+            Result<TransferOp> op = [&]() -> Result<TransferOp> {
+              switch (cmd.kind) {
+                case PostOp::kSend: return transport.post_send(cmd.peer, cmd.tag, cmd.region);
+                case PostOp::kRecv: return transport.post_recv(cmd.peer, cmd.tag, cmd.region);
+                case PostOp::kSendBytes: return transport.post_send_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
+                case PostOp::kRecvBytes: return transport.post_recv_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
+              }
+              return Status::internal("unknown transfer op kind");
+            }();
+            ++round_stats.ops_posted;
+            if (op.is_ok()) live.emplace(cmd.id, *op);
+            else ended.emplace_back(cmd.id, op.status());
+          } else if constexpr (std::is_same_v<T, CancelOp>) {
+            if (auto it = live.find(cmd.id); it != live.end()) transport.cancel(it->second);
+          } else if constexpr (std::is_same_v<T, AbandonOp>) {
+            if (auto it = live.find(cmd.id); it != live.end()) {
+              transport.abandon(it->second);
+              live.erase(it);
+            }
+            std::erase_if(ended, [&](const auto& e) { return e.first == cmd.id; });
+            abandoned.push_back(cmd.id);  // it may have ended in an earlier round: forgotten there too
+          } else if constexpr (std::is_same_v<T, SelectPath>) {
+            if (Status st = transport.select_path(cmd.peer, cmd.choice); !st.is_ok())
+              spdlog::error("KV path to rank {}: {}", cmd.peer, st.to_string());
+          } else if constexpr (std::is_same_v<T, ForgetPeer>) {
+            transport.forget_peer(cmd.peer);
+          }
+        },
+        c);
+  };
+
+  for (;;) {
+    bool stopping = false;
+    {
+      std::lock_guard lock(s.mu);
+      commands.swap(s.commands);
+      stopping = s.stopping;
+    }
+    size_t sends_run = 0;
+    for (Command& c : commands) {
+      if (std::holds_alternative<SendMessage>(c)) ++sends_run;
+      run(c);
+    }
+    commands.clear();
+
+    // Progress: the transport's ops, the channel's sends, then what arrived.
+    transport.progress();
+    for (auto it = live.begin(); it != live.end();) {
+      Result<OpState> r = transport.test(it->second);
+      if (r.is_ok() && *r == OpState::kPending) {
+        ++it;
+        continue;
+      }
+      ended.emplace_back(it->first, std::move(r));
+      it = live.erase(it);
+    }
+    channel.progress();
+    channel.drain([&](int source, proto::Message& m) { arrived.push_back({source, std::move(m), Clock::now()}); },
+                  256);
+
+    // Liveness on the compute side's behalf, while it is busy but not wedged.
+    const auto now = Clock::now();
+    if (last_report && now - last_report_at >= s.opts.heartbeat && !stopping) {
+      const Clock::time_point touched{Clock::duration(s.compute_touch.load(std::memory_order_relaxed))};
+      if (now - touched < s.opts.compute_stall) {
+        channel.send(s.opts.router, *last_report);
+        last_report_at = now;
+        ++round_stats.heartbeats;
+      }
+    }
+
+    const size_t channel_pending = channel.pending_sends();
+    const bool busy = !live.empty() || channel_pending > 0;
+    {
+      std::unique_lock lock(s.mu);
+      s.queued_sends -= sends_run;
+      s.channel_pending = channel_pending;
+      for (auto& e : ended) s.ended.insert_or_assign(e.first, std::move(e.second));
+      for (int64_t id : abandoned) s.ended.erase(id);
+      round_stats.ops_ended += static_cast<int64_t>(ended.size());
+      round_stats.messages_in += static_cast<int64_t>(arrived.size());
+      for (Inbound& in : arrived) s.inbox.push_back(std::move(in));
+      ++round_stats.rounds;
+      s.stats.rounds += round_stats.rounds;
+      s.stats.messages_in += round_stats.messages_in;
+      s.stats.messages_out += round_stats.messages_out;
+      s.stats.ops_posted += round_stats.ops_posted;
+      s.stats.ops_ended += round_stats.ops_ended;
+      s.stats.heartbeats += round_stats.heartbeats;
+      round_stats = CommStats{};
+      ended.clear();
+      abandoned.clear();
+      arrived.clear();
+      if (stopping && s.commands.empty()) {
+        s.stopped = true;
+        s.changed.notify_all();
+        return;
+      }
+      s.changed.notify_all();
+      s.wake.wait_for(lock, busy ? s.opts.busy_wait : s.opts.idle_wait,
+                      [&] { return !s.commands.empty() || s.stopping; });
+    }
+  }
+}
+
+}  // namespace pd
