@@ -7,6 +7,7 @@
 #include "kvtransfer/comm_side.h"
 #include "kvtransfer/fault_injection_transport.h"
 #include "kvtransfer/kv_paths.h"
+#include "kvtransfer/send_budget.h"
 #include "prefill_node/prefill_worker.h"
 #include "serving/worker_main.h"
 
@@ -18,8 +19,8 @@ int main(int argc, char** argv) {
     pd::CommSideOptions opts;
     opts.router = roles.router;
     return pd::serve_with_comm_side<pd::PrefillWorker>(
-        std::make_unique<pd::MpiControlChannel>(links), pd::FaultInjectionTransport::from_env(std::move(transport)),
-        opts, [&](std::unique_ptr<pd::ControlChannel> channel, std::unique_ptr<pd::Transport> port) {
+        std::make_unique<pd::MpiControlChannel>(links),
+        std::make_unique<pd::SendBudgetTransport>(pd::FaultInjectionTransport::from_env(std::move(transport))), opts, [&](std::unique_ptr<pd::ControlChannel> channel, std::unique_ptr<pd::Transport> port) {
           return std::make_unique<pd::PrefillWorker>(cfg, roles, std::move(engine), std::move(port),
                                                      std::move(channel));
         });

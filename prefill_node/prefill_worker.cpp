@@ -27,12 +27,6 @@ Result<int64_t> allocate_uncached(KvBlockManager& blocks, SeqId seq, std::span<c
   return int64_t{0};
 }
 
-// In-flight KV send budget per decode rank (PrefillWorker::PeerSends,
-// send_budget_: 1 MiB, which leaves most of a 4 MiB shared-memory segment to
-// the other peers): a send is charged what a stuck one would hold in the BTL,
-// at most its first 128 KiB.
-constexpr int64_t kSendChargeCap = 128 << 10;
-
 }  // namespace
 
 const char* state_name(PrefillWorker::JobState s) {
@@ -224,9 +218,6 @@ void PrefillWorker::on_peer_down(int rank, proto::Epoch epoch) {
 
 void PrefillWorker::on_peer_up(int rank, proto::Epoch epoch) {
   if (!peers_.up(rank, epoch)) return;
-  // It is running again: the sends it held complete (or were matched by
-  // receives it cancelled, which frees their fragments); start its budget afresh.
-  peer_sends_[rank] = PeerSends{};
 }
 
 void PrefillWorker::on_peer_left(int rank) {
@@ -234,7 +225,6 @@ void PrefillWorker::on_peer_left(int rank) {
   // involve it any more. Anything that still does ends as if it were down.
   on_peer_down(rank, peers_.epoch(rank));
   peers_.forget(rank);
-  peer_sends_.erase(rank);
   transport_->forget_peer(rank);
   channel_->forget(rank);
 }
@@ -269,7 +259,6 @@ void PrefillWorker::on_rejoin(proto::Epoch epoch) {
   for (auto& [id, job] : jobs_) ids.push_back(id);
   for (proto::RequestId id : ids) end(id);
   queue_.clear();
-  peer_sends_.clear();
   epoch_ = epoch;
   report_load(true);
 }
@@ -374,7 +363,7 @@ void PrefillWorker::post_layer(Job& job, int layer) {
   if (job.layers_posted == 0) job.send_started = Clock::now();
   job.last_progress = Clock::now();
   job.layers_posted = layer + 1;
-  enqueue_send(job, layer);
+  post_send(job, layer);
 }
 
 void PrefillWorker::post_trailer(Job& job) {
@@ -385,20 +374,13 @@ void PrefillWorker::post_trailer(Job& job) {
   t.finished = job.finished_at_first ? 1 : 0;
   t.checksums = job.checksums;
   job.trailer = t.serialize();
-  enqueue_send(job, -1);
-}
-
-void PrefillWorker::enqueue_send(Job& job, int layer) {
-  // Always through the queue, so sends under one tag are posted in order; it
-  // goes out at once if the peer's budget allows (entries of ended jobs ahead
-  // of it are skipped, never waited for).
-  peer_sends_[job.req.decode_rank].waiting.emplace_back(job.req.id, layer);
-  ++job.queued_posts;
-  post_waiting(job.req.decode_rank);
+  post_send(job, -1);
 }
 
 void PrefillWorker::post_send(Job& job, int layer) {
   if (!job.send_error.empty()) return;  // the job fails; nothing more goes out
+  // Sends to one peer go out in posting order; how many are in flight at once
+  // is the communication side's business (kvtransfer/send_budget.h).
   int64_t bytes = 0;
   Result<TransferOp> op = [&]() -> Result<TransferOp> {
     if (layer < 0) {
@@ -409,30 +391,14 @@ void PrefillWorker::post_send(Job& job, int layer) {
     bytes = region.total_bytes();
     return transport_->post_send(job.req.decode_rank, job.tag, region);
   }();
-  if (op.is_ok()) {
-    if (layer < 0) job.trailer_posted = true;
-    else job.bytes_posted += bytes;
-  }
   if (!op.is_ok()) {
     job.send_error = std::string(layer >= 0 ? "KV send failed: " : "KV trailer send failed: ") + op.status().message();
     return;
   }
-  const int64_t charge = std::min(bytes, kSendChargeCap);
-  peer_sends_[job.req.decode_rank].charged += charge;
-  job.ops.push_back({*op, charge, bytes});
+  if (layer < 0) job.trailer_posted = true;
+  else job.bytes_posted += bytes;
+  job.ops.push_back({*op, bytes});
   job.last_progress = Clock::now();
-}
-
-void PrefillWorker::post_waiting(int peer) {
-  PeerSends& q = peer_sends_[peer];
-  while (!q.waiting.empty() && q.charged < send_budget_) {
-    const auto [id, layer] = q.waiting.front();
-    q.waiting.pop_front();
-    Job* job = find_job(id);
-    if (job == nullptr) continue;  // ended while its sends waited
-    if (job->queued_posts > 0) --job->queued_posts;
-    post_send(*job, layer);
-  }
 }
 
 bool PrefillWorker::run_batch() {
@@ -575,13 +541,10 @@ bool PrefillWorker::run_batch() {
 bool PrefillWorker::progress_transfers() {
   bool any = false;
   std::vector<proto::RequestId> sent, broken;
-  std::unordered_set<int> refunded;
   for (auto& [id, job] : jobs_) {
     for (auto op = job.ops.begin(); op != job.ops.end();) {
       auto r = transport_->test(op->op);
       if (!r.is_ok() || *r != OpState::kPending) {
-        peer_sends_[job.req.decode_rank].charged -= op->charge;
-        refunded.insert(job.req.decode_rank);
         if (r.is_ok() && *r == OpState::kDone) job.bytes_sent += op->bytes;
         if (!r.is_ok() && job.send_error.empty()) job.send_error = "KV send failed: " + r.status().message();
         op = job.ops.erase(op);
@@ -595,10 +558,9 @@ bool PrefillWorker::progress_transfers() {
     // ends (the layer hook runs this function mid-pass).
     if (job.state == JobState::kComputing || job.state == JobState::kAborted) continue;
     if (!job.send_error.empty()) broken.push_back(id);
-    else if (job.state == JobState::kSending && job.ops.empty() && job.queued_posts == 0 && job.trailer_posted)
+    else if (job.state == JobState::kSending && job.ops.empty() && job.trailer_posted)
       sent.push_back(id);
   }
-  for (int peer : refunded) post_waiting(peer);
   for (proto::RequestId id : sent) {
     Job& job = jobs_.at(id);
     // Every byte is out: the blocks may be reused.
@@ -656,22 +618,13 @@ void PrefillWorker::end(proto::RequestId id) {
   // rank discards whatever arrives of an ended handoff and never reuses the
   // tag for us, so the blocks may be reused now. MPI may still read the
   // trailer buffer: it stays alive (a few hundred bytes per abandoned handoff).
-  // Their charge is returned unless the peer is down: then the sends really
-  // are stuck in the BTL, and its budget stays spent until it is re-admitted.
-  const int peer = job.req.decode_rank;
-  const bool peer_down = peers_.is_down(peer);
-  for (const Job::SendOp& op : job.ops) {
-    transport_->abandon(op.op);
-    if (!peer_down) peer_sends_[peer].charged -= op.charge;
-  }
+  for (const Job::SendOp& op : job.ops) transport_->abandon(op.op);
   const bool had_ops = !job.ops.empty();
   job.ops.clear();
-  job.queued_posts = 0;  // its queued entries are skipped (the job is gone or aborted)
   if (had_ops && !job.trailer.empty()) {
     graveyard_.push_back(std::move(job.trailer));
     if (graveyard_.size() > 4096) graveyard_.pop_front();  // long done or never coming: bounded
   }
-  if (!peer_down && had_ops) post_waiting(peer);
   if (job.state == JobState::kComputing && in_pass_) {
     // forward() is reading this job's block table: run_batch ends it after the pass.
     job.send_error = "aborted";  // its queued sends must not go out

@@ -67,8 +67,6 @@ class PrefillWorker {
   bool shutting_down() const { return shutdown_; }
   // Why this rank stops serving because its device failed (OK while none).
   const Status& device_fault() const { return device_fault_; }
-  // Tests: the in-flight KV send budget per decode rank (bytes, see PeerSends).
-  void set_send_budget(int64_t bytes) { send_budget_ = bytes; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -90,13 +88,11 @@ class PrefillWorker {
     int layers_posted = 0;               // layers handed to the send path (posted or queued for the peer)
     struct SendOp {
       TransferOp op;
-      int64_t charge;                    // what it counts against the peer's in-flight budget
       int64_t bytes;
     };
     int64_t bytes_sent = 0;              // of bytes_posted, sends that completed
     int64_t hidden_bytes = 0;            // bytes_sent when the last layer was computed
     std::vector<SendOp> ops;
-    int queued_posts = 0;                // sends waiting in the peer's queue
     bool trailer_posted = false;
     std::string send_error;              // a post failed: the job fails once no pass reads it
     std::vector<uint8_t> trailer;
@@ -124,12 +120,10 @@ class PrefillWorker {
   bool current(int source, proto::Epoch epoch);
   void set_state(Job& job, JobState to);
   bool run_batch();
-  // Both hand a send to the peer's queue (enqueue_send); neither ends the job.
+  // Both post a send (post_send); neither ends the job.
   void post_layer(Job& job, int layer);
   void post_trailer(Job& job);
-  void enqueue_send(Job& job, int layer);  // layer -1 = the trailer
-  void post_send(Job& job, int layer);
-  void post_waiting(int peer);
+  void post_send(Job& job, int layer);  // layer -1 = the trailer
   bool progress_transfers();
   void check_deadlines();
   void fail(Job& job, const std::string& reason, proto::FailureKind kind, bool tell_decode);
@@ -160,17 +154,6 @@ class PrefillWorker {
   proto::Epoch epoch_ = 0;
   PeerEpochs peers_;                                  // the other workers' epochs, which are down
   std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned sends (MPI may still read them)
-  // KV sends in flight to each decode rank are bounded: a peer that dies or
-  // stops keeps the shared-memory fragments of the sends it had begun to
-  // receive (OpenMPI's vader BTL: ~32-128 KiB each, out of a 4 MiB segment per
-  // process), and once they run out no send to any peer moves. Measured: 24
-  // stuck 1 MiB sends to one stopped rank stalled every other transfer.
-  struct PeerSends {
-    int64_t charged = 0;                               // sum of in-flight charges
-    std::deque<std::pair<proto::RequestId, int>> waiting;  // (job, layer or -1) in posting order
-  };
-  std::unordered_map<int, PeerSends> peer_sends_;
-  int64_t send_budget_ = 1 << 20;
   LoadReporter load_reporter_;
 };
 

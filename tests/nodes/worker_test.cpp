@@ -17,6 +17,7 @@
 #include "decode_node/decode_worker.h"
 #include "gguf/gguf_writer.h"
 #include "kvtransfer/kv_paths.h"
+#include "kvtransfer/send_budget.h"
 #include "kvtransfer/staged_transport.h"
 #include "nodes/fake_channel.h"
 #include "nodes/loopback_transport.h"
@@ -192,6 +193,7 @@ struct MiniCluster {
     };
     std::unique_ptr<Transport> pt = paths(net.endpoint(kPrefill), *pe, staged.prefill);
     if (wrap_prefill) pt = wrap_prefill(std::move(pt));
+    pt = std::make_unique<SendBudgetTransport>(std::move(pt));  // as pd-prefill's communication side has it
     prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), std::move(pt),
                                               hub.endpoint(kPrefill));
     decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de),
@@ -808,8 +810,9 @@ TEST_CASE("workers: sends queued for a decode rank that went down never block it
   // declared down with sends queued, then re-admitted. Before the fix the
   // ended jobs' entries stayed at the head of the queue, nothing refunded the
   // budget, and the new incarnation's handoffs waited for ever.
-  MiniCluster c(small_config());
-  c.prefill->set_send_budget(1);
+  MiniCluster c(small_config(), [](std::unique_ptr<Transport> t) -> std::unique_ptr<Transport> {
+    return std::make_unique<SendBudgetTransport>(std::move(t), SendBudget{1, 128 << 10});
+  });
   c.net.freeze(kDecode);  // stopped: the sends it matched do not complete
   for (proto::RequestId id : {1, 2}) c.submit(MiniCluster::request(id, 40, 6));
   for (int i = 0; i < 6; ++i) c.step_both();

@@ -1,0 +1,158 @@
+#include "kvtransfer/send_budget.h"
+
+#include <algorithm>
+
+namespace pd {
+
+SendBudgetTransport::SendBudgetTransport(std::unique_ptr<Transport> inner, SendBudget budget)
+    : inner_(std::move(inner)), budget_(budget) {}
+
+Result<TransferOp> SendBudgetTransport::post_send(int peer, int tag, const KvRegion& region) {
+  Op op;
+  op.peer = peer;
+  op.is_send = true;
+  op.tag = tag;
+  op.region = region;
+  op.bytes = static_cast<size_t>(region.total_bytes());
+  return enqueue(std::move(op));
+}
+
+Result<TransferOp> SendBudgetTransport::post_send_bytes(int peer, int tag, const void* data, size_t bytes) {
+  Op op;
+  op.peer = peer;
+  op.is_send = true;
+  op.tag = tag;
+  op.is_bytes = true;
+  op.data = data;
+  op.bytes = bytes;
+  return enqueue(std::move(op));
+}
+
+Result<TransferOp> SendBudgetTransport::post_recv(int peer, int tag, const KvRegion& region) {
+  PD_ASSIGN_OR_RETURN(TransferOp inner, inner_->post_recv(peer, tag, region));
+  Op op;
+  op.peer = peer;
+  op.inner = inner;
+  const int64_t id = next_id_++;
+  ops_.emplace(id, std::move(op));
+  return TransferOp{id};
+}
+
+Result<TransferOp> SendBudgetTransport::post_recv_bytes(int peer, int tag, void* data, size_t bytes) {
+  PD_ASSIGN_OR_RETURN(TransferOp inner, inner_->post_recv_bytes(peer, tag, data, bytes));
+  Op op;
+  op.peer = peer;
+  op.inner = inner;
+  const int64_t id = next_id_++;
+  ops_.emplace(id, std::move(op));
+  return TransferOp{id};
+}
+
+Result<TransferOp> SendBudgetTransport::enqueue(Op op) {
+  const int64_t id = next_id_++;
+  const int peer = op.peer;
+  ops_.emplace(id, std::move(op));
+  peers_[peer].waiting.push_back(id);
+  pump(peer);
+  // A send that could be posted at once and was refused fails as before: at once.
+  Op& o = ops_.at(id);
+  if (o.ended && !o.ended->is_ok()) {
+    Status st = o.ended->status();
+    ops_.erase(id);
+    return st;
+  }
+  return TransferOp{id};
+}
+
+void SendBudgetTransport::pump(int peer) {
+  auto pit = peers_.find(peer);
+  if (pit == peers_.end()) return;
+  Peer& p = pit->second;
+  while (!p.waiting.empty() && p.charged < budget_.per_peer_bytes) {
+    const int64_t id = p.waiting.front();
+    p.waiting.pop_front();
+    auto it = ops_.find(id);
+    if (it == ops_.end()) continue;  // abandoned while waiting
+    Op& op = it->second;
+    if (op.ended) continue;          // cancelled while waiting
+    Result<TransferOp> posted = op.is_bytes ? inner_->post_send_bytes(peer, op.tag, op.data, op.bytes)
+                                    : inner_->post_send(peer, op.tag, op.region);
+    if (!posted.is_ok()) {
+      op.ended = Result<OpState>(posted.status());
+      continue;
+    }
+    op.inner = *posted;
+    op.charge = std::min(static_cast<int64_t>(op.bytes), budget_.charge_cap);
+    p.charged += op.charge;
+    op.region = KvRegion{};  // the inner transport holds what it needs
+  }
+}
+
+void SendBudgetTransport::refund(Op& op) {
+  if (op.charge == 0) return;
+  peers_[op.peer].charged -= op.charge;
+  op.charge = 0;
+}
+
+Result<OpState> SendBudgetTransport::test(TransferOp handle) {
+  auto it = ops_.find(handle.value);
+  if (it == ops_.end()) return Status::not_found("transfer op " + std::to_string(handle.value));
+  Op& op = it->second;
+  if (!op.inner) {
+    if (!op.ended) pump(op.peer);
+    if (op.ended) {
+      Result<OpState> r = std::move(*op.ended);
+      ops_.erase(it);
+      return r;
+    }
+    if (!op.inner) return OpState::kPending;
+  }
+  Result<OpState> r = inner_->test(*op.inner);
+  if (r.is_ok() && *r == OpState::kPending) return r;
+  const int peer = op.peer;
+  refund(op);
+  ops_.erase(it);
+  pump(peer);
+  return r;
+}
+
+void SendBudgetTransport::cancel(TransferOp handle) {
+  auto it = ops_.find(handle.value);
+  if (it == ops_.end()) return;
+  Op& op = it->second;
+  if (op.inner) inner_->cancel(*op.inner);
+  else if (!op.ended) op.ended = Result<OpState>(OpState::kCancelled);  // never posted
+}
+
+void SendBudgetTransport::abandon(TransferOp handle) {
+  auto it = ops_.find(handle.value);
+  if (it == ops_.end()) return;
+  Op& op = it->second;
+  const int peer = op.peer;
+  if (op.inner) inner_->abandon(*op.inner);
+  refund(op);
+  ops_.erase(it);  // a waiting entry is skipped by pump()
+  pump(peer);
+}
+
+void SendBudgetTransport::forget_peer(int peer) {
+  inner_->forget_peer(peer);
+  if (auto it = peers_.find(peer); it != peers_.end() && it->second.waiting.empty() && it->second.charged == 0)
+    peers_.erase(it);
+}
+
+int64_t SendBudgetTransport::charged(int peer) const {
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? 0 : it->second.charged;
+}
+
+size_t SendBudgetTransport::waiting(int peer) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return 0;
+  return static_cast<size_t>(std::count_if(it->second.waiting.begin(), it->second.waiting.end(), [&](int64_t id) {
+    auto o = ops_.find(id);
+    return o != ops_.end() && !o->second.inner && !o->second.ended;
+  }));
+}
+
+}  // namespace pd

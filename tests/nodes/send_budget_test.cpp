@@ -1,0 +1,147 @@
+// SendBudgetTransport (kvtransfer/send_budget.h) over the loopback transport:
+// sends beyond a peer's budget wait in posting order and go out as earlier ones
+// end; other peers are not held up; a waiting send can be cancelled or
+// abandoned without ever being posted; receives pass straight through.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "kvtransfer/send_budget.h"
+#include "nodes/loopback_transport.h"
+
+namespace pd::test {
+namespace {
+
+KvRegion region_of(std::vector<uint8_t>& buf) {
+  KvRegion r;
+  r.base = buf.data();
+  r.piece_bytes = static_cast<int64_t>(buf.size());
+  r.offsets = {0};
+  return r;
+}
+
+constexpr int kSender = 1, kPeerA = 2, kPeerB = 3;
+
+TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as earlier ones end") {
+  LoopbackNetwork net;
+  SendBudgetTransport t(net.endpoint(kSender), SendBudget{2048, 1024});
+  auto a = net.endpoint(kPeerA);
+  constexpr int kN = 5;
+  std::vector<std::vector<uint8_t>> out(kN, std::vector<uint8_t>(4096)), in(kN, std::vector<uint8_t>(4096, 0));
+  std::vector<TransferOp> sends;
+  for (int i = 0; i < kN; ++i) {
+    std::memset(out[i].data(), 1 + i, out[i].size());
+    auto s = t.post_send(kPeerA, 7, region_of(out[i]));
+    REQUIRE(s.is_ok());
+    sends.push_back(*s);
+  }
+  CHECK(t.charged(kPeerA) == 2048);  // two sends of 4 KiB, each charged the 1 KiB cap
+  CHECK(t.waiting(kPeerA) == 3);
+  CHECK(t.pending() == kN);
+
+  // Another peer is not held up by the first one's queue.
+  std::vector<uint8_t> other(256, 9), other_in(256, 0);
+  auto ob = t.post_send(kPeerB, 7, region_of(other));
+  REQUIRE(ob.is_ok());
+  CHECK(t.charged(kPeerB) == 256);
+  auto b = net.endpoint(kPeerB);
+  auto br = b->post_recv(kSender, 7, region_of(other_in));
+  REQUIRE(br.is_ok());
+  CHECK(*t.test(*ob) == OpState::kDone);
+  CHECK(other_in == other);
+  CHECK(t.charged(kPeerB) == 0);
+
+  std::vector<TransferOp> recvs;
+  for (int i = 0; i < kN; ++i) {
+    auto r = a->post_recv(kSender, 7, region_of(in[i]));
+    REQUIRE(r.is_ok());
+    recvs.push_back(*r);
+  }
+  // Testing the sends moves the queue along: each that ends lets the next out.
+  int done = 0;
+  for (int round = 0; round < 20 && done < kN; ++round)
+    for (int i = 0; i < kN; ++i) {
+      if (sends[i].value < 0) continue;
+      auto r = t.test(sends[i]);
+      REQUIRE(r.is_ok());
+      if (*r == OpState::kDone) {
+        sends[i].value = -1;
+        ++done;
+      }
+    }
+  CHECK(done == kN);
+  for (int i = 0; i < kN; ++i) {
+    CHECK(*a->test(recvs[i]) == OpState::kDone);
+    CHECK(in[i] == out[i]);  // posting order held under one tag
+  }
+  CHECK(t.charged(kPeerA) == 0);
+  CHECK(t.pending() == 0);
+}
+
+TEST_CASE("send budget: a waiting send cancelled or abandoned is never posted") {
+  LoopbackNetwork net;
+  SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024});
+  std::vector<uint8_t> first(1024, 1), second(1024, 2), third(1024, 3);
+  auto s1 = t.post_send(kPeerA, 4, region_of(first));
+  auto s2 = t.post_send(kPeerA, 4, region_of(second));
+  auto s3 = t.post_send(kPeerA, 4, region_of(third));
+  REQUIRE((s1.is_ok() && s2.is_ok() && s3.is_ok()));
+  CHECK(t.waiting(kPeerA) == 2);
+  t.cancel(*s2);
+  CHECK(*t.test(*s2) == OpState::kCancelled);
+  t.abandon(*s3);
+  CHECK(t.pending() == 1);
+  CHECK(t.test(*s3).status().code() == StatusCode::kNotFound);
+
+  // Only the first ever reaches the peer: its next receive under the tag stays unmatched.
+  auto a = net.endpoint(kPeerA);
+  std::vector<uint8_t> got(1024, 0), more(1024, 0);
+  auto r1 = a->post_recv(kSender, 4, region_of(got));
+  auto r2 = a->post_recv(kSender, 4, region_of(more));
+  REQUIRE((r1.is_ok() && r2.is_ok()));
+  CHECK(*t.test(*s1) == OpState::kDone);
+  CHECK(*a->test(*r1) == OpState::kDone);
+  CHECK(got == first);
+  CHECK(*a->test(*r2) == OpState::kPending);
+  CHECK(t.charged(kPeerA) == 0);
+  a->cancel(*r2);
+  CHECK(*a->test(*r2) == OpState::kCancelled);
+}
+
+TEST_CASE("send budget: abandoning a posted send gives its charge back and lets the next one out") {
+  LoopbackNetwork net;
+  SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024});
+  std::vector<uint8_t> stuck(1024, 1), next(1024, 2), got(1024, 0);
+  auto s1 = t.post_send(kPeerA, 4, region_of(stuck));
+  auto s2 = t.post_send(kPeerA, 5, region_of(next));
+  REQUIRE((s1.is_ok() && s2.is_ok()));
+  CHECK(t.waiting(kPeerA) == 1);
+  t.abandon(*s1);  // its handoff ended; nobody will receive it
+  CHECK(t.waiting(kPeerA) == 0);
+  CHECK(t.charged(kPeerA) == 1024);  // the second is in flight now
+  auto a = net.endpoint(kPeerA);
+  auto r = a->post_recv(kSender, 5, region_of(got));
+  REQUIRE(r.is_ok());
+  CHECK(*t.test(*s2) == OpState::kDone);
+  CHECK(got == next);
+}
+
+TEST_CASE("send budget: receives pass straight through") {
+  LoopbackNetwork net;
+  SendBudgetTransport t(net.endpoint(kPeerA), SendBudget{1, 1});
+  auto s = net.endpoint(kSender);
+  std::vector<uint8_t> buf(64, 0), src(64, 5);
+  auto r1 = t.post_recv(kSender, 2, region_of(buf));
+  auto r2 = t.post_recv_bytes(kSender, 3, buf.data(), 8);
+  REQUIRE((r1.is_ok() && r2.is_ok()));
+  auto ss = s->post_send(kPeerA, 2, region_of(src));
+  REQUIRE(ss.is_ok());
+  CHECK(*t.test(*r1) == OpState::kDone);
+  CHECK(buf == src);
+  CHECK(t.charged(kSender) == 0);
+  t.cancel(*r2);
+  CHECK(*t.test(*r2) == OpState::kCancelled);
+}
+
+}  // namespace
+}  // namespace pd::test
