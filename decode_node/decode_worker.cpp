@@ -58,7 +58,7 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
       channel_(std::move(channel)) {
   header_ = engine_->wire_header();
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
-  confirmed_dead_ = [this](int rank) { return rank_confirmed_dead(roles_, rank); };
+  env_ = std::make_shared<ClusterEnv>(roles_);
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
   engine_->model->set_kv_written_hook([this](int) {
@@ -253,7 +253,7 @@ void DecodeWorker::erase(Seq& s) {
   seqs_.erase(id);
 }
 
-void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = Clock::now(); }
+void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = env_->now(); }
 bool DecodeWorker::was_cancelled(proto::RequestId id) { return cancelled_.erase(id) > 0; }
 
 void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
@@ -285,7 +285,7 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
   s.n_prompt = static_cast<int32_t>(m.prompt.size());
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
-  s.arrived = channel_->arrival();  // taken off the network by the communication side
+  s.arrived = channel_->arrival().value_or(env_->now());  // taken off the network by the communication side
   s.order = next_order_++;
   s.trailer.assign(KvTrailer::serialized_size(header_.n_layers), 0);
   offers_.push_back(id);
@@ -311,7 +311,7 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
   s.needs_compute = true;
-  s.arrived = s.received = channel_->arrival();
+  s.arrived = s.received = channel_->arrival().value_or(env_->now());
   s.order = next_order_++;
   waiting_.push_back(id);
 }
@@ -397,7 +397,7 @@ bool DecodeWorker::accept_offers() {
       else st = op.status();
     }
     set_state(s, SeqState::kReceiving);
-    s.accepted = s.last_progress = Clock::now();
+    s.accepted = s.last_progress = env_->now();
     if (!st.is_ok()) {
       channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false,
                                                     epoch_});
@@ -420,7 +420,7 @@ bool DecodeWorker::progress_transfers() {
       auto r = transport_->test(*op);
       if (!r.is_ok() || *r != OpState::kPending) {
         if (!r.is_ok() || *r == OpState::kCancelled) s.ops_clean = false;
-        s.last_progress = Clock::now();
+        s.last_progress = env_->now();
         op = s.ops.erase(op);
         any = true;
       } else {
@@ -442,7 +442,7 @@ bool DecodeWorker::progress_transfers() {
 }
 
 void DecodeWorker::finish_transfer(Seq& s) {
-  s.received = Clock::now();
+  s.received = env_->now();
   auto trailer = KvTrailer::deserialize(s.trailer, header_.n_layers);
   if (!trailer.is_ok()) return fail(s, trailer.status().message(), proto::FailureKind::kTransfer);
   if (trailer->request_id != s.id || trailer->epoch != peers_.epoch(s.source)) {
@@ -483,7 +483,7 @@ void DecodeWorker::finish_transfer(Seq& s) {
 }
 
 void DecodeWorker::check_deadlines() {
-  const auto now = Clock::now();
+  const auto now = env_->now();
   const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
   std::vector<proto::RequestId> expired_offers;
@@ -512,7 +512,7 @@ void DecodeWorker::check_deadlines() {
     if (s.state == SeqState::kReceiving && now - s.last_progress > backstop) {
       stalled.push_back(id);
     } else if (s.state == SeqState::kDraining && !s.ops.empty()) {
-      if (peers_.is_down(s.source) && confirmed_dead_(s.source)) gone.push_back(id);
+      if (peers_.is_down(s.source) && env_->rank_gone(s.source)) gone.push_back(id);
       else if (now - s.last_progress > backstop)
         for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
     }
@@ -639,7 +639,7 @@ bool DecodeWorker::step() {
 
   // ---- one decode step for every running sequence
   if (!running_.empty()) {
-    const auto step_start = Clock::now();
+    const auto step_start = env_->now();
     if (step_tables_.size() < running_.size()) step_tables_.resize(running_.size());
     step_batch_.resize(running_.size());
     std::vector<std::vector<int32_t>>& tables = step_tables_;
@@ -715,13 +715,13 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     for (BlockId b : blocks.block_table(seq_of(s.id))) tables[i].push_back(b.value);
     batch[i] = SequenceBatch{toks, 0, tables[i], fresh, fresh && s.params.prompt_logprobs};
   }
-  const auto t0 = Clock::now();
+  const auto t0 = env_->now();
   std::vector<float> logits;
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
   if (!st.is_ok()) device_fault_ = engine_->backend->device_health();
   if (!st.is_ok()) return st;
   for (proto::RequestId id : ids) seqs_.at(id).kv_complete = true;
-  const double prefill_s = seconds(Clock::now() - t0);
+  const double prefill_s = seconds(env_->now() - t0);
   const int64_t vocab = engine_->config().vocab;
   size_t row = 0;  // the next logits row: one per fresh prompt, one per token of an all_logits one
   auto row_at = [&](size_t r) { return std::span<float>(logits.data() + r * vocab, static_cast<size_t>(vocab)); };
@@ -781,7 +781,7 @@ void DecodeWorker::report_load(bool force) {
     for (const auto& [id, s] : seqs_)
       if (s.state == SeqState::kDraining && peers_.is_down(s.source) && s.has_blocks)
         r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
-  load_reporter_.maybe_send(*channel_, roles_.router, r, force);
+  load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
 }
 
 }  // namespace pd

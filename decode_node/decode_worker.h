@@ -64,9 +64,10 @@ class DecodeWorker {
   // Why this rank stops serving because its device failed (OK while none).
   const Status& device_fault() const { return device_fault_; }
   using Clock = std::chrono::steady_clock;
-  // Whether `rank`'s process has ended for sure (default: rank_confirmed_dead).
-  // Tests substitute their own.
-  void set_death_oracle(std::function<bool(int rank)> oracle) { confirmed_dead_ = std::move(oracle); }
+  // Time and other processes as this worker sees them (default: ClusterEnv
+  // over its role table: a rank is gone when its pid on this host ended).
+  // Tests step a FakeEnv instead of sleeping and declare processes gone.
+  void set_env(std::shared_ptr<const Env> env) { env_ = std::move(env); }
   // Tests: a small tag space per prefill rank, so reuse shows within a few handoffs.
   void set_kv_tag_span(int span) { tag_span_ = span; }
 
@@ -146,7 +147,7 @@ class DecodeWorker {
   KvTagPool& tags_of(int source) { return tags_.try_emplace(source, proto::kTagKvFirst, tag_span_).first->second; }
   proto::Epoch epoch_ = 0;
   PeerEpochs peers_;                                  // the other workers' epochs, which are down
-  std::function<bool(int)> confirmed_dead_;
+  std::shared_ptr<const Env> env_;
   int64_t preemptions_ = 0;
   bool shutdown_ = false;
   Status device_fault_;  // set when a failed step finds the device itself gone: run() stops

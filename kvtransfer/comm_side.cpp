@@ -135,7 +135,10 @@ class CommSide::Channel final : public ControlChannel {
     }
     return n;
   }
-  Clock::time_point arrival() const override { return in_fn_ ? arrival_ : Clock::now(); }
+  std::optional<Clock::time_point> arrival() const override {
+    if (!in_fn_) return std::nullopt;
+    return arrival_;
+  }
   void progress() override { s_->touch(); }
   size_t pending_sends() const override {
     std::lock_guard lock(s_->mu);

@@ -61,7 +61,8 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
       roles_(roles),
       engine_(std::move(engine)),
       transport_(std::move(transport)),
-      channel_(std::move(channel)) {
+      channel_(std::move(channel)),
+      env_(std::make_shared<ClusterEnv>(roles)) {
   header_ = engine_->wire_header();
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
   // Layer hook: runs on this thread inside forward(), right after a layer's KV
@@ -287,8 +288,8 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   job.req = std::move(req);
   // Its queue wait counts from when the communication side took it off the
   // network, not from when this loop got to it.
-  job.arrived = channel_->arrival();
-  job.offered = Clock::now();
+  job.arrived = channel_->arrival().value_or(env_->now());
+  job.offered = env_->now();
   job.checksums.assign(static_cast<size_t>(header_.n_layers), 0);
   // Offer the handoff now: the decode rank reserves blocks while we compute.
   proto::HandoffOffer offer;
@@ -360,8 +361,8 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
 }
 
 void PrefillWorker::post_layer(Job& job, int layer) {
-  if (job.layers_posted == 0) job.send_started = Clock::now();
-  job.last_progress = Clock::now();
+  if (job.layers_posted == 0) job.send_started = env_->now();
+  job.last_progress = env_->now();
   job.layers_posted = layer + 1;
   post_send(job, layer);
 }
@@ -398,7 +399,7 @@ void PrefillWorker::post_send(Job& job, int layer) {
   if (layer < 0) job.trailer_posted = true;
   else job.bytes_posted += bytes;
   job.ops.push_back({*op, bytes});
-  job.last_progress = Clock::now();
+  job.last_progress = env_->now();
 }
 
 bool PrefillWorker::run_batch() {
@@ -442,7 +443,7 @@ bool PrefillWorker::run_batch() {
     const auto& table = blocks.block_table(seq_of(job.req.id));
     job.table.clear();
     for (BlockId b : table) job.table.push_back(b.value);
-    job.queue_s = seconds(Clock::now() - job.arrived);
+    job.queue_s = seconds(env_->now() - job.arrived);
     budget -= n - *cached;
     set_state(job, JobState::kComputing);
     batch_.push_back(job.req.id);
@@ -465,12 +466,12 @@ bool PrefillWorker::run_batch() {
     sb.all_logits = job.req.sampling.prompt_logprobs;
     seqs.push_back(sb);
   }
-  const auto t0 = Clock::now();
+  const auto t0 = env_->now();
   std::vector<float> logits;
   in_pass_ = true;
   Status st = engine_->model->prefill(seqs, engine_->cache, &logits);
   in_pass_ = false;
-  const double prefill_s = seconds(Clock::now() - t0);
+  const double prefill_s = seconds(env_->now() - t0);
   // What the communication side sent during the pass counts as hidden: take
   // the completions now, before the pass's end is stamped.
   progress_transfers();
@@ -515,7 +516,7 @@ bool PrefillWorker::run_batch() {
     if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, job.first_token, sp.logprobs));
     const StopReason stop = check_stop(job.req.sampling, job.first_token, engine_->eos_id, 1);
     job.finished_at_first = stop != StopReason::kNone;
-    job.computed = Clock::now();
+    job.computed = env_->now();
     job.hidden_bytes = job.bytes_sent;
     ev.id = job.req.id;
     ev.first_index = 0;
@@ -548,7 +549,7 @@ bool PrefillWorker::progress_transfers() {
         if (r.is_ok() && *r == OpState::kDone) job.bytes_sent += op->bytes;
         if (!r.is_ok() && job.send_error.empty()) job.send_error = "KV send failed: " + r.status().message();
         op = job.ops.erase(op);
-        job.last_progress = Clock::now();
+        job.last_progress = env_->now();
         any = true;
       } else {
         ++op;
@@ -564,7 +565,7 @@ bool PrefillWorker::progress_transfers() {
   for (proto::RequestId id : sent) {
     Job& job = jobs_.at(id);
     // Every byte is out: the blocks may be reused.
-    const auto now = Clock::now();
+    const auto now = env_->now();
     channel_->send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
                                                       seconds(now - job.send_started), job.hidden_bytes});
     end(id);
@@ -575,7 +576,7 @@ bool PrefillWorker::progress_transfers() {
 }
 
 void PrefillWorker::check_deadlines() {
-  const auto now = Clock::now();
+  const auto now = env_->now();
   const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
   const auto queue_bound = std::chrono::milliseconds(cfg_.timeouts.prefill_queue_ms);
@@ -652,7 +653,7 @@ void PrefillWorker::report_load(bool force) {
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;
   r.epoch = epoch_;
-  load_reporter_.maybe_send(*channel_, roles_.router, r, force);
+  load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
 }
 
 }  // namespace pd

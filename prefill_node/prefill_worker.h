@@ -65,6 +65,9 @@ class PrefillWorker {
   bool run_once();
   // The router sent Shutdown: run() leaves its loop.
   bool shutting_down() const { return shutdown_; }
+  // Time and other processes as this worker sees them (default: ClusterEnv
+  // over its role table). Tests step a FakeEnv instead of sleeping.
+  void set_env(std::shared_ptr<const Env> env) { env_ = std::move(env); }
   // Why this rank stops serving because its device failed (OK while none).
   const Status& device_fault() const { return device_fault_; }
 
@@ -140,6 +143,7 @@ class PrefillWorker {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ControlChannel> channel_;
+  std::shared_ptr<const Env> env_;
   proto::KvWireHeader header_;
   proto::KvEndpoint endpoint_;  // where this rank's KV lives and its device paths (offers carry it)
 

@@ -2,8 +2,8 @@
 
 namespace pd {
 
-void LoadReporter::maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force) {
-  const auto now = std::chrono::steady_clock::now();
+void LoadReporter::maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force,
+                              std::chrono::steady_clock::time_point now) {
   const bool changed = r.waiting != last_report_.waiting || r.running != last_report_.running ||
                        r.free_blocks != last_report_.free_blocks || r.preemptions != last_report_.preemptions ||
                        r.ready != last_report_.ready || r.epoch != last_report_.epoch ||

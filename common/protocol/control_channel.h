@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <optional>
 
 #include "protocol/messages.h"
 
@@ -42,8 +43,9 @@ class ControlChannel {
     return 0;
   }
   // When the message being handed to drain()'s `fn` reached this rank (taken
-  // off the network); outside `fn`, or for a channel that does not know, now.
-  virtual std::chrono::steady_clock::time_point arrival() const { return std::chrono::steady_clock::now(); }
+  // off the network, steady clock); none outside `fn`, or for a channel that
+  // does not know (the caller then takes its own now).
+  virtual std::optional<std::chrono::steady_clock::time_point> arrival() const { return std::nullopt; }
   // Completes finished sends (frees their buffers). Call once per loop.
   virtual void progress() = 0;
   // Sends posted and not yet complete.
@@ -59,7 +61,9 @@ class ControlChannel {
 // every 20 ms) and at least once a second (the router's liveness signal).
 class LoadReporter {
  public:
-  void maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force = false);
+  // `now`: the caller's clock (a worker's Env).
+  void maybe_send(ControlChannel& ch, int router, const proto::LoadReport& r, bool force,
+                  std::chrono::steady_clock::time_point now);
 
  private:
   std::chrono::steady_clock::time_point last_{};

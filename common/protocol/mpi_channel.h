@@ -19,6 +19,7 @@
 #include "protocol/control_channel.h"
 #include "protocol/messages.h"
 #include "protocol/mpi_links.h"
+#include "util/env.h"
 #include "util/status.h"
 
 namespace pd {
@@ -60,6 +61,17 @@ Result<RoleTable> exchange_roles(Role mine, bool joining = false, bool elastic =
 // A rank that is merely stopped (SIGSTOP) is not dead: it may resume and
 // complete the transfers it had begun.
 bool rank_confirmed_dead(const RoleTable& t, int rank);
+
+// The workers' Env in the cluster (util/env.h): the steady clock, and
+// rank_confirmed_dead over the rank's role table.
+class ClusterEnv final : public Env {
+ public:
+  explicit ClusterEnv(RoleTable roles) : roles_(std::move(roles)) {}
+  bool rank_gone(int rank) const override { return rank_confirmed_dead(roles_, rank); }
+
+ private:
+  RoleTable roles_;
+};
 
 // Sends one control message and waits for it to leave (MPI_Send): for the few
 // messages sent before a rank's channel exists (Listening, the join handshake).

@@ -22,6 +22,7 @@
 #include "nodes/fake_channel.h"
 #include "nodes/loopback_transport.h"
 #include "prefill_node/prefill_worker.h"
+#include "util/env.h"
 #include "util/lifecycle.h"
 
 #include <set>
@@ -169,6 +170,7 @@ struct MiniCluster {
   Engine* decode_engine = nullptr;
   std::unique_ptr<PrefillWorker> prefill;
   std::unique_ptr<DecodeWorker> decode;
+  std::shared_ptr<FakeEnv> fake;  // use_fake_clock()
   // Router's view.
   std::map<proto::RequestId, std::vector<proto::TokenEvent>> events;
   std::vector<std::pair<int, proto::RequestFailed>> failed;
@@ -259,22 +261,32 @@ struct MiniCluster {
     const bool busy = step_prefill();
     return step_decode() || busy;
   }
+  // Both workers read time from a clock the test steps (FakeEnv) from now on:
+  // deadlines expire when the test says, the same in Debug and Release.
+  void use_fake_clock() {
+    fake = std::make_shared<FakeEnv>();
+    prefill->set_env(fake);
+    decode->set_env(fake);
+  }
+  // Time passes: on the fake clock if there is one, else for real.
+  void pass(std::chrono::microseconds d) {
+    if (fake) fake->advance(d);
+    else std::this_thread::sleep_for(d);
+  }
   // Steps both ranks until `done` holds; false after `max_iters` iterations.
-  // An iteration where neither rank had work sleeps 100 us (as run() does), so
-  // a deadline-driven condition sees the same wall time in Debug and Release.
+  // An iteration where neither rank had work lets 100 us pass (as run() sleeps).
   bool run_until(const std::function<bool()>& done, int max_iters = 2000) {
     for (int i = 0; i < max_iters; ++i) {
       if (done()) return true;
-      if (!step_both()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (!step_both()) pass(std::chrono::microseconds(100));
     }
     return done();
   }
-  // Steps only the decode rank for `d` (the prefill rank stalls meanwhile).
+  // Steps only the decode rank while `d` passes, 1 ms a step (the prefill rank stalls meanwhile).
   void step_decode_for(std::chrono::milliseconds d) {
-    const auto end = Clock::now() + d;
-    while (Clock::now() < end) {
+    for (auto t = std::chrono::milliseconds(0); t < d; t += std::chrono::milliseconds(1)) {
       step_decode();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      pass(std::chrono::milliseconds(1));
     }
   }
 
@@ -317,7 +329,8 @@ struct MiniCluster {
            decode_engine->blocks->num_free_blocks() == decode_engine->blocks->num_blocks();
   }
   // Steps until both pools are free again (transfers tested, blocks released).
-  bool settle() { return run_until([&] { return pools_free(); }, 200); }
+  // Every block back in both pools within 100 ms (idle iterations let 100 us pass).
+  bool settle() { return run_until([&] { return pools_free(); }, 1000); }
 };
 
 ClusterConfig small_config() {
@@ -441,6 +454,7 @@ TEST_CASE("workers: the decode rank's transfer deadline ignores time the prompt 
   cfg.prefill.max_batch = 1;
   cfg.timeouts.transfer_ms = 50;
   MiniCluster c(cfg);
+  c.use_fake_clock();
   c.submit(MiniCluster::request(1));
   c.submit(MiniCluster::request(2));
   c.step_prefill();  // offers both; 1 computed and held, 2 queued
@@ -457,12 +471,13 @@ TEST_CASE("workers: a stalled transfer fails on both ranks and frees both pools"
   ClusterConfig cfg = small_config();
   cfg.timeouts.transfer_ms = 50;
   MiniCluster c(cfg);
+  c.use_fake_clock();
   c.net.hang_sends(true);
   c.submit(MiniCluster::request(1));
-  const auto start = Clock::now();
-  REQUIRE(c.run_until(
-      [&] { return c.failed_with(1, kPrefill, proto::FailureKind::kTimeout) || Clock::now() - start > std::chrono::seconds(5); }, 100000));
-  CHECK(c.failed_with(1, kPrefill, proto::FailureKind::kTimeout));
+  REQUIRE(c.run_until([&] { return c.tokens(1) == 1; }));
+  CHECK(c.failed.empty());
+  REQUIRE(c.run_until([&] { return c.failed_with(1, kPrefill, proto::FailureKind::kTimeout); }, 1000));
+  CHECK(c.fake->now() > Env::Clock::time_point(std::chrono::hours(1)) + std::chrono::milliseconds(50));
   CHECK(c.tokens(1) == 1);  // the first token came from the prefill rank
   c.net.hang_sends(false);
   CHECK(c.settle());
@@ -477,6 +492,7 @@ TEST_CASE("workers: a prompt queued past prefill_queue_ms fails (overloaded) and
   cfg.prefill.max_batch = 1;
   cfg.timeouts.prefill_queue_ms = 50;
   MiniCluster c(cfg);
+  c.use_fake_clock();
   c.submit(MiniCluster::request(1));
   c.submit(MiniCluster::request(2));
   c.step_prefill();                                   // 1 computed and held; 2 queued
@@ -531,11 +547,10 @@ TEST_CASE("workers: a lost accept ends in the prefill rank's handoff deadline on
   ClusterConfig cfg = small_config();
   cfg.timeouts.handoff_ms = 50;
   MiniCluster c(cfg);
+  c.use_fake_clock();
   c.hub.drop_next(1, [](int, int, const proto::Message& m) { return std::holds_alternative<proto::HandoffAccept>(m); });
   c.submit(MiniCluster::request(1));
-  const auto start = Clock::now();
-  REQUIRE(c.run_until(
-      [&] { return c.failed_with(1, kPrefill, proto::FailureKind::kOverloaded) || Clock::now() - start > std::chrono::seconds(5); }, 100000));
+  REQUIRE(c.run_until([&] { return c.failed_with(1, kPrefill, proto::FailureKind::kOverloaded); }, 1000));
   CHECK(c.failed_with(1, kPrefill, proto::FailureKind::kOverloaded));
   CHECK(c.settle());  // the decode rank got the abort and cancelled its receives
   c.submit(MiniCluster::request(2));
@@ -547,11 +562,10 @@ TEST_CASE("workers: a dead decode rank costs the prefill rank nothing but the re
   ClusterConfig cfg = small_config();
   cfg.timeouts.handoff_ms = 50;
   MiniCluster c(cfg);
+  c.use_fake_clock();
   c.hub.kill(kDecode);
   c.submit(MiniCluster::request(1));
-  const auto start = Clock::now();
-  REQUIRE(c.run_until(
-      [&] { return c.failed_with(1, kPrefill, proto::FailureKind::kOverloaded) || Clock::now() - start > std::chrono::seconds(5); }, 100000));
+  REQUIRE(c.run_until([&] { return c.failed_with(1, kPrefill, proto::FailureKind::kOverloaded); }, 1000));
   CHECK(c.failed_with(1, kPrefill, proto::FailureKind::kOverloaded));
   const KvBlockManager& pool = *c.prefill_engine->blocks;
   CHECK(c.run_until([&] { return pool.num_free_blocks() == pool.num_blocks(); }, 200));
@@ -620,6 +634,7 @@ TEST_CASE("workers: a handoff abandoned after its receives were cancelled never 
   cfg.timeouts.prefill_queue_ms = 20;
   cfg.timeouts.transfer_ms = 20;
   MiniCluster c(cfg);
+  c.use_fake_clock();
   c.decode->set_kv_tag_span(2);
   c.submit(MiniCluster::request(1));
   c.step_prefill();  // offered, computed, held (no accept yet)
@@ -675,14 +690,16 @@ void stop_prefill_mid_transfer(MiniCluster& c) {
 TEST_CASE("workers: blocks under receives from a down prefill rank are quarantined until its process is gone",
           "[workers]") {
   MiniCluster c(small_config());
-  bool gone = false;
-  c.decode->set_death_oracle([&](int rank) { return rank == kPrefill && gone; });
+  auto env = std::make_shared<FakeEnv>();  // the clock is still only stepped by step_decode_for
+  c.prefill->set_env(env);
+  c.decode->set_env(env);
+  c.fake = env;
   stop_prefill_mid_transfer(c);
   c.step_decode_for(std::chrono::milliseconds(30));
   CHECK(!c.decode_free());  // a stopped rank may resume and write into them
   CHECK(c.loads[kDecode].quarantined_blocks > 0);
   c.net.kill(kPrefill);
-  gone = true;
+  env->set_gone(kPrefill);
   c.step_decode();
   CHECK(c.decode_free());
   c.step_decode_for(std::chrono::milliseconds(30));  // the next load report (at most every 20 ms)
@@ -692,7 +709,7 @@ TEST_CASE("workers: blocks under receives from a down prefill rank are quarantin
 TEST_CASE("workers: a stopped prefill rank that resumes writes only into its own quarantined blocks, then rejoins",
           "[workers]") {
   MiniCluster c(small_config());
-  c.decode->set_death_oracle([](int) { return false; });  // stopped, not dead
+  c.use_fake_clock();  // no process is ever gone: stopped, not dead
   stop_prefill_mid_transfer(c);
   CHECK(!c.decode_free());
   // kill -CONT: its sends complete into the blocks that were held back for them.
@@ -853,7 +870,8 @@ namespace pd {
 namespace {
 TEST_CASE("workers: a prefill rank declared down: handoffs offered, receiving and done each end right", "[workers]") {
   MiniCluster c(small_config());
-  c.decode->set_death_oracle([](int rank) { return rank == kPrefill; });  // it is gone for good
+  c.use_fake_clock();
+  c.fake->set_gone(kPrefill);  // it is gone for good
   // Request 1 completes its handoff first and is decoding when the prefill rank goes.
   c.submit(MiniCluster::request(1, 20, 30));
   REQUIRE(c.run_until([&] { return c.tokens(1) >= 2; }));
