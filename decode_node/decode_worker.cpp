@@ -85,8 +85,7 @@ Status DecodeWorker::run() {
     spdlog::critical("decode rank {}: device failed, stopping: {}", roles_.self, device_fault_.to_string());
     return device_fault_;
   }
-  for (auto& [id, s] : seqs_)
-    for (TransferOp op : s.ops) transport_->cancel(op);
+  for (auto& [id, s] : seqs_) s.handoff.cancel(*transport_);
   const auto end = Clock::now() + std::chrono::milliseconds(2000);
   while (transport_->pending() && Clock::now() < end) {
     progress_transfers();
@@ -228,8 +227,8 @@ void DecodeWorker::on_rejoin(proto::Epoch epoch) {
 }
 
 void DecodeWorker::drain(Seq& s) {
-  for (TransferOp op : s.ops) transport_->cancel(op);
-  if (s.ops.empty()) return erase(s);
+  s.handoff.cancel(*transport_);
+  if (s.handoff.all_ended()) return erase(s);
   set_state(s, SeqState::kDraining);
 }
 
@@ -239,12 +238,11 @@ void DecodeWorker::erase(Seq& s) {
     // Free again only if every receive under it completed: each of the
     // peer's sends under it then matched and completed too.
     KvTagPool& pool = tags_of(s.source);
-    if (s.ops.empty() && s.ops_clean) pool.release(s.tag);
+    if (s.handoff.all_ended() && s.handoff.clean()) pool.release(s.tag);
     else pool.retire(s.tag);
     s.tag = 0;
   }
-  for (TransferOp op : s.ops) transport_->abandon(op);  // only a confirmed-dead sender's leave any here
-  s.ops.clear();
+  s.handoff.abandon(*transport_);  // only a confirmed-dead sender's leave any here
   release(s);
   const proto::RequestId id = s.id;
   std::erase(running_, id);
@@ -287,7 +285,7 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
   s.params = m.sampling;
   s.arrived = channel_->arrival().value_or(env_->now());  // taken off the network by the communication side
   s.order = next_order_++;
-  s.trailer.assign(KvTrailer::serialized_size(header_.n_layers), 0);
+  s.handoff = HandoffReceiver(source, header_.n_layers);
   offers_.push_back(id);
 }
 
@@ -340,8 +338,7 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
     case SeqState::kPreempted:
       return erase(s);
     case SeqState::kDraining:
-      if (from_prefill)
-        for (TransferOp op : s.ops) transport_->cancel(op);
+      if (from_prefill) s.handoff.cancel(*transport_);
       return;
   }
 }
@@ -384,24 +381,18 @@ bool DecodeWorker::accept_offers() {
     s.tag = *tag;
     std::vector<int32_t> table;
     for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
+    s.accepted = env_->now();
     Status st = transport_->select_path(s.source, s.path);
-    for (int l = 0; l < header_.n_layers && st.is_ok(); ++l) {
-      const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table);
-      auto op = transport_->post_recv(s.source, s.tag, region);
-      if (op.is_ok()) s.ops.push_back(*op);
-      else st = op.status();
-    }
-    if (st.is_ok()) {
-      auto op = transport_->post_recv_bytes(s.source, s.tag, s.trailer.data(), s.trailer.size());
-      if (op.is_ok()) s.ops.push_back(*op);
-      else st = op.status();
-    }
+    if (st.is_ok())
+      st = s.handoff.post(*transport_, s.tag, [&](int l) {
+        return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table);
+      }, s.accepted);
+    else
+      s.handoff.mark_foreign();  // nothing was posted; the tag is retired all the same
     set_state(s, SeqState::kReceiving);
-    s.accepted = s.last_progress = env_->now();
     if (!st.is_ok()) {
       channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false,
                                                     epoch_});
-      s.ops_clean = false;
       drain(s);
       continue;
     }
@@ -414,27 +405,20 @@ bool DecodeWorker::accept_offers() {
 bool DecodeWorker::progress_transfers() {
   bool any = false;
   std::vector<proto::RequestId> done;
+  const auto now = env_->now();
   for (auto& [id, s] : seqs_) {
-    if (s.ops.empty()) continue;
-    for (auto op = s.ops.begin(); op != s.ops.end();) {
-      auto r = transport_->test(*op);
-      if (!r.is_ok() || *r != OpState::kPending) {
-        if (!r.is_ok() || *r == OpState::kCancelled) s.ops_clean = false;
-        s.last_progress = env_->now();
-        op = s.ops.erase(op);
-        any = true;
-      } else {
-        ++op;
-      }
-    }
-    if (s.ops.empty()) done.push_back(id);
+    if (s.handoff.all_ended()) continue;
+    const size_t before = s.handoff.pending();
+    s.handoff.poll(*transport_, now);
+    any |= s.handoff.pending() != before;
+    if (s.handoff.all_ended()) done.push_back(id);
   }
   for (proto::RequestId id : done) {
     Seq* found = find_seq(id);
     if (found == nullptr) continue;
     Seq& s = *found;
     if (s.state == SeqState::kDraining) erase(s);
-    else if (s.state == SeqState::kReceiving && !s.ops_clean)
+    else if (s.state == SeqState::kReceiving && !s.handoff.clean())
       fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " failed", proto::FailureKind::kTransfer);
     else if (s.state == SeqState::kReceiving) finish_transfer(s);
   }
@@ -443,12 +427,12 @@ bool DecodeWorker::progress_transfers() {
 
 void DecodeWorker::finish_transfer(Seq& s) {
   s.received = env_->now();
-  auto trailer = KvTrailer::deserialize(s.trailer, header_.n_layers);
+  auto trailer = s.handoff.trailer();
   if (!trailer.is_ok()) return fail(s, trailer.status().message(), proto::FailureKind::kTransfer);
   if (trailer->request_id != s.id || trailer->epoch != peers_.epoch(s.source)) {
     // Another handoff's data under this tag: this one's own sends may still be
     // pending (fail() retires the tag). Never decoded.
-    s.ops_clean = false;
+    s.handoff.mark_foreign();
     return fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " carried request " +
                        std::to_string(trailer->request_id) + " (epoch " + std::to_string(trailer->epoch) +
                        "), expected " + std::to_string(s.id) + " (epoch " + std::to_string(peers_.epoch(s.source)) +
@@ -509,12 +493,12 @@ void DecodeWorker::check_deadlines() {
   const auto backstop = std::chrono::milliseconds(backstop_ms);
   std::vector<proto::RequestId> stalled, gone;
   for (auto& [id, s] : seqs_) {
-    if (s.state == SeqState::kReceiving && now - s.last_progress > backstop) {
+    if (s.state == SeqState::kReceiving && now - s.handoff.last_progress() > backstop) {
       stalled.push_back(id);
-    } else if (s.state == SeqState::kDraining && !s.ops.empty()) {
+    } else if (s.state == SeqState::kDraining && !s.handoff.all_ended()) {
       if (peers_.is_down(s.source) && env_->rank_gone(s.source)) gone.push_back(id);
-      else if (now - s.last_progress > backstop)
-        for (TransferOp op : s.ops) transport_->cancel(op);  // a cancelled handoff whose data never came
+      else if (now - s.handoff.last_progress() > backstop)
+        s.handoff.cancel(*transport_);  // a cancelled handoff whose data never came
     }
   }
   for (proto::RequestId id : stalled) {  // fail() may erase: not while iterating seqs_

@@ -36,6 +36,7 @@
 
 #include "config/cluster_config.h"
 #include "decode_node/kv_tags.h"
+#include "kvtransfer/handoff_receiver.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
@@ -90,12 +91,9 @@ class DecodeWorker {
     uint64_t order = 0;                // arrival order (preempted sequences resume oldest first)
     // transfer
     KvPathChoice path;                 // how its KV travels (from the offer's and this rank's endpoints)
-    int tag = 0;
-    std::vector<TransferOp> ops;
-    std::vector<uint8_t> trailer;
-    bool ops_clean = true;             // every receive that ended so far completed (none cancelled/failed)
+    int tag = 0;                       // from tags_of(source) while it holds one
+    HandoffReceiver handoff;           // its receives, trailer, and whether they all completed
     Clock::time_point arrived, accepted, received;  // received: KV complete (or arrival, colocated)
-    Clock::time_point last_progress;   // accept, then each receive that completed (silent-sender backstop)
     bool timing_sent = false;
   };
 

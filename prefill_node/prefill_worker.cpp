@@ -82,17 +82,18 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
         Result<uint64_t> sum = kv_region_checksum(
             *engine_->backend, *engine_->cache.buffer,
             kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table));
-        if (sum.is_ok()) job.checksums[layer] = *sum;
-        else if (job.send_error.empty()) job.send_error = "KV checksum failed: " + sum.status().message();
+        if (sum.is_ok()) job.handoff.layer_written(layer, *sum);
+        else job.handoff.fail("KV checksum failed: " + sum.status().message());
+      } else {
+        job.handoff.layer_written(layer, 0);
       }
     }
     handle_messages(/*in_pass=*/true);
     for (proto::RequestId id : batch_) {
       Job* job = find_job(id);
-      if (job == nullptr || job->state != JobState::kComputing || !job->accepted) continue;
-      while (job->layers_posted <= layer) post_layer(*job, job->layers_posted);
+      if (job != nullptr && job->state == JobState::kComputing) post_written(*job);
     }
-    progress_transfers();  // refunds the send budget of what went out, posts what waited for it
+    progress_transfers();  // what went out during the pass counts as hidden
     report_load(false);
   });
 }
@@ -290,7 +291,7 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   // network, not from when this loop got to it.
   job.arrived = channel_->arrival().value_or(env_->now());
   job.offered = env_->now();
-  job.checksums.assign(static_cast<size_t>(header_.n_layers), 0);
+  job.handoff = HandoffSender(job.req.decode_rank, id, epoch_, header_.n_layers);
   // Offer the handoff now: the decode rank reserves blocks while we compute.
   proto::HandoffOffer offer;
   offer.header = header_;
@@ -334,24 +335,21 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
                   job->req.decode_rank);
     return;
   }
-  if (job->accepted) return;  // a duplicate
-  job->accepted = true;
-  job->tag = m.tag;
+  if (!job->handoff.accept(m.tag)) return;  // a duplicate
   // The decode rank chose the same path from the same two endpoints.
-  if (Status st = transport_->select_path(source, choose_kv_path(endpoint_, m.endpoint));
-      !st.is_ok() && job->send_error.empty())
-    job->send_error = "KV path: " + st.message();
+  if (Status st = transport_->select_path(source, choose_kv_path(endpoint_, m.endpoint)); !st.is_ok())
+    job->handoff.fail("KV path: " + st.message());
   if (job->state == JobState::kHeld) {
     set_state(*job, JobState::kSending);
-    for (int l = 0; l < header_.n_layers; ++l) post_layer(*job, l);
-    post_trailer(*job);
+    post_written(*job);
   }
+  // A job in the running pass posts its written layers from the layer hook.
 }
 
 void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
   Job* job = find_job(m.id);
   if (job == nullptr || source != job->req.decode_rank) return;
-  if (job->accepted || job->state == JobState::kSending || job->state == JobState::kAborted) return;
+  if (job->handoff.accepted() || job->state == JobState::kSending || job->state == JobState::kAborted) return;
   if (!m.cancelled)
     channel_->send(roles_.router,
                    proto::RequestFailed{m.id, "decode rank " + std::to_string(job->req.decode_rank) +
@@ -360,46 +358,16 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
   end(m.id);
 }
 
-void PrefillWorker::post_layer(Job& job, int layer) {
-  if (job.layers_posted == 0) job.send_started = env_->now();
-  job.last_progress = env_->now();
-  job.layers_posted = layer + 1;
-  post_send(job, layer);
+HandoffSender::RegionOf PrefillWorker::region_of(const Job& job) const {
+  return [this, &job](int layer) {
+    return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
+  };
 }
 
-void PrefillWorker::post_trailer(Job& job) {
-  KvTrailer t;
-  t.request_id = job.req.id;
-  t.epoch = epoch_;
-  t.first_token = job.first_token;
-  t.finished = job.finished_at_first ? 1 : 0;
-  t.checksums = job.checksums;
-  job.trailer = t.serialize();
-  post_send(job, -1);
-}
-
-void PrefillWorker::post_send(Job& job, int layer) {
-  if (!job.send_error.empty()) return;  // the job fails; nothing more goes out
+void PrefillWorker::post_written(Job& job) {
   // Sends to one peer go out in posting order; how many are in flight at once
   // is the communication side's business (kvtransfer/send_budget.h).
-  int64_t bytes = 0;
-  Result<TransferOp> op = [&]() -> Result<TransferOp> {
-    if (layer < 0) {
-      bytes = static_cast<int64_t>(job.trailer.size());
-      return transport_->post_send_bytes(job.req.decode_rank, job.tag, job.trailer.data(), job.trailer.size());
-    }
-    const KvRegion region = kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
-    bytes = region.total_bytes();
-    return transport_->post_send(job.req.decode_rank, job.tag, region);
-  }();
-  if (!op.is_ok()) {
-    job.send_error = std::string(layer >= 0 ? "KV send failed: " : "KV trailer send failed: ") + op.status().message();
-    return;
-  }
-  if (layer < 0) job.trailer_posted = true;
-  else job.bytes_posted += bytes;
-  job.ops.push_back({*op, bytes});
-  job.last_progress = env_->now();
+  job.handoff.post_written(*transport_, region_of(job), env_->now());
 }
 
 bool PrefillWorker::run_batch() {
@@ -496,8 +464,8 @@ bool PrefillWorker::run_batch() {
       end(job.req.id);
       continue;
     }
-    if (!job.send_error.empty()) {  // a send posted from the layer hook failed
-      fail(job, job.send_error, proto::FailureKind::kTransfer, true);
+    if (job.handoff.phase() == HandoffSender::Phase::kFailed) {  // a checksum or a send from the layer hook failed
+      fail(job, job.handoff.error(), proto::FailureKind::kTransfer, true);
       continue;
     }
     auto row_at = [&](size_t r) { return std::span<float>(logits.data() + r * vocab, static_cast<size_t>(vocab)); };
@@ -512,28 +480,24 @@ bool PrefillWorker::run_batch() {
     std::vector<float> raw;  // sample() may apply penalties in place; logprobs are of the raw row
     if (sp.logprobs >= 0) raw.assign(row.begin(), row.end());
     Sampler sampler(sp);
-    job.first_token = sampler.sample(row);
-    if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, job.first_token, sp.logprobs));
-    const StopReason stop = check_stop(job.req.sampling, job.first_token, engine_->eos_id, 1);
-    job.finished_at_first = stop != StopReason::kNone;
+    const int32_t first_token = sampler.sample(row);
+    if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, first_token, sp.logprobs));
+    const StopReason stop = check_stop(job.req.sampling, first_token, engine_->eos_id, 1);
     job.computed = env_->now();
-    job.hidden_bytes = job.bytes_sent;
+    job.hidden_bytes = job.handoff.bytes_sent();
     ev.id = job.req.id;
     ev.first_index = 0;
-    ev.tokens = {job.first_token};
+    ev.tokens = {first_token};
     ev.finish = stop == StopReason::kNone ? proto::Finish::kNone
                 : stop == StopReason::kLength ? proto::Finish::kLength
                                               : proto::Finish::kStop;
     ev.queue_s = job.queue_s;
     ev.prefill_s = prefill_s;
     events.events.push_back(std::move(ev));
-    if (job.accepted) {
-      set_state(job, JobState::kSending);
-      for (int l = job.layers_posted; l < header_.n_layers; ++l) post_layer(job, l);
-      post_trailer(job);
-    } else {
-      set_state(job, JobState::kHeld);
-    }
+    // The rest of the layers and the trailer go now if the decode rank has
+    // accepted; else when it does (on_accept).
+    job.handoff.finish(first_token, stop != StopReason::kNone, *transport_, region_of(job), env_->now());
+    set_state(job, job.handoff.accepted() ? JobState::kSending : JobState::kHeld);
   }
   if (!events.events.empty()) channel_->send(roles_.router, events);
   return true;
@@ -542,36 +506,27 @@ bool PrefillWorker::run_batch() {
 bool PrefillWorker::progress_transfers() {
   bool any = false;
   std::vector<proto::RequestId> sent, broken;
+  const auto now = env_->now();
   for (auto& [id, job] : jobs_) {
-    for (auto op = job.ops.begin(); op != job.ops.end();) {
-      auto r = transport_->test(op->op);
-      if (!r.is_ok() || *r != OpState::kPending) {
-        if (r.is_ok() && *r == OpState::kDone) job.bytes_sent += op->bytes;
-        if (!r.is_ok() && job.send_error.empty()) job.send_error = "KV send failed: " + r.status().message();
-        op = job.ops.erase(op);
-        job.last_progress = env_->now();
-        any = true;
-      } else {
-        ++op;
-      }
-    }
+    const size_t before = job.handoff.in_flight();
+    const HandoffSender::Phase phase = job.handoff.poll(*transport_, now);
+    any |= job.handoff.in_flight() != before;
     // A job of the running batch (kComputing) keeps its blocks until the pass
     // ends (the layer hook runs this function mid-pass).
     if (job.state == JobState::kComputing || job.state == JobState::kAborted) continue;
-    if (!job.send_error.empty()) broken.push_back(id);
-    else if (job.state == JobState::kSending && job.ops.empty() && job.trailer_posted)
-      sent.push_back(id);
+    if (phase == HandoffSender::Phase::kFailed) broken.push_back(id);
+    else if (job.state == JobState::kSending && phase == HandoffSender::Phase::kSent) sent.push_back(id);
   }
   for (proto::RequestId id : sent) {
     Job& job = jobs_.at(id);
     // Every byte is out: the blocks may be reused.
-    const auto now = env_->now();
-    channel_->send(roles_.router, proto::TransferStats{job.req.id, job.bytes_posted, seconds(now - job.computed),
-                                                      seconds(now - job.send_started), job.hidden_bytes});
+    channel_->send(roles_.router,
+                   proto::TransferStats{job.req.id, job.handoff.bytes_posted(), seconds(now - job.computed),
+                                        seconds(now - job.handoff.send_started()), job.hidden_bytes});
     end(id);
   }
   for (proto::RequestId id : broken)
-    if (Job* job = find_job(id)) fail(*job, job->send_error, proto::FailureKind::kTransfer, true);
+    if (Job* job = find_job(id)) fail(*job, job->handoff.error(), proto::FailureKind::kTransfer, true);
   return any;
 }
 
@@ -587,12 +542,12 @@ void PrefillWorker::check_deadlines() {
       expired.push_back({id, {"waited " + std::to_string(cfg_.timeouts.prefill_queue_ms) + " ms in prefill rank " +
                                   std::to_string(roles_.self) + "'s queue without starting (timeouts.prefill_queue_ms)",
                               proto::FailureKind::kOverloaded}});
-    } else if (!job.accepted && job.state != JobState::kAborted && now - job.offered > handoff) {
+    } else if (!job.handoff.accepted() && job.state != JobState::kAborted && now - job.offered > handoff) {
       expired.push_back({id, {"decode rank " + std::to_string(job.req.decode_rank) +
                                   " did not accept the KV handoff within " + std::to_string(cfg_.timeouts.handoff_ms) +
                                   " ms",
                               proto::FailureKind::kOverloaded}});
-    } else if (job.state == JobState::kSending && now - job.last_progress > transfer) {
+    } else if (job.state == JobState::kSending && now - job.handoff.last_progress() > transfer) {
       expired.push_back({id, {"KV transfer to decode rank " + std::to_string(job.req.decode_rank) +
                                   " did not complete: no progress for " + std::to_string(cfg_.timeouts.transfer_ms) +
                                   " ms (timeouts.transfer_ms)",
@@ -615,20 +570,11 @@ void PrefillWorker::end(proto::RequestId id) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  // Sends still in flight cannot be cancelled (ob1); abandon them. The decode
-  // rank discards whatever arrives of an ended handoff and never reuses the
-  // tag for us, so the blocks may be reused now. MPI may still read the
-  // trailer buffer: it stays alive (a few hundred bytes per abandoned handoff).
-  for (const Job::SendOp& op : job.ops) transport_->abandon(op.op);
-  const bool had_ops = !job.ops.empty();
-  job.ops.clear();
-  if (had_ops && !job.trailer.empty()) {
-    graveyard_.push_back(std::move(job.trailer));
-    if (graveyard_.size() > 4096) graveyard_.pop_front();  // long done or never coming: bounded
-  }
+  // Sends still in flight cannot be cancelled (ob1): the handoff abandons
+  // them (HandoffSender::abandon), and nothing more of it goes out.
+  job.handoff.abandon(*transport_, graveyard_);
   if (job.state == JobState::kComputing && in_pass_) {
     // forward() is reading this job's block table: run_batch ends it after the pass.
-    job.send_error = "aborted";  // its queued sends must not go out
     set_state(job, JobState::kAborted);
     return;
   }

@@ -8,6 +8,10 @@
 // Layers of accepted requests are sent as soon as each is written; a request
 // whose offer is not yet accepted when its batch ends keeps its KV here until
 // the accept (then all layers go at once), a reject, or the handoff timeout.
+// Each job's transfer is one HandoffSender (kvtransfer/handoff_sender.h): its
+// tag, the order of its sends, its trailer and checksums, what went out behind
+// compute, and abandonment; this worker keeps the queue, the batches and the
+// request's lifecycle.
 //
 // A job's lifecycle (JobState; every change checked, see util/lifecycle.h):
 //   kQueued -> kComputing -> kHeld -> kSending -> (ended: erased)
@@ -42,6 +46,7 @@
 #include <unordered_set>
 
 #include "config/cluster_config.h"
+#include "kvtransfer/handoff_sender.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
@@ -79,28 +84,12 @@ class PrefillWorker {
   struct Job {
     proto::PrefillRequest req;
     JobState state = JobState::kQueued;
-    Clock::time_point arrived, offered, computed, send_started;
-    Clock::time_point last_progress;     // last layer posted or send completed (transfer deadline)
-    int64_t bytes_posted = 0;
-    bool accepted = false;               // the decode rank's answer (tag valid), not a lifecycle state
-    int tag = 0;
+    Clock::time_point arrived, offered, computed;
     bool has_seq = false;
     int64_t cached = 0;                  // leading prompt tokens whose KV the prefix cache held
     std::vector<int32_t> table;          // block ids (valid while has_seq)
-    std::vector<uint64_t> checksums;     // per layer, filled as layers are written
-    int layers_posted = 0;               // layers handed to the send path (posted or queued for the peer)
-    struct SendOp {
-      TransferOp op;
-      int64_t bytes;
-    };
-    int64_t bytes_sent = 0;              // of bytes_posted, sends that completed
-    int64_t hidden_bytes = 0;            // bytes_sent when the last layer was computed
-    std::vector<SendOp> ops;
-    bool trailer_posted = false;
-    std::string send_error;              // a post failed: the job fails once no pass reads it
-    std::vector<uint8_t> trailer;
-    int32_t first_token = -1;
-    bool finished_at_first = false;
+    HandoffSender handoff;               // the KV's way to the decode rank (tag, sends, trailer, checksums)
+    int64_t hidden_bytes = 0;            // bytes sent when the last layer was computed
     double queue_s = 0;
   };
 
@@ -123,10 +112,9 @@ class PrefillWorker {
   bool current(int source, proto::Epoch epoch);
   void set_state(Job& job, JobState to);
   bool run_batch();
-  // Both post a send (post_send); neither ends the job.
-  void post_layer(Job& job, int layer);
-  void post_trailer(Job& job);
-  void post_send(Job& job, int layer);  // layer -1 = the trailer
+  // Hands the written layers of an accepted handoff to the transport.
+  void post_written(Job& job);
+  HandoffSender::RegionOf region_of(const Job& job) const;
   bool progress_transfers();
   void check_deadlines();
   void fail(Job& job, const std::string& reason, proto::FailureKind kind, bool tell_decode);
@@ -157,7 +145,7 @@ class PrefillWorker {
   Status device_fault_;  // set when a failed pass finds the device itself gone: run() stops                              // forward() is running (the layer hook may call in)
   proto::Epoch epoch_ = 0;
   PeerEpochs peers_;                                  // the other workers' epochs, which are down
-  std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned sends (MPI may still read them)
+  std::deque<std::vector<uint8_t>> graveyard_;        // trailers of abandoned handoffs (MPI may still read them)
   LoadReporter load_reporter_;
 };
 

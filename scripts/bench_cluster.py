@@ -737,7 +737,8 @@ def main():
     if not os.path.exists(args.model):
         raise SystemExit("bench_cluster.py: --model: no such file '%s' (scripts/fetch_model.sh)" % args.model)
     build = os.path.abspath(args.build)
-    needed = ["tools/pd-bench-engine", "tools/pd-plan"] + ([] if "textbook" in skip else ["tools/pd-bench-textbook"])
+    needed = ([] if "planner" in skip else ["tools/pd-bench-engine", "tools/pd-plan"]) + \
+        ([] if "textbook" in skip else ["tools/pd-bench-textbook"])
     for exe in needed:
         if not os.path.exists(os.path.join(build, exe)):
             raise SystemExit("bench_cluster.py: --build: no %s under '%s' (build first, see README)" % (exe, build))

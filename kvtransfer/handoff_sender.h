@@ -1,0 +1,112 @@
+// One KV handoff on the sending (prefill) side: one sequence's KV, layer by
+// layer, to the decode rank that accepted it, then the trailer (first token,
+// a checksum per layer) under the same tag.
+//
+//   HandoffSender h(decode_rank, id, epoch, n_layers);     // offered
+//   h.accept(tag);                                         // the decode rank's HandoffAccept
+//   h.layer_written(l, checksum); h.post_written(t, ...);  // from the layer hook, as layers land
+//   h.finish(first_token, finished, t, ...);               // the pass ended: the rest, then the trailer
+//   while (h.poll(t, now) == Phase::kSending) ...          // the engine loop
+//   h.abandon(t);                                          // an ended handoff (any phase)
+//
+// Phases (poll()):
+//   kOffered  -> kSending (accept + finish, or layers posted on accept)
+//   kSending  -> kSent    (every send completed: the blocks may be reused)
+//   any       -> kFailed  (a post or a send failed: error() says why)
+// The worker owns the request's lifecycle, its blocks and its deadlines; this
+// object owns the transfer: the tag, the order of sends, the trailer bytes
+// (alive until MPI no longer reads them), the checksums, what was sent behind
+// compute, and abandonment.
+//
+// Threading: the worker's engine loop (a compute thread) calls everything; the
+// transport is the communication side's end (kvtransfer/comm_side.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvtransfer/kv_region.h"
+#include "kvtransfer/transport.h"
+
+namespace pd {
+
+class HandoffSender {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  enum class Phase { kOffered, kSending, kSent, kFailed };
+  // The region of one layer of this sequence's KV in the sender's cache.
+  using RegionOf = std::function<KvRegion(int layer)>;
+
+  HandoffSender() = default;
+  HandoffSender(int peer, uint64_t request_id, uint32_t epoch, int n_layers);
+
+  int peer() const { return peer_; }
+  Phase phase() const { return phase_; }
+  const std::string& error() const { return error_; }
+  bool accepted() const { return accepted_; }
+  bool finished() const { return trailer_posted_; }
+  int tag() const { return tag_; }
+
+  // The decode rank accepted under `tag`. Duplicates are ignored (false).
+  bool accept(int tag);
+  // Layer `layer`'s KV is in the cache with this checksum (0 when off).
+  void layer_written(int layer, uint64_t checksum);
+  // Posts every written layer not posted yet, in order (needs accepted()).
+  void post_written(Transport& t, const RegionOf& region_of, TimePoint now);
+  // Every layer is written and the first token known: posts the rest and the
+  // trailer (needs accepted(); else they go when accept() and then finish()
+  // are called again). Called once per handoff.
+  void finish(int32_t first_token, bool finished_at_first, Transport& t, const RegionOf& region_of, TimePoint now);
+  // Tests the sends in flight; returns the phase.
+  Phase poll(Transport& t, TimePoint now);
+  // A failure outside the transport (a checksum, a path): the handoff fails,
+  // nothing more goes out.
+  void fail(const std::string& why);
+  // Ends the handoff: sends in flight are abandoned (MPI cannot cancel a send;
+  // the decode rank discards what arrives of an ended handoff and never reuses
+  // the tag for us), so the blocks may be reused at once. The trailer bytes,
+  // which MPI may still read, move to `graveyard` (bounded).
+  void abandon(Transport& t, std::deque<std::vector<uint8_t>>& graveyard);
+
+  // Figures for TransferStats.
+  int64_t bytes_posted() const { return bytes_posted_; }
+  int64_t bytes_sent() const { return bytes_sent_; }
+  // The time of the last post or completion (the transfer deadline counts from it).
+  TimePoint last_progress() const { return last_progress_; }
+  TimePoint send_started() const { return send_started_; }
+  size_t in_flight() const { return ops_.size(); }
+
+ private:
+  void post(Transport& t, int layer, const RegionOf& region_of, TimePoint now);  // layer -1 = the trailer
+  int peer_ = -1;
+  uint64_t request_id_ = 0;
+  uint32_t epoch_ = 0;
+  int n_layers_ = 0;
+  Phase phase_ = Phase::kOffered;
+  std::string error_;
+  bool accepted_ = false;
+  int tag_ = 0;
+  int layers_written_ = 0;           // layers [0, layers_written_) are in the cache
+  int layers_posted_ = 0;            // layers [0, layers_posted_) went to the transport
+  std::vector<uint64_t> checksums_;  // per layer
+  bool finish_called_ = false;
+  int32_t first_token_ = -1;
+  bool finished_at_first_ = false;
+  bool trailer_posted_ = false;
+  std::vector<uint8_t> trailer_;
+  struct SendOp {
+    TransferOp op;
+    int64_t bytes;
+  };
+  std::vector<SendOp> ops_;
+  int64_t bytes_posted_ = 0, bytes_sent_ = 0;
+  TimePoint send_started_{}, last_progress_{};
+};
+
+const char* handoff_phase_name(HandoffSender::Phase p);
+
+}  // namespace pd

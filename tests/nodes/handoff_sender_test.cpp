@@ -1,0 +1,161 @@
+// HandoffSender (kvtransfer/handoff_sender.h) against the loopback transport,
+// without a model: layers go out as they are written once accepted, in order,
+// then the trailer; a handoff accepted after its pass sends everything at
+// once; bytes that went out before finish() count as sent behind compute; a
+// failed post fails the handoff; abandoning keeps the trailer's bytes alive.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+
+#include "kvtransfer/handoff_sender.h"
+#include "nodes/loopback_transport.h"
+
+namespace pd::test {
+namespace {
+
+constexpr int kPrefill = 1, kDecode = 2, kLayers = 4, kTag = 40;
+using Phase = HandoffSender::Phase;
+
+// A "cache" of kLayers layers of 256 bytes each; layer l filled with l + 1.
+struct Cache {
+  std::vector<uint8_t> bytes = std::vector<uint8_t>(kLayers * 256, 0);
+  HandoffSender::RegionOf region_of() {
+    return [this](int layer) {
+      KvRegion r;
+      r.base = bytes.data();
+      r.piece_bytes = 256;
+      r.offsets = {static_cast<int64_t>(layer) * 256};
+      return r;
+    };
+  }
+  void write(int layer) { std::memset(bytes.data() + layer * 256, layer + 1, 256); }
+};
+
+// The decode side, played by hand: a receive per layer, then the trailer.
+struct Receiver {
+  std::unique_ptr<Transport> t;
+  Cache cache;
+  std::vector<TransferOp> ops;
+  std::vector<uint8_t> trailer = std::vector<uint8_t>(KvTrailer::serialized_size(kLayers));
+  explicit Receiver(LoopbackNetwork& net) : t(net.endpoint(kDecode)) {
+    for (int l = 0; l < kLayers; ++l) ops.push_back(*t->post_recv(kPrefill, kTag, cache.region_of()(l)));
+    ops.push_back(*t->post_recv_bytes(kPrefill, kTag, trailer.data(), trailer.size()));
+  }
+  int done() {
+    int n = 0;
+    for (TransferOp op : ops) {
+      auto r = t->test(op);
+      if (r.is_ok() && *r == OpState::kDone) ++n;
+    }
+    return n;
+  }
+};
+
+const auto kT0 = std::chrono::steady_clock::time_point(std::chrono::hours(1));
+
+TEST_CASE("handoff sender: accepted before the pass, each layer goes as it is written, then the trailer") {
+  LoopbackNetwork net;
+  auto t = net.endpoint(kPrefill);
+  Cache cache;
+  HandoffSender h(kDecode, 77, 3, kLayers);
+  CHECK(h.phase() == Phase::kOffered);
+  CHECK(h.accept(kTag));
+  CHECK_FALSE(h.accept(kTag + 1));  // a duplicate changes nothing
+  Receiver rx(net);
+  for (int l = 0; l < kLayers; ++l) {
+    cache.write(l);
+    h.layer_written(l, 1000 + l);
+    h.post_written(*t, cache.region_of(), kT0);
+    CHECK(h.phase() == Phase::kSending);
+    h.poll(*t, kT0);
+    CHECK(h.bytes_sent() == 256 * (l + 1));  // the loopback completes a matched pair at once
+  }
+  CHECK_FALSE(h.finished());
+  h.finish(11, false, *t, cache.region_of(), kT0);
+  CHECK(h.finished());
+  CHECK(h.poll(*t, kT0) == Phase::kSent);
+  CHECK(rx.done() == kLayers + 1);
+  CHECK(rx.cache.bytes == cache.bytes);
+  auto tr = KvTrailer::deserialize(rx.trailer, kLayers);
+  REQUIRE(tr.is_ok());
+  CHECK(tr->request_id == 77);
+  CHECK(tr->epoch == 3);
+  CHECK(tr->first_token == 11);
+  CHECK(tr->finished == 0);
+  CHECK(tr->checksums == std::vector<uint64_t>{1000, 1001, 1002, 1003});
+  CHECK(h.bytes_posted() == kLayers * 256);
+  CHECK(h.in_flight() == 0);
+}
+
+TEST_CASE("handoff sender: accepted after its pass, everything goes at once; nothing goes before the accept") {
+  LoopbackNetwork net;
+  auto t = net.endpoint(kPrefill);
+  Cache cache;
+  HandoffSender h(kDecode, 5, 0, kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    cache.write(l);
+    h.layer_written(l, 0);
+    h.post_written(*t, cache.region_of(), kT0);  // not accepted: holds
+  }
+  h.finish(9, true, *t, cache.region_of(), kT0);
+  CHECK(h.phase() == Phase::kOffered);
+  CHECK(h.bytes_posted() == 0);
+  CHECK(t->pending() == 0);
+  h.accept(kTag);
+  Receiver rx(net);
+  h.post_written(*t, cache.region_of(), kT0 + std::chrono::seconds(1));
+  CHECK(h.send_started() == kT0 + std::chrono::seconds(1));
+  CHECK(h.poll(*t, kT0 + std::chrono::seconds(2)) == Phase::kSent);
+  CHECK(h.last_progress() == kT0 + std::chrono::seconds(2));
+  CHECK(rx.done() == kLayers + 1);
+  CHECK(KvTrailer::deserialize(rx.trailer, kLayers)->finished == 1);
+}
+
+TEST_CASE("handoff sender: a send that fails, or a failure outside, fails the handoff and stops its sends") {
+  LoopbackNetwork net;
+  auto t = net.endpoint(kPrefill);
+  Cache cache;
+  HandoffSender h(kDecode, 5, 0, kLayers);
+  h.accept(kTag);
+  // The decode side posted a receive too small for layer 0: the transfer fails.
+  std::vector<uint8_t> small(16);
+  auto bad = net.endpoint(kDecode);
+  REQUIRE(bad->post_recv_bytes(kPrefill, kTag, small.data(), small.size()).is_ok());
+  h.layer_written(0, 0);
+  h.post_written(*t, cache.region_of(), kT0);
+  CHECK(h.poll(*t, kT0) == Phase::kSending);  // the send completes; the receiver's side reports the error
+  h.fail("KV checksum failed: test");
+  CHECK(h.phase() == Phase::kFailed);
+  CHECK(h.error() == "KV checksum failed: test");
+  const int64_t posted = h.bytes_posted();
+  h.finish(1, false, *t, cache.region_of(), kT0);
+  CHECK(h.bytes_posted() == posted);  // nothing more goes out
+  CHECK_FALSE(h.finished());
+}
+
+TEST_CASE("handoff sender: abandoned with sends in flight, the trailer's bytes stay alive") {
+  LoopbackNetwork net;
+  net.hang_sends(true);  // nothing ever completes
+  auto t = net.endpoint(kPrefill);
+  Cache cache;
+  HandoffSender h(kDecode, 5, 0, kLayers);
+  h.accept(kTag);
+  h.finish(3, false, *t, cache.region_of(), kT0);
+  CHECK(h.in_flight() == kLayers + 1);
+  CHECK(h.poll(*t, kT0) == Phase::kSending);
+  std::deque<std::vector<uint8_t>> graveyard;
+  h.abandon(*t, graveyard);
+  CHECK(h.in_flight() == 0);
+  CHECK(t->pending() == 0);
+  REQUIRE(graveyard.size() == 1);
+  CHECK(graveyard.front().size() == KvTrailer::serialized_size(kLayers));
+  CHECK(h.phase() == Phase::kFailed);
+  // An abandoned handoff that had sent nothing leaves nothing behind.
+  HandoffSender idle(kDecode, 6, 0, kLayers);
+  idle.abandon(*t, graveyard);
+  CHECK(graveyard.size() == 1);
+}
+
+}  // namespace
+}  // namespace pd::test
