@@ -289,6 +289,8 @@ void CommSide::loop() {
   std::vector<std::pair<int64_t, Result<OpState>>> ended;
   std::vector<int64_t> abandoned;
   CommStats round_stats;
+  auto wait = s.opts.idle_wait;
+  size_t channel_pending_before = 0;
 
   auto run = [&](Command& c) {
     std::visit(
@@ -345,6 +347,7 @@ void CommSide::loop() {
       stopping = s.stopping;
     }
     size_t sends_run = 0;
+    const bool ran_commands = !commands.empty();
     for (Command& c : commands) {
       if (std::holds_alternative<SendMessage>(c)) ++sends_run;
       run(c);
@@ -378,7 +381,18 @@ void CommSide::loop() {
     }
 
     const size_t channel_pending = channel.pending_sends();
-    const bool busy = !live.empty() || channel_pending > 0;
+    // How long to wait before the next round: busy_wait right after a round
+    // that moved something (an operation ended, a message came or went, a
+    // command ran); doubling from there while operations are in flight but
+    // nothing moves (receives posted long before their sender computes its
+    // layers: testing them every 50 us would cost a fifth of a core for
+    // nothing), up to idle_wait, which is also the wait with nothing in flight.
+    const bool moved = ran_commands || !ended.empty() || !arrived.empty() || channel_pending < channel_pending_before;
+    const bool in_flight = !live.empty() || channel_pending > 0;
+    if (!in_flight) wait = s.opts.idle_wait;
+    else if (moved) wait = s.opts.busy_wait;
+    else wait = std::min(wait * 2, s.opts.idle_wait);
+    channel_pending_before = channel_pending;
     {
       std::unique_lock lock(s.mu);
       s.queued_sends -= sends_run;
@@ -405,7 +419,7 @@ void CommSide::loop() {
         return;
       }
       s.changed.notify_all();
-      s.wake.wait_for(lock, busy ? s.opts.busy_wait : s.opts.idle_wait,
+      s.wake.wait_for(lock, wait,
                       [&] { return !s.commands.empty() || s.stopping; });
     }
   }

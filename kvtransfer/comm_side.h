@@ -28,10 +28,13 @@
 //   `compute_stall` (a wedged engine loop must still be fenced).
 //
 // Waiting: the thread sleeps on a condition variable between rounds —
-// `busy_wait` while operations are in flight (MPI moves a large message only
-// inside MPI calls), `idle_wait` when nothing is (an arriving message is then
-// noticed within it) — and wakes at once when the compute side queues work. It
-// never spins: three ranks share two cores here.
+// `busy_wait` after a round that moved something while operations are in
+// flight (MPI moves a large message only inside MPI calls), doubling while
+// nothing moves (a receive posted long before its sender computes the layer
+// need not be tested every 50 us), up to `idle_wait`, which is also the wait
+// when nothing is in flight (an arriving message is noticed within it) — and
+// wakes at once when the compute side queues work. It never spins: three ranks
+// share two cores here.
 //
 // Threading: channel() and transport() each belong to one compute thread; the
 // real channel and transport are used by the communication thread alone once
