@@ -15,6 +15,11 @@ const char* rank_state_name(RankState s) {
   return "?";
 }
 
+void WorkerTable::set_env(const Env* env) {
+  env_ = env;
+  start_ = env_->now();
+}
+
 WorkerTable::WorkerTable(const std::vector<int>& prefill_ranks, const std::vector<int>& decode_ranks, int block_size)
     : colocated_(prefill_ranks.empty() && !decode_ranks.empty()), block_size_(block_size) {
   for (int r : prefill_ranks) {
@@ -78,7 +83,7 @@ WorkerView& WorkerTable::add(int rank, bool is_prefill, const std::string& pool)
   w.is_prefill = is_prefill;
   w.joined = true;
   w.pool = pool;
-  w.added = std::chrono::steady_clock::now();
+  w.added = env_->now();
   auto& list = is_prefill ? prefill_ : decode_;
   list.push_back(std::move(w));
   return list.back();
@@ -93,7 +98,7 @@ bool WorkerTable::begin_drain(int rank) {
   WorkerView* w = find(rank);
   if (w == nullptr || (w->state != RankState::kUp && w->state != RankState::kStarting)) return false;
   w->state = RankState::kDraining;
-  w->drain_started = std::chrono::steady_clock::now();
+  w->drain_started = env_->now();
   return true;
 }
 
@@ -144,17 +149,17 @@ void WorkerTable::on_report(int rank, const proto::LoadReport& r) {
     if (w->state == RankState::kDown) return;  // re-admission is the router's call (mark_up)
     w->load = r;
     w->reported = true;
-    w->last_report = w->last_heard = std::chrono::steady_clock::now();
+    w->last_report = w->last_heard = env_->now();
     if (w->state == RankState::kStarting && r.ready) w->state = RankState::kUp;
   }
 }
 
 void WorkerTable::heard(int rank) {
-  if (WorkerView* w = find(rank); w && w->state != RankState::kDown) w->last_heard = std::chrono::steady_clock::now();
+  if (WorkerView* w = find(rank); w && w->state != RankState::kDown) w->last_heard = env_->now();
 }
 
 std::vector<int> WorkerTable::expire(std::chrono::milliseconds heartbeat, std::chrono::milliseconds startup) {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = env_->now();
   std::vector<int> down;
   for (auto* pool : {&prefill_, &decode_}) {
     for (WorkerView& w : *pool) {
@@ -183,7 +188,7 @@ void WorkerTable::mark_up(int rank, proto::Epoch epoch) {
   if (WorkerView* w = find(rank); w && w->state == RankState::kDown) {
     w->state = RankState::kUp;
     w->epoch = epoch;
-    w->last_heard = w->last_report = std::chrono::steady_clock::now();
+    w->last_heard = w->last_report = env_->now();
   }
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "util/env.h"
+
 #include "protocol/messages.h"
 
 namespace pd::router {
@@ -57,6 +59,9 @@ class WorkerTable {
   // Colocated: the launching job had decode ranks and no prefill rank. A router
   // started alone (its pools join later) runs disaggregated.
   bool colocated() const { return colocated_; }
+  // Where time comes from (default: the steady clock); the startup deadline
+  // counts from this call. The Env must outlive the table.
+  void set_env(const Env* env);
   // Picks ranks for a request among those up, or nullopt when every candidate
   // is down or at max_inflight (the request waits in the router's queue).
   //  - prefill: fewest outstanding prompt tokens, then fewest queued (reported);
@@ -106,7 +111,8 @@ class WorkerTable {
   std::vector<WorkerView> prefill_, decode_;
   bool colocated_ = false;
   int block_size_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();  // startup deadline from here
+  const Env* env_ = &system_env();
+  std::chrono::steady_clock::time_point start_ = env_->now();  // startup deadline from here
 };
 
 }  // namespace pd::router

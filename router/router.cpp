@@ -97,6 +97,12 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
   if (im_end_ >= 0 && im_end_ != tok.eos_id()) hidden_ids_.push_back(im_end_);
 }
 
+void Router::set_env(const Env* env) {
+  env_ = env;
+  workers_.set_env(env);
+  started_ = env_->now();
+}
+
 Router::~Router() { http_.stop(); }
 
 // ---------------------------------------------------------------- link thread
@@ -140,7 +146,7 @@ Status Router::start() {
   spdlog::info("router listening on http://{}:{} (model '{}', {} prefill + {} decode ranks{})", cfg_.http.host,
                http_.port(), model_.name, roles_.prefill.size(), roles_.decode.size(),
                workers_.colocated() ? ", colocated" : "");
-  started_ = Clock::now();
+  started_ = env_->now();
   last_housekeeping_ = started_ - std::chrono::seconds(1);
   return Status::ok();
 }
@@ -151,22 +157,22 @@ bool Router::run_once() {
   dispatch_queued();
   channel_->progress();
   // Deadlines and gauges are O(requests + ranks): every 10 ms is plenty.
-  if (Clock::now() - last_housekeeping_ >= std::chrono::milliseconds(10)) {
+  if (env_->now() - last_housekeeping_ >= std::chrono::milliseconds(10)) {
     check_liveness();
     check_deadlines();
     dispatch_queued();  // re-run requests go out at once
     update_gauges();
-    last_housekeeping_ = Clock::now();
+    last_housekeeping_ = env_->now();
   }
   if (g_stop.load() && !drain_deadline_) {
     spdlog::info("router: draining {} in-flight requests (up to {} ms)", requests_.size(), cfg_.timeouts.drain_ms);
     draining_.store(true);
     http_.stop_accepting();
-    drain_deadline_ = Clock::now() + std::chrono::milliseconds(cfg_.timeouts.drain_ms);
+    drain_deadline_ = env_->now() + std::chrono::milliseconds(cfg_.timeouts.drain_ms);
   }
-  if (drain_deadline_ && (requests_.empty() || Clock::now() > *drain_deadline_)) return false;
+  if (drain_deadline_ && (requests_.empty() || env_->now() > *drain_deadline_)) return false;
   if (!ready_.load() && !startup_warned_ &&
-      Clock::now() - started_ > std::chrono::milliseconds(cfg_.timeouts.startup_ms)) {
+      env_->now() - started_ > std::chrono::milliseconds(cfg_.timeouts.startup_ms)) {
     std::lock_guard lock(ready_mu_);
     spdlog::error("router: workers not ready after {} ms: {}", cfg_.timeouts.startup_ms, not_ready_reason_);
     startup_warned_ = true;
@@ -235,7 +241,7 @@ void Router::dispatch_queued() {
     ++r.attempts;
     r.where = *choice;
     r.dispatched = true;
-    r.dispatched_at = Clock::now();
+    r.dispatched_at = env_->now();
     workers_.on_dispatch(*choice, n, r.api.sampling.max_tokens);
     if (r.attempts == 1) {
       stage_.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
@@ -312,7 +318,7 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
       const TokenId token = p.token;
       const proto::Finish finish = p.finish;
       r.pending.erase(r.pending.begin());
-      const auto now = Clock::now();
+      const auto now = env_->now();
       if (r.next_index == 0) ttft_.observe(seconds(now - r.arrived));
       else itl_.observe(seconds(now - r.last_token_at));
       r.last_token_at = now;
@@ -471,7 +477,7 @@ void Router::on_report(int source, const proto::LoadReport& m) {
     return;
   }
   // A fenced rank that is running again and does not know it yet.
-  const auto now = Clock::now();
+  const auto now = env_->now();
   if (now - w->last_rejoin_sent > std::chrono::milliseconds(500)) {
     w->last_rejoin_sent = now;
     channel_->send(source, proto::Rejoin{next});
@@ -519,7 +525,7 @@ void Router::on_join(int source, const proto::Join& m) {
   }
   WorkerView& v = workers_.add(source, prefill, m.pool);
   v.port = m.port;
-  v.last_heard = Clock::now();
+  v.last_heard = env_->now();
   for (int r : linked) workers_.link(source, r);
   joined_total_.inc({prefill ? "prefill" : "decode"});
   spdlog::info("router: {} rank {} joined from {} (pid {}, pool {}); linking it to {} ranks", prefill ? "prefill" : "decode",
@@ -573,7 +579,7 @@ void Router::check_drains() {
   std::vector<int> late;
   for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
     for (const WorkerView& w : *pool)
-      if (w.state == RankState::kDraining && Clock::now() - w.drain_started > limit) late.push_back(w.rank);
+      if (w.state == RankState::kDraining && env_->now() - w.drain_started > limit) late.push_back(w.rank);
   for (int rank : late) {
     // What it still holds ends as if it had gone down (re-run or failed); then it is removed.
     on_rank_down(rank, "did not finish draining within " + std::to_string(cfg_.timeouts.drain_ms) +
@@ -644,7 +650,7 @@ bool Router::retry(uint64_t id, const std::string& why) {
 }
 
 void Router::check_deadlines() {
-  const auto now = Clock::now();
+  const auto now = env_->now();
   std::vector<std::pair<uint64_t, ApiError>> expired;
   for (auto& [id, r] : requests_) {
     if (!r->dispatched && now - r->arrived > std::chrono::milliseconds(cfg_.timeouts.queue_ms))
@@ -678,7 +684,7 @@ void Router::finalize(uint64_t id, End how, const std::string& finish_reason, co
       workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));
     workers_.on_request_done(r.where.decode_rank, static_cast<int64_t>(r.prompt.size()), r.api.sampling.max_tokens);
   }
-  e2e_.observe(seconds(Clock::now() - r.arrived));
+  e2e_.observe(seconds(env_->now() - r.arrived));
   Response& resp = *r.response;
   --resp.open;
   ResponseWriter& w = *resp.writer;

@@ -49,6 +49,7 @@
 #include "router/metrics.h"
 #include "router/openai_api.h"
 #include "router/text_stream.h"
+#include "util/env.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pd::router {
@@ -83,6 +84,10 @@ class Router {
   bool run_once();
   void finish();
   uint16_t port() const { return http_.port(); }
+  // Where the router reads time (deadlines, heartbeats, latencies); default the
+  // steady clock. Tests step a FakeEnv. Call before start(); `env` must outlive
+  // the router.
+  void set_env(const Env* env);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -212,6 +217,7 @@ class Router {
 
   // Link thread only.
   std::unique_ptr<ControlChannel> channel_;
+  const Env* env_ = &system_env();  // set_env()
   WorkerTable workers_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<uint64_t> queue_;          // accepted, waiting for a worker

@@ -283,7 +283,7 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
       req->response = response;
       req->index = static_cast<int32_t>(i) * api.n + j;
       req->counts_prompt = j == 0;
-      req->arrived = Clock::now();
+      req->arrived = env_->now();
       req->prompt = prompts[i].ids;
       if (api.echo) req->echo_text = prompts[i].echo;
       req->text = std::make_unique<TextStream>(tok, api.stop, hidden_ids_);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvtransfer/handoff_receiver.h"
+#include "nodes/forwarding_transport.h"
 #include "nodes/loopback_transport.h"
 
 namespace pd::test {
@@ -107,28 +108,16 @@ TEST_CASE("handoff receiver: receives matched by a stopped sender wait; abandone
 }
 
 // Refuses the n-th receive posted; everything else goes to the loopback.
-class RefusingTransport final : public Transport {
+class RefusingTransport final : public ForwardingTransport {
  public:
-  RefusingTransport(std::unique_ptr<Transport> inner, int refuse_nth) : inner_(std::move(inner)), left_(refuse_nth) {}
-  std::string name() const override { return "refusing"; }
-  Result<TransferOp> post_send(int p, int t, const KvRegion& r) override { return inner_->post_send(p, t, r); }
+  RefusingTransport(std::unique_ptr<Transport> inner, int refuse_nth)
+      : ForwardingTransport(std::move(inner)), left_(refuse_nth) {}
   Result<TransferOp> post_recv(int p, int t, const KvRegion& r) override {
     if (--left_ == 0) return Status::resource_exhausted("no receive slots (test)");
-    return inner_->post_recv(p, t, r);
+    return ForwardingTransport::post_recv(p, t, r);
   }
-  Result<TransferOp> post_send_bytes(int p, int t, const void* d, size_t n) override {
-    return inner_->post_send_bytes(p, t, d, n);
-  }
-  Result<TransferOp> post_recv_bytes(int p, int t, void* d, size_t n) override {
-    return inner_->post_recv_bytes(p, t, d, n);
-  }
-  Result<OpState> test(TransferOp op) override { return inner_->test(op); }
-  void cancel(TransferOp op) override { inner_->cancel(op); }
-  void abandon(TransferOp op) override { inner_->abandon(op); }
-  size_t pending() const override { return inner_->pending(); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   int left_;
 };
 

@@ -20,6 +20,7 @@
 #include "gguf/gguf_writer.h"
 #include "nodes/fake_channel.h"
 #include "router/router.h"
+#include "util/env.h"
 #include "util/lifecycle.h"
 
 namespace pd::router {
@@ -106,6 +107,9 @@ struct Harness {
   std::set<int> silent;  // ranks that stopped sending heartbeats
   std::vector<int> live{kP1, kP2, kD1, kD2};  // ranks the test plays (joined ones are added)
   Clock::time_point last_beat{};
+  // The router's clock: deadlines (heartbeat_ms, drain_ms, startup_ms) run on
+  // it, and each pump() moves it 200 us.
+  FakeEnv env;
 
   explicit Harness(int heartbeat_ms = 150, int drain_ms = 30000) {
     cfg.timeouts.drain_ms = drain_ms;
@@ -120,6 +124,7 @@ struct Harness {
     roles.prefill = {kP1, kP2};
     roles.decode = {kD1, kD2};
     router = std::make_unique<Router>(cfg, roles, tiny_model_info(), hub.endpoint(kRouterRank));
+    router->set_env(&env);
     REQUIRE(router->start().is_ok());
     for (int r : {kP1, kP2, kD1, kD2}) beat(r);
     pump_for(30ms);
@@ -136,23 +141,24 @@ struct Harness {
   std::map<int, proto::Epoch> epochs;
   // One router iteration; the live ranks beat every 10 ms.
   void pump() {
-    if (Clock::now() - last_beat > 10ms) {
+    if (env.now() - last_beat > 10ms) {
       for (int r : live)
         if (!silent.count(r)) beat(r, epochs[r]);
-      last_beat = Clock::now();
+      last_beat = env.now();
     }
     router->run_once();
-    std::this_thread::sleep_for(200us);
+    env.advance(200us);
+    std::this_thread::sleep_for(200us);  // the HTTP threads run on real time
   }
   void pump_for(std::chrono::milliseconds d) {
-    const auto end = Clock::now() + d;
-    while (Clock::now() < end) pump();
+    const auto end = env.now() + d;
+    while (env.now() < end) pump();
   }
   // Pumps until a message of type T reaches `rank`; returns it with the others it took.
   template <typename T>
   std::optional<T> expect(int rank, std::chrono::milliseconds within = 2000ms) {
-    const auto end = Clock::now() + within;
-    while (Clock::now() < end) {
+    const auto end = env.now() + within;
+    while (env.now() < end) {
       pump();
       for (auto& [source, m] : hub.take_all(rank)) {
         inbox[rank].push_back(m);
@@ -165,8 +171,8 @@ struct Harness {
   // Pumps until a prompt reaches one of the prefill ranks: (that rank, the request).
   std::optional<std::pair<int, proto::PrefillRequest>> dispatched(std::chrono::milliseconds within = 2000ms,
                                                                   const std::function<bool()>& stop = {}) {
-    const auto end = Clock::now() + within;
-    while (Clock::now() < end && !(stop && stop())) {
+    const auto end = env.now() + within;
+    while (env.now() < end && !(stop && stop())) {
       pump();
       for (int r : {kP1, kP2})
         for (auto& [src, m] : hub.take_all(r)) {
@@ -187,8 +193,8 @@ struct Harness {
     return f.get();
   }
   HttpResult finish(std::future<HttpResult>& f, std::chrono::milliseconds within = 5000ms) {
-    const auto end = Clock::now() + within;
-    while (f.wait_for(0ms) != std::future_status::ready && Clock::now() < end) pump();
+    const auto end = env.now() + within;
+    while (f.wait_for(0ms) != std::future_status::ready && env.now() < end) pump();
     REQUIRE(f.wait_for(0ms) == std::future_status::ready);
     return f.get();
   }

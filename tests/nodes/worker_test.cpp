@@ -20,6 +20,7 @@
 #include "kvtransfer/send_budget.h"
 #include "kvtransfer/staged_transport.h"
 #include "nodes/fake_channel.h"
+#include "nodes/forwarding_transport.h"
 #include "nodes/loopback_transport.h"
 #include "prefill_node/prefill_worker.h"
 #include "util/env.h"
@@ -748,30 +749,16 @@ TEST_CASE("workers: a Rejoin makes a decode rank drop every sequence and come ba
 }
 
 // Fails every post_send from the `after`-th on (a send path that breaks mid-pass).
-class FailingSends final : public Transport {
+class FailingSends final : public test::ForwardingTransport {
  public:
-  FailingSends(std::unique_ptr<Transport> inner, int after) : inner_(std::move(inner)), left_(after) {}
+  FailingSends(std::unique_ptr<Transport> inner, int after) : ForwardingTransport(std::move(inner)), left_(after) {}
   std::string name() const override { return "failing"; }
   Result<TransferOp> post_send(int peer, int tag, const KvRegion& region) override {
     if (left_-- <= 0) return Status::io_error("injected send failure");
-    return inner_->post_send(peer, tag, region);
+    return ForwardingTransport::post_send(peer, tag, region);
   }
-  Result<TransferOp> post_recv(int peer, int tag, const KvRegion& region) override {
-    return inner_->post_recv(peer, tag, region);
-  }
-  Result<TransferOp> post_send_bytes(int peer, int tag, const void* data, size_t bytes) override {
-    return inner_->post_send_bytes(peer, tag, data, bytes);
-  }
-  Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) override {
-    return inner_->post_recv_bytes(peer, tag, data, bytes);
-  }
-  Result<OpState> test(TransferOp op) override { return inner_->test(op); }
-  void cancel(TransferOp op) override { inner_->cancel(op); }
-  void abandon(TransferOp op) override { inner_->abandon(op); }
-  size_t pending() const override { return inner_->pending(); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   int left_;
 };
 
