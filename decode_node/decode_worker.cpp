@@ -79,7 +79,9 @@ Status DecodeWorker::run() {
                engine_->blocks->block_size(), roles_.colocated() ? ", colocated: prefills its own prompts" : "");
   report_load(true);
   while (!shutdown_ && device_fault_.is_ok())
-    if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
+    // Idle: wait for a message or a transfer that ended (the communication side
+    // wakes us), at most 5 ms — deadlines and load reports need no finer step.
+    if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
   if (!device_fault_.is_ok()) {
     // The device is gone: leave like a crashed rank (the cluster fences it).
     spdlog::critical("decode rank {}: device failed, stopping: {}", roles_.self, device_fault_.to_string());

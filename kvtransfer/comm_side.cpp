@@ -75,6 +75,7 @@ struct CommSide::Shared {
   std::unordered_map<int64_t, Result<OpState>> ended;  // op id -> how it ended, until test() takes it
   size_t queued_sends = 0;                             // SendMessage commands not yet run
   size_t channel_pending = 0;                          // the real channel's sends in flight (last round)
+  uint64_t events = 0;                                 // rounds that brought the compute side something
   bool started = false, stopping = false, stopped = false;
   CommStats stats;
 
@@ -140,6 +141,12 @@ class CommSide::Channel final : public ControlChannel {
     return arrival_;
   }
   void progress() override { s_->touch(); }
+  void wait_for_work(std::chrono::microseconds max) override {
+    std::unique_lock lock(s_->mu);
+    const uint64_t seen = seen_events_;
+    s_->changed.wait_for(lock, max, [&] { return s_->events != seen || !s_->inbox.empty() || s_->stopped; });
+    seen_events_ = s_->events;
+  }
   size_t pending_sends() const override {
     std::lock_guard lock(s_->mu);
     return s_->queued_sends + s_->channel_pending;
@@ -163,6 +170,7 @@ class CommSide::Channel final : public ControlChannel {
     fn(in.source, in.message);
   }
   std::shared_ptr<Shared> s_;
+  uint64_t seen_events_ = 0;  // Shared::events when wait_for_work last returned
   bool in_fn_ = false;
   Clock::time_point arrival_{};
 };
@@ -387,7 +395,8 @@ void CommSide::loop() {
     // nothing moves (receives posted long before their sender computes its
     // layers: testing them every 50 us would cost a fifth of a core for
     // nothing), up to idle_wait, which is also the wait with nothing in flight.
-    const bool moved = ran_commands || !ended.empty() || !arrived.empty() || channel_pending < channel_pending_before;
+    const bool sends_completed = channel_pending < channel_pending_before;
+    const bool moved = ran_commands || !ended.empty() || !arrived.empty() || sends_completed;
     const bool in_flight = !live.empty() || channel_pending > 0;
     if (!in_flight) wait = s.opts.idle_wait;
     else if (moved) wait = s.opts.busy_wait;
@@ -402,6 +411,8 @@ void CommSide::loop() {
       round_stats.ops_ended += static_cast<int64_t>(ended.size());
       round_stats.messages_in += static_cast<int64_t>(arrived.size());
       for (Inbound& in : arrived) s.inbox.push_back(std::move(in));
+      const bool news = !ended.empty() || !arrived.empty() || sends_completed || sends_run > 0;
+      if (news) ++s.events;
       ++round_stats.rounds;
       s.stats.rounds += round_stats.rounds;
       s.stats.messages_in += round_stats.messages_in;
@@ -418,7 +429,7 @@ void CommSide::loop() {
         s.changed.notify_all();
         return;
       }
-      s.changed.notify_all();
+      if (news) s.changed.notify_all();  // flush() and wait_for_work() waiters
       s.wake.wait_for(lock, wait,
                       [&] { return !s.commands.empty() || s.stopping; });
     }

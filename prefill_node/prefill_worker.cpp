@@ -105,7 +105,9 @@ Status PrefillWorker::run() {
                engine_->blocks->block_size());
   report_load(true);
   while (!shutdown_ && device_fault_.is_ok())
-    if (!run_once()) std::this_thread::sleep_for(std::chrono::microseconds(transport_->pending() ? 100 : 500));
+    // Idle: wait for a message or a transfer that ended (the communication side
+    // wakes us), at most 5 ms — deadlines and load reports need no finer step.
+    if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
   if (!device_fault_.is_ok()) {
     // The device is gone: nothing more can run here. Leave like a crashed rank
     // (the cluster's heartbeats fence it and re-run or fail what it held).

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <thread>
 
 #include "protocol/messages.h"
 
@@ -48,6 +49,11 @@ class ControlChannel {
   virtual std::optional<std::chrono::steady_clock::time_point> arrival() const { return std::nullopt; }
   // Completes finished sends (frees their buffers). Call once per loop.
   virtual void progress() = 0;
+  // Blocks until something may be there for the caller — a message arrived, or
+  // (for a channel that also carries the rank's transfers) an operation ended —
+  // or `max` passed. Spurious returns are allowed. What an idle engine loop
+  // calls instead of sleeping; the default sleeps `max`.
+  virtual void wait_for_work(std::chrono::microseconds max) { std::this_thread::sleep_for(max); }
   // Sends posted and not yet complete.
   virtual size_t pending_sends() const = 0;
   // Waits up to `deadline` for pending sends (shutdown); false if some remain.

@@ -185,6 +185,46 @@ TEST_CASE("comm side: messages out go at once, messages in wait in the inbox wit
   CHECK(Clock::now() - arrived >= 25ms);  // the wait in the inbox shows
 }
 
+TEST_CASE("comm side: wait_for_work returns when a message arrives or an operation ends, else at its limit") {
+  Pair p;
+  auto t0 = Clock::now();
+  p.channel[1]->wait_for_work(std::chrono::microseconds(30000));  // nothing comes
+  CHECK(Clock::now() - t0 >= 25ms);
+
+  std::thread router([&] {
+    std::this_thread::sleep_for(20ms);
+    p.send_as_router(1, proto::Cancel{3});
+  });
+  t0 = Clock::now();
+  p.channel[1]->wait_for_work(std::chrono::microseconds(2000000));
+  const auto waited = Clock::now() - t0;
+  router.join();
+  CHECK(waited < 1s);  // woken by the arrival, long before the limit
+  int seen = 0;
+  p.channel[1]->drain([&](int, proto::Message&) { ++seen; });
+  CHECK(seen == 1);
+
+  // An operation that ends wakes it too.
+  std::vector<uint8_t> out(256, 1), in(256, 0);
+  auto r = p.transport[2]->post_recv(1, 3, bytes_region(in, 256));
+  REQUIRE(r.is_ok());
+  p.channel[2]->wait_for_work(std::chrono::microseconds(20000));  // settle: the post itself
+  std::thread sender([&] {
+    std::this_thread::sleep_for(20ms);
+    (void)p.transport[1]->post_send(2, 3, bytes_region(out, 256));
+  });
+  t0 = Clock::now();
+  bool done = false;
+  while (!done && Clock::now() - t0 < 1s) {
+    p.channel[2]->wait_for_work(std::chrono::microseconds(2000000));
+    auto st = p.transport[2]->test(*r);
+    done = st.is_ok() && *st == OpState::kDone;
+  }
+  sender.join();
+  CHECK(done);
+  CHECK(Clock::now() - t0 < 1s);
+}
+
 TEST_CASE("comm side: drain_while takes messages until the first refused one and keeps the rest in order") {
   Pair p;
   p.send_as_router(1, proto::Cancel{1});
