@@ -76,6 +76,7 @@ struct CommSide::Shared {
   size_t queued_sends = 0;                             // SendMessage commands not yet run
   size_t channel_pending = 0;                          // the real channel's sends in flight (last round)
   uint64_t events = 0;                                 // rounds that brought the compute side something
+  int64_t next_op = 1;                                 // op ids, unique across the transport ends
   bool started = false, stopping = false, stopped = false;
   CommStats stats;
 
@@ -232,14 +233,13 @@ class CommSide::Port final : public Transport {
     {
       std::lock_guard lock(s_->mu);
       if (s_->stopped) return Status::cancelled("the rank's communication side has stopped");
+      p.id = s_->next_op++;
     }
-    p.id = next_id_++;
     mine_.insert(p.id);
     s_->push(std::move(p));
     return TransferOp{p.id};
   }
   std::shared_ptr<Shared> s_;
-  int64_t next_id_ = 1;
   std::unordered_set<int64_t> mine_;  // posted, not yet reported ended nor abandoned
 };
 

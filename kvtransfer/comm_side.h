@@ -78,7 +78,8 @@ class CommSide {
   CommSide(const CommSide&) = delete;
   CommSide& operator=(const CommSide&) = delete;
 
-  // The compute side's ends. Each may be taken once; they stay safe to call
+  // The compute side's ends (op ids are unique across every transport end
+  // taken, so two ends never see each other's operations); they stay safe to call
   // after stop() and after this object is gone (sends then vanish, posts fail
   // with Cancelled).
   std::unique_ptr<ControlChannel> channel();

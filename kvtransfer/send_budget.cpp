@@ -29,20 +29,18 @@ Result<TransferOp> SendBudgetTransport::post_send_bytes(int peer, int tag, const
 }
 
 Result<TransferOp> SendBudgetTransport::post_recv(int peer, int tag, const KvRegion& region) {
-  PD_ASSIGN_OR_RETURN(TransferOp inner, inner_->post_recv(peer, tag, region));
-  Op op;
-  op.peer = peer;
-  op.inner = inner;
-  const int64_t id = next_id_++;
-  ops_.emplace(id, std::move(op));
-  return TransferOp{id};
+  return track_recv(peer, inner_->post_recv(peer, tag, region));
 }
 
 Result<TransferOp> SendBudgetTransport::post_recv_bytes(int peer, int tag, void* data, size_t bytes) {
-  PD_ASSIGN_OR_RETURN(TransferOp inner, inner_->post_recv_bytes(peer, tag, data, bytes));
+  return track_recv(peer, inner_->post_recv_bytes(peer, tag, data, bytes));
+}
+
+Result<TransferOp> SendBudgetTransport::track_recv(int peer, Result<TransferOp> inner) {
+  PD_ASSIGN_OR_RETURN(TransferOp posted, std::move(inner));
   Op op;
   op.peer = peer;
-  op.inner = inner;
+  op.inner = posted;
   const int64_t id = next_id_++;
   ops_.emplace(id, std::move(op));
   return TransferOp{id};

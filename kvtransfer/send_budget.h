@@ -81,6 +81,8 @@ class SendBudgetTransport final : public Transport {
     std::deque<int64_t> waiting;  // op ids in posting order
   };
   Result<TransferOp> enqueue(Op op);
+  // A receive the inner transport posted (or refused): passes straight through.
+  Result<TransferOp> track_recv(int peer, Result<TransferOp> inner);
   void pump(int peer);
   void refund(Op& op);
   std::unique_ptr<Transport> inner_;

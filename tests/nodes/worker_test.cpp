@@ -163,6 +163,30 @@ struct KvStaging {
 };
 
 // A prefill rank and a decode rank, and what reached the router.
+// The prefill rank's channel, with a test's hook run each time the worker
+// looks at its inbox in the middle of a pass (drain_while: only the layer
+// hook calls it) — so a test can make messages arrive during a pass.
+class MidPassChannel final : public ControlChannel {
+ public:
+  MidPassChannel(std::unique_ptr<ControlChannel> inner, const std::function<void()>* hook)
+      : inner_(std::move(inner)), hook_(hook) {}
+  void send(int dest, const proto::Message& m) override { inner_->send(dest, m); }
+  int drain(const std::function<void(int, proto::Message&)>& fn, int max) override { return inner_->drain(fn, max); }
+  int drain_while(const std::function<bool(int, const proto::Message&)>& take,
+                  const std::function<void(int, proto::Message&)>& fn, int max) override {
+    if (*hook_) (*hook_)();
+    return inner_->drain_while(take, fn, max);
+  }
+  void progress() override { inner_->progress(); }
+  size_t pending_sends() const override { return inner_->pending_sends(); }
+  bool flush(std::chrono::milliseconds d) override { return inner_->flush(d); }
+  void forget(int rank) override { inner_->forget(rank); }
+
+ private:
+  std::unique_ptr<ControlChannel> inner_;
+  const std::function<void()>* hook_;
+};
+
 struct MiniCluster {
   ClusterConfig cfg;
   FakeChannelHub hub;
@@ -172,6 +196,7 @@ struct MiniCluster {
   std::unique_ptr<PrefillWorker> prefill;
   std::unique_ptr<DecodeWorker> decode;
   std::shared_ptr<FakeEnv> fake;  // use_fake_clock()
+  std::function<void()> mid_pass;  // run when the prefill rank looks at its inbox mid-pass
   // Router's view.
   std::map<proto::RequestId, std::vector<proto::TokenEvent>> events;
   std::vector<std::pair<int, proto::RequestFailed>> failed;
@@ -198,7 +223,7 @@ struct MiniCluster {
     if (wrap_prefill) pt = wrap_prefill(std::move(pt));
     pt = std::make_unique<SendBudgetTransport>(std::move(pt));  // as pd-prefill's communication side has it
     prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), std::move(pt),
-                                              hub.endpoint(kPrefill));
+                                              std::make_unique<MidPassChannel>(hub.endpoint(kPrefill), &mid_pass));
     decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de),
                                             paths(net.endpoint(kDecode), *de, staged.decode), hub.endpoint(kDecode));
   }
@@ -443,6 +468,28 @@ TEST_CASE("workers: a cancel for a prompt in each state leaves nothing behind", 
   REQUIRE(c.finished(4));
   CHECK(c.tokens(3) == 0);
   CHECK(c.failed.empty());
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: an accept that arrives during the pass sends the layers written so far, during the pass",
+          "[workers]") {
+  MiniCluster c(small_config());
+  int looks = 0;
+  // The first time the prefill rank looks at its inbox mid-pass (after layer
+  // 0), the decode rank runs: it takes the offer and accepts.
+  c.mid_pass = [&] {
+    if (looks++ == 0) c.step_decode();
+  };
+  c.submit(MiniCluster::request(1, 40, 6));
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  c.check_stream(1, 6);
+  CHECK(looks >= 2);  // one look per layer
+  REQUIRE(c.transfers.size() == 1);
+  const proto::TransferStats& t = c.transfers[0];
+  CHECK(t.bytes > 0);
+  // Every layer went out before the pass ended: all of it hid behind compute.
+  // (Acting on the accept only after the pass, none of it would have.)
+  CHECK(t.hidden_bytes == t.bytes);
   CHECK(c.settle());
 }
 
