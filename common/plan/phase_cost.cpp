@@ -52,6 +52,10 @@ double RooflineCostModel::prefill_seconds(double total_tokens, double num_prompt
   return prefill_cost(model_, hw_, cfg_, total_tokens, num_prompts, sum_sq_tokens).seconds();
 }
 
+double RooflineCostModel::prefill_pass_seconds(const PrefillPass& pass) const {
+  return prefill_cost(model_, hw_, cfg_, pass.tokens, pass.prompts, pass.sum_sq, pass.cross, pass.prefix).seconds();
+}
+
 double RooflineCostModel::decode_step_seconds(double batch, double mean_context) const {
   return decode_step_cost(model_, hw_, cfg_, batch, mean_context).seconds();
 }
@@ -83,6 +87,10 @@ double ProfileCostModel::prefill_seconds(double total_tokens, double num_prompts
   // time (guards against a poor fit).
   const double excess = attention_coeff_ * std::max(0.0, total_tokens * total_tokens - sum_sq_tokens);
   return std::max({one_prompt - excess, profile_.prefill_time(sum_sq_tokens / total_tokens), 0.25 * one_prompt});
+}
+
+double ProfileCostModel::prefill_pass_seconds(const PrefillPass& pass) const {
+  return prefill_seconds(pass.tokens, pass.prompts, pass.sum_sq) + 2.0 * attention_coeff_ * pass.cross;
 }
 
 double ProfileCostModel::decode_step_seconds(double batch, double mean_context) const {

@@ -63,7 +63,7 @@ double tp_comm_seconds(const Shape& s, const HardwareSpec& hw, int tp, double to
 }  // namespace
 
 PhaseCost prefill_cost(const ModelSpec& m, const HardwareSpec& hw, const RooflineConfig& c, double total_tokens,
-                       double num_prompts, double sum_sq_tokens) {
+                       double num_prompts, double sum_sq_tokens, double cross_pairs, double prefix_tokens) {
   const Shape s = shape_of(m);
   const double sw = precision_bytes(c.weights);
   const double sa = precision_bytes(c.activations);
@@ -74,10 +74,12 @@ PhaseCost prefill_cost(const ModelSpec& m, const HardwareSpec& hw, const Rooflin
   p.linear.bytes = (s.layers * s.linear_weights + s.vocab * s.d) * sw + total_tokens * s.layers * s.act_io * sa +
                    num_prompts * (s.d + s.vocab) * sa;
   // Causal: prompt p has sum_{i=1..p} i = p(p+1)/2 query-key pairs, 4 H hd FLOPs each (QK^T and PV).
-  p.attention.flops = s.layers * 2.0 * s.heads * s.head_dim * (sum_sq_tokens + total_tokens);
-  // Read Q, write O (activations), read K and V once, write them to the cache.
+  // A chunk after p cached tokens adds n x p pairs against them.
+  p.attention.flops = s.layers * 2.0 * s.heads * s.head_dim * (sum_sq_tokens + total_tokens + 2.0 * cross_pairs);
+  // Read Q, write O (activations), read K and V once, write them to the cache;
+  // chunks also read their prompt's cached K and V.
   p.attention.bytes = total_tokens * s.layers * 2.0 * s.q_width * sa + total_tokens * s.layers * 2.0 * s.kv_width * skv +
-                      total_tokens * kv_per_token;
+                      total_tokens * kv_per_token + prefix_tokens * kv_per_token;
   finish(&p.linear, hw, c.tp);
   finish(&p.attention, hw, c.tp);
   p.comm_seconds = tp_comm_seconds(s, hw, c.tp, total_tokens, sa);

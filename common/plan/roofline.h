@@ -64,8 +64,12 @@ struct PhaseCost {
 // One prefill forward pass over `num_prompts` prompts of `total_tokens` tokens
 // in all, whose squared lengths sum to `sum_sq_tokens` (causal attention costs
 // sum p(p+1)/2 query-key pairs). Logits for the last token of each prompt only.
+// Chunked prefill: each "prompt" is a chunk of n_i tokens after p_i tokens of
+// its prompt already cached; `cross_pairs` = sum n_i p_i query-key pairs against
+// those prefixes (4 H hd FLOPs each per layer), `prefix_tokens` = sum p_i cached
+// tokens whose K and V the chunks read. Both 0 for whole prompts.
 PhaseCost prefill_cost(const ModelSpec& m, const HardwareSpec& hw, const RooflineConfig& c, double total_tokens,
-                       double num_prompts, double sum_sq_tokens);
+                       double num_prompts, double sum_sq_tokens, double cross_pairs = 0, double prefix_tokens = 0);
 // Shorthand: one prompt of P tokens.
 inline PhaseCost prefill_cost(const ModelSpec& m, const HardwareSpec& hw, const RooflineConfig& c, double p) {
   return prefill_cost(m, hw, c, p, 1, p * p);
