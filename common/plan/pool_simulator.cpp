@@ -17,6 +17,10 @@ Status validate_cluster(const ClusterConfig& c) {
   if (!c.colocated) PD_RETURN_IF_ERROR(pos("prefill_ranks", c.prefill_ranks));
   PD_RETURN_IF_ERROR(pos(c.colocated ? "ranks" : "decode_ranks", c.decode_ranks));
   PD_RETURN_IF_ERROR(pos("prefill_token_budget", c.prefill_token_budget));
+  if (c.chunk_tokens < 0) {
+    return Status::invalid_argument("chunk_tokens: must not be negative, got " + std::to_string(c.chunk_tokens));
+  }
+  PD_RETURN_IF_ERROR(pos("step_tokens", c.step_tokens));
   PD_RETURN_IF_ERROR(pos("max_prefill_batch", c.max_prefill_batch));
   PD_RETURN_IF_ERROR(pos("max_decode_batch", c.max_decode_batch));
   PD_RETURN_IF_ERROR(pos("block_size", c.block_size));
@@ -34,6 +38,39 @@ Status validate_cluster(const ClusterConfig& c) {
   return Status::ok();
 }
 
+// ---- Chunk planning --------------------------------------------------------------
+
+int64_t ChunkPlanner::grant(int64_t remaining) const {
+  if (prompts_ >= rule_.max_prompts) return -1;
+  if (rule_.chunk_tokens <= 0) {  // whole prompts, FIFO; a longer one runs alone
+    if (prompts_ > 0 && used_ + remaining > rule_.token_budget) return -1;
+    return remaining;
+  }
+  const int64_t left = rule_.token_budget - used_;
+  if (left <= 0) return -1;
+  if (remaining > rule_.chunk_tokens) return long_taken_ ? 0 : std::min(rule_.chunk_tokens, left);
+  return std::min(remaining, left);
+}
+
+void ChunkPlanner::take(int64_t remaining, int64_t tokens) {
+  used_ += tokens;
+  prompts_ += 1;
+  if (rule_.chunk_tokens > 0 && remaining > rule_.chunk_tokens) long_taken_ = true;
+}
+
+std::vector<int64_t> plan_chunks(const std::vector<int64_t>& remaining, const ChunkRule& rule) {
+  ChunkPlanner pl(rule);
+  std::vector<int64_t> out(remaining.size(), 0);
+  for (size_t i = 0; i < remaining.size(); ++i) {
+    const int64_t g = pl.grant(remaining[i]);
+    if (g < 0) break;
+    if (g == 0) continue;
+    pl.take(remaining[i], g);
+    out[i] = g;
+  }
+  return out;
+}
+
 // ---- Simulation -----------------------------------------------------------------
 
 namespace {
@@ -43,6 +80,8 @@ struct Req {
   double t_first = -1;        // token 1 (end of the first prefill pass)
   double t_done = -1;
   double t_prefill_start = -1;  // first prefill pass starts
+  double last_token = -1;       // latest token
+  double max_gap = 0;           // longest gap between two of its tokens
   double prefill_end = 0;       // latest prefill pass, for the transfer overlap
   double prefill_dur = 0;
   int32_t prompt = 0;
@@ -50,7 +89,10 @@ struct Req {
   int32_t generated = 0;      // tokens sampled so far
   int32_t ctx = 0;            // tokens whose KV is in the cache
   int32_t blocks = 0;         // KV blocks held on the decode (or colocated) rank
-  int32_t prefill_tokens = 0; // tokens of the pending/last prefill pass
+  int32_t prefill_tokens = 0; // tokens of the pending/last prefill (prompt, or all known tokens on recompute)
+  int32_t computed = 0;       // of those, computed by earlier chunks
+  int32_t chunk = 0;          // of those, in the current pass
+  bool in_prefill = false;    // partly computed on a rank (in its `active`)
   int32_t prefill_rank = -1;
   int32_t decode_rank = -1;   // reserved by the handoff
   bool failed = false;
@@ -68,7 +110,8 @@ struct Event {
 
 struct PrefillRank {
   bool busy = false;
-  std::vector<int32_t> batch;
+  std::vector<int32_t> active;  // prompts taken from the router, not yet fully computed (arrival order)
+  std::vector<int32_t> batch;   // the current pass (each with Req::chunk tokens)
   int64_t held_blocks = 0;  // KV awaiting handoff
   double batch_start = 0;
   double egress_free = 0;
@@ -80,13 +123,59 @@ struct DecodeRank {
   bool prefill_phase = false;  // colocated: current pass is a prefill
   std::vector<int32_t> running;  // admission order (newest last)
   std::vector<int32_t> ready;    // KV arrived, joins at the next step
-  std::vector<int32_t> batch;    // colocated: prompts of the current prefill pass
+  std::vector<int32_t> batch;    // colocated: prompts of the current prefill pass (chunked: its chunks)
+  std::vector<int32_t> active;   // colocated, chunked: prompts partly computed here (arrival order)
+  double step_decode = 0;        // colocated, chunked: the current step's decode part (seconds)
+  double step_prefill = 0;       //   and its prompt chunks' part
   int64_t free_blocks = 0;
   int64_t ctx_sum = 0;           // sum of ctx over running
   int incoming = 0;              // handoffs reserved, KV in flight
   double step_start = 0;
   double ingress_free = 0;
   double decode_busy = 0;
+};
+
+// The router's FIFO queue, kept as two queues, short prompts (<= C tokens)
+// and long ones, each ordered by a key that gives every prompt its place in
+// the one queue (push_back: larger than all, push_front: smaller than all).
+// A pass walks them merged, in queue order, and once its long prompt is taken
+// walks the short ones only: the long ones a pass skips cost nothing, however
+// many wait. Unchunked, every prompt is "long" and this is a plain deque.
+class RouterQueue {
+ public:
+  struct Item {
+    int64_t key;
+    int32_t idx;
+  };
+  void push(int32_t j, bool is_short, bool front) {
+    std::deque<Item>& q = is_short ? shorts_ : longs_;
+    if (front) {
+      q.push_front({--front_key_, j});
+    } else {
+      q.push_back({back_key_++, j});
+    }
+  }
+  size_t size() const { return shorts_.size() + longs_.size(); }
+  bool empty() const { return shorts_.empty() && longs_.empty(); }
+  // The first prompt in queue order, and taking it.
+  int32_t front() const { return front_is_short() ? shorts_.front().idx : longs_.front().idx; }
+  void pop_front() {
+    if (front_is_short()) {
+      shorts_.pop_front();
+    } else {
+      longs_.pop_front();
+    }
+  }
+  std::deque<Item>& shorts() { return shorts_; }
+  std::deque<Item>& longs() { return longs_; }
+
+ private:
+  bool front_is_short() const {
+    return longs_.empty() || (!shorts_.empty() && shorts_.front().key < longs_.front().key);
+  }
+  std::deque<Item> shorts_, longs_;
+  int64_t front_key_ = 0;
+  int64_t back_key_ = 0;
 };
 
 class Simulator {
@@ -108,6 +197,15 @@ class Simulator {
   }
   void fail(int32_t i);
   void complete(int32_t i);
+  void token(Req& r);  // a token of r at now_ (the first, or one after a gap)
+  bool is_short(int64_t tokens) const { return c_.chunk_tokens > 0 && tokens <= c_.chunk_tokens; }
+  void router_push(int32_t j, bool front);
+  // Offers the router's waiting prompts to `pl` in queue order; `admit(j,
+  // tokens)` puts one in the pass or returns false to end it. The admitted
+  // leave the router queue.
+  template <typename Admit>
+  void take_from_router(ChunkPlanner& pl, Admit admit);
+  void add_chunk(std::vector<int32_t>* batch, PrefillPass* pass, int32_t j, int64_t tokens);
   // Disaggregated.
   void try_start_prefill(int r);
   void try_start_prefill_all();
@@ -115,10 +213,14 @@ class Simulator {
   void dispatch_handoffs();
   void on_transfer_done(int32_t i);
   // Decode ranks (both modes).
+  bool make_room(int d);
   bool start_decode_step(int d);
+  void advance_decodes(int d);
   void on_decode_done(int d);
   // Colocated.
   void coloc_next(int d);
+  void coloc_whole(int d);
+  void coloc_step(int d);
   void coloc_kick_idle();
   void on_coloc_done(int d);
 
@@ -130,7 +232,9 @@ class Simulator {
   std::vector<Req> reqs_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> heap_;
   uint64_t next_seq_ = 0;
-  std::deque<int32_t> router_;
+  RouterQueue router_;
+  std::vector<size_t> taken_short_, taken_long_;  // scratch: positions a pass takes
+  ChunkRule prefill_rule_;
   std::deque<int32_t> handoffs_;
   std::vector<PrefillRank> prefill_;
   std::vector<DecodeRank> decode_;
@@ -164,6 +268,59 @@ void Simulator::complete(int32_t i) {
   ++completed_;
 }
 
+void Simulator::token(Req& r) {
+  if (r.t_first < 0) {
+    r.t_first = now_;
+  } else {
+    r.max_gap = std::max(r.max_gap, now_ - r.last_token);
+  }
+  r.last_token = now_;
+}
+
+void Simulator::router_push(int32_t j, bool front) {
+  router_.push(j, is_short(reqs_[j].prefill_tokens), front);
+}
+
+template <typename Admit>
+void Simulator::take_from_router(ChunkPlanner& pl, Admit admit) {
+  std::deque<RouterQueue::Item>& shorts = router_.shorts();
+  std::deque<RouterQueue::Item>& longs = router_.longs();
+  taken_short_.clear();
+  taken_long_.clear();
+  size_t s = 0, l = 0;  // next of each, merged in queue order
+  while (true) {
+    // Once the pass has its long prompt, every later long one is skipped.
+    const bool long_ok = l < longs.size() && !pl.long_taken();
+    const bool short_ok = s < shorts.size();
+    if (!long_ok && !short_ok) break;
+    const bool take_short = short_ok && (!long_ok || shorts[s].key < longs[l].key);
+    const int32_t j = take_short ? shorts[s].idx : longs[l].idx;
+    const int64_t rem = reqs_[j].prefill_tokens;
+    const int64_t g = pl.grant(rem);
+    if (g < 0) break;
+    if (g > 0) {
+      if (!admit(j, g)) break;
+      pl.take(rem, g);
+      (take_short ? taken_short_ : taken_long_).push_back(take_short ? s : l);
+    }
+    ++(take_short ? s : l);
+  }
+  for (auto it = taken_short_.rbegin(); it != taken_short_.rend(); ++it) {
+    shorts.erase(shorts.begin() + static_cast<std::ptrdiff_t>(*it));
+  }
+  for (auto it = taken_long_.rbegin(); it != taken_long_.rend(); ++it) {
+    longs.erase(longs.begin() + static_cast<std::ptrdiff_t>(*it));
+  }
+}
+
+void Simulator::add_chunk(std::vector<int32_t>* batch, PrefillPass* pass, int32_t j, int64_t tokens) {
+  Req& r = reqs_[j];
+  r.chunk = static_cast<int32_t>(tokens);
+  batch->push_back(j);
+  pass->add(static_cast<double>(tokens), static_cast<double>(r.computed));
+  if (r.t_prefill_start < 0) r.t_prefill_start = now_;
+}
+
 void Simulator::on_arrival(int32_t i) {
   Req& r = reqs_[i];
   if (!fits_ever(r)) {
@@ -171,7 +328,7 @@ void Simulator::on_arrival(int32_t i) {
     return;
   }
   r.prefill_tokens = r.prompt;
-  router_.push_back(i);
+  router_push(i, false);
   max_router_ = std::max<int64_t>(max_router_, static_cast<int64_t>(router_.size()));
   if (c_.colocated) {
     coloc_kick_idle();
@@ -186,29 +343,42 @@ void Simulator::try_start_prefill_all() {
 
 void Simulator::try_start_prefill(int rank) {
   PrefillRank& p = prefill_[rank];
-  if (p.busy || router_.empty()) return;
-  int64_t total = 0;
-  double sum_sq = 0;
-  int64_t held = p.held_blocks;
-  while (!router_.empty() && static_cast<int>(p.batch.size()) < c_.max_prefill_batch) {
-    const int32_t j = router_.front();
-    const int64_t k = reqs_[j].prefill_tokens;
-    if (!p.batch.empty() && total + k > c_.prefill_token_budget) break;
-    // Backpressure: the rank keeps each prompt's KV until its handoff completes.
-    if (c_.prefill_kv_blocks > 0 && held + blocks_for(k) > c_.prefill_kv_blocks && held > 0) break;
-    router_.pop_front();
-    p.batch.push_back(j);
-    total += k;
-    sum_sq += static_cast<double>(k) * static_cast<double>(k);
-    held += blocks_for(k);
-    if (reqs_[j].t_prefill_start < 0) reqs_[j].t_prefill_start = now_;
+  if (p.busy || (p.active.empty() && router_.empty())) return;
+  ChunkPlanner pl(prefill_rule_);
+  PrefillPass pass;
+  bool full = false;
+  // Prompts this rank has started first (they came out of the router earlier).
+  for (int32_t j : p.active) {
+    const Req& r = reqs_[j];
+    const int64_t rem = r.prefill_tokens - r.computed;
+    const int64_t g = pl.grant(rem);
+    if (g < 0) {
+      full = true;
+      break;
+    }
+    if (g == 0) continue;
+    pl.take(rem, g);
+    add_chunk(&p.batch, &pass, j, g);
+  }
+  if (!full) {
+    int64_t held = p.held_blocks;
+    take_from_router(pl, [&](int32_t j, int64_t g) {
+      Req& r = reqs_[j];
+      const int64_t b = blocks_for(r.prefill_tokens);
+      // Backpressure: the rank keeps each prompt's KV until its handoff completes.
+      if (c_.prefill_kv_blocks > 0 && held + b > c_.prefill_kv_blocks && held > 0) return false;
+      held += b;
+      r.in_prefill = true;
+      p.active.push_back(j);
+      add_chunk(&p.batch, &pass, j, g);
+      return true;
+    });
+    p.held_blocks = held;
   }
   if (p.batch.empty()) return;
-  p.held_blocks = held;
   p.busy = true;
   p.batch_start = now_;
-  const double t = std::max(1e-12, cost_.prefill_seconds(static_cast<double>(total),
-                                                         static_cast<double>(p.batch.size()), sum_sq));
+  const double t = std::max(1e-12, cost_.prefill_pass_seconds(pass));
   push(now_ + t, kPrefillDone, rank);
 }
 
@@ -218,9 +388,15 @@ void Simulator::on_prefill_done(int rank) {
   p.busy_time += dur;
   for (int32_t j : p.batch) {
     Req& r = reqs_[j];
+    r.computed += r.chunk;
+    r.chunk = 0;
+    if (r.computed < r.prefill_tokens) continue;  // more chunks to come
+    r.computed = 0;
+    r.in_prefill = false;
     r.ctx = r.prefill_tokens;
     r.generated += 1;
-    if (r.t_first < 0) r.t_first = now_;
+    token(r);
+    // The KV goes out layer by layer during the last chunk's pass only.
     r.prefill_end = now_;
     r.prefill_dur = dur;
     r.prefill_rank = rank;
@@ -231,6 +407,8 @@ void Simulator::on_prefill_done(int rank) {
       handoffs_.push_back(j);
     }
   }
+  p.active.erase(std::remove_if(p.active.begin(), p.active.end(), [&](int32_t j) { return !reqs_[j].in_prefill; }),
+                 p.active.end());
   p.batch.clear();
   p.busy = false;
   dispatch_handoffs();
@@ -284,19 +462,11 @@ void Simulator::on_transfer_done(int32_t j) {
   try_start_prefill(rank);
 }
 
-// Admits ready sequences, makes room for one more token each (preempting the
-// newest when blocks run out) and starts a step. False when nothing runs.
-bool Simulator::start_decode_step(int d) {
+// Makes room for one more token of each running sequence, preempting the
+// newest when blocks run out (it goes back to the front of the router queue to
+// be prefilled again), and takes the blocks. True when it preempted.
+bool Simulator::make_room(int d) {
   DecodeRank& dr = decode_[d];
-  for (int32_t j : dr.ready) {
-    dr.running.push_back(j);
-    dr.ctx_sum += reqs_[j].ctx;
-  }
-  dr.ready.clear();
-  if (dr.running.empty()) {
-    dr.busy = false;
-    return false;
-  }
   int64_t need = 0;
   for (int32_t j : dr.running) {
     const Req& r = reqs_[j];
@@ -313,24 +483,38 @@ bool Simulator::start_decode_step(int d) {
     r.blocks = 0;
     // Recompute: prefill again over every token known so far.
     r.prefill_tokens = r.prompt + r.generated;
-    router_.push_front(v);
+    router_push(v, true);
     ++preemptions_;
     preempted = true;
   }
-  if (preempted) {
-    max_router_ = std::max<int64_t>(max_router_, static_cast<int64_t>(router_.size()));
-    // Colocated: coloc_next offers the preempted work to idle ranks after this step starts.
-    if (!c_.colocated) try_start_prefill_all();
-  }
-  if (dr.running.empty()) {
-    dr.busy = false;
-    return false;
-  }
+  if (preempted) max_router_ = std::max<int64_t>(max_router_, static_cast<int64_t>(router_.size()));
   for (int32_t j : dr.running) {
     Req& r = reqs_[j];
     const int64_t extra = blocks_for(static_cast<int64_t>(r.ctx) + 1) - r.blocks;
     r.blocks += static_cast<int32_t>(extra);
     dr.free_blocks -= extra;
+  }
+  return preempted;
+}
+
+// Admits ready sequences, makes room for one more token each (preempting the
+// newest when blocks run out) and starts a step. False when nothing runs.
+bool Simulator::start_decode_step(int d) {
+  DecodeRank& dr = decode_[d];
+  for (int32_t j : dr.ready) {
+    dr.running.push_back(j);
+    dr.ctx_sum += reqs_[j].ctx;
+  }
+  dr.ready.clear();
+  if (dr.running.empty()) {
+    dr.busy = false;
+    return false;
+  }
+  // Colocated: coloc_next offers the preempted work to idle ranks after this step starts.
+  if (make_room(d) && !c_.colocated) try_start_prefill_all();
+  if (dr.running.empty()) {
+    dr.busy = false;
+    return false;
   }
   const double batch = static_cast<double>(dr.running.size());
   const double t = std::max(1e-12, cost_.decode_step_seconds(batch, static_cast<double>(dr.ctx_sum) / batch));
@@ -343,15 +527,16 @@ bool Simulator::start_decode_step(int d) {
   return true;
 }
 
-void Simulator::on_decode_done(int d) {
+// The end of a decode step: a token for every running sequence.
+void Simulator::advance_decodes(int d) {
   DecodeRank& dr = decode_[d];
-  dr.decode_busy += now_ - dr.step_start;
   size_t keep = 0;
   for (size_t k = 0; k < dr.running.size(); ++k) {
     const int32_t j = dr.running[k];
     Req& r = reqs_[j];
     r.ctx += 1;
     r.generated += 1;
+    token(r);
     dr.ctx_sum += 1;
     if (r.generated >= r.output) {
       dr.free_blocks += r.blocks;
@@ -363,6 +548,12 @@ void Simulator::on_decode_done(int d) {
     }
   }
   dr.running.resize(keep);
+}
+
+void Simulator::on_decode_done(int d) {
+  DecodeRank& dr = decode_[d];
+  dr.decode_busy += now_ - dr.step_start;
+  advance_decodes(d);
   dr.busy = false;
   if (!c_.colocated) {
     dispatch_handoffs();
@@ -376,9 +567,17 @@ void Simulator::coloc_kick_idle() {
   }
 }
 
-// A colocated rank's next pass: a prefill of waiting prompts when any fit
-// (prefill first), else a decode step of its running sequences.
 void Simulator::coloc_next(int d) {
+  if (c_.chunk_tokens > 0) {
+    coloc_step(d);
+  } else {
+    coloc_whole(d);
+  }
+}
+
+// A colocated rank's next pass, unchunked: a prefill of waiting prompts when
+// any fit (prefill first), else a decode step of its running sequences.
+void Simulator::coloc_whole(int d) {
   DecodeRank& dr = decode_[d];
   if (dr.busy) return;
   int64_t total = 0;
@@ -412,8 +611,101 @@ void Simulator::coloc_next(int d) {
   if (preemptions_ != before) coloc_kick_idle();  // preempted work for other idle ranks
 }
 
+// A colocated rank's next step, chunked: all its running decodes (one token
+// each) plus prompt chunks under a prompt budget of max(S - running, S / 4).
+void Simulator::coloc_step(int d) {
+  DecodeRank& dr = decode_[d];
+  if (dr.busy) return;
+  const bool preempted = make_room(d);
+  const int64_t running = static_cast<int64_t>(dr.running.size());
+  ChunkRule rule;
+  rule.chunk_tokens = c_.chunk_tokens;
+  rule.token_budget = colocated_prompt_budget(c_.step_tokens, running);
+  rule.max_prompts = c_.max_decode_batch;  // the engine's colocated step: decode.max_running
+  ChunkPlanner pl(rule);
+  PrefillPass pass;
+  bool full = false;
+  for (int32_t j : dr.active) {
+    const Req& r = reqs_[j];
+    const int64_t rem = r.prefill_tokens - r.computed;
+    const int64_t g = pl.grant(rem);
+    if (g < 0) {
+      full = true;
+      break;
+    }
+    if (g == 0) continue;
+    pl.take(rem, g);
+    add_chunk(&dr.batch, &pass, j, g);
+  }
+  if (!full) {
+    take_from_router(pl, [&](int32_t j, int64_t g) {
+      if (running + static_cast<int64_t>(dr.active.size()) >= c_.max_decode_batch) return false;
+      Req& r = reqs_[j];
+      const int64_t k = r.prefill_tokens;
+      if (dr.free_blocks - blocks_for(k + 1) < watermark_) return false;
+      dr.free_blocks -= blocks_for(k);
+      r.blocks = static_cast<int32_t>(blocks_for(k));
+      r.in_prefill = true;
+      dr.active.push_back(j);
+      add_chunk(&dr.batch, &pass, j, g);
+      return true;
+    });
+  }
+  if (dr.batch.empty() && running == 0) {
+    dr.busy = false;
+    if (preempted) coloc_kick_idle();
+    return;
+  }
+  double t_decode = 0;
+  if (running > 0) {
+    const double batch = static_cast<double>(running);
+    t_decode = cost_.decode_step_seconds(batch, static_cast<double>(dr.ctx_sum) / batch);
+    ++decode_steps_;
+    decode_batch_sum_ += batch;
+  }
+  const double t_prefill = pass.empty() ? 0 : cost_.prefill_pass_seconds(pass);
+  dr.busy = true;
+  dr.prefill_phase = false;
+  dr.step_start = now_;
+  dr.step_decode = t_decode;
+  dr.step_prefill = t_prefill;
+  push(now_ + std::max(1e-12, t_decode + t_prefill), kColocDone, d);
+  if (preempted) coloc_kick_idle();  // preempted work for other idle ranks
+}
+
 void Simulator::on_coloc_done(int d) {
   DecodeRank& dr = decode_[d];
+  if (c_.chunk_tokens > 0) {
+    dr.decode_busy += dr.step_decode;
+    prefill_busy_ += dr.step_prefill;
+    advance_decodes(d);  // the decodes that ran (prompts finishing now join after)
+    for (int32_t j : dr.batch) {
+      Req& r = reqs_[j];
+      r.computed += r.chunk;
+      r.chunk = 0;
+      if (r.computed < r.prefill_tokens) continue;
+      r.computed = 0;
+      r.in_prefill = false;
+      r.ctx = r.prefill_tokens;
+      r.generated += 1;
+      token(r);
+      if (r.generated >= r.output) {
+        dr.free_blocks += r.blocks;
+        r.blocks = 0;
+        complete(j);
+      } else {
+        dr.running.push_back(j);
+        dr.ctx_sum += r.ctx;
+      }
+    }
+    dr.active.erase(
+        std::remove_if(dr.active.begin(), dr.active.end(), [&](int32_t j) { return !reqs_[j].in_prefill; }),
+        dr.active.end());
+    dr.batch.clear();
+    dr.busy = false;
+    coloc_step(d);
+    return;
+  }
   if (dr.prefill_phase) {
     const double dur = now_ - dr.step_start;
     prefill_busy_ += dur;
@@ -421,7 +713,7 @@ void Simulator::on_coloc_done(int d) {
       Req& r = reqs_[j];
       r.ctx = r.prefill_tokens;
       r.generated += 1;
-      if (r.t_first < 0) r.t_first = now_;
+      token(r);
       if (r.generated >= r.output) {
         dr.free_blocks += r.blocks;
         r.blocks = 0;
@@ -464,13 +756,21 @@ LatencyStats stats_of(std::vector<double>& v, double quantile) {
 Result<SimResult> Simulator::run(const Slo& slo) {
   generate();
   watermark_ = std::max<int64_t>(1, c_.decode_kv_blocks / 100);
+  prefill_rule_.chunk_tokens = c_.chunk_tokens;
+  prefill_rule_.token_budget = c_.prefill_token_budget;
+  prefill_rule_.max_prompts = c_.max_prefill_batch;
   if (!c_.colocated) prefill_.resize(static_cast<size_t>(c_.prefill_ranks));
   decode_.resize(static_cast<size_t>(c_.decode_ranks));
   for (DecodeRank& d : decode_) d.free_blocks = c_.decode_kv_blocks;
 
   // Bound on events: a runaway (e.g. endless preemption) ends as an error, not a hang.
+  // Chunked prefill adds a pass per chunk: at least min(C, budget) tokens each
+  // (a colocated step's prompt share is at least S / 4).
   double token_sum = 0;
-  for (const Req& r : reqs_) token_sum += r.output;
+  const double chunk = c_.chunk_tokens <= 0 ? 0
+                       : static_cast<double>(std::max<int64_t>(
+                             1, std::min(c_.chunk_tokens, c_.colocated ? c_.step_tokens / 4 : c_.prefill_token_budget)));
+  for (const Req& r : reqs_) token_sum += r.output + (chunk > 0 ? r.prompt / chunk : 0);
   const double max_events = 64.0 * (token_sum + static_cast<double>(reqs_.size())) + 1e6;
   double events = 0;
 
@@ -513,7 +813,7 @@ Result<SimResult> Simulator::run(const Slo& slo) {
     lo = 0;
     hi = n;
   }
-  std::vector<double> ttft, tpot, e2e, wait;
+  std::vector<double> ttft, tpot, e2e, wait, gap;
   ttft.reserve(hi - lo);
   e2e.reserve(hi - lo);
   wait.reserve(hi - lo);
@@ -534,6 +834,7 @@ Result<SimResult> Simulator::run(const Slo& slo) {
     if (r.output >= 2) {
       per_token = (r.t_done - r.t_first) / (r.output - 1);
       tpot.push_back(per_token);
+      gap.push_back(r.max_gap);
     }
     if (t1 <= slo.ttft_seconds && per_token <= slo.tpot_seconds) ++good;
   }
@@ -542,6 +843,7 @@ Result<SimResult> Simulator::run(const Slo& slo) {
   res.tpot = stats_of(tpot, slo.quantile);
   res.e2e = stats_of(e2e, slo.quantile);
   res.queue_wait = stats_of(wait, slo.quantile);
+  res.worst_gap = stats_of(gap, slo.quantile);
   const double span = reqs_[hi - 1].arrival - reqs_[lo].arrival;
   const double window = last_done - reqs_[lo].arrival;
   res.throughput_rps = window > 0 ? static_cast<double>(done) / window : 0;
@@ -550,6 +852,21 @@ Result<SimResult> Simulator::run(const Slo& slo) {
   res.slo_attainment = res.measured > 0 ? static_cast<double>(good) / static_cast<double>(res.measured) : 0;
   res.meets_slo = done == res.measured && res.ttft.at_quantile <= slo.ttft_seconds &&
                   res.tpot.at_quantile <= slo.tpot_seconds;
+  if (c_.record_requests) {
+    res.per_request.reserve(reqs_.size());
+    for (const Req& r : reqs_) {
+      RequestTiming t;
+      t.arrival = r.arrival;
+      t.prefill_start = r.t_prefill_start;
+      t.first_token = r.t_first;
+      t.done = r.t_done;
+      t.worst_gap = r.max_gap;
+      t.prompt = r.prompt;
+      t.output = r.output;
+      t.failed = r.failed;
+      res.per_request.push_back(t);
+    }
+  }
   res.mean_decode_batch = decode_steps_ > 0 ? decode_batch_sum_ / static_cast<double>(decode_steps_) : 0;
   if (res.makespan_seconds > 0) {
     double pb = prefill_busy_, db = 0;

@@ -11,6 +11,16 @@
 // the router queue at the front for recompute). Colocated ranks do both phases,
 // prefill first (a prefill pass stalls the rank's running decodes).
 //
+// Chunked prefill (ClusterConfig::chunk_tokens > 0), the engine's policy: a
+// pass computes prompt chunks chosen by ChunkPlanner (below); a prompt is
+// computed over several passes of the rank that started it, and its first
+// token (and its KV handoff, overlapped with its last chunk's pass only) comes
+// at the end of the pass computing its last chunk. A colocated rank then runs
+// mixed steps: every running decode (one token each) plus prompt chunks under
+// a prompt budget of max(step_tokens - running, step_tokens / 4), costing the
+// decode step plus the chunks' pass; a prompt whose last chunk ran joins the
+// running decodes (running + partly computed prompts <= max_decode_batch).
+//
 // Deterministic for a given seed: the workload (arrival times and lengths) is
 // drawn up front from per-stream generators, independent of the cluster config,
 // so two configs are compared on exactly the same requests.
@@ -36,7 +46,9 @@ struct ClusterConfig {
   bool colocated = false;
   int prefill_ranks = 1;             // disaggregated
   int decode_ranks = 1;              // disaggregated; colocated: the rank count
-  int64_t prefill_token_budget = 8192;  // tokens per prefill pass (a longer prompt runs alone)
+  int64_t prefill_token_budget = 8192;  // prompt tokens per prefill pass (unchunked: a longer prompt runs alone)
+  int64_t chunk_tokens = 0;          // chunked prefill: at most this many tokens of a longer prompt per pass; 0 = off
+  int64_t step_tokens = 512;         // colocated, chunked: tokens per step (decodes 1 each, prompts the rest)
   int max_prefill_batch = 256;       // prompts per prefill pass
   int max_decode_batch = 256;        // running sequences per decode (or colocated) rank
   int block_size = 16;               // tokens per KV block
@@ -45,8 +57,61 @@ struct ClusterConfig {
   bool overlap_transfer = true;      // send KV layer by layer during the prefill pass
   double warmup_fraction = 0.1;      // first requests left out of the statistics
   double cooldown_fraction = 0.05;   // last requests left out (the drain runs under less load)
+  bool record_requests = false;      // fill SimResult::per_request
 };
 Status validate_cluster(const ClusterConfig& c);
+
+// ---- Chunked prefill: which prompts get how many tokens in one pass ---------------
+
+// The engine's rule for one pass (a prefill rank's pass, or the prompt share of
+// a colocated step). Candidates are offered in arrival order (a prompt already
+// partly computed keeps its arrival place), each with r, its uncomputed tokens.
+//  - chunk_tokens C > 0: a candidate with r > C is "long"; only the pass's
+//    first long candidate gets a chunk, min(C, budget left); later long ones
+//    are skipped (later short ones may overtake them). A short candidate
+//    (r <= C) gets min(r, budget left): the last one may be cut.
+//  - C = 0 (whole prompts): each candidate gets all of r while the pass stays
+//    within the budget; the first one that does not fit ends the pass (FIFO),
+//    unless the pass is empty: a longer prompt runs alone.
+// The pass ends when its budget is used or it holds max_prompts prompts
+// (a prefill rank: ClusterConfig::max_prefill_batch; a colocated step:
+// max_decode_batch, as the engine's decode.max_running).
+struct ChunkRule {
+  int64_t chunk_tokens = 512;   // C; 0 = whole prompts
+  int64_t token_budget = 2048;  // prompt tokens in the pass
+  int64_t max_prompts = 16;     // prompts in the pass
+};
+
+class ChunkPlanner {
+ public:
+  explicit ChunkPlanner(const ChunkRule& rule) : rule_(rule) {}
+  // Tokens a candidate with `remaining` (> 0) uncomputed tokens would get if
+  // it were offered now: > 0 that many, 0 skipped (a long candidate after the
+  // pass's long one), -1 the pass is full (offer no more).
+  int64_t grant(int64_t remaining) const;
+  // Puts the candidate in the pass with `tokens` = grant(remaining) > 0.
+  void take(int64_t remaining, int64_t tokens);
+  int64_t tokens() const { return used_; }
+  int64_t prompts() const { return prompts_; }
+  bool long_taken() const { return long_taken_; }
+
+ private:
+  ChunkRule rule_;
+  int64_t used_ = 0;
+  int64_t prompts_ = 0;
+  bool long_taken_ = false;
+};
+
+// A colocated step's prompt budget: what `step_tokens` leaves after one token
+// per running decode, but at least a quarter of it (and at least 1).
+inline int64_t colocated_prompt_budget(int64_t step_tokens, int64_t running) {
+  const int64_t floor = step_tokens / 4 > 1 ? step_tokens / 4 : 1;
+  return step_tokens - running > floor ? step_tokens - running : floor;
+}
+
+// The rule applied to candidates in order: the tokens each gets in the pass
+// (0 for those not in it).
+std::vector<int64_t> plan_chunks(const std::vector<int64_t>& remaining, const ChunkRule& rule);
 
 struct Slo {
   double ttft_seconds = 1.0;   // time to first token
@@ -57,6 +122,18 @@ struct Slo {
 struct LatencyStats {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
   double at_quantile = 0;  // at Slo::quantile
+};
+
+// One request's simulated times (seconds from the start of the workload).
+struct RequestTiming {
+  double arrival = 0;
+  double prefill_start = -1;  // its first prefill pass began
+  double first_token = -1;
+  double done = -1;
+  double worst_gap = 0;       // its longest gap between two tokens
+  int32_t prompt = 0;
+  int32_t output = 0;
+  bool failed = false;
 };
 
 struct SimResult {
@@ -70,6 +147,7 @@ struct SimResult {
   LatencyStats tpot;            // seconds per token, requests with >= 2 output tokens
   LatencyStats e2e;
   LatencyStats queue_wait;      // arrival -> first prefill pass starts
+  LatencyStats worst_gap;       // per request (>= 2 output tokens): its longest gap between two tokens
   double throughput_rps = 0;    // measured completions / measurement window
   double goodput_rps = 0;       // measured requests within both SLOs / window
   double slo_attainment = 0;    // fraction of measured requests within both SLOs
@@ -79,6 +157,7 @@ struct SimResult {
   double prefill_utilization = 0;  // busy fraction of prefill work (colocated: of all work)
   double decode_utilization = 0;
   int64_t max_router_queue = 0;
+  std::vector<RequestTiming> per_request;  // every request in arrival order, with ClusterConfig::record_requests
 };
 
 // Runs one simulation. InvalidArgument naming the field for a bad workload or
