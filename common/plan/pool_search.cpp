@@ -1,6 +1,7 @@
 #include "plan/pool_search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace pd::plan {
@@ -146,6 +147,53 @@ Result<PoolPlan> plan_pools(const Workload& w, const ClusterConfig& base, const 
   }
   plan.simulations = s.simulations;
   return plan;
+}
+
+int recommend_layout(const std::vector<LayoutResult>& layouts) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(layouts.size()); ++i) {
+    if (best < 0) {
+      best = i;
+      continue;
+    }
+    const SimResult& a = layouts[i].result;
+    const SimResult& b = layouts[best].result;
+    const double tol = 1e-9 * std::max(std::abs(a.goodput_rps), std::abs(b.goodput_rps));
+    if (a.goodput_rps > b.goodput_rps + tol ||
+        (std::abs(a.goodput_rps - b.goodput_rps) <= tol && a.ttft.p90 < b.ttft.p90)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+Result<LayoutAnswer> compare_layouts(const Workload& w, const ClusterConfig& base, const PhaseCostModel& cost,
+                                     const Slo& slo, int ranks) {
+  if (ranks < 1 || ranks > 1024) {
+    return Status::invalid_argument("ranks: must be in [1, 1024], got " + std::to_string(ranks));
+  }
+  LayoutAnswer ans;
+  ans.ranks = ranks;
+  auto add = [&](bool colocated, int prefill, int decode) -> Status {
+    ClusterConfig c = base;
+    c.colocated = colocated;
+    c.prefill_ranks = colocated ? 1 : prefill;
+    c.decode_ranks = decode;
+    PD_ASSIGN_OR_RETURN(SimResult r, simulate(w, c, cost, slo));
+    LayoutResult l;
+    l.name = colocated ? "colocated x" + std::to_string(decode)
+                       : std::to_string(prefill) + "P+" + std::to_string(decode) + "D";
+    l.colocated = colocated;
+    l.prefill_ranks = colocated ? 0 : prefill;
+    l.decode_ranks = decode;
+    l.result = r;
+    ans.layouts.push_back(std::move(l));
+    return Status::ok();
+  };
+  PD_RETURN_IF_ERROR(add(true, 0, ranks));
+  for (int x = 1; x < ranks; ++x) PD_RETURN_IF_ERROR(add(false, x, ranks - x));
+  ans.recommended = recommend_layout(ans.layouts);
+  return ans;
 }
 
 }  // namespace pd::plan

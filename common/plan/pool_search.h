@@ -36,4 +36,29 @@ struct PoolPlan {
 Result<PoolPlan> plan_pools(const Workload& w, const ClusterConfig& base, const PhaseCostModel& cost,
                             const Slo& slo, const PoolSearchConfig& search);
 
+// ---- Which layout for N ranks: colocated xN or xP+yD ---------------------------
+
+struct LayoutResult {
+  std::string name;  // "colocated x2", "1P+1D"
+  bool colocated = false;
+  int prefill_ranks = 0;  // 0 when colocated
+  int decode_ranks = 0;   // colocated: all N
+  SimResult result;
+};
+
+struct LayoutAnswer {
+  int ranks = 0;
+  std::vector<LayoutResult> layouts;  // colocated xN, then 1P+(N-1)D ... (N-1)P+1D
+  int recommended = 0;                // index into layouts
+};
+
+// Simulates colocated xN and every xP+yD with x + y = N on the same requests;
+// `base` supplies everything but the pool sizes (chunking, budgets, KV pools).
+// InvalidArgument for bad input (ranks < 1 or above 1,024, a bad workload or config).
+Result<LayoutAnswer> compare_layouts(const Workload& w, const ClusterConfig& base, const PhaseCostModel& cost,
+                                     const Slo& slo, int ranks);
+// The rule: the highest goodput; on a tie (equal within 1e-9 relative) the
+// lower TTFT p90, then the earlier layout. -1 when `layouts` is empty.
+int recommend_layout(const std::vector<LayoutResult>& layouts);
+
 }  // namespace pd::plan
