@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "decode_node/scheduler.h"
+#include "sampling/logprobs.h"
 #include "serving/worker_main.h"
 #include "util/lifecycle.h"
 
@@ -29,6 +30,7 @@ const char* state_name(DecodeWorker::SeqState s) {
     case S::kReady: return "ready";
     case S::kRunning: return "running";
     case S::kPreempted: return "preempted";
+    case S::kPrefilling: return "prefilling";
     case S::kDraining: return "draining";
   }
   return "?";
@@ -39,9 +41,10 @@ bool legal(DecodeWorker::SeqState from, DecodeWorker::SeqState to) {
   switch (from) {
     case S::kOffered: return to == S::kReceiving;
     case S::kReceiving: return to == S::kReady || to == S::kDraining;
-    case S::kReady: return to == S::kRunning || to == S::kPreempted;
+    case S::kReady: return to == S::kRunning || to == S::kPreempted || to == S::kPrefilling;
     case S::kRunning: return to == S::kPreempted;
-    case S::kPreempted: return to == S::kRunning;
+    case S::kPreempted: return to == S::kRunning || to == S::kPrefilling;
+    case S::kPrefilling: return to == S::kRunning || to == S::kPreempted;
     case S::kDraining: return false;  // only ended (erased) from here
   }
   return false;
@@ -223,6 +226,7 @@ void DecodeWorker::on_rejoin(proto::Epoch epoch) {
   }
   offers_.clear();
   running_.clear();
+  prefilling_.clear();
   waiting_.clear();
   epoch_ = epoch;
   report_load(true);
@@ -248,6 +252,7 @@ void DecodeWorker::erase(Seq& s) {
   release(s);
   const proto::RequestId id = s.id;
   std::erase(running_, id);
+  std::erase(prefilling_, id);
   std::erase(waiting_, id);
   std::erase(offers_, id);
   seqs_.erase(id);
@@ -338,6 +343,7 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
     case SeqState::kReady:
     case SeqState::kRunning:
     case SeqState::kPreempted:
+    case SeqState::kPrefilling:
       return erase(s);
     case SeqState::kDraining:
       if (from_prefill) s.handoff.cancel(*transport_);
@@ -357,6 +363,7 @@ bool DecodeWorker::accept_offers() {
   // (Accepted handoffs join neither list, so this holds for the whole loop.)
   int64_t reserved = 0;
   for (proto::RequestId r : running_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
+  for (proto::RequestId r : prefilling_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
   for (proto::RequestId w : waiting_)
     if (const Seq* s = find_seq(w); s != nullptr && s->has_blocks) reserved += blocks.blocks_needed_to_append(seq_of(w), 1);
   while (!offers_.empty()) {
@@ -529,6 +536,7 @@ void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind ki
   spdlog::warn("decode rank {}: request {} failed: {}", roles_.self, s.id, reason);
   channel_->send(roles_.router, proto::RequestFailed{s.id, reason, kind});
   std::erase(running_, s.id);
+  std::erase(prefilling_, s.id);
   std::erase(waiting_, s.id);
   std::erase(offers_, s.id);
   if (s.state == SeqState::kReceiving) return drain(s);  // receives posted: blocks freed when they end
@@ -544,24 +552,32 @@ void DecodeWorker::release(Seq& s) {
   s.has_blocks = false;
 }
 
-bool DecodeWorker::step() {
-  // Every id in these lists has its Seq (cancel and fail remove both); drop any
-  // that does not rather than trust it, so a missed erase cannot end the rank.
-  std::erase_if(running_, [&](proto::RequestId id) { return !seqs_.count(id); });
-  std::erase_if(waiting_, [&](proto::RequestId id) { return !seqs_.count(id); });
-  if (running_.empty() && waiting_.empty()) return false;
-  KvBlockManager& blocks = *engine_->blocks;
+bool DecodeWorker::chunked() const { return cfg_.prefill.chunk_tokens > 0; }
 
-  // ---- plan
+int64_t DecodeWorker::compute_target(const Seq& s) const {
+  // A new prompt computes all its tokens (logits for token 1); a preempted
+  // sequence recomputes all but its last token, which its next step feeds.
+  return static_cast<int64_t>(s.tokens.size()) - (s.n_generated == 0 ? 0 : 1);
+}
+
+// The scheduler's view of this iteration. Admission order: sequences whose KV
+// arrived (they hold blocks and need at most one more), then preempted ones
+// (oldest first), then prompts this rank prefills itself (colocated). Chunked
+// (prefill.chunk_tokens > 0): `chunks` gets this step's prompt chunks
+// (serving/prefill_chunks.h) over the sequences being prefilled and the
+// waiting ones to compute, under the step's token budget; only waiting
+// sequences given a chunk are offered for admission. Sequences being
+// prefilled count as running (they hold their blocks and may be preempted).
+// Whole prompts: they count against prefill.token_budget instead.
+SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
+  KvBlockManager& blocks = *engine_->blocks;
+  auto held = [&](proto::RequestId id) { return static_cast<int64_t>(blocks.block_table(seq_of(id)).size()); };
   SchedulerInput in;
   in.free_blocks = blocks.num_free_blocks();
   in.max_running = cfg_.decode.max_running;
   for (proto::RequestId id : running_)
-    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1),
-                          static_cast<int64_t>(blocks.block_table(seq_of(id)).size()), seqs_.at(id).order});
-  // Admission order: sequences whose KV arrived (they hold blocks and need at
-  // most one more), then preempted ones (oldest first), then prompts this rank
-  // prefills itself (colocated), which count against the prefill token budget.
+    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1), held(id), seqs_.at(id).order});
+  for (proto::RequestId id : prefilling_) in.running.push_back({id, 0, held(id), seqs_.at(id).order});
   auto rank_of = [&](const Seq& s) { return !s.needs_compute ? 0 : s.state == SeqState::kPreempted ? 1 : 2; };
   std::vector<proto::RequestId> order(waiting_.begin(), waiting_.end());
   std::stable_sort(order.begin(), order.end(), [&](proto::RequestId a, proto::RequestId b) {
@@ -569,30 +585,54 @@ bool DecodeWorker::step() {
     if (rank_of(sa) != rank_of(sb)) return rank_of(sa) < rank_of(sb);
     return sa.order < sb.order;
   });
+  std::unordered_set<proto::RequestId> given_chunk;
+  if (chunked()) {
+    std::vector<PrefillCandidate> candidates;
+    for (proto::RequestId id : prefilling_) {
+      const Seq& s = seqs_.at(id);
+      candidates.push_back({id, compute_target(s) - s.computed});
+    }
+    for (proto::RequestId id : order)
+      if (seqs_.at(id).needs_compute) candidates.push_back({id, compute_target(seqs_.at(id))});
+    const ChunkPolicy policy{colocated_prompt_budget(cfg_.decode.step_tokens, static_cast<int64_t>(running_.size())),
+                             cfg_.prefill.chunk_tokens, cfg_.decode.max_running};
+    chunks = plan_prefill_chunks(candidates, policy);
+    for (const PrefillChunk& c : chunks) given_chunk.insert(c.id);
+  }
   int64_t compute_tokens = 0;
   for (proto::RequestId id : order) {
     const Seq& s = seqs_.at(id);
     int64_t need;
     if (s.needs_compute) {
       const int64_t n = static_cast<int64_t>(s.tokens.size());
-      if (compute_tokens > 0 && compute_tokens + n > cfg_.prefill.token_budget) break;
-      compute_tokens += n;
+      if (chunked()) {
+        if (!given_chunk.count(id)) continue;
+      } else {
+        if (compute_tokens > 0 && compute_tokens + n > cfg_.prefill.token_budget) break;
+        compute_tokens += n;
+      }
       need = blocks_for_tokens(s.n_generated == 0 ? n + 1 : n);
     } else {
       need = blocks.blocks_needed_to_append(seq_of(id), 1);
     }
-    const int64_t held = s.has_blocks ? static_cast<int64_t>(blocks.block_table(seq_of(id)).size()) : 0;
-    in.waiting.push_back({id, need, held});
+    in.waiting.push_back({id, need, s.has_blocks ? held(id) : 0});
   }
-  const SchedulerPlan plan = schedule_iteration(in);
+  return in;
+}
 
-  // ---- commit
+// Applies the scheduler's plan: preemptions and evictions free blocks (the
+// sequence is recomputed later); admitted sequences join the batch, or start
+// computing their KV — chunk by chunk (kPrefilling), or whole (returned).
+std::vector<proto::RequestId> DecodeWorker::commit(const SchedulerPlan& plan) {
   for (uint64_t id : plan.preempt) {
     Seq& s = seqs_.at(id);
     release(s);
     s.needs_compute = true;
+    s.computed = 0;
+    s.prompt_logprobs.clear();
     set_state(s, SeqState::kPreempted);
     std::erase(running_, id);
+    std::erase(prefilling_, id);
     waiting_.push_front(id);
     ++preemptions_;
     spdlog::debug("decode rank {}: preempted request {} ({} tokens)", roles_.self, id, s.tokens.size());
@@ -604,96 +644,192 @@ bool DecodeWorker::step() {
     set_state(s, SeqState::kPreempted);
     ++preemptions_;
   }
-  const bool progressed = !plan.admit.empty() || !running_.empty() || !plan.evict.empty();
-  proto::TokenEvents events;
-  std::vector<proto::RequestId> to_compute;
+  std::vector<proto::RequestId> whole;
   for (uint64_t id : plan.admit) {
     Seq& s = seqs_.at(id);
     std::erase(waiting_, id);
-    if (s.needs_compute) to_compute.push_back(id);
-    else {
+    if (!s.needs_compute) {
       set_state(s, SeqState::kRunning);
       running_.push_back(id);
+    } else if (!chunked()) {
+      whole.push_back(id);
+    } else if (Status st = start_prefill(s); !st.is_ok()) {
+      fail(s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
     }
   }
-  if (!to_compute.empty()) {
-    if (Status st = compute_local(to_compute, events); !st.is_ok()) {
-      for (proto::RequestId id : to_compute)
+  return whole;
+}
+
+Status DecodeWorker::start_prefill(Seq& s) {
+  const auto toks = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(compute_target(s)));
+  PD_RETURN_IF_ERROR(engine_->blocks->allocate(seq_of(s.id), toks).status());  // no prefix sharing on decode ranks
+  s.has_blocks = true;
+  s.kv_complete = false;  // until its last chunk is written
+  s.computed = 0;
+  s.prefill_started = env_->now();
+  set_state(s, SeqState::kPrefilling);
+  prefilling_.push_back(s.id);
+  return Status::ok();
+}
+
+bool DecodeWorker::step() {
+  // Every id in these lists has its Seq (cancel and fail remove both); drop any
+  // that does not rather than trust it, so a missed erase cannot end the rank.
+  for (auto* list : {&running_, &prefilling_})
+    std::erase_if(*list, [&](proto::RequestId id) { return !seqs_.count(id); });
+  std::erase_if(waiting_, [&](proto::RequestId id) { return !seqs_.count(id); });
+  if (running_.empty() && waiting_.empty() && prefilling_.empty()) return false;
+
+  std::vector<PrefillChunk> chunks;
+  const SchedulerPlan plan = schedule_iteration(plan_input(chunks));
+  const std::vector<proto::RequestId> whole = commit(plan);
+  const bool progressed = !plan.admit.empty() || !running_.empty() || !prefilling_.empty() || !plan.evict.empty();
+  proto::TokenEvents events;
+  if (!whole.empty()) {
+    if (Status st = compute_local(whole, events); !st.is_ok()) {
+      for (proto::RequestId id : whole)
         if (seqs_.count(id)) fail(seqs_.at(id), "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
     }
   }
-
-  // ---- one decode step for every running sequence
-  if (!running_.empty()) {
-    const auto step_start = env_->now();
-    if (step_tables_.size() < running_.size()) step_tables_.resize(running_.size());
-    step_batch_.resize(running_.size());
-    std::vector<std::vector<int32_t>>& tables = step_tables_;
-    std::vector<SequenceBatch>& batch = step_batch_;
-    std::vector<proto::RequestId>& stepped = stepped_;
-    stepped.clear();
-    for (size_t i = 0; i < running_.size(); ++i) {
-      Seq& s = seqs_.at(running_[i]);
-      const SeqId sid = seq_of(s.id);
-      if (Status st = blocks.append(sid, std::span<const int32_t>(&s.tokens.back(), 1), nullptr); !st.is_ok()) {
-        spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
-        continue;  // the scheduler planned room; should not happen — retried next iteration
-      }
-      tables[i].clear();
-      for (BlockId b : blocks.block_table(sid)) tables[i].push_back(b.value);
-      SequenceBatch& sb = batch[stepped.size()];
-      sb.tokens = std::span<const int32_t>(&s.tokens.back(), 1);
-      sb.start_pos = static_cast<int32_t>(s.tokens.size()) - 1;
-      sb.block_table = tables[i];
-      sb.want_logits = true;
-      stepped.push_back(s.id);
-    }
-    batch.resize(stepped.size());
-    Status st = engine_->model->decode(batch, engine_->cache, &logits_);
-    if (!st.is_ok()) {
-      device_fault_ = engine_->backend->device_health();
-      for (proto::RequestId id : stepped) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
-    } else {
-      const int64_t vocab = engine_->config().vocab;
-      for (size_t i = 0; i < stepped.size(); ++i) {
-        Seq& s = seqs_.at(stepped[i]);
-        const std::span<float> row(logits_.data() + i * vocab, static_cast<size_t>(vocab));
-        if (s.params.logprobs >= 0) raw_row_.assign(row.begin(), row.end());  // sample() may modify the row
-        const TokenId t = s.sampler->sample(row);
-        s.sampler->accept(t);
-        s.tokens.push_back(t);
-        ++s.n_generated;
-        const StopReason stop = check_stop(s.params, t, engine_->eos_id, s.n_generated);
-        proto::TokenEvent ev;
-        ev.id = s.id;
-        ev.first_index = s.n_generated - 1;
-        ev.tokens = {t};
-        if (s.params.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw_row_, t, s.params.logprobs));
-        ev.finish = finish_of(stop);
-        if (!s.timing_sent) {
-          ev.queue_s = seconds(step_start - s.received);
-          s.timing_sent = true;
-        }
-        events.events.push_back(std::move(ev));
-        if (stop != StopReason::kNone) erase(s);
-      }
-    }
-  }
+  // Chunks of sequences still being prefilled (a preempted one dropped out).
+  std::erase_if(chunks, [&](const PrefillChunk& c) {
+    const Seq* s = find_seq(c.id);
+    return s == nullptr || s->state != SeqState::kPrefilling;
+  });
+  if (!running_.empty() || !chunks.empty()) run_step(chunks, events);
   if (!events.events.empty()) channel_->send(roles_.router, events);
   return progressed;
 }
 
+// One forward pass: a decode token for every running sequence, then this
+// step's prompt chunks (chunked prefill: the decodes ride along a chunk's pass
+// instead of waiting for the whole prompt).
+void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::TokenEvents& events) {
+  KvBlockManager& blocks = *engine_->blocks;
+  const auto step_start = env_->now();
+  const size_t n_seqs = running_.size() + chunks.size();
+  if (step_tables_.size() < n_seqs) step_tables_.resize(n_seqs);
+  step_batch_.resize(n_seqs);
+  stepped_.clear();
+  size_t used = 0;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Seq& s = seqs_.at(running_[i]);
+    const SeqId sid = seq_of(s.id);
+    if (Status st = blocks.append(sid, std::span<const int32_t>(&s.tokens.back(), 1), nullptr); !st.is_ok()) {
+      spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
+      continue;  // the scheduler planned room; should not happen — retried next iteration
+    }
+    std::vector<int32_t>& table = step_tables_[used];
+    table.clear();
+    for (BlockId b : blocks.block_table(sid)) table.push_back(b.value);
+    step_batch_[used++] = SequenceBatch{std::span<const int32_t>(&s.tokens.back(), 1),
+                                        static_cast<int32_t>(s.tokens.size()) - 1, table, true, false};
+    stepped_.push_back(s.id);
+  }
+  for (const PrefillChunk& c : chunks) {
+    Seq& s = seqs_.at(c.id);
+    std::vector<int32_t>& table = step_tables_[used];
+    table.clear();
+    for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
+    const bool fresh = s.n_generated == 0;
+    const bool last = s.computed + c.tokens == compute_target(s);
+    step_batch_[used++] = SequenceBatch{
+        std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed), static_cast<size_t>(c.tokens)),
+        static_cast<int32_t>(s.computed), table, fresh && last, fresh && s.params.prompt_logprobs};
+  }
+  step_batch_.resize(used);
+  Status st = engine_->model->forward(step_batch_, engine_->cache, &logits_);
+  if (!st.is_ok()) {
+    device_fault_ = engine_->backend->device_health();
+    for (proto::RequestId id : stepped_) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
+    for (const PrefillChunk& c : chunks)
+      if (Seq* s = find_seq(c.id)) fail(*s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
+    return;
+  }
+  const int64_t vocab = engine_->config().vocab;
+  auto rows = [&](size_t first, size_t n) {
+    return std::span<float>(logits_).subspan(first * vocab, n * static_cast<size_t>(vocab));
+  };
+  for (size_t i = 0; i < stepped_.size(); ++i) {
+    Seq& s = seqs_.at(stepped_[i]);
+    proto::TokenEvent ev = next_token_event(s, rows(i, 1));
+    if (!s.timing_sent) {
+      ev.queue_s = seconds(step_start - s.received);
+      s.timing_sent = true;
+    }
+    const bool stop = ev.finish != proto::Finish::kNone;
+    events.events.push_back(std::move(ev));
+    if (stop) erase(s);
+  }
+  size_t row = stepped_.size();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const SequenceBatch& sb = step_batch_[stepped_.size() + i];
+    const size_t n_rows = sb.all_logits ? sb.tokens.size() : sb.want_logits ? 1 : 0;
+    finish_local_chunk(seqs_.at(chunks[i].id), chunks[i].tokens, rows(row, n_rows), events);
+    row += n_rows;
+  }
+}
+
+// A sequence's chunk is in the cache. With its whole KV computed it joins the
+// running batch — a new prompt first samples token 1 from `rows`' last row.
+void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, proto::TokenEvents& events) {
+  const int64_t vocab = engine_->config().vocab;
+  if (s.n_generated == 0 && s.params.prompt_logprobs) {
+    // Row r of this chunk (which starts at s.computed) predicts prompt token s.computed + r + 1.
+    for (int64_t p = s.computed + 1; p <= s.computed + n && p < s.n_prompt; ++p)
+      s.prompt_logprobs.push_back(token_logprob(rows.subspan((p - 1 - s.computed) * vocab, static_cast<size_t>(vocab)),
+                                                s.tokens[static_cast<size_t>(p)], s.params.logprobs));
+  }
+  s.computed += n;
+  if (s.computed < compute_target(s)) return;
+  std::erase(prefilling_, s.id);
+  s.needs_compute = false;
+  s.kv_complete = true;
+  if (s.n_generated > 0) {  // resumed after preemption
+    set_state(s, SeqState::kRunning);
+    running_.push_back(s.id);
+    return;
+  }
+  s.sampler.emplace(s.params);
+  proto::TokenEvent ev = next_token_event(s, rows.subspan(rows.size() - static_cast<size_t>(vocab)));
+  ev.prompt_logprobs = std::move(s.prompt_logprobs);
+  ev.queue_s = seconds(s.prefill_started - s.arrived);
+  ev.prefill_s = seconds(env_->now() - s.prefill_started);
+  s.timing_sent = true;
+  const bool stop = ev.finish != proto::Finish::kNone;
+  events.events.push_back(std::move(ev));
+  if (stop) return erase(s);
+  set_state(s, SeqState::kRunning);
+  running_.push_back(s.id);
+}
+
+// Samples the sequence's next token from its logits row (its sampler set up),
+// appends it, and returns its event (no timings).
+proto::TokenEvent DecodeWorker::next_token_event(Seq& s, std::span<float> row) {
+  if (s.params.logprobs >= 0) raw_row_.assign(row.begin(), row.end());  // sample() may modify the row
+  const TokenId t = s.sampler->sample(row);
+  s.sampler->accept(t);
+  s.tokens.push_back(t);
+  ++s.n_generated;
+  proto::TokenEvent ev;
+  ev.id = s.id;
+  ev.first_index = s.n_generated - 1;
+  ev.tokens = {t};
+  if (s.params.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw_row_, t, s.params.logprobs));
+  ev.finish = finish_of(check_stop(s.params, t, engine_->eos_id, s.n_generated));
+  return ev;
+}
+
+// Whole prompts (prefill.chunk_tokens = 0): one pass computes the KV of every
+// admitted sequence; new prompts sample token 1; all join the running batch.
 Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events) {
   KvBlockManager& blocks = *engine_->blocks;
   std::vector<std::vector<int32_t>> tables(ids.size());
   std::vector<SequenceBatch> batch(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     Seq& s = seqs_.at(ids[i]);
-    // A new prompt computes all its tokens (logits for token 1); a preempted
-    // sequence recomputes all but its last token, which its next step feeds.
     const bool fresh = s.n_generated == 0;
-    const size_t n = fresh ? s.tokens.size() : s.tokens.size() - 1;
-    const std::span<const int32_t> toks(s.tokens.data(), n);
+    const std::span<const int32_t> toks(s.tokens.data(), static_cast<size_t>(compute_target(s)));
     PD_ASSIGN_OR_RETURN(int64_t cached, blocks.allocate(seq_of(s.id), toks));
     (void)cached;  // no prefix sharing on decode ranks
     s.has_blocks = true;
@@ -720,31 +856,22 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
       running_.push_back(id);
       continue;
     }
-    proto::TokenEvent ev;
+    std::vector<LogprobEntry> prompt_logprobs;
     if (batch[i].all_logits) {
       // Row p - 1 of this prompt predicts its token p.
       for (size_t p = 1; p < batch[i].tokens.size(); ++p)
-        ev.prompt_logprobs.push_back(token_logprob(row_at(row + p - 1), s.tokens[p], s.params.logprobs));
+        prompt_logprobs.push_back(token_logprob(row_at(row + p - 1), s.tokens[p], s.params.logprobs));
       row += batch[i].tokens.size() - 1;
     }
-    const std::span<float> last = row_at(row++);
-    if (s.params.logprobs >= 0) raw_row_.assign(last.begin(), last.end());  // sample() may modify the row
     s.sampler.emplace(s.params);
-    const TokenId t = s.sampler->sample(last);
-    s.sampler->accept(t);
-    s.tokens.push_back(t);
-    s.n_generated = 1;
-    const StopReason stop = check_stop(s.params, t, engine_->eos_id, 1);
-    ev.id = id;
-    ev.first_index = 0;
-    ev.tokens = {t};
-    if (s.params.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw_row_, t, s.params.logprobs));
-    ev.finish = finish_of(stop);
+    proto::TokenEvent ev = next_token_event(s, row_at(row++));
+    ev.prompt_logprobs = std::move(prompt_logprobs);
     ev.queue_s = seconds(t0 - s.arrived);
     ev.prefill_s = prefill_s;
     s.timing_sent = true;
+    const bool stop = ev.finish != proto::Finish::kNone;
     events.events.push_back(std::move(ev));
-    if (stop != StopReason::kNone) {
+    if (stop) {
       erase(s);
     } else {
       set_state(s, SeqState::kRunning);
@@ -757,7 +884,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
 void DecodeWorker::report_load(bool force) {
   proto::LoadReport r;
   r.waiting = static_cast<int32_t>(offers_.size() + waiting_.size());
-  r.running = static_cast<int32_t>(running_.size());
+  r.running = static_cast<int32_t>(running_.size() + prefilling_.size());
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.preemptions = preemptions_;

@@ -10,8 +10,12 @@
 //   kReady -> kPreempted: a waiting holder evicted to break a deadlock.
 //   kReceiving -> kDraining: ended while receives are posted; the blocks are
 //   freed only when MPI can no longer write into them (below).
+//   kReady/kPreempted -> kPrefilling (KV computed here chunk by chunk, each
+//   chunk in a step beside the running decodes) -> kRunning | kPreempted.
 // In colocated mode the router sends prompts here directly (kReady, KV to
-// compute) and this rank prefills them itself before they join the batch.
+// compute) and this rank prefills them itself before they join the batch:
+// chunked (prefill.chunk_tokens > 0; each step holds decode.step_tokens
+// tokens, Sarathi-style), or whole in a pass before the step (chunk_tokens 0).
 //
 // When may blocks under a receive be reused? When every receive completed or
 // was cancelled (MPI reports it). A receive already matched to a send cannot
@@ -36,13 +40,16 @@
 
 #include "config/cluster_config.h"
 #include "decode_node/kv_tags.h"
+#include "decode_node/scheduler.h"
 #include "kvtransfer/handoff_receiver.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
 #include "protocol/mpi_channel.h"
 #include "protocol/peer_epochs.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 #include "serving/engine.h"
+#include "serving/prefill_chunks.h"
 
 namespace pd {
 
@@ -73,7 +80,7 @@ class DecodeWorker {
   void set_kv_tag_span(int span) { tag_span_ = span; }
 
  private:
-  enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kDraining };
+  enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kPrefilling, kDraining };
   friend const char* state_name(SeqState s);
   friend bool legal(SeqState from, SeqState to);
   struct Seq {
@@ -88,6 +95,9 @@ class DecodeWorker {
     bool has_blocks = false;
     bool kv_complete = false;          // every block it holds has its KV written
     bool needs_compute = false;        // colocated prompt or preempted: KV to (re)compute locally
+    int64_t computed = 0;              // kPrefilling: leading tokens whose KV this rank has computed
+    Clock::time_point prefill_started; // its first chunk's step
+    std::vector<LogprobEntry> prompt_logprobs;  // gathered chunk by chunk
     uint64_t order = 0;                // arrival order (preempted sequences resume oldest first)
     // transfer
     KvPathChoice path;                 // how its KV travels (from the offer's and this rank's endpoints)
@@ -116,6 +126,14 @@ class DecodeWorker {
   bool progress_transfers();
   void check_deadlines();
   bool step();
+  bool chunked() const;
+  int64_t compute_target(const Seq& s) const;
+  SchedulerInput plan_input(std::vector<PrefillChunk>& chunks);
+  std::vector<proto::RequestId> commit(const SchedulerPlan& plan);
+  Status start_prefill(Seq& s);
+  void run_step(const std::vector<PrefillChunk>& chunks, proto::TokenEvents& events);
+  void finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, proto::TokenEvents& events);
+  proto::TokenEvent next_token_event(Seq& s, std::span<float> row);
   Status compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events);
   void finish_transfer(Seq& s);
   void fail(Seq& s, const std::string& reason, proto::FailureKind kind);
@@ -137,6 +155,7 @@ class DecodeWorker {
   std::unordered_map<proto::RequestId, Seq> seqs_;
   std::deque<proto::RequestId> offers_;    // offered, waiting for room (FIFO)
   std::vector<proto::RequestId> running_;  // admission order
+  std::vector<proto::RequestId> prefilling_;  // computing their KV chunk by chunk, admission order
   std::deque<proto::RequestId> waiting_;   // ready or preempted, in admission order
   std::map<proto::RequestId, Clock::time_point> cancelled_;  // tombstones: cancel before offer
   uint64_t next_order_ = 0;

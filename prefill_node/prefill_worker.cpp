@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
+#include "serving/prefill_chunks.h"
 #include "serving/worker_main.h"
 #include "util/lifecycle.h"
 
@@ -34,6 +36,7 @@ const char* state_name(PrefillWorker::JobState s) {
   switch (s) {
     case S::kQueued: return "queued";
     case S::kComputing: return "computing";
+    case S::kPrefilling: return "prefilling";
     case S::kHeld: return "held";
     case S::kSending: return "sending";
     case S::kAborted: return "aborted";
@@ -45,7 +48,9 @@ bool legal(PrefillWorker::JobState from, PrefillWorker::JobState to) {
   using S = PrefillWorker::JobState;
   switch (from) {
     case S::kQueued: return to == S::kComputing;
-    case S::kComputing: return to == S::kHeld || to == S::kSending || to == S::kAborted;
+    case S::kComputing:
+      return to == S::kHeld || to == S::kSending || to == S::kAborted || to == S::kPrefilling;
+    case S::kPrefilling: return to == S::kComputing;
     case S::kHeld: return to == S::kSending;
     case S::kSending:
     case S::kAborted: return false;  // only ended (erased) from here
@@ -77,7 +82,8 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
       auto it = jobs_.find(id);
       if (it == jobs_.end()) continue;
       Job& job = it->second;
-      if (job.state != JobState::kComputing) continue;
+      // A layer of the prompt is complete when its last chunk writes it.
+      if (job.state != JobState::kComputing || !job.last_chunk()) continue;
       if (engine_->kv_checksum) {
         Result<uint64_t> sum = kv_region_checksum(
             *engine_->backend, *engine_->cache.buffer,
@@ -91,7 +97,7 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
     handle_messages(/*in_pass=*/true);
     for (proto::RequestId id : batch_) {
       Job* job = find_job(id);
-      if (job != nullptr && job->state == JobState::kComputing) post_written(*job);
+      if (job != nullptr && job->state == JobState::kComputing && job->last_chunk()) post_written(*job);
     }
     progress_transfers();  // what went out during the pass counts as hidden
     report_load(false);
@@ -313,6 +319,7 @@ void PrefillWorker::on_cancel(proto::RequestId id) {
   switch (job->state) {
     case JobState::kQueued:
     case JobState::kComputing:
+    case JobState::kPrefilling:
     case JobState::kHeld:
       channel_->send(job->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});
       end(id);
@@ -372,76 +379,130 @@ void PrefillWorker::post_written(Job& job) {
   job.handoff.post_written(*transport_, region_of(job), env_->now());
 }
 
-bool PrefillWorker::run_batch() {
-  if (queue_.empty()) return false;
+// Remaining tokens of a prompt that has not started: what the prefix cache does
+// not hold (prompt logprobs need every position: such a prompt reuses nothing).
+int64_t PrefillWorker::uncached_tokens(const Job& job) const {
+  const int64_t n = static_cast<int64_t>(job.req.prompt.size());
+  return job.req.sampling.prompt_logprobs ? n : n - engine_->blocks->cached_prefix_tokens(job.req.prompt);
+}
+
+// Blocks the started prompts will still take for their later chunks: set
+// aside, so a prompt once started always finishes (no two half-computed
+// prompts can wait on each other's blocks).
+int64_t PrefillWorker::reserved_blocks() const {
+  int64_t reserved = 0;
+  for (const auto& [id, job] : jobs_)
+    if (job.state == JobState::kPrefilling)
+      reserved += engine_->blocks->blocks_needed_to_append(
+          seq_of(id), static_cast<int>(static_cast<int64_t>(job.req.prompt.size()) - job.done));
+  return reserved;
+}
+
+// Places the job's next chunk, tokens [job.done, end), in its blocks. The
+// first chunk creates the sequence (reusing cached prefix blocks unless prompt
+// logprobs need every position; job.done becomes what the cache held); a
+// block is registered for reuse only when the pass that writes it is next.
+Status PrefillWorker::place_chunk(Job& job, int64_t end) {
   KvBlockManager& blocks = *engine_->blocks;
-  std::vector<SequenceBatch> seqs;
-  batch_.clear();
-  int64_t budget = cfg_.prefill.token_budget;
-  while (!queue_.empty() && static_cast<int>(batch_.size()) < cfg_.prefill.max_batch) {
-    Job* queued = find_job(queue_.front());
-    if (queued == nullptr || queued->state != JobState::kQueued) {  // ended while queued
-      queue_.pop_front();
-      continue;
-    }
-    Job& job = *queued;
+  const SeqId seq = seq_of(job.req.id);
+  const std::span<const int32_t> prompt(job.req.prompt);
+  if (!job.has_seq) {
+    Result<int64_t> cached = job.req.sampling.prompt_logprobs
+                                 ? allocate_uncached(blocks, seq, prompt.first(static_cast<size_t>(end)))
+                                 : blocks.allocate(seq, prompt.first(static_cast<size_t>(end)));
+    PD_RETURN_IF_ERROR(cached.status());
+    job.has_seq = true;
+    job.cached = job.done = *cached;
+  } else {
+    std::vector<BlockCopy> copies;  // a prompt's last block is its own: nothing to copy
+    PD_RETURN_IF_ERROR(blocks.append(seq, prompt.subspan(static_cast<size_t>(job.done),
+                                                         static_cast<size_t>(end - job.done)), &copies));
+    if (!copies.empty()) return Status::internal("prefill: a prompt's block was shared while it was computed");
+  }
+  job.chunk_end = end;
+  job.table.clear();
+  for (BlockId b : blocks.block_table(seq)) job.table.push_back(b.value);
+  return Status::ok();
+}
+
+// Chooses the next pass: chunks of waiting and started prompts under the
+// token budget (serving/prefill_chunks.h), a prompt that has not started only
+// if its whole prompt's blocks are free beside what started ones will take.
+// Fills batch_ (the jobs become kComputing).
+void PrefillWorker::plan_pass() {
+  std::erase_if(queue_, [&](proto::RequestId id) { return find_job(id) == nullptr; });
+  std::vector<PrefillCandidate> candidates;
+  for (proto::RequestId id : queue_) {
+    const Job& job = jobs_.at(id);
+    if (job.state == JobState::kQueued) candidates.push_back({id, uncached_tokens(job)});
+    else if (job.state == JobState::kPrefilling)
+      candidates.push_back({id, static_cast<int64_t>(job.req.prompt.size()) - job.done});
+  }
+  const ChunkPolicy policy{cfg_.prefill.token_budget, cfg_.prefill.chunk_tokens, cfg_.prefill.max_batch};
+  KvBlockManager& blocks = *engine_->blocks;
+  int64_t free = blocks.num_free_blocks() - reserved_blocks();
+  bool may_start = true;  // no overtaking among prompts that have not started
+  for (const PrefillChunk& chunk : plan_prefill_chunks(candidates, policy)) {
+    Job& job = jobs_.at(chunk.id);
     const int64_t n = static_cast<int64_t>(job.req.prompt.size());
-    if (!batch_.empty() && n > budget) break;  // one prompt may exceed the budget alone
-    // Prompt logprobs need the logits of every position: such a prompt reuses no cached prefix.
-    const bool all_logits = job.req.sampling.prompt_logprobs;
-    const int64_t needed = all_logits ? blocks.blocks_needed_to_append(seq_of(job.req.id), static_cast<int>(n))
-                                      : blocks.blocks_needed_for_prompt(job.req.prompt);
-    if (needed > blocks.num_free_blocks()) {
-      // Held KV (offers not yet accepted) and sends in flight free blocks later.
-      // A prompt that cannot fit even in an empty pool fails now.
-      if (batch_.empty() && blocks.num_free_blocks() == blocks.num_blocks()) {
-        const proto::RequestId id = job.req.id;
-        queue_.pop_front();
-        fail(job, "prompt of " + std::to_string(n) + " tokens does not fit this prefill rank's KV pool (" +
-                      std::to_string(blocks.num_blocks() * blocks.block_size()) + " tokens; raise kv.prefill_budget_mb)",
-             proto::FailureKind::kInvalid, true);
-        (void)id;
+    int64_t end = job.done + chunk.tokens;
+    if (job.state == JobState::kQueued) {
+      if (!may_start) continue;
+      const int64_t needed = job.req.sampling.prompt_logprobs
+                                 ? blocks.blocks_needed_to_append(seq_of(job.req.id), static_cast<int>(n))
+                                 : blocks.blocks_needed_for_prompt(job.req.prompt);
+      if (needed > free) {
+        // Held KV (offers not yet accepted) and sends in flight free blocks
+        // later. A prompt that cannot fit even in an empty pool fails now.
+        if (batch_.empty() && blocks.num_free_blocks() == blocks.num_blocks() && reserved_blocks() == 0)
+          fail(job, "prompt of " + std::to_string(n) + " tokens does not fit this prefill rank's KV pool (" +
+                        std::to_string(blocks.num_blocks() * blocks.block_size()) +
+                        " tokens; raise kv.prefill_budget_mb)",
+               proto::FailureKind::kInvalid, true);
+        may_start = false;
         continue;
       }
-      break;
+      free -= needed;
+      end = n - uncached_tokens(job) + chunk.tokens;  // what the cache holds, then the chunk
     }
-    auto cached = all_logits ? allocate_uncached(blocks, seq_of(job.req.id), job.req.prompt)
-                             : blocks.allocate(seq_of(job.req.id), job.req.prompt);
-    if (!cached.is_ok()) break;
-    job.has_seq = true;
-    job.cached = *cached;
-    const auto& table = blocks.block_table(seq_of(job.req.id));
-    job.table.clear();
-    for (BlockId b : table) job.table.push_back(b.value);
-    job.queue_s = seconds(env_->now() - job.arrived);
-    budget -= n - *cached;
+    if (Status st = place_chunk(job, std::min(end, n)); !st.is_ok()) {
+      spdlog::error("prefill rank {}: request {}: placing its chunk: {}", roles_.self, job.req.id, st.to_string());
+      if (job.state == JobState::kQueued) may_start = false;
+      continue;
+    }
+    if (job.state == JobState::kQueued) {
+      job.started = env_->now();
+      job.queue_s = seconds(job.started - job.arrived);
+    }
     set_state(job, JobState::kComputing);
     batch_.push_back(job.req.id);
-    queue_.pop_front();
   }
+}
+
+bool PrefillWorker::run_batch() {
+  batch_.clear();
+  plan_pass();
   if (batch_.empty()) return false;
 
   // Sequence views (spans into the jobs, which do not move during the pass:
   // nothing erases a kComputing job; it becomes kAborted instead).
+  std::vector<SequenceBatch> seqs;
   seqs.reserve(batch_.size());
   for (proto::RequestId id : batch_) {
-    Job& job = jobs_.at(id);
-    // Reused prefix blocks need no compute; at least the last token runs.
-    const int64_t cached = job.cached;
+    const Job& job = jobs_.at(id);
     SequenceBatch sb;
-    sb.tokens = std::span<const int32_t>(job.req.prompt).subspan(static_cast<size_t>(cached));
-    sb.start_pos = static_cast<int32_t>(cached);
+    sb.tokens = std::span<const int32_t>(job.req.prompt)
+                    .subspan(static_cast<size_t>(job.done), static_cast<size_t>(job.chunk_end - job.done));
+    sb.start_pos = static_cast<int32_t>(job.done);
     sb.block_table = job.table;
-    sb.want_logits = true;
+    sb.want_logits = job.last_chunk();
     sb.all_logits = job.req.sampling.prompt_logprobs;
     seqs.push_back(sb);
   }
-  const auto t0 = env_->now();
   std::vector<float> logits;
   in_pass_ = true;
   Status st = engine_->model->prefill(seqs, engine_->cache, &logits);
   in_pass_ = false;
-  const double prefill_s = seconds(env_->now() - t0);
   // What the communication side sent during the pass counts as hidden: take
   // the completions now, before the pass's end is stamped.
   progress_transfers();
@@ -455,10 +516,10 @@ bool PrefillWorker::run_batch() {
   }
   const int64_t vocab = engine_->config().vocab;
   proto::TokenEvents events;
-  size_t next_row = 0;  // the first logits row of ran[i] (all_logits sequences have one per prompt token)
+  size_t next_row = 0;  // the first logits row of ran[i]
   for (size_t i = 0; i < ran.size(); ++i) {
     const size_t first_row = next_row;
-    next_row += seqs[i].all_logits ? seqs[i].tokens.size() : 1;
+    next_row += seqs[i].all_logits ? seqs[i].tokens.size() : seqs[i].want_logits ? 1 : 0;
     Job* found = find_job(ran[i]);
     if (found == nullptr) continue;
     Job& job = *found;
@@ -470,39 +531,58 @@ bool PrefillWorker::run_batch() {
       fail(job, job.handoff.error(), proto::FailureKind::kTransfer, true);
       continue;
     }
-    auto row_at = [&](size_t r) { return std::span<float>(logits.data() + r * vocab, static_cast<size_t>(vocab)); };
-    const std::span<float> row = row_at(next_row - 1);
-    const SamplingParams& sp = job.req.sampling;
-    proto::TokenEvent ev;
-    if (sp.prompt_logprobs) {
-      // Row first_row + p - 1 predicts prompt token p.
-      for (size_t p = 1; p < job.req.prompt.size(); ++p)
-        ev.prompt_logprobs.push_back(token_logprob(row_at(first_row + p - 1), job.req.prompt[p], sp.logprobs));
-    }
-    std::vector<float> raw;  // sample() may apply penalties in place; logprobs are of the raw row
-    if (sp.logprobs >= 0) raw.assign(row.begin(), row.end());
-    Sampler sampler(sp);
-    const int32_t first_token = sampler.sample(row);
-    if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, first_token, sp.logprobs));
-    const StopReason stop = check_stop(job.req.sampling, first_token, engine_->eos_id, 1);
-    job.computed = env_->now();
-    job.hidden_bytes = job.handoff.bytes_sent();
-    ev.id = job.req.id;
-    ev.first_index = 0;
-    ev.tokens = {first_token};
-    ev.finish = stop == StopReason::kNone ? proto::Finish::kNone
-                : stop == StopReason::kLength ? proto::Finish::kLength
-                                              : proto::Finish::kStop;
-    ev.queue_s = job.queue_s;
-    ev.prefill_s = prefill_s;
-    events.events.push_back(std::move(ev));
-    // The rest of the layers and the trailer go now if the decode rank has
-    // accepted; else when it does (on_accept).
-    job.handoff.finish(first_token, stop != StopReason::kNone, *transport_, region_of(job), env_->now());
-    set_state(job, job.handoff.accepted() ? JobState::kSending : JobState::kHeld);
+    const auto rows = std::span<float>(logits).subspan(first_row * vocab, (next_row - first_row) * vocab);
+    if (std::optional<proto::TokenEvent> ev = finish_chunk(job, rows)) events.events.push_back(std::move(*ev));
   }
   if (!events.events.empty()) channel_->send(roles_.router, events);
   return true;
+}
+
+// After a pass: the job's chunk is in the cache. A prompt with chunks left
+// waits for the next pass (kPrefilling); a finished one samples token 1,
+// returns its event, and hands off the rest of its KV (now if the decode rank
+// accepted; else when it does, on_accept).
+std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span<float> rows) {
+  const int64_t vocab = engine_->config().vocab;
+  const SamplingParams& sp = job.req.sampling;
+  auto row_at = [&](size_t r) { return rows.subspan(r * vocab, static_cast<size_t>(vocab)); };
+  if (sp.prompt_logprobs) {
+    // Row r of this chunk (which starts at job.done) predicts prompt token job.done + r + 1.
+    const size_t n_prompt = job.req.prompt.size();
+    for (size_t p = static_cast<size_t>(job.done) + 1; p <= static_cast<size_t>(job.chunk_end) && p < n_prompt; ++p)
+      job.prompt_logprobs.push_back(token_logprob(row_at(p - 1 - static_cast<size_t>(job.done)), job.req.prompt[p],
+                                                  sp.logprobs));
+  }
+  job.done = job.chunk_end;
+  if (job.done < static_cast<int64_t>(job.req.prompt.size())) {
+    set_state(job, JobState::kPrefilling);
+    return std::nullopt;
+  }
+  std::erase(queue_, job.req.id);
+  const std::span<float> row = row_at(rows.size() / vocab - 1);
+  proto::TokenEvent ev;
+  ev.prompt_logprobs = std::move(job.prompt_logprobs);
+  std::vector<float> raw;  // sample() may apply penalties in place; logprobs are of the raw row
+  if (sp.logprobs >= 0) raw.assign(row.begin(), row.end());
+  Sampler sampler(sp);
+  const int32_t first_token = sampler.sample(row);
+  if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, first_token, sp.logprobs));
+  const StopReason stop = check_stop(sp, first_token, engine_->eos_id, 1);
+  job.computed = env_->now();
+  job.hidden_bytes = job.handoff.bytes_sent();
+  ev.id = job.req.id;
+  ev.first_index = 0;
+  ev.tokens = {first_token};
+  ev.finish = stop == StopReason::kNone ? proto::Finish::kNone
+              : stop == StopReason::kLength ? proto::Finish::kLength
+                                            : proto::Finish::kStop;
+  ev.queue_s = job.queue_s;
+  // From its first chunk's pass to its last (a chunked prompt's time includes
+  // the other prompts' chunks computed beside it: what chunking costs it).
+  ev.prefill_s = seconds(job.computed - job.started);
+  job.handoff.finish(first_token, stop != StopReason::kNone, *transport_, region_of(job), env_->now());
+  set_state(job, job.handoff.accepted() ? JobState::kSending : JobState::kHeld);
+  return ev;
 }
 
 bool PrefillWorker::progress_transfers() {
@@ -581,7 +661,7 @@ void PrefillWorker::end(proto::RequestId id) {
     return;
   }
   release(job, job.state == JobState::kSending || job.state == JobState::kHeld);
-  if (job.state == JobState::kQueued) std::erase(queue_, id);
+  if (job.state == JobState::kQueued || job.state == JobState::kPrefilling) std::erase(queue_, id);
   jobs_.erase(it);
 }
 
@@ -595,8 +675,9 @@ void PrefillWorker::release(Job& job, bool kv_written) {
 
 void PrefillWorker::report_load(bool force) {
   proto::LoadReport r;
-  r.waiting = static_cast<int32_t>(queue_.size());
-  r.running = static_cast<int32_t>(jobs_.size() - queue_.size());
+  r.waiting = static_cast<int32_t>(
+      std::count_if(jobs_.begin(), jobs_.end(), [](const auto& kv) { return kv.second.state == JobState::kQueued; }));
+  r.running = static_cast<int32_t>(jobs_.size()) - r.waiting;
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;

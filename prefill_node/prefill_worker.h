@@ -42,6 +42,8 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -78,15 +80,19 @@ class PrefillWorker {
 
  private:
   using Clock = std::chrono::steady_clock;
-  enum class JobState { kQueued, kComputing, kHeld, kSending, kAborted };
+  enum class JobState { kQueued, kComputing, kPrefilling, kHeld, kSending, kAborted };
   friend const char* state_name(JobState s);
   friend bool legal(JobState from, JobState to);
   struct Job {
     proto::PrefillRequest req;
     JobState state = JobState::kQueued;
-    Clock::time_point arrived, offered, computed;
+    Clock::time_point arrived, offered, started, computed;  // started: its first chunk's pass began
     bool has_seq = false;
     int64_t cached = 0;                  // leading prompt tokens whose KV the prefix cache held
+    int64_t done = 0;                    // leading prompt tokens whose KV is in the cache (cached ones included)
+    int64_t chunk_end = 0;               // end of the chunk placed for the running (or last) pass
+    std::vector<LogprobEntry> prompt_logprobs;  // gathered chunk by chunk
+    bool last_chunk() const { return chunk_end == static_cast<int64_t>(req.prompt.size()); }
     std::vector<int32_t> table;          // block ids (valid while has_seq)
     HandoffSender handoff;               // the KV's way to the decode rank (tag, sends, trailer, checksums)
     int64_t hidden_bytes = 0;            // bytes sent when the last layer was computed
@@ -112,6 +118,11 @@ class PrefillWorker {
   bool current(int source, proto::Epoch epoch);
   void set_state(Job& job, JobState to);
   bool run_batch();
+  void plan_pass();
+  Status place_chunk(Job& job, int64_t end);
+  std::optional<proto::TokenEvent> finish_chunk(Job& job, std::span<float> rows);
+  int64_t uncached_tokens(const Job& job) const;
+  int64_t reserved_blocks() const;
   // Hands the written layers of an accepted handoff to the transport.
   void post_written(Job& job);
   HandoffSender::RegionOf region_of(const Job& job) const;

@@ -55,11 +55,20 @@ struct ClusterConfig {
   struct Prefill {
     int token_budget = 2048;   // prompt tokens per prefill batch (one prompt may exceed it alone)
     int max_batch = 16;        // prompts per batch
+    // Chunked prefill: the most tokens of one prompt computed in one pass, on
+    // prefill ranks and colocated ranks (0 = whole prompts). The policy:
+    // serving/prefill_chunks.h.
+    int chunk_tokens = 512;
     int threads = 0;           // compute threads per prefill rank (0 = all cores)
   } prefill;
 
   struct Decode {
     int max_running = 64;      // sequences in the continuous batch
+    // Colocated ranks (chunk_tokens > 0): tokens per step, one for each running
+    // decode and the rest (at least a quarter) for prompt chunks, so a long
+    // prompt slows the running decodes by about this many tokens' compute per
+    // step instead of stalling them for the whole prompt.
+    int step_tokens = 512;
     int threads = 0;           // compute threads per decode rank (0 = all cores)
   } decode;
 

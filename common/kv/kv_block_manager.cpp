@@ -190,6 +190,10 @@ int64_t KvBlockManager::blocks_needed_for_prompt(std::span<const TokenId> tokens
   return impl_->plan_prompt(tokens).free_blocks_consumed();
 }
 
+int64_t KvBlockManager::cached_prefix_tokens(std::span<const TokenId> tokens) const {
+  return static_cast<int64_t>(impl_->plan_prompt(tokens).reused.size()) * impl_->cfg.block_size;
+}
+
 Result<int64_t> KvBlockManager::allocate(SeqId seq, std::span<const TokenId> tokens) {
   Impl& m = *impl_;
   if (m.seqs.count(seq)) {

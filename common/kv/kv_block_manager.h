@@ -125,6 +125,11 @@ class KvBlockManager {
   // currently unreferenced (those leave the evictable pool). allocate() succeeds
   // iff this is <= num_free_blocks() (and the seq id is new).
   int64_t blocks_needed_for_prompt(std::span<const TokenId> tokens) const;
+  // How many leading tokens allocate(seq, tokens) would report cached now (a
+  // multiple of block_size, < tokens.size(); 0 with prefix sharing off).
+  // Allocating only a leading part [0, k) with k > this count reports the same
+  // number, so a prompt may be placed chunk by chunk without losing reuse.
+  int64_t cached_prefix_tokens(std::span<const TokenId> tokens) const;
   // Creates a sequence holding `tokens` (may be empty); reuses resident full
   // blocks with the same chained hash (prefix sharing, see the cap rule above).
   // Returns how many leading tokens were already cached (their KV need not be

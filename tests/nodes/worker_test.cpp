@@ -1103,5 +1103,155 @@ TEST_CASE("workers: a decode rank prefilling a prompt itself (colocated) reports
   REQUIRE(c.settle());
 }
 
+
+// ---------------------------------------------------------------- chunked prefill
+
+// Requests of several prompt lengths, one with prompt logprobs, through a
+// 1P+1D pair (and, colocated, straight to the decode rank) with the given
+// chunk size: the token ids each request produced, and request 3's prompt logprobs.
+struct ChunkedRun {
+  std::map<proto::RequestId, std::vector<int32_t>> tokens;
+  std::vector<LogprobEntry> prompt_logprobs;
+};
+ChunkedRun chunked_run(int chunk_tokens, bool colocated) {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = chunk_tokens;
+  cfg.prefill.token_budget = 64;
+  cfg.decode.step_tokens = 24;
+  MiniCluster c(cfg);
+  std::vector<proto::PrefillRequest> reqs = {MiniCluster::request(1, 90, 6), MiniCluster::request(2, 20, 6),
+                                             MiniCluster::request(3, 57, 6), MiniCluster::request(4, 33, 6)};
+  reqs[2].sampling.logprobs = 3;
+  reqs[2].sampling.prompt_logprobs = true;
+  for (const auto& r : reqs) {
+    if (colocated) c.hub.send(kRouter, kDecode, r);
+    else c.submit(r);
+  }
+  REQUIRE(c.run_until([&] {
+    for (const auto& r : reqs)
+      if (!c.finished(r.id)) return false;
+    return true;
+  }));
+  CHECK(c.failed.empty());
+  ChunkedRun out;
+  for (const auto& r : reqs) {
+    c.check_stream(r.id, 6);
+    out.tokens[r.id] = c.token_ids(r.id);
+  }
+  out.prompt_logprobs = c.events.at(3).front().prompt_logprobs;
+  REQUIRE(c.settle());
+  return out;
+}
+
+TEST_CASE("chunked prefill: tokens and prompt logprobs do not depend on the chunk size, on either pool",
+          "[workers][chunks]") {
+  const ChunkedRun whole = chunked_run(0, false);
+  REQUIRE(whole.prompt_logprobs.size() == 56);
+  for (bool colocated : {false, true})
+    for (int chunk : {0, 5, 16, 33, 512}) {
+      INFO((colocated ? "colocated" : "prefill rank") << ", chunk_tokens " << chunk);
+      const ChunkedRun run = chunked_run(chunk, colocated);
+      CHECK(run.tokens == whole.tokens);
+      REQUIRE(run.prompt_logprobs.size() == whole.prompt_logprobs.size());
+      for (size_t p = 0; p < run.prompt_logprobs.size(); ++p) {
+        CHECK(run.prompt_logprobs[p].token == whole.prompt_logprobs[p].token);
+        CHECK(run.prompt_logprobs[p].logprob == Approx(whole.prompt_logprobs[p].logprob).margin(1e-4));
+      }
+    }
+}
+
+TEST_CASE("chunked prefill: the prefill rank's events say which came first", "[workers][chunks]") {
+  // Order of first tokens as the router sees them: chunked, the short prompt's
+  // token 1 arrives while the long prompt still has chunks to go.
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = 16;
+  MiniCluster c(cfg);
+  c.submit(MiniCluster::request(1, 200, 4));
+  REQUIRE(c.step_prefill());
+  c.submit(MiniCluster::request(2, 10, 4));
+  REQUIRE(c.step_prefill());
+  CHECK(c.events.count(2) == 1);
+  CHECK(c.events.count(1) == 0);
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.finished(2); }));
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
+}
+
+TEST_CASE("chunked prefill: colocated decodes keep stepping while a long prompt is computed", "[workers][chunks]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = 16;
+  cfg.decode.step_tokens = 17;
+  MiniCluster c(cfg);
+  c.hub.send(kRouter, kDecode, MiniCluster::request(1, 10, 40));
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 2; }));
+  c.hub.send(kRouter, kDecode, MiniCluster::request(2, 200, 4));
+  const int64_t before = c.tokens(1);
+  REQUIRE(c.run_until([&] { return c.tokens(2) >= 1; }));
+  // 200 tokens at 16 a step: 13 steps, each also a decode step of request 1.
+  CHECK(c.tokens(1) - before >= 12);
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.finished(2); }));
+  c.check_stream(1, 40);
+  c.check_stream(2, 4);
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
+}
+
+TEST_CASE("chunked prefill: a prompt ended between chunks leaves nothing behind", "[workers][chunks]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = 16;
+  MiniCluster c(cfg);
+  // Cancelled between chunks, on the prefill rank and (colocated) the decode rank.
+  c.submit(MiniCluster::request(1, 200, 4));
+  c.hub.send(kRouter, kDecode, MiniCluster::request(2, 200, 4));
+  for (int i = 0; i < 3; ++i) c.step_both();
+  REQUIRE(c.events.count(1) == 0);
+  REQUIRE(c.events.count(2) == 0);
+  c.cancel(1);
+  c.cancel(2);
+  for (int i = 0; i < 20; ++i) c.step_both();
+  CHECK(c.events.count(1) == 0);
+  CHECK(c.events.count(2) == 0);
+  REQUIRE(c.settle());
+  CHECK(c.prefill_engine->blocks->check_invariants().is_ok());
+
+  // The decode rank goes down under a prompt between chunks: the prefill rank ends it.
+  MiniCluster d(cfg);
+  d.submit(MiniCluster::request(3, 200, 4));
+  for (int i = 0; i < 2; ++i) d.step_prefill();
+  REQUIRE(d.events.count(3) == 0);
+  d.peer_down(kDecode);
+  REQUIRE(d.run_until([&] { return d.failed_with(3, kPrefill, proto::FailureKind::kPeerDown); }));
+  CHECK(d.prefill_free());
+  CHECK(d.prefill_engine->blocks->check_invariants().is_ok());
+}
+
+TEST_CASE("chunked prefill: a prompt sharing a prefix with one between chunks reuses only written blocks",
+          "[workers][chunks]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = 16;
+  MiniCluster c(cfg);
+  proto::PrefillRequest a = MiniCluster::request(1, 120, 5);
+  proto::PrefillRequest b = a;  // a's first 40 tokens and 5 of its own: 13 to compute after 32 cached
+  b.id = 2;
+  b.prompt.resize(40);
+  b.prompt.insert(b.prompt.end(), {7, 8, 9, 10, 11});
+  c.submit(a);
+  c.step_prefill();
+  c.step_prefill();  // a: 32 of 120 tokens computed
+  c.submit(b);       // reuses a's two written blocks, runs beside a's third chunk
+  c.step_prefill();
+  REQUIRE(c.events.count(2) == 1);
+  CHECK(c.events.count(1) == 0);
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.finished(2); }));
+  CHECK(c.failed.empty());
+  // The reference: b alone on a fresh pair.
+  MiniCluster ref(cfg);
+  ref.submit(b);
+  REQUIRE(ref.run_until([&] { return ref.finished(2); }));
+  CHECK(c.token_ids(2) == ref.token_ids(2));
+  REQUIRE(c.settle());
+  CHECK(c.prefill_engine->blocks->check_invariants().is_ok());
+}
+
 }  // namespace
 }  // namespace pd
