@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -421,8 +422,10 @@ int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const Roofli
   return 0;
 }
 
-// ---- pd-plan pools --------------------------------------------------------------------------
+// ---- pd-plan pools and pd-plan layout: simulation ---------------------------------------------
 
+// The options of the simulating subcommands. `pools` and `layout` differ in
+// their defaults: `layout` mirrors the serving engine's (chunked prefill on).
 struct PoolsOptions {
   double rate = 10;
   std::string prompt_len = "lognormal:1024:0.8";
@@ -435,12 +438,30 @@ struct PoolsOptions {
   std::string profile;
   std::string trace;  // a request trace (Mooncake JSONL) instead of rate + lengths
   int64_t prefill_budget = 8192;
+  int64_t chunk_tokens = 0;  // chunked prefill: tokens of a longer prompt per pass; 0 = off
+  int64_t step_tokens = 512;  // colocated, chunked: tokens per step
+  int prefill_max_batch = 256;  // prompts per prefill pass
   int max_decode_batch = 256;
   int max_ranks = 256;
   int prefill = 0;  // > 0 with --decode: evaluate this configuration instead of searching
   int decode = 0;
+  int ranks = 0;  // layout: ranks in all
   bool no_overlap = false;
 };
+
+// The engine's defaults (deploy/cluster.json): prefill.chunk_tokens 512,
+// prefill.token_budget 2048, prefill.max_batch 16, decode.step_tokens 512,
+// decode.max_running 64.
+PoolsOptions layout_defaults() {
+  PoolsOptions o;
+  o.prefill_budget = 2048;
+  o.chunk_tokens = 512;
+  o.step_tokens = 512;
+  o.prefill_max_batch = 16;
+  o.max_decode_batch = 64;
+  o.ranks = 2;
+  return o;
+}
 
 json sim_json(const SimResult& s) {
   auto lat = [](const LatencyStats& l) {
@@ -450,7 +471,8 @@ json sim_json(const SimResult& s) {
           {"completed", s.completed},       {"failed", s.failed},
           {"preemptions", s.preemptions},   {"ttft", lat(s.ttft)},
           {"tpot", lat(s.tpot)},            {"e2e", lat(s.e2e)},
-          {"queue_wait", lat(s.queue_wait)}, {"throughput_rps", s.throughput_rps},
+          {"queue_wait", lat(s.queue_wait)}, {"worst_gap", lat(s.worst_gap)},
+          {"throughput_rps", s.throughput_rps},
           {"goodput_rps", s.goodput_rps},   {"slo_attainment", s.slo_attainment},
           {"meets_slo", s.meets_slo},       {"output_tokens_per_second", s.output_tokens_per_second},
           {"mean_decode_batch", s.mean_decode_batch}, {"prefill_utilization", s.prefill_utilization},
@@ -464,67 +486,142 @@ void add_sim_row(TextTable* t, const std::string& name, int ranks, const SimResu
           s.meets_slo ? "yes" : "no"});
 }
 
-int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
+// Workload, SLO and cost options of `pools` and `layout`.
+void add_sim_options(CLI::App* app, PoolsOptions* po, bool* as_json) {
+  CLI::Option* rate_opt = app->add_option("--rate", po->rate, "Arrival rate, requests/s (Poisson)")->capture_default_str();
+  CLI::Option* prompt_opt =
+      app->add_option("--prompt-len", po->prompt_len, "Prompt length: N, uniform:LO:HI, exp:MEAN, lognormal:MEAN:SIGMA")
+          ->capture_default_str();
+  CLI::Option* output_opt =
+      app->add_option("--output-len", po->output_len, "Output length, same forms")->capture_default_str();
+  CLI::Option* requests_opt =
+      app->add_option("--requests", po->requests, "Simulated requests per run")->capture_default_str();
+  CLI::Option* seed_opt = app->add_option("--seed", po->seed, "Workload seed")->capture_default_str();
+  app->add_option("--trace", po->trace,
+                  "Request trace to simulate instead of --rate/--prompt-len/--output-len: JSONL lines "
+                  "{\"timestamp\": ms, \"input_length\": N, \"output_length\": N} (AIPerf's mooncake_trace)")
+      ->excludes(rate_opt)
+      ->excludes(prompt_opt)
+      ->excludes(output_opt)
+      ->excludes(requests_opt)
+      ->excludes(seed_opt);
+  app->add_option("--ttft", po->ttft, "TTFT SLO, seconds")->capture_default_str();
+  app->add_option("--tpot", po->tpot, "Time-per-output-token SLO, seconds")->capture_default_str();
+  app->add_option("--quantile", po->quantile, "SLO quantile")->capture_default_str();
+  app->add_option("--profile", po->profile, "Measured engine profile JSON (default: roofline costs)");
+  app->add_flag("--no-overlap", po->no_overlap, "KV handoff after the prefill pass, not layer by layer during it");
+  app->add_flag("--json", *as_json, "Machine-readable JSON output");
+}
+
+// What both simulating subcommands set up: the workload, SLO, cost model and
+// the cluster settings other than the pool sizes. Bad input dies naming the flag.
+struct SimSetup {
+  Resolved r;
+  Workload w;
+  Slo slo;
+  KvPoolPlan pool;
+  std::unique_ptr<PhaseCostModel> cost;
+  std::string cost_source;
+  ClusterConfig base;
+};
+
+SimSetup setup_sim(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po) {
   if (!(po.rate > 0)) die("--rate: must be positive, got " + fmt_sig(po.rate));
   if (po.requests <= 0) die("--requests: must be positive, got " + std::to_string(po.requests));
   if (!(po.ttft > 0)) die("--ttft: must be positive, got " + fmt_sig(po.ttft));
   if (!(po.tpot > 0)) die("--tpot: must be positive, got " + fmt_sig(po.tpot));
   if (!(po.quantile > 0 && po.quantile <= 1)) die("--quantile: must be in (0, 1]");
-  if (po.prefill_budget <= 0) die("--prefill-budget: must be positive");
   if (po.max_decode_batch <= 0) die("--max-batch: must be positive");
+  if (po.chunk_tokens < 0) die("--chunk-tokens: must be 0 (off) or positive, got " + std::to_string(po.chunk_tokens));
+  if (po.step_tokens <= 0) die("--step-tokens: must be positive, got " + std::to_string(po.step_tokens));
+  SimSetup s;
+  if (!po.trace.empty()) {
+    s.w = or_die(trace_workload(po.trace));
+  } else {
+    s.w.arrival_rate = po.rate;
+    s.w.prompt = or_die(parse_length_dist(po.prompt_len, "--prompt-len"));
+    s.w.output = or_die(parse_length_dist(po.output_len, "--output-len"));
+    s.w.num_requests = po.requests;
+    s.w.seed = po.seed;
+  }
+  s.r = resolve(mo, ho, true);
+  RooflineConfig rc;
+  rc.weights = s.r.weights;
+  rc.kv = s.r.kv;
+  rc.activations = s.r.weights == Precision::kInt4 ? Precision::kInt8 : s.r.weights;
+  rc.tp = ho.tp;
+  {
+    pd::Status st = validate_roofline_config(s.r.model, rc);
+    if (!st.is_ok()) die("--" + st.message());
+  }
+  auto pool = kv_pool_of(s.r, ho);
+  if (!pool.is_ok()) die("--tp/--hardware: " + pool.status().message());
+  s.pool = *pool;
+
+  if (!po.profile.empty()) {
+    auto loaded = engine_profile_from_file(po.profile);
+    if (!loaded.is_ok()) die("--profile: " + loaded.status().message());
+    EngineProfile prof = std::move(loaded).value();
+    s.cost_source = "engine profile " + po.profile;
+    // The profile's own KV bytes per token (the engine's cache type, scales
+    // included) when it has them; else the --kv precision's.
+    const double kv_per_token = prof.kv_bytes_per_token > 0 ? double(prof.kv_bytes_per_token)
+                                                            : double(kv_bytes_per_token(s.r.model, s.r.kv));
+    s.cost = std::make_unique<ProfileCostModel>(std::move(prof), kv_per_token, s.r.model.n_layers,
+                                                s.r.hw.inter_node_bandwidth * ho.tp, s.r.hw.link_latency);
+  } else {
+    s.cost_source = "roofline";
+    s.cost = std::make_unique<RooflineCostModel>(s.r.model, s.r.hw, rc);
+  }
+  s.base.prefill_token_budget = po.prefill_budget;
+  s.base.chunk_tokens = po.chunk_tokens;
+  s.base.step_tokens = po.step_tokens;
+  s.base.max_prefill_batch = po.prefill_max_batch;
+  s.base.max_decode_batch = po.max_decode_batch;
+  s.base.block_size = ho.block_size;
+  s.base.decode_kv_blocks = s.pool.num_blocks;
+  s.base.prefill_kv_blocks = s.pool.num_blocks;
+  s.base.overlap_transfer = !po.no_overlap;
+  s.slo.ttft_seconds = po.ttft;
+  s.slo.tpot_seconds = po.tpot;
+  s.slo.quantile = po.quantile;
+  return s;
+}
+
+json workload_json(const SimSetup& s, const PoolsOptions& po) {
+  json j = {{"rate", s.w.arrival_rate}, {"prompt_len", length_dist_to_string(s.w.prompt)},
+            {"output_len", length_dist_to_string(s.w.output)}, {"requests", s.w.num_requests},
+            {"seed", po.seed}};
+  if (!po.trace.empty()) j["trace"] = po.trace;
+  return j;
+}
+
+void print_sim_header(const SimSetup& s, const HardwareOptions& ho, const PoolsOptions& po) {
+  print_model_line(s.r.model, s.r.weights, s.r.kv);
+  print_hw_line(s.r.hw, ho.tp);
+  if (po.trace.empty()) {
+    std::cout << "workload: " << po.rate << " req/s Poisson, prompt " << length_dist_to_string(s.w.prompt)
+              << ", output " << length_dist_to_string(s.w.output) << ", " << po.requests << " requests (seed "
+              << po.seed << ")\n";
+  } else {
+    std::cout << "workload: trace " << po.trace << ", " << s.w.num_requests << " requests, "
+              << fmt_sig(s.w.arrival_rate) << " req/s, mean prompt " << fmt_fixed(s.w.prompt.a, 0) << " and output "
+              << fmt_fixed(s.w.output.a, 0) << " tokens\n";
+  }
+  std::cout << "SLO: TTFT p" << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.ttft) << ", TPOT p"
+            << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.tpot) << "; costs from " << s.cost_source
+            << "; KV pool " << s.pool.num_blocks << " blocks (" << s.pool.token_capacity << " tokens) per rank\n";
+}
+
+int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
+  if (po.prefill_budget <= 0) die("--prefill-budget: must be positive");
   if (po.max_ranks <= 0) die("--max-ranks: must be positive");
   if ((po.prefill > 0) != (po.decode > 0)) die("--prefill and --decode: give both (or neither, to search)");
   if (po.prefill < 0 || po.decode < 0) die("--prefill/--decode: must be positive");
-  Workload w;
-  if (!po.trace.empty()) {
-    w = or_die(trace_workload(po.trace));
-  } else {
-    w.arrival_rate = po.rate;
-    w.prompt = or_die(parse_length_dist(po.prompt_len, "--prompt-len"));
-    w.output = or_die(parse_length_dist(po.output_len, "--output-len"));
-    w.num_requests = po.requests;
-    w.seed = po.seed;
-  }
-  const Resolved r = resolve(mo, ho, true);
-  RooflineConfig rc;
-  rc.weights = r.weights;
-  rc.kv = r.kv;
-  rc.activations = r.weights == Precision::kInt4 ? Precision::kInt8 : r.weights;
-  rc.tp = ho.tp;
-  {
-    pd::Status s = validate_roofline_config(r.model, rc);
-    if (!s.is_ok()) die("--" + s.message());
-  }
-  auto pool = kv_pool_of(r, ho);
-  if (!pool.is_ok()) die("--tp/--hardware: " + pool.status().message());
-
-  std::unique_ptr<PhaseCostModel> cost;
-  std::string cost_source;
-  if (!po.profile.empty()) {
-    EngineProfile prof = or_die(engine_profile_from_file(po.profile));
-    cost_source = "engine profile " + po.profile;
-    // The profile's own KV bytes per token (the engine's cache type, scales
-    // included) when it has them; else the --kv precision's.
-    const double kv_per_token =
-        prof.kv_bytes_per_token > 0 ? double(prof.kv_bytes_per_token) : double(kv_bytes_per_token(r.model, r.kv));
-    cost = std::make_unique<ProfileCostModel>(std::move(prof), kv_per_token,
-                                              r.model.n_layers, r.hw.inter_node_bandwidth * ho.tp,
-                                              r.hw.link_latency);
-  } else {
-    cost_source = "roofline";
-    cost = std::make_unique<RooflineCostModel>(r.model, r.hw, rc);
-  }
-  ClusterConfig base;
-  base.prefill_token_budget = po.prefill_budget;
-  base.max_decode_batch = po.max_decode_batch;
-  base.block_size = ho.block_size;
-  base.decode_kv_blocks = pool->num_blocks;
-  base.prefill_kv_blocks = pool->num_blocks;
-  base.overlap_transfer = !po.no_overlap;
-  Slo slo;
-  slo.ttft_seconds = po.ttft;
-  slo.tpot_seconds = po.tpot;
-  slo.quantile = po.quantile;
+  const SimSetup s = setup_sim(mo, ho, po);
+  const Workload& w = s.w;
+  const ClusterConfig& base = s.base;
+  const Slo& slo = s.slo;
 
   const auto t0 = std::chrono::steady_clock::now();
   PoolPlan plan;
@@ -534,34 +631,32 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
     c.decode_ranks = po.decode;
     plan.prefill_ranks = po.prefill;
     plan.decode_ranks = po.decode;
-    plan.disaggregated = or_die(simulate(w, c, *cost, slo));
+    plan.disaggregated = or_die(simulate(w, c, *s.cost, slo));
     c.colocated = true;
     c.decode_ranks = po.prefill + po.decode;
-    plan.colocated_same_total = or_die(simulate(w, c, *cost, slo));
+    plan.colocated_same_total = or_die(simulate(w, c, *s.cost, slo));
     plan.feasible = plan.disaggregated.meets_slo;
     plan.simulations = 2;
     if (!plan.feasible) plan.reason = "the given pools miss the SLOs";
   } else {
     PoolSearchConfig sc;
     sc.max_ranks_per_pool = po.max_ranks;
-    plan = or_die(plan_pools(w, base, *cost, slo, sc));
+    plan = or_die(plan_pools(w, base, *s.cost, slo, sc));
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool evaluated = po.prefill > 0 || plan.feasible;
 
   if (as_json) {
     json j;
-    j["model"] = model_json(r.model);
-    j["hardware"] = hardware_json(r.hw);
+    j["model"] = model_json(s.r.model);
+    j["hardware"] = hardware_json(s.r.hw);
     j["tp"] = ho.tp;
-    j["cost_model"] = cost_source;
-    j["workload"] = {{"rate", w.arrival_rate}, {"prompt_len", length_dist_to_string(w.prompt)},
-                     {"output_len", length_dist_to_string(w.output)}, {"requests", w.num_requests},
-                     {"seed", po.seed}};
-    if (!po.trace.empty()) j["workload"]["trace"] = po.trace;
+    j["cost_model"] = s.cost_source;
+    j["workload"] = workload_json(s, po);
     j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
-    j["kv_pool"] = {{"blocks_per_rank", pool->num_blocks}, {"block_size", ho.block_size},
-                    {"tokens_per_rank", pool->token_capacity}};
+    j["kv_pool"] = {{"blocks_per_rank", s.pool.num_blocks}, {"block_size", ho.block_size},
+                    {"tokens_per_rank", s.pool.token_capacity}};
+    j["chunk_tokens"] = po.chunk_tokens;
     j["feasible"] = plan.feasible;
     if (!plan.reason.empty()) j["reason"] = plan.reason;
     j["simulations"] = plan.simulations;
@@ -578,20 +673,12 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
     return 0;
   }
 
-  print_model_line(r.model, r.weights, r.kv);
-  print_hw_line(r.hw, ho.tp);
-  if (po.trace.empty()) {
-    std::cout << "workload: " << po.rate << " req/s Poisson, prompt " << length_dist_to_string(w.prompt) << ", output "
-              << length_dist_to_string(w.output) << ", " << po.requests << " requests (seed " << po.seed << ")\n";
-  } else {
-    std::cout << "workload: trace " << po.trace << ", " << w.num_requests << " requests, "
-              << fmt_sig(w.arrival_rate) << " req/s, mean prompt " << fmt_fixed(w.prompt.a, 0) << " and output "
-              << fmt_fixed(w.output.a, 0) << " tokens\n";
+  print_sim_header(s, ho, po);
+  if (po.chunk_tokens > 0) {
+    std::cout << "chunked prefill: " << po.chunk_tokens << " tokens of a longer prompt per pass; colocated steps of "
+              << po.step_tokens << " tokens\n";
   }
-  std::cout
-            << "SLO: TTFT p" << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.ttft) << ", TPOT p"
-            << fmt_fixed(po.quantile * 100, 0) << " <= " << fmt_time(po.tpot) << "; costs from " << cost_source
-            << "; KV pool " << pool->num_blocks << " blocks (" << pool->token_capacity << " tokens) per rank\n\n";
+  std::cout << "\n";
   if (!evaluated) {
     std::cout << "no pool sizes meet the SLOs: " << plan.reason << "\n";
     std::cout << "(" << plan.simulations << " simulations, " << fmt_fixed(wall, 2) << " s)\n";
@@ -619,6 +706,79 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   t.print(std::cout);
   std::cout << "\n(goodput = requests/s within both SLOs; " << plan.simulations << " simulations of "
             << w.num_requests << " requests in " << fmt_fixed(wall, 2) << " s)\n";
+  return 0;
+}
+
+// pd-plan layout: with N ranks in all, colocated xN or which xP+yD?
+int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
+  if (po.ranks < 1 || po.ranks > 1024) die("--ranks: must be in [1, 1024], got " + std::to_string(po.ranks));
+  if (po.prefill_budget <= 0) die("--token-budget: must be positive, got " + std::to_string(po.prefill_budget));
+  if (po.prefill_max_batch <= 0) {
+    die("--prefill-max-batch: must be positive, got " + std::to_string(po.prefill_max_batch));
+  }
+  const SimSetup s = setup_sim(mo, ho, po);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LayoutAnswer ans = or_die(compare_layouts(s.w, s.base, *s.cost, s.slo, po.ranks));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const LayoutResult& best = ans.layouts[static_cast<size_t>(ans.recommended)];
+  json engine = {{"chunk_tokens", po.chunk_tokens},      {"token_budget", po.prefill_budget},
+                 {"step_tokens", po.step_tokens},        {"prefill_max_batch", po.prefill_max_batch},
+                 {"max_running", po.max_decode_batch},   {"overlap_transfer", !po.no_overlap}};
+
+  if (as_json) {
+    json j;
+    j["model"] = model_json(s.r.model);
+    j["hardware"] = hardware_json(s.r.hw);
+    j["tp"] = ho.tp;
+    j["cost_model"] = s.cost_source;
+    j["workload"] = workload_json(s, po);
+    j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
+    j["kv_pool"] = {{"blocks_per_rank", s.pool.num_blocks}, {"block_size", ho.block_size},
+                    {"tokens_per_rank", s.pool.token_capacity}};
+    j["engine"] = engine;
+    j["ranks"] = ans.ranks;
+    j["layouts"] = json::array();
+    for (const LayoutResult& l : ans.layouts) {
+      json lj = sim_json(l.result);
+      lj["name"] = l.name;
+      lj["colocated"] = l.colocated;
+      lj["prefill_ranks"] = l.prefill_ranks;
+      lj["decode_ranks"] = l.decode_ranks;
+      j["layouts"].push_back(lj);
+    }
+    j["recommended"] = best.name;
+    j["simulations"] = ans.layouts.size();
+    j["wall_seconds"] = wall;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  print_sim_header(s, ho, po);
+  std::cout << "engine: ";
+  if (po.chunk_tokens > 0) {
+    std::cout << "chunked prefill, " << po.chunk_tokens << "-token chunks, ";
+  } else {
+    std::cout << "whole prompts, ";
+  }
+  std::cout << po.prefill_budget << " prompt tokens and " << po.prefill_max_batch << " prompts per prefill pass, ";
+  if (po.chunk_tokens > 0) std::cout << po.step_tokens << " tokens per colocated step, ";
+  std::cout << po.max_decode_batch << " running per rank\n\n";
+  TextTable t({"layout", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "worst gap p90", "in SLO", "goodput/s",
+               "meets"});
+  for (const LayoutResult& l : ans.layouts) {
+    const SimResult& r = l.result;
+    t.add({l.name, fmt_time(r.ttft.p50), fmt_time(r.ttft.p90), fmt_time(r.tpot.p50), fmt_time(r.tpot.p90),
+           fmt_time(r.worst_gap.p90), fmt_fixed(r.slo_attainment * 100, 1) + "%", fmt_fixed(r.goodput_rps, 3),
+           r.meets_slo ? "yes" : "no"});
+  }
+  t.print(std::cout);
+  std::cout << "\nrecommended: " << best.name << " (" << fmt_fixed(best.result.goodput_rps, 3) << " of "
+            << fmt_sig(s.w.arrival_rate) << " req/s within both SLOs, TTFT p90 " << fmt_time(best.result.ttft.p90)
+            << ", TPOT p90 " << fmt_time(best.result.tpot.p90) << ")\n";
+  std::cout << "(highest goodput = requests/s within both SLOs, ties to the lower TTFT p90; worst gap = a "
+               "request's longest wait between two tokens; "
+            << ans.layouts.size() << " simulations of " << s.w.num_requests << " requests in " << fmt_fixed(wall, 2)
+            << " s)\n";
   return 0;
 }
 
@@ -662,6 +822,8 @@ int main(int argc, char** argv) {
       "                    and the cost of generating without a KV cache\n"
       "  pd-plan pools     smallest prefill/decode pools meeting TTFT/TPOT SLOs (simulation),\n"
       "                    against a colocated pool\n"
+      "  pd-plan layout    with N ranks in all: colocated xN or xP+yD, which meets the SLOs best\n"
+      "                    (chunked prefill as the engine runs it)\n"
       "  pd-plan list      model and hardware presets\n"
       "docs/PLANNER.md explains every figure."};
   app.require_subcommand(1);
@@ -673,6 +835,7 @@ int main(int argc, char** argv) {
   KvOptions ko;
   RooflineOptions ro;
   PoolsOptions po;
+  PoolsOptions lo = layout_defaults();
 
   CLI::App* kv = app.add_subcommand("kv", "KV-cache footprint and KV pool sizing");
   add_model_options(kv, &mo);
@@ -694,32 +857,39 @@ int main(int argc, char** argv) {
   CLI::App* pl = app.add_subcommand("pools", "Size prefill and decode pools by simulation");
   add_model_options(pl, &mo);
   add_hardware_options(pl, &ho);
-  CLI::Option* rate_opt = pl->add_option("--rate", po.rate, "Arrival rate, requests/s (Poisson)")->capture_default_str();
-  CLI::Option* prompt_opt =
-      pl->add_option("--prompt-len", po.prompt_len, "Prompt length: N, uniform:LO:HI, exp:MEAN, lognormal:MEAN:SIGMA")
-          ->capture_default_str();
-  CLI::Option* output_opt = pl->add_option("--output-len", po.output_len, "Output length, same forms")->capture_default_str();
-  CLI::Option* requests_opt = pl->add_option("--requests", po.requests, "Simulated requests per run")->capture_default_str();
-  CLI::Option* seed_opt = pl->add_option("--seed", po.seed, "Workload seed")->capture_default_str();
-  pl->add_option("--trace", po.trace,
-                 "Request trace to simulate instead of --rate/--prompt-len/--output-len: JSONL lines "
-                 "{\"timestamp\": ms, \"input_length\": N, \"output_length\": N} (AIPerf's mooncake_trace)")
-      ->excludes(rate_opt)
-      ->excludes(prompt_opt)
-      ->excludes(output_opt)
-      ->excludes(requests_opt)
-      ->excludes(seed_opt);
-  pl->add_option("--ttft", po.ttft, "TTFT SLO, seconds")->capture_default_str();
-  pl->add_option("--tpot", po.tpot, "Time-per-output-token SLO, seconds")->capture_default_str();
-  pl->add_option("--quantile", po.quantile, "SLO quantile")->capture_default_str();
-  pl->add_option("--profile", po.profile, "Measured engine profile JSON (default: roofline costs)");
-  pl->add_option("--prefill-budget", po.prefill_budget, "Tokens per prefill pass")->capture_default_str();
+  add_sim_options(pl, &po, &as_json);
+  pl->add_option("--prefill-budget", po.prefill_budget, "Prompt tokens per prefill pass")->capture_default_str();
+  pl->add_option("--chunk-tokens", po.chunk_tokens,
+                 "Chunked prefill: tokens of a longer prompt per pass (0 = off: whole prompts)")
+      ->capture_default_str();
+  pl->add_option("--step-tokens", po.step_tokens,
+                 "Chunked prefill, colocated: tokens per step (1 per running decode, prompt chunks the rest)")
+      ->capture_default_str();
   pl->add_option("--max-batch", po.max_decode_batch, "Running sequences per decode rank")->capture_default_str();
   pl->add_option("--max-ranks", po.max_ranks, "Search cap per pool")->capture_default_str();
   pl->add_option("--prefill", po.prefill, "Evaluate this many prefill ranks (with --decode) instead of searching");
   pl->add_option("--decode", po.decode, "Evaluate this many decode ranks (with --prefill)");
-  pl->add_flag("--no-overlap", po.no_overlap, "KV handoff after the prefill pass, not layer by layer during it");
-  pl->add_flag("--json", as_json, "Machine-readable JSON output");
+
+  CLI::App* ly = app.add_subcommand(
+      "layout", "With N ranks in all: colocated xN or xP+yD? Simulates each, recommends the best");
+  add_model_options(ly, &mo);
+  add_hardware_options(ly, &ho);
+  add_sim_options(ly, &lo, &as_json);
+  ly->add_option("--ranks", lo.ranks, "Ranks in all (N)")->capture_default_str();
+  ly->add_option("--chunk-tokens", lo.chunk_tokens,
+                 "prefill.chunk_tokens: tokens of a longer prompt per pass (0 = off: whole prompts)")
+      ->capture_default_str();
+  ly->add_option("--token-budget,--prefill-budget", lo.prefill_budget,
+                 "prefill.token_budget: prompt tokens per prefill pass")
+      ->capture_default_str();
+  ly->add_option("--step-tokens", lo.step_tokens,
+                 "decode.step_tokens: tokens per colocated step (1 per running decode, prompt chunks the rest, "
+                 "at least a quarter)")
+      ->capture_default_str();
+  ly->add_option("--prefill-max-batch", lo.prefill_max_batch, "prefill.max_batch: prompts per pass")
+      ->capture_default_str();
+  ly->add_option("--max-batch", lo.max_decode_batch, "decode.max_running: running sequences per rank")
+      ->capture_default_str();
 
   CLI::App* ls = app.add_subcommand("list", "Model and hardware presets");
   ls->add_flag("--json", as_json, "Machine-readable JSON output");
@@ -736,6 +906,7 @@ int main(int argc, char** argv) {
   if (kv->parsed()) return run_kv(mo, ho, ko, as_json);
   if (rf->parsed()) return run_roofline(mo, ho, ro, as_json);
   if (pl->parsed()) return run_pools(mo, ho, po, as_json);
+  if (ly->parsed()) return run_layout(mo, ho, lo, as_json);
   if (ls->parsed()) return run_list(as_json);
   return 0;
 }
