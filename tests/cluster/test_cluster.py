@@ -248,6 +248,20 @@ def suite_colocated(tmp):
         check(c.stop() == 0, "clean exit")
 
 
+def suite_chunked(tmp):
+    """Default model, chunked prefill with small chunks (64 tokens) on 1 prefill + 1 decode and on colocated x2:
+    prompts of up to a few hundred tokens, concurrent with short ones, give pd-generate's greedy text token for token."""
+    need_default_model()
+    long_prompts = [("completion", " ".join(SENTENCES[(i + j) % len(SENTENCES)] for j in range(8 + 12 * i)), 12)
+                    for i in range(4)]
+    cases = long_prompts + mixed_prompts(8)
+    cfg = {"prefill": {"chunk_tokens": 64, "token_budget": 256}, "decode": {"step_tokens": 96}}
+    for layout in ({"prefill": 1, "decode": 1}, {"colocated": 2}):
+        with Cluster(config=cfg, **layout) as c:
+            concurrent_identity(c, DEFAULT_MODEL, cases, len(cases))
+            check(c.stop() == 0, "clean exit")
+
+
 def suite_lifecycle(tmp):
     """Tiny models: SIGTERM drains in-flight requests; a mismatched prefill/decode pair is refused; full queue -> 503."""
     model = tiny_model(os.path.join(tmp, "tiny.gguf"))
@@ -354,7 +368,7 @@ def suite_limits(tmp):
 
 SUITES = {"limits": suite_limits, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
           "kv_types": suite_kv_types,
-          "colocated": suite_colocated, "lifecycle": suite_lifecycle}
+          "colocated": suite_colocated, "chunked": suite_chunked, "lifecycle": suite_lifecycle}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_cluster.py")
