@@ -721,6 +721,8 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
   const LayoutAnswer ans = or_die(compare_layouts(s.w, s.base, *s.cost, s.slo, po.ranks));
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const LayoutResult& best = ans.layouts[static_cast<size_t>(ans.recommended)];
+  const bool feasible = std::any_of(ans.layouts.begin(), ans.layouts.end(),
+                                    [](const LayoutResult& l) { return l.result.meets_slo; });
   json engine = {{"chunk_tokens", po.chunk_tokens},      {"token_budget", po.prefill_budget},
                  {"step_tokens", po.step_tokens},        {"prefill_max_batch", po.prefill_max_batch},
                  {"max_running", po.max_decode_batch},   {"overlap_transfer", !po.no_overlap}};
@@ -747,6 +749,8 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
       j["layouts"].push_back(lj);
     }
     j["recommended"] = best.name;
+    j["feasible"] = feasible;  // some layout meets both SLOs at their quantile
+    if (!ans.reason.empty()) j["reason"] = ans.reason;
     j["simulations"] = ans.layouts.size();
     j["wall_seconds"] = wall;
     std::cout << j.dump(2) << "\n";
@@ -772,9 +776,16 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
            r.meets_slo ? "yes" : "no"});
   }
   t.print(std::cout);
-  std::cout << "\nrecommended: " << best.name << " (" << fmt_fixed(best.result.goodput_rps, 3) << " of "
+  if (!feasible) {
+    std::cout << "\nno layout of " << ans.ranks << " ranks meets the SLOs (p" << fmt_fixed(po.quantile * 100, 0)
+              << "); the least bad:";
+  } else {
+    std::cout << "\nrecommended:";
+  }
+  std::cout << " " << best.name << " (" << fmt_fixed(best.result.goodput_rps, 3) << " of "
             << fmt_sig(s.w.arrival_rate) << " req/s within both SLOs, TTFT p90 " << fmt_time(best.result.ttft.p90)
             << ", TPOT p90 " << fmt_time(best.result.tpot.p90) << ")\n";
+  if (!ans.reason.empty()) std::cout << "(no layout can: " << ans.reason << ")\n";
   std::cout << "(highest goodput = requests/s within both SLOs, ties to the lower TTFT p90; worst gap = a "
                "request's longest wait between two tokens; "
             << ans.layouts.size() << " simulations of " << s.w.num_requests << " requests in " << fmt_fixed(wall, 2)

@@ -67,6 +67,22 @@ std::string fmt(double v) {
 
 }  // namespace
 
+std::string lone_request_miss(const Workload& w, const PhaseCostModel& cost, const Slo& slo) {
+  const double p = w.prompt.mean();
+  const double one_prefill = cost.prefill_seconds(p, 1, p * p);
+  if (one_prefill > slo.ttft_seconds) {
+    return "one prompt of " + fmt(p) + " tokens alone takes " + fmt(one_prefill) +
+           " s to prefill, above the TTFT SLO of " + fmt(slo.ttft_seconds) + " s";
+  }
+  const double ctx = p + w.output.mean() / 2;
+  const double one_step = cost.decode_step_seconds(1, ctx);
+  if (one_step > slo.tpot_seconds) {
+    return "one decode step of a single sequence at context " + fmt(ctx) + " takes " + fmt(one_step) +
+           " s, above the TPOT SLO of " + fmt(slo.tpot_seconds) + " s";
+  }
+  return "";
+}
+
 Result<PoolPlan> plan_pools(const Workload& w, const ClusterConfig& base, const PhaseCostModel& cost,
                             const Slo& slo, const PoolSearchConfig& search) {
   PD_RETURN_IF_ERROR(validate_workload(w));
@@ -79,21 +95,8 @@ Result<PoolPlan> plan_pools(const Workload& w, const ClusterConfig& base, const 
     return Status::invalid_argument("max_ranks: must be positive, got " + std::to_string(search.max_ranks_per_pool));
   }
   PoolPlan plan;
-  // Lower bounds no pool size can beat: one typical request alone.
-  const double p = w.prompt.mean();
-  const double one_prefill = cost.prefill_seconds(p, 1, p * p);
-  if (one_prefill > slo.ttft_seconds) {
-    plan.reason = "one prompt of " + fmt(p) + " tokens alone takes " + fmt(one_prefill) +
-                  " s to prefill, above the TTFT SLO of " + fmt(slo.ttft_seconds) + " s";
-    return plan;
-  }
-  const double ctx = p + w.output.mean() / 2;
-  const double one_step = cost.decode_step_seconds(1, ctx);
-  if (one_step > slo.tpot_seconds) {
-    plan.reason = "one decode step of a single sequence at context " + fmt(ctx) + " takes " + fmt(one_step) +
-                  " s, above the TPOT SLO of " + fmt(slo.tpot_seconds) + " s";
-    return plan;
-  }
+  plan.reason = lone_request_miss(w, cost, slo);
+  if (!plan.reason.empty()) return plan;
 
   Searcher s(w, base, cost, slo, search.max_ranks_per_pool);
   const int big = s.cap();
@@ -193,6 +196,7 @@ Result<LayoutAnswer> compare_layouts(const Workload& w, const ClusterConfig& bas
   PD_RETURN_IF_ERROR(add(true, 0, ranks));
   for (int x = 1; x < ranks; ++x) PD_RETURN_IF_ERROR(add(false, x, ranks - x));
   ans.recommended = recommend_layout(ans.layouts);
+  ans.reason = lone_request_miss(w, cost, slo);
   return ans;
 }
 

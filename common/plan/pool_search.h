@@ -36,6 +36,11 @@ struct PoolPlan {
 Result<PoolPlan> plan_pools(const Workload& w, const ClusterConfig& base, const PhaseCostModel& cost,
                             const Slo& slo, const PoolSearchConfig& search);
 
+// Why no cluster can meet the SLOs when one typical request alone misses one
+// (a prefill of the mean prompt above the TTFT target, or a batch-1 decode
+// step at its mean context above the TPOT target); empty otherwise.
+std::string lone_request_miss(const Workload& w, const PhaseCostModel& cost, const Slo& slo);
+
 // ---- Which layout for N ranks: colocated xN or xP+yD ---------------------------
 
 struct LayoutResult {
@@ -50,6 +55,7 @@ struct LayoutAnswer {
   int ranks = 0;
   std::vector<LayoutResult> layouts;  // colocated xN, then 1P+(N-1)D ... (N-1)P+1D
   int recommended = 0;                // index into layouts
+  std::string reason;                 // lone_request_miss: why no layout can meet the SLOs, if it says
 };
 
 // Simulates colocated xN and every xP+yD with x + y = N on the same requests;

@@ -407,6 +407,14 @@ TEST_CASE("plan: layout answer: long prompts under a tight TPOT SLO go disaggreg
   CHECK(dis.meets_slo);
   CHECK_FALSE(col.meets_slo);
   CHECK(dis.goodput_rps > 1.5 * col.goodput_rps);
+  CHECK(ans->reason.empty());
+  // A TTFT target below one prompt's prefill (0.402 s): no layout can, and the answer says why.
+  slo.ttft_seconds = 0.3;
+  auto none = compare_layouts(w, base, cost, slo, 2);
+  REQUIRE(none.is_ok());
+  CHECK(none->reason.find("TTFT") != std::string::npos);
+  CHECK_FALSE(none->layouts[0].result.meets_slo);
+  CHECK_FALSE(none->layouts[1].result.meets_slo);
 }
 
 TEST_CASE("plan: layout answer: short prompts whose decodes need both ranks go colocated", "[plan][layout]") {
