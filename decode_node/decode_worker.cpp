@@ -590,12 +590,12 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
     std::vector<PrefillCandidate> candidates;
     for (proto::RequestId id : prefilling_) {
       const Seq& s = seqs_.at(id);
-      candidates.push_back({id, compute_target(s) - s.computed});
+      candidates.push_back({id, compute_target(s) - s.computed, s.computed});
     }
     for (proto::RequestId id : order)
-      if (seqs_.at(id).needs_compute) candidates.push_back({id, compute_target(seqs_.at(id))});
+      if (seqs_.at(id).needs_compute) candidates.push_back({id, compute_target(seqs_.at(id)), 0});
     const ChunkPolicy policy{colocated_prompt_budget(cfg_.decode.step_tokens, static_cast<int64_t>(running_.size())),
-                             cfg_.prefill.chunk_tokens, cfg_.decode.max_running};
+                             cfg_.prefill.chunk_tokens, cfg_.decode.max_running, cfg_.prefill.context_cost_tokens};
     chunks = plan_prefill_chunks(candidates, policy);
     for (const PrefillChunk& c : chunks) given_chunk.insert(c.id);
   }

@@ -434,11 +434,16 @@ void PrefillWorker::plan_pass() {
   std::vector<PrefillCandidate> candidates;
   for (proto::RequestId id : queue_) {
     const Job& job = jobs_.at(id);
-    if (job.state == JobState::kQueued) candidates.push_back({id, uncached_tokens(job)});
-    else if (job.state == JobState::kPrefilling)
-      candidates.push_back({id, static_cast<int64_t>(job.req.prompt.size()) - job.done});
+    const int64_t n = static_cast<int64_t>(job.req.prompt.size());
+    if (job.state == JobState::kQueued) {
+      const int64_t uncached = uncached_tokens(job);
+      candidates.push_back({id, uncached, n - uncached});
+    } else if (job.state == JobState::kPrefilling) {
+      candidates.push_back({id, n - job.done, job.done});
+    }
   }
-  const ChunkPolicy policy{cfg_.prefill.token_budget, cfg_.prefill.chunk_tokens, cfg_.prefill.max_batch};
+  const ChunkPolicy policy{cfg_.prefill.token_budget, cfg_.prefill.chunk_tokens, cfg_.prefill.max_batch,
+                           cfg_.prefill.context_cost_tokens};
   KvBlockManager& blocks = *engine_->blocks;
   int64_t free = blocks.num_free_blocks() - reserved_blocks();
   bool may_start = true;  // no overtaking among prompts that have not started

@@ -439,7 +439,8 @@ struct PoolsOptions {
   std::string trace;  // a request trace (Mooncake JSONL) instead of rate + lengths
   int64_t prefill_budget = 8192;
   int64_t chunk_tokens = 0;  // chunked prefill: tokens of a longer prompt per pass; 0 = off
-  int64_t step_tokens = 512;  // colocated, chunked: tokens per step
+  int64_t step_tokens = 256;  // colocated, chunked: cost per step
+  int64_t context_cost_tokens = 0;  // chunked: a token at position p costs 1 + p / this (0: 1)
   int prefill_max_batch = 256;  // prompts per prefill pass
   int max_decode_batch = 256;
   int max_ranks = 256;
@@ -449,14 +450,15 @@ struct PoolsOptions {
   bool no_overlap = false;
 };
 
-// The engine's defaults (deploy/cluster.json): prefill.chunk_tokens 512,
-// prefill.token_budget 2048, prefill.max_batch 16, decode.step_tokens 512,
-// decode.max_running 64.
+// The engine's defaults (deploy/cluster.json): prefill.chunk_tokens 256,
+// prefill.context_cost_tokens 512, prefill.token_budget 2048,
+// prefill.max_batch 16, decode.step_tokens 256, decode.max_running 64.
 PoolsOptions layout_defaults() {
   PoolsOptions o;
   o.prefill_budget = 2048;
-  o.chunk_tokens = 512;
-  o.step_tokens = 512;
+  o.chunk_tokens = 256;
+  o.step_tokens = 256;
+  o.context_cost_tokens = 512;
   o.prefill_max_batch = 16;
   o.max_decode_batch = 64;
   o.ranks = 2;
@@ -534,6 +536,8 @@ SimSetup setup_sim(const ModelOptions& mo, const HardwareOptions& ho, const Pool
   if (po.max_decode_batch <= 0) die("--max-batch: must be positive");
   if (po.chunk_tokens < 0) die("--chunk-tokens: must be 0 (off) or positive, got " + std::to_string(po.chunk_tokens));
   if (po.step_tokens <= 0) die("--step-tokens: must be positive, got " + std::to_string(po.step_tokens));
+  if (po.context_cost_tokens < 0)
+    die("--context-cost-tokens: must be 0 (off) or positive, got " + std::to_string(po.context_cost_tokens));
   SimSetup s;
   if (!po.trace.empty()) {
     s.w = or_die(trace_workload(po.trace));
@@ -576,6 +580,7 @@ SimSetup setup_sim(const ModelOptions& mo, const HardwareOptions& ho, const Pool
   s.base.prefill_token_budget = po.prefill_budget;
   s.base.chunk_tokens = po.chunk_tokens;
   s.base.step_tokens = po.step_tokens;
+  s.base.context_cost_tokens = po.context_cost_tokens;
   s.base.max_prefill_batch = po.prefill_max_batch;
   s.base.max_decode_batch = po.max_decode_batch;
   s.base.block_size = ho.block_size;
@@ -725,6 +730,7 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
                                     [](const LayoutResult& l) { return l.result.meets_slo; });
   json engine = {{"chunk_tokens", po.chunk_tokens},      {"token_budget", po.prefill_budget},
                  {"step_tokens", po.step_tokens},        {"prefill_max_batch", po.prefill_max_batch},
+                 {"context_cost_tokens", po.context_cost_tokens},
                  {"max_running", po.max_decode_batch},   {"overlap_transfer", !po.no_overlap}};
 
   if (as_json) {
@@ -760,7 +766,8 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
   print_sim_header(s, ho, po);
   std::cout << "engine: ";
   if (po.chunk_tokens > 0) {
-    std::cout << "chunked prefill, " << po.chunk_tokens << "-token chunks, ";
+    std::cout << "chunked prefill, chunks of " << po.chunk_tokens << " (a token at position p costs 1 + p/"
+              << po.context_cost_tokens << "), ";
   } else {
     std::cout << "whole prompts, ";
   }
@@ -876,6 +883,9 @@ int main(int argc, char** argv) {
   pl->add_option("--step-tokens", po.step_tokens,
                  "Chunked prefill, colocated: tokens per step (1 per running decode, prompt chunks the rest)")
       ->capture_default_str();
+  pl->add_option("--context-cost-tokens", po.context_cost_tokens,
+                 "Chunked prefill: a token at context position p costs 1 + p / this in chunks and budgets (0 = off)")
+      ->capture_default_str();
   pl->add_option("--max-batch", po.max_decode_batch, "Running sequences per decode rank")->capture_default_str();
   pl->add_option("--max-ranks", po.max_ranks, "Search cap per pool")->capture_default_str();
   pl->add_option("--prefill", po.prefill, "Evaluate this many prefill ranks (with --decode) instead of searching");
@@ -896,6 +906,9 @@ int main(int argc, char** argv) {
   ly->add_option("--step-tokens", lo.step_tokens,
                  "decode.step_tokens: tokens per colocated step (1 per running decode, prompt chunks the rest, "
                  "at least a quarter)")
+      ->capture_default_str();
+  ly->add_option("--context-cost-tokens", lo.context_cost_tokens,
+                 "prefill.context_cost_tokens: a token at context position p costs 1 + p / this (0 = off)")
       ->capture_default_str();
   ly->add_option("--prefill-max-batch", lo.prefill_max_batch, "prefill.max_batch: prompts per pass")
       ->capture_default_str();

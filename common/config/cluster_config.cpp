@@ -149,7 +149,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   }));
   PD_RETURN_IF_ERROR(section(root, "prefill", [&](const json& j, std::string p) {
     return Reader(j, p).get("token_budget", c.prefill.token_budget).get("max_batch", c.prefill.max_batch)
-        .get("chunk_tokens", c.prefill.chunk_tokens).get("threads", c.prefill.threads).finish();
+        .get("chunk_tokens", c.prefill.chunk_tokens).get("context_cost_tokens", c.prefill.context_cost_tokens)
+        .get("threads", c.prefill.threads).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "decode", [&](const json& j, std::string p) {
     return Reader(j, p).get("max_running", c.decode.max_running).get("step_tokens", c.decode.step_tokens)
@@ -208,6 +209,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("prefill.token_budget", prefill.token_budget, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("prefill.max_batch", prefill.max_batch, 1, 4096));
   PD_RETURN_IF_ERROR(range("prefill.chunk_tokens", prefill.chunk_tokens, 0, 1 << 20));  // 0 = whole prompts
+  PD_RETURN_IF_ERROR(range("prefill.context_cost_tokens", prefill.context_cost_tokens, 0, 1 << 24));  // 0 = off
   PD_RETURN_IF_ERROR(range("prefill.threads", prefill.threads, 0, 1024));
   PD_RETURN_IF_ERROR(range("decode.max_running", decode.max_running, 1, 4096));
   PD_RETURN_IF_ERROR(range("decode.step_tokens", decode.step_tokens, 1, 1 << 20));

@@ -53,12 +53,17 @@ struct ClusterConfig {
   } kv;
 
   struct Prefill {
-    int token_budget = 2048;   // prompt tokens per prefill batch (one prompt may exceed it alone)
+    int token_budget = 2048;   // prompt tokens (cost, when chunked) per prefill batch (one prompt may exceed it alone)
     int max_batch = 16;        // prompts per batch
-    // Chunked prefill: the most tokens of one prompt computed in one pass, on
-    // prefill ranks and colocated ranks (0 = whole prompts). The policy:
-    // serving/prefill_chunks.h.
-    int chunk_tokens = 512;
+    // Chunked prefill: the most of one prompt computed in one pass, on prefill
+    // ranks and colocated ranks (0 = whole prompts). Measured in cost: a token
+    // at context position p counts 1 + p / context_cost_tokens, as do
+    // token_budget and decode.step_tokens. The policy: serving/prefill_chunks.h.
+    int chunk_tokens = 256;
+    // The context length at which a token's attention costs as much as the
+    // rest of its compute on this engine (measured: docs/BENCHMARKS.md); 0 =
+    // every token counts 1, wherever it sits.
+    int context_cost_tokens = 512;
     int threads = 0;           // compute threads per prefill rank (0 = all cores)
   } prefill;
 
@@ -68,7 +73,7 @@ struct ClusterConfig {
     // decode and the rest (at least a quarter) for prompt chunks, so a long
     // prompt slows the running decodes by about this many tokens' compute per
     // step instead of stalling them for the whole prompt.
-    int step_tokens = 512;
+    int step_tokens = 256;
     int threads = 0;           // compute threads per decode rank (0 = all cores)
   } decode;
 

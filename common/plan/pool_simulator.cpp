@@ -38,39 +38,6 @@ Status validate_cluster(const ClusterConfig& c) {
   return Status::ok();
 }
 
-// ---- Chunk planning --------------------------------------------------------------
-
-int64_t ChunkPlanner::grant(int64_t remaining) const {
-  if (prompts_ >= rule_.max_prompts) return -1;
-  if (rule_.chunk_tokens <= 0) {  // whole prompts, FIFO; a longer one runs alone
-    if (prompts_ > 0 && used_ + remaining > rule_.token_budget) return -1;
-    return remaining;
-  }
-  const int64_t left = rule_.token_budget - used_;
-  if (left <= 0) return -1;
-  if (remaining > rule_.chunk_tokens) return long_taken_ ? 0 : std::min(rule_.chunk_tokens, left);
-  return std::min(remaining, left);
-}
-
-void ChunkPlanner::take(int64_t remaining, int64_t tokens) {
-  used_ += tokens;
-  prompts_ += 1;
-  if (rule_.chunk_tokens > 0 && remaining > rule_.chunk_tokens) long_taken_ = true;
-}
-
-std::vector<int64_t> plan_chunks(const std::vector<int64_t>& remaining, const ChunkRule& rule) {
-  ChunkPlanner pl(rule);
-  std::vector<int64_t> out(remaining.size(), 0);
-  for (size_t i = 0; i < remaining.size(); ++i) {
-    const int64_t g = pl.grant(remaining[i]);
-    if (g < 0) break;
-    if (g == 0) continue;
-    pl.take(remaining[i], g);
-    out[i] = g;
-  }
-  return out;
-}
-
 // ---- Simulation -----------------------------------------------------------------
 
 namespace {
@@ -198,7 +165,9 @@ class Simulator {
   void fail(int32_t i);
   void complete(int32_t i);
   void token(Req& r);  // a token of r at now_ (the first, or one after a gap)
-  bool is_short(int64_t tokens) const { return c_.chunk_tokens > 0 && tokens <= c_.chunk_tokens; }
+  bool is_short(int64_t tokens) const {
+    return c_.chunk_tokens > 0 && chunk_cost(0, tokens, c_.context_cost_tokens) <= static_cast<double>(c_.chunk_tokens);
+  }
   void router_push(int32_t j, bool front);
   // Offers the router's waiting prompts to `pl` in queue order; `admit(j,
   // tokens)` puts one in the pass or returns false to end it. The admitted
@@ -234,7 +203,7 @@ class Simulator {
   uint64_t next_seq_ = 0;
   RouterQueue router_;
   std::vector<size_t> taken_short_, taken_long_;  // scratch: positions a pass takes
-  ChunkRule prefill_rule_;
+  ChunkPolicy prefill_rule_;
   std::deque<int32_t> handoffs_;
   std::vector<PrefillRank> prefill_;
   std::vector<DecodeRank> decode_;
@@ -296,11 +265,11 @@ void Simulator::take_from_router(ChunkPlanner& pl, Admit admit) {
     const bool take_short = short_ok && (!long_ok || shorts[s].key < longs[l].key);
     const int32_t j = take_short ? shorts[s].idx : longs[l].idx;
     const int64_t rem = reqs_[j].prefill_tokens;
-    const int64_t g = pl.grant(rem);
+    const int64_t g = pl.grant(rem, 0);
     if (g < 0) break;
     if (g > 0) {
       if (!admit(j, g)) break;
-      pl.take(rem, g);
+      pl.take(rem, 0, g);
       (take_short ? taken_short_ : taken_long_).push_back(take_short ? s : l);
     }
     ++(take_short ? s : l);
@@ -351,13 +320,13 @@ void Simulator::try_start_prefill(int rank) {
   for (int32_t j : p.active) {
     const Req& r = reqs_[j];
     const int64_t rem = r.prefill_tokens - r.computed;
-    const int64_t g = pl.grant(rem);
+    const int64_t g = pl.grant(rem, r.computed);
     if (g < 0) {
       full = true;
       break;
     }
     if (g == 0) continue;
-    pl.take(rem, g);
+    pl.take(rem, r.computed, g);
     add_chunk(&p.batch, &pass, j, g);
   }
   if (!full) {
@@ -618,23 +587,21 @@ void Simulator::coloc_step(int d) {
   if (dr.busy) return;
   const bool preempted = make_room(d);
   const int64_t running = static_cast<int64_t>(dr.running.size());
-  ChunkRule rule;
-  rule.chunk_tokens = c_.chunk_tokens;
-  rule.token_budget = colocated_prompt_budget(c_.step_tokens, running);
-  rule.max_prompts = c_.max_decode_batch;  // the engine's colocated step: decode.max_running
-  ChunkPlanner pl(rule);
+  // The engine's colocated step: decode.max_running prompts at most.
+  ChunkPlanner pl(ChunkPolicy{colocated_prompt_budget(c_.step_tokens, running), c_.chunk_tokens,
+                              c_.max_decode_batch, c_.context_cost_tokens});
   PrefillPass pass;
   bool full = false;
   for (int32_t j : dr.active) {
     const Req& r = reqs_[j];
     const int64_t rem = r.prefill_tokens - r.computed;
-    const int64_t g = pl.grant(rem);
+    const int64_t g = pl.grant(rem, r.computed);
     if (g < 0) {
       full = true;
       break;
     }
     if (g == 0) continue;
-    pl.take(rem, g);
+    pl.take(rem, r.computed, g);
     add_chunk(&dr.batch, &pass, j, g);
   }
   if (!full) {
@@ -756,9 +723,7 @@ LatencyStats stats_of(std::vector<double>& v, double quantile) {
 Result<SimResult> Simulator::run(const Slo& slo) {
   generate();
   watermark_ = std::max<int64_t>(1, c_.decode_kv_blocks / 100);
-  prefill_rule_.chunk_tokens = c_.chunk_tokens;
-  prefill_rule_.token_budget = c_.prefill_token_budget;
-  prefill_rule_.max_prompts = c_.max_prefill_batch;
+  prefill_rule_ = ChunkPolicy{c_.prefill_token_budget, c_.chunk_tokens, c_.max_prefill_batch, c_.context_cost_tokens};
   if (!c_.colocated) prefill_.resize(static_cast<size_t>(c_.prefill_ranks));
   decode_.resize(static_cast<size_t>(c_.decode_ranks));
   for (DecodeRank& d : decode_) d.free_blocks = c_.decode_kv_blocks;
@@ -767,7 +732,9 @@ Result<SimResult> Simulator::run(const Slo& slo) {
   // Chunked prefill adds a pass per chunk: at least min(C, budget) tokens each
   // (a colocated step's prompt share is at least S / 4).
   double token_sum = 0;
-  const double chunk = c_.chunk_tokens <= 0 ? 0
+  // (Priced by context, a chunk late in a long prompt holds as few as kMinChunkTokens.)
+  const double chunk = c_.chunk_tokens <= 0             ? 0
+                       : c_.context_cost_tokens > 0 ? static_cast<double>(kMinChunkTokens)
                        : static_cast<double>(std::max<int64_t>(
                              1, std::min(c_.chunk_tokens, c_.colocated ? c_.step_tokens / 4 : c_.prefill_token_budget)));
   for (const Req& r : reqs_) token_sum += r.output + (chunk > 0 ? r.prompt / chunk : 0);

@@ -36,6 +36,7 @@
 
 #include "plan/phase_cost.h"
 #include "plan/workload.h"
+#include "serving/prefill_chunks.h"
 #include "util/status.h"
 
 namespace pd::plan {
@@ -48,7 +49,8 @@ struct ClusterConfig {
   int decode_ranks = 1;              // disaggregated; colocated: the rank count
   int64_t prefill_token_budget = 8192;  // prompt tokens per prefill pass (unchunked: a longer prompt runs alone)
   int64_t chunk_tokens = 0;          // chunked prefill: at most this many tokens of a longer prompt per pass; 0 = off
-  int64_t step_tokens = 512;         // colocated, chunked: tokens per step (decodes 1 each, prompts the rest)
+  int64_t step_tokens = 256;         // colocated, chunked: cost per step (decodes 1 each, prompts the rest)
+  int64_t context_cost_tokens = 0;   // chunked: a token at context position p costs 1 + p / this (0: 1)
   int max_prefill_batch = 256;       // prompts per prefill pass
   int max_decode_batch = 256;        // running sequences per decode (or colocated) rank
   int block_size = 16;               // tokens per KV block
@@ -61,57 +63,10 @@ struct ClusterConfig {
 };
 Status validate_cluster(const ClusterConfig& c);
 
-// ---- Chunked prefill: which prompts get how many tokens in one pass ---------------
-
-// The engine's rule for one pass (a prefill rank's pass, or the prompt share of
-// a colocated step). Candidates are offered in arrival order (a prompt already
-// partly computed keeps its arrival place), each with r, its uncomputed tokens.
-//  - chunk_tokens C > 0: a candidate with r > C is "long"; only the pass's
-//    first long candidate gets a chunk, min(C, budget left); later long ones
-//    are skipped (later short ones may overtake them). A short candidate
-//    (r <= C) gets min(r, budget left): the last one may be cut.
-//  - C = 0 (whole prompts): each candidate gets all of r while the pass stays
-//    within the budget; the first one that does not fit ends the pass (FIFO),
-//    unless the pass is empty: a longer prompt runs alone.
-// The pass ends when its budget is used or it holds max_prompts prompts
-// (a prefill rank: ClusterConfig::max_prefill_batch; a colocated step:
-// max_decode_batch, as the engine's decode.max_running).
-struct ChunkRule {
-  int64_t chunk_tokens = 512;   // C; 0 = whole prompts
-  int64_t token_budget = 2048;  // prompt tokens in the pass
-  int64_t max_prompts = 16;     // prompts in the pass
-};
-
-class ChunkPlanner {
- public:
-  explicit ChunkPlanner(const ChunkRule& rule) : rule_(rule) {}
-  // Tokens a candidate with `remaining` (> 0) uncomputed tokens would get if
-  // it were offered now: > 0 that many, 0 skipped (a long candidate after the
-  // pass's long one), -1 the pass is full (offer no more).
-  int64_t grant(int64_t remaining) const;
-  // Puts the candidate in the pass with `tokens` = grant(remaining) > 0.
-  void take(int64_t remaining, int64_t tokens);
-  int64_t tokens() const { return used_; }
-  int64_t prompts() const { return prompts_; }
-  bool long_taken() const { return long_taken_; }
-
- private:
-  ChunkRule rule_;
-  int64_t used_ = 0;
-  int64_t prompts_ = 0;
-  bool long_taken_ = false;
-};
-
-// A colocated step's prompt budget: what `step_tokens` leaves after one token
-// per running decode, but at least a quarter of it (and at least 1).
-inline int64_t colocated_prompt_budget(int64_t step_tokens, int64_t running) {
-  const int64_t floor = step_tokens / 4 > 1 ? step_tokens / 4 : 1;
-  return step_tokens - running > floor ? step_tokens - running : floor;
-}
-
-// The rule applied to candidates in order: the tokens each gets in the pass
-// (0 for those not in it).
-std::vector<int64_t> plan_chunks(const std::vector<int64_t>& remaining, const ChunkRule& rule);
+// ---- Chunked prefill ----------------------------------------------------------------
+// A pass (a prefill rank's, or the prompt share of a colocated step) is built
+// by the engine's own rule, pd::ChunkPlanner (serving/prefill_chunks.h): the
+// same code the workers run, fed the simulated prompts in arrival order.
 
 struct Slo {
   double ttft_seconds = 1.0;   // time to first token

@@ -4,32 +4,64 @@
 
 namespace pd {
 
+double chunk_cost(int64_t p, int64_t n, int64_t k) {
+  if (k <= 0 || n <= 0) return static_cast<double>(std::max<int64_t>(n, 0));
+  // Sum over the chunk's tokens of 1 + (their position) / K.
+  const double positions = static_cast<double>(n) * static_cast<double>(p) + 0.5 * static_cast<double>(n) * (n - 1);
+  return static_cast<double>(n) + positions / static_cast<double>(k);
+}
+
+namespace {
+
+// The most tokens (<= r) from position p costing at most `allowance`; 0 if none.
+int64_t tokens_within(int64_t p, int64_t r, double allowance, int64_t k) {
+  int64_t lo = 0, hi = r;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (chunk_cost(p, mid, k) <= allowance) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace
+
+ChunkPlanner::ChunkPlanner(const ChunkPolicy& policy) : p_(policy), left_(static_cast<double>(policy.budget)) {}
+
+bool ChunkPlanner::is_long(int64_t remaining, int64_t position) const {
+  return p_.chunk_tokens > 0 &&
+         chunk_cost(position, remaining, p_.context_cost_tokens) > static_cast<double>(p_.chunk_tokens);
+}
+
+int64_t ChunkPlanner::grant(int64_t remaining, int64_t position) const {
+  if (prompts_ >= p_.max_prompts) return -1;
+  if (p_.chunk_tokens <= 0) {  // whole prompts, in order; a longer one runs alone
+    if (prompts_ > 0 && static_cast<double>(remaining) > left_) return -1;
+    return remaining;
+  }
+  if (left_ <= 0) return -1;
+  if (remaining <= 0 || (long_taken_ && is_long(remaining, position))) return 0;
+  const double allowance = std::min(static_cast<double>(p_.chunk_tokens), left_);
+  int64_t n = tokens_within(position, remaining, allowance, p_.context_cost_tokens);
+  if (prompts_ == 0) n = std::max(n, std::min(remaining, kMinChunkTokens));  // the first always advances
+  return n;
+}
+
+void ChunkPlanner::take(int64_t remaining, int64_t position, int64_t tokens) {
+  left_ -= p_.chunk_tokens <= 0 ? static_cast<double>(tokens) : chunk_cost(position, tokens, p_.context_cost_tokens);
+  ++prompts_;
+  long_taken_ |= is_long(remaining, position);
+}
+
 std::vector<PrefillChunk> plan_prefill_chunks(std::span<const PrefillCandidate> candidates, const ChunkPolicy& p) {
   std::vector<PrefillChunk> pass;
-  int64_t left = p.budget;
-  if (p.chunk_tokens <= 0) {
-    for (const PrefillCandidate& c : candidates) {
-      if (static_cast<int>(pass.size()) >= p.max_prompts) break;
-      if (!pass.empty() && c.remaining > left) break;  // one prompt may exceed the budget alone
-      pass.push_back({c.id, c.remaining});
-      left -= c.remaining;
-    }
-    return pass;
-  }
-  bool long_taken = false;
+  ChunkPlanner planner(p);
   for (const PrefillCandidate& c : candidates) {
-    if (left <= 0 || static_cast<int>(pass.size()) >= p.max_prompts) break;
-    if (c.remaining <= 0) continue;
-    int64_t n;
-    if (c.remaining > p.chunk_tokens) {
-      if (long_taken) continue;  // one long prompt advances per pass
-      long_taken = true;
-      n = std::min(p.chunk_tokens, left);
-    } else {
-      n = std::min(c.remaining, left);
-    }
+    const int64_t n = planner.grant(c.remaining, c.position);
+    if (n < 0) break;
+    if (n == 0) continue;
+    planner.take(c.remaining, c.position, n);
     pass.push_back({c.id, n});
-    left -= n;
   }
   return pass;
 }

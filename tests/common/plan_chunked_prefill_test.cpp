@@ -69,11 +69,14 @@ TEST_CASE("plan: chunk planning rule", "[plan][chunk]") {
   };
   for (const Case& c : cases) {
     INFO(c.what);
-    ChunkRule rule;
-    rule.chunk_tokens = c.chunk;
-    rule.token_budget = c.budget;
-    rule.max_prompts = c.max_prompts;
-    CHECK(plan_chunks(c.remaining, rule) == c.expect);
+    // The engine's planner, as the simulator offers prompts to it (positions 0, priced by tokens).
+    std::vector<pd::PrefillCandidate> candidates;
+    for (size_t i = 0; i < c.remaining.size(); ++i) candidates.push_back({i, c.remaining[i], 0});
+    std::vector<int64_t> got(c.remaining.size(), 0);
+    for (const pd::PrefillChunk& ch :
+         pd::plan_prefill_chunks(candidates, pd::ChunkPolicy{c.budget, c.chunk, static_cast<int>(c.max_prompts), 0}))
+      got[ch.id] = ch.tokens;
+    CHECK(got == c.expect);
   }
 }
 
@@ -84,7 +87,7 @@ TEST_CASE("plan: a colocated step's prompt budget is max(S - running, S/4)", "[p
   const Case cases[] = {{512, 0, 512}, {512, 100, 412}, {512, 384, 128}, {512, 400, 128}, {512, 5000, 128}, {2048, 64, 1984}, {2, 10, 1}};
   for (const Case& c : cases) {
     INFO("S " << c.step << " running " << c.running);
-    CHECK(colocated_prompt_budget(c.step, c.running) == c.expect);
+    CHECK(pd::colocated_prompt_budget(c.step, c.running) == c.expect);
   }
 }
 
@@ -318,6 +321,7 @@ TEST_CASE("plan: chunked runs are deterministic and settle under preemption", "[
     c.decode_ranks = colocated ? 3 : 1;
     c.prefill_token_budget = 2048;
     c.chunk_tokens = 512;
+    c.step_tokens = 512;
     c.max_prefill_batch = 16;
     c.max_decode_batch = 64;
     c.decode_kv_blocks = 3000;  // tight: preemption and recompute

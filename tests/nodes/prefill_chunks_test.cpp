@@ -50,9 +50,44 @@ TEST_CASE("prefill chunks: who computes how much in one pass", "[chunks]") {
   };
   for (const Row& r : table) {
     INFO(r.what);
-    const auto got = plan_prefill_chunks(r.candidates, ChunkPolicy{r.budget, r.chunk, r.max_prompts});
+    const auto got = plan_prefill_chunks(r.candidates, ChunkPolicy{r.budget, r.chunk, r.max_prompts, 0});
     CHECK(pairs(got) == r.expected);
   }
+}
+
+TEST_CASE("prefill chunks: a pass is budgeted in cost; a token at position p costs 1 + p/K", "[chunks]") {
+  CHECK(pd::chunk_cost(0, 10, 0) == 10);
+  CHECK(pd::chunk_cost(1000, 10, 0) == 10);
+  CHECK(pd::chunk_cost(0, 4, 2) == Approx(4 + (0 + 1 + 2 + 3) / 2.0));
+  CHECK(pd::chunk_cost(512, 256, 512) == Approx(256 + (256 * 512 + 256 * 255 / 2.0) / 512));
+  const ChunkPolicy policy{2048, 256, 16, 512};
+  struct Case { const char* what; std::vector<PrefillCandidate> c; std::vector<std::pair<uint64_t, int64_t>> want; };
+  const std::vector<Case> table{
+      // 1 + p/512 per token: from position 0, 212 tokens cost 255.7 and 213 cost 257.1.
+      {"the first chunk of a long prompt", {{1, 4000, 0}}, {{1, 212}}},
+      // at position 3584 a token costs 8 and more: 31 tokens cost 248.9, 32 cost 257.0
+      {"late in a long prompt a chunk holds fewer tokens", {{1, 416, 3584}}, {{1, 31}}},
+      {"the first prompt advances at least kMinChunkTokens", {{1, 4000, 60000}}, {{1, pd::kMinChunkTokens}}},
+      {"a short prompt late in its context is long by cost", {{1, 100, 3000}, {2, 50, 0}}, {{1, 37}, {2, 50}}},
+      {"a second long one waits, a short overtakes", {{1, 4000, 0}, {2, 4000, 0}, {3, 40, 0}}, {{1, 212}, {3, 40}}},
+  };
+  for (const Case& t : table) {
+    INFO(t.what);
+    CHECK(pairs(plan_prefill_chunks(t.c, policy)) == t.want);
+  }
+  // Every pass of a lone 8,000-token prompt costs at most the chunk (bar the
+  // minimum chunk), so passes take about as long late in the prompt as early.
+  int64_t done = 0, passes = 0;
+  while (done < 8000) {
+    const auto pass = plan_prefill_chunks(std::vector<PrefillCandidate>{{1, 8000 - done, done}}, policy);
+    REQUIRE(pass.size() == 1);
+    const double cost = pd::chunk_cost(done, pass[0].tokens, 512);
+    if (pass[0].tokens > pd::kMinChunkTokens) CHECK(cost <= 256);
+    if (8000 - done > pass[0].tokens) CHECK(cost > 256 - 20);  // not much left on the table
+    done += pass[0].tokens;
+    ++passes;
+  }
+  CHECK(passes > 8000 / 212);
 }
 
 TEST_CASE("prefill chunks: a colocated step's prompt budget", "[chunks]") {
@@ -84,7 +119,7 @@ TEST_CASE("prefill chunks: no starvation, shorts wait about one chunk", "[chunks
       }
     std::vector<PrefillCandidate> cands;
     for (uint64_t id : order) cands.push_back({id, left[id]});
-    for (const PrefillChunk& c : plan_prefill_chunks(cands, ChunkPolicy{2048, 512, 16})) {
+    for (const PrefillChunk& c : plan_prefill_chunks(cands, ChunkPolicy{2048, 512, 16, 0})) {
       REQUIRE(c.tokens > 0);
       REQUIRE(c.tokens <= left[c.id]);
       if ((left[c.id] -= c.tokens) == 0) {
