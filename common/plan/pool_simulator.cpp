@@ -175,6 +175,9 @@ class Simulator {
   template <typename Admit>
   void take_from_router(ChunkPlanner& pl, Admit admit);
   void add_chunk(std::vector<int32_t>* batch, PrefillPass* pass, int32_t j, int64_t tokens);
+  // Offers a rank's partly computed prompts to `pl` in order; false once the pass is full.
+  bool offer_started(ChunkPlanner& pl, const std::vector<int32_t>& active, std::vector<int32_t>* batch,
+                     PrefillPass* pass);
   // Disaggregated.
   void try_start_prefill(int r);
   void try_start_prefill_all();
@@ -290,6 +293,20 @@ void Simulator::add_chunk(std::vector<int32_t>* batch, PrefillPass* pass, int32_
   if (r.t_prefill_start < 0) r.t_prefill_start = now_;
 }
 
+bool Simulator::offer_started(ChunkPlanner& pl, const std::vector<int32_t>& active, std::vector<int32_t>* batch,
+                              PrefillPass* pass) {
+  for (int32_t j : active) {
+    const Req& r = reqs_[j];
+    const int64_t rem = r.prefill_tokens - r.computed;
+    const int64_t g = pl.grant(rem, r.computed);
+    if (g < 0) return false;
+    if (g == 0) continue;
+    pl.take(rem, r.computed, g);
+    add_chunk(batch, pass, j, g);
+  }
+  return true;
+}
+
 void Simulator::on_arrival(int32_t i) {
   Req& r = reqs_[i];
   if (!fits_ever(r)) {
@@ -315,21 +332,8 @@ void Simulator::try_start_prefill(int rank) {
   if (p.busy || (p.active.empty() && router_.empty())) return;
   ChunkPlanner pl(prefill_rule_);
   PrefillPass pass;
-  bool full = false;
   // Prompts this rank has started first (they came out of the router earlier).
-  for (int32_t j : p.active) {
-    const Req& r = reqs_[j];
-    const int64_t rem = r.prefill_tokens - r.computed;
-    const int64_t g = pl.grant(rem, r.computed);
-    if (g < 0) {
-      full = true;
-      break;
-    }
-    if (g == 0) continue;
-    pl.take(rem, r.computed, g);
-    add_chunk(&p.batch, &pass, j, g);
-  }
-  if (!full) {
+  if (offer_started(pl, p.active, &p.batch, &pass)) {
     int64_t held = p.held_blocks;
     take_from_router(pl, [&](int32_t j, int64_t g) {
       Req& r = reqs_[j];
@@ -591,20 +595,7 @@ void Simulator::coloc_step(int d) {
   ChunkPlanner pl(ChunkPolicy{colocated_prompt_budget(c_.step_tokens, running), c_.chunk_tokens,
                               c_.max_decode_batch, c_.context_cost_tokens});
   PrefillPass pass;
-  bool full = false;
-  for (int32_t j : dr.active) {
-    const Req& r = reqs_[j];
-    const int64_t rem = r.prefill_tokens - r.computed;
-    const int64_t g = pl.grant(rem, r.computed);
-    if (g < 0) {
-      full = true;
-      break;
-    }
-    if (g == 0) continue;
-    pl.take(rem, r.computed, g);
-    add_chunk(&dr.batch, &pass, j, g);
-  }
-  if (!full) {
+  if (offer_started(pl, dr.active, &dr.batch, &pass)) {
     take_from_router(pl, [&](int32_t j, int64_t g) {
       if (running + static_cast<int64_t>(dr.active.size()) >= c_.max_decode_batch) return false;
       Req& r = reqs_[j];

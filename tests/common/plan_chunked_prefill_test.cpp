@@ -371,6 +371,18 @@ TEST_CASE("plan: layout recommendation: highest goodput, ties to the lower TTFT 
   CHECK(recommend_layout({layout("colocated x2", 0.9, 1.0), layout("1P+1D", 0.9, 1.0)}) == 0);
 }
 
+// The engine's chunking (token-priced) as the layout tests run it, on a large KV pool.
+static ClusterConfig layout_base() {
+  ClusterConfig base;
+  base.chunk_tokens = 512;
+  base.prefill_token_budget = 2048;
+  base.step_tokens = 512;
+  base.max_prefill_batch = 16;
+  base.max_decode_batch = 64;
+  base.decode_kv_blocks = 100'000;
+  return base;
+}
+
 TEST_CASE("plan: layout answer: long prompts under a tight TPOT SLO go disaggregated", "[plan][layout]") {
   // 4,000-token prompts (0.4 s of prefill) at 1 req/s, 64 output tokens, two ranks.
   // Colocated, a decode step shares its rank with 512-token chunks (+51 ms) whenever a
@@ -389,13 +401,7 @@ TEST_CASE("plan: layout answer: long prompts under a tight TPOT SLO go disaggreg
   w.prompt = fixed(4000);
   w.output = fixed(64);
   w.num_requests = 2000;
-  ClusterConfig base;
-  base.chunk_tokens = 512;
-  base.prefill_token_budget = 2048;
-  base.step_tokens = 512;
-  base.max_prefill_batch = 16;
-  base.max_decode_batch = 64;
-  base.decode_kv_blocks = 100'000;
+  const ClusterConfig base = layout_base();
   Slo slo;
   slo.ttft_seconds = 2.0;
   slo.tpot_seconds = 0.025;
@@ -440,13 +446,7 @@ TEST_CASE("plan: layout answer: short prompts whose decodes need both ranks go c
   w.prompt = fixed(64);
   w.output = fixed(64);
   w.num_requests = 3000;
-  ClusterConfig base;
-  base.chunk_tokens = 512;
-  base.prefill_token_budget = 2048;
-  base.step_tokens = 512;
-  base.max_prefill_batch = 16;
-  base.max_decode_batch = 64;
-  base.decode_kv_blocks = 100'000;
+  const ClusterConfig base = layout_base();
   Slo slo;
   slo.ttft_seconds = 0.5;
   slo.tpot_seconds = 0.025;
