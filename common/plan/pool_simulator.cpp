@@ -194,6 +194,7 @@ class Simulator {
   void coloc_whole(int d);
   void coloc_step(int d);
   void coloc_kick_idle();
+  void coloc_prompt_done(DecodeRank& dr, int32_t j);
   void on_coloc_done(int d);
 
   const Workload& w_;
@@ -534,6 +535,22 @@ void Simulator::on_decode_done(int d) {
   }
 }
 
+// A colocated rank finished a prompt's KV: its token 1 now; then it decodes here, or it is done.
+void Simulator::coloc_prompt_done(DecodeRank& dr, int32_t j) {
+  Req& r = reqs_[j];
+  r.ctx = r.prefill_tokens;
+  r.generated += 1;
+  token(r);
+  if (r.generated >= r.output) {
+    dr.free_blocks += r.blocks;
+    r.blocks = 0;
+    complete(j);
+  } else {
+    dr.running.push_back(j);
+    dr.ctx_sum += r.ctx;
+  }
+}
+
 void Simulator::coloc_kick_idle() {
   for (int d = 0; d < static_cast<int>(decode_.size()) && !router_.empty(); ++d) {
     if (!decode_[d].busy) coloc_next(d);
@@ -644,17 +661,7 @@ void Simulator::on_coloc_done(int d) {
       if (r.computed < r.prefill_tokens) continue;
       r.computed = 0;
       r.in_prefill = false;
-      r.ctx = r.prefill_tokens;
-      r.generated += 1;
-      token(r);
-      if (r.generated >= r.output) {
-        dr.free_blocks += r.blocks;
-        r.blocks = 0;
-        complete(j);
-      } else {
-        dr.running.push_back(j);
-        dr.ctx_sum += r.ctx;
-      }
+      coloc_prompt_done(dr, j);
     }
     dr.active.erase(
         std::remove_if(dr.active.begin(), dr.active.end(), [&](int32_t j) { return !reqs_[j].in_prefill; }),
@@ -668,18 +675,7 @@ void Simulator::on_coloc_done(int d) {
     const double dur = now_ - dr.step_start;
     prefill_busy_ += dur;
     for (int32_t j : dr.batch) {
-      Req& r = reqs_[j];
-      r.ctx = r.prefill_tokens;
-      r.generated += 1;
-      token(r);
-      if (r.generated >= r.output) {
-        dr.free_blocks += r.blocks;
-        r.blocks = 0;
-        complete(j);
-      } else {
-        dr.running.push_back(j);
-        dr.ctx_sum += r.ctx;
-      }
+      coloc_prompt_done(dr, j);
     }
     dr.batch.clear();
     dr.busy = false;

@@ -12,6 +12,7 @@
 #include "plan_test_presets.h"
 
 using namespace pd::plan;
+using pd::plan::test::run;
 
 namespace {
 
@@ -33,11 +34,6 @@ Workload trace_of(const std::vector<DrawnRequest>& reqs) {
   return w;
 }
 
-SimResult run(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost, const Slo& slo = Slo{}) {
-  auto r = simulate(w, c, cost, slo);
-  REQUIRE(r.is_ok());
-  return *r;
-}
 
 }  // namespace
 

@@ -10,7 +10,10 @@
 #include "plan/pool_search.h"
 #include "plan/pool_simulator.h"
 
+#include "plan_test_presets.h"
+
 using namespace pd::plan;
+using pd::plan::test::run;
 
 namespace {
 
@@ -34,11 +37,6 @@ LinearCosts mixed_costs() {
   return lc;
 }
 
-SimResult run(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost, const Slo& slo = Slo{}) {
-  auto r = simulate(w, c, cost, slo);
-  REQUIRE(r.is_ok());
-  return *r;
-}
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 
 #include "plan/hardware.h"
 #include "plan/model_spec.h"
+#include "plan/pool_simulator.h"
 
 namespace pd::plan::test {
 
@@ -16,6 +17,13 @@ inline ModelSpec preset(const char* name) {
 
 inline HardwareSpec hw(const char* name) {
   auto r = hardware_preset(name);
+  REQUIRE(r.is_ok());
+  return *r;
+}
+
+// One simulation that must succeed.
+inline SimResult run(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost, const Slo& slo = Slo{}) {
+  auto r = simulate(w, c, cost, slo);
   REQUIRE(r.is_ok());
   return *r;
 }
