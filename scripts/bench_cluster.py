@@ -442,6 +442,10 @@ def engine_profile(args, build, workloads, out_dir):
     return profile
 
 
+# The serving engine's chunked prefill at its defaults (deploy/cluster.json), for pd-plan pools.
+ENGINE_CHUNKING = ["--chunk-tokens", "256", "--step-tokens", "256", "--context-cost-tokens", "512"]
+
+
 def planner_predictions(build, profile, out_dir, results, ttft_slo, tpot_slo):
     """pd-plan pools --trace for 1P+1D and its colocated pool of 2, per trace. The server
     sees more prompt tokens than the trace asks for (the chat template's system prompt and
@@ -458,13 +462,19 @@ def planner_predictions(build, profile, out_dir, results, ttft_slo, tpot_slo):
         with open(sim_path, "w") as f:
             for r in rows:
                 f.write(json.dumps(dict(r, input_length=r["input_length"] + overhead)) + "\n")
-        cmd = [os.path.join(build, "tools", "pd-plan"), "pools", "--model", "smollm2-135m", "--hardware", "cpu-2core",
-               "--profile", profile, "--trace", sim_path, "--prefill", "1", "--decode", "1", "--prefill-budget", "2048",
-               "--max-batch", "64", "--ttft", str(ttft_slo), "--tpot", str(tpot_slo), "--json"]
+        common = ["--model", "smollm2-135m", "--hardware", "cpu-2core", "--profile", profile, "--trace", sim_path,
+                  "--ttft", str(ttft_slo), "--tpot", str(tpot_slo), "--json"]
+        cmd = [os.path.join(build, "tools", "pd-plan"), "pools"] + common + [
+            "--prefill", "1", "--decode", "1", "--prefill-budget", "2048", "--max-batch", "64"] + ENGINE_CHUNKING
         p = subprocess.run(cmd, check=True, capture_output=True, text=True)
         j = json.loads(p.stdout)
+        # Which layout of the two ranks: pd-plan's answer, at the engine's defaults.
+        lay = json.loads(subprocess.run([os.path.join(build, "tools", "pd-plan"), "layout", "--ranks", "2"] + common,
+                                        check=True, capture_output=True, text=True).stdout)
         preds[name] = {"1p1d": j["disaggregated"], "colocated2": j["colocated_same_total"],
-                       "prompt_overhead_tokens": overhead}
+                       "prompt_overhead_tokens": overhead,
+                       "layout": {"recommended": lay["recommended"], "feasible": lay["feasible"],
+                                  "goodput": {l["name"]: l["goodput_rps"] for l in lay["layouts"]}}}
     return preds
 
 
@@ -687,6 +697,26 @@ def tables(results, workloads, preds, client, textbook_text):
                         cells.append("%s / %s (%+.0f%%)" % (fmt(mv, "ms" if k == "tpot" else "s"),
                                                             fmt(sv, "ms" if k == "tpot" else "s"), err))
                 lines.append("| %s | %s | %s |" % (n, LABEL[c], " | ".join(cells)))
+        lines.append("\n### Which layout for two ranks: pd-plan's answer vs the measured better one\n")
+        lines.append("(`pd-plan layout --ranks 2 --trace` at the engine's defaults; better = higher goodput, "
+                     "a tie to the lower TTFT p90; measured over requests 10%..95% by arrival)\n")
+        lines.append("| workload | pd-plan recommends | simulated goodput colocated x2 / 1P+1D | "
+                     "measured goodput colocated x2 / 1P+1D | measured better | agree |")
+        lines.append("|---|---|---|---|---|---|")
+        for n in workloads:
+            lay = preds.get(n, {}).get("layout")
+            if not lay or "1p1d" not in results or "colocated2" not in results:
+                continue
+            mc, md = results["colocated2"][n]["window"], results["1p1d"][n]["window"]
+            if mc["goodput_req_s"] != md["goodput_req_s"]:
+                better = "colocated x2" if mc["goodput_req_s"] > md["goodput_req_s"] else "1P+1D"
+            else:
+                better = "colocated x2" if mc["ttft"]["p90"] <= md["ttft"]["p90"] else "1P+1D"
+            g = lay["goodput"]
+            lines.append("| %s | %s%s | %.2f / %.2f | %.2f / %.2f | %s | %s |" % (
+                n, lay["recommended"], "" if lay["feasible"] else " (none meets the SLOs)",
+                g.get("colocated x2", float("nan")), g.get("1P+1D", float("nan")),
+                mc["goodput_req_s"], md["goodput_req_s"], better, "yes" if lay["recommended"] == better else "no"))
     if textbook_text:
         lines.append("\n### The textbook's claims on this engine (pd-bench-textbook)\n")
         lines.append("```\n" + textbook_text.strip() + "\n```")
@@ -865,7 +895,7 @@ def report_only(args):
                                                   saved["workloads"][name]["long_prompt"])
     profile = os.path.join(args.out, "engine_profile.json")
     preds = saved["planner"]
-    if preds and os.path.exists(profile):  # simulate again: pd-plan may have changed, the profile has not
+    if os.path.exists(profile):  # simulate again: pd-plan may have changed, the profile has not
         preds = planner_predictions(os.path.abspath(args.build), profile, args.out, saved["results"],
                                     slo["ttft_s"], slo["tpot_s"])
         saved["planner"] = preds
