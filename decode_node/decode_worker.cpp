@@ -292,7 +292,7 @@ void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
   s.params = m.sampling;
   s.arrived = channel_->arrival().value_or(env_->now());  // taken off the network by the communication side
   s.order = next_order_++;
-  s.handoff = HandoffReceiver(source, header_.n_layers);
+  s.handoff = HandoffReceiver(source, header_.n_layers, kv_segments(blocks_for_tokens(s.n_prompt)));
   offers_.push_back(id);
 }
 
@@ -393,8 +393,8 @@ bool DecodeWorker::accept_offers() {
     s.accepted = env_->now();
     Status st = transport_->select_path(s.source, s.path);
     if (st.is_ok())
-      st = s.handoff.post(*transport_, s.tag, [&](int l) {
-        return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table);
+      st = s.handoff.post(*transport_, s.tag, [&](int l, int segment) {
+        return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, kv_segment(table, segment));
       }, s.accepted);
     else
       s.handoff.mark_foreign();  // nothing was posted; the tag is retired all the same

@@ -26,7 +26,9 @@
 // any more). A sender on another host that never resumes keeps them
 // quarantined (reported in LoadReport.quarantined_blocks). Tags: kv_tags.h.
 //
-// Threading: one thread (the engine loop) calls everything, including MPI.
+// Threading: one thread (the engine loop, a compute thread) calls everything;
+// it never calls MPI: `channel` and `transport` are the communication side's
+// ends in the cluster (kvtransfer/comm_side.h).
 #pragma once
 
 #include <chrono>

@@ -2,15 +2,16 @@
 
 namespace pd {
 
-HandoffReceiver::HandoffReceiver(int peer, int n_layers)
-    : peer_(peer), n_layers_(n_layers), trailer_(KvTrailer::serialized_size(n_layers), 0) {}
+HandoffReceiver::HandoffReceiver(int peer, int n_layers, int n_segments)
+    : peer_(peer), n_layers_(n_layers), n_segments_(n_segments < 1 ? 1 : n_segments),
+      trailer_(KvTrailer::serialized_size(n_layers), 0) {}
 
 Status HandoffReceiver::post(Transport& t, int tag, const RegionOf& region_of, TimePoint now) {
   phase_ = Phase::kReceiving;
   last_progress_ = now;
   Status st;
-  for (int l = 0; l < n_layers_ && st.is_ok(); ++l) {
-    Result<TransferOp> op = t.post_recv(peer_, tag, region_of(l));
+  for (int m = 0; m < n_segments_ * n_layers_ && st.is_ok(); ++m) {
+    Result<TransferOp> op = t.post_recv(peer_, tag, region_of(m % n_layers_, m / n_layers_));
     if (op.is_ok()) ops_.push_back(*op);
     else st = op.status();
   }

@@ -1,8 +1,9 @@
-// One KV handoff on the receiving (decode) side: a receive per layer straight
-// into the sequence's blocks, then the trailer, all under the tag this rank
-// gave the sender.
+// One KV handoff on the receiving (decode) side: a receive per (segment,
+// layer) straight into the sequence's blocks, in the order the sender sends
+// them (kv_region.h), then the trailer, all under the tag this rank gave the
+// sender.
 //
-//   HandoffReceiver h(prefill_rank, n_layers);
+//   HandoffReceiver h(prefill_rank, n_layers, n_segments);
 //   h.post(t, tag, region_of, now);          // with the HandoffAccept
 //   h.poll(t, now) ...                       // the engine loop, until all_ended()
 //   h.clean() ? h.trailer() : ...            // landed: verify; else failed
@@ -38,10 +39,10 @@ class HandoffReceiver {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
   enum class Phase { kIdle, kReceiving, kLanded, kBroken };
-  using RegionOf = std::function<KvRegion(int layer)>;
+  using RegionOf = std::function<KvRegion(int layer, int segment)>;
 
   HandoffReceiver() = default;
-  HandoffReceiver(int peer, int n_layers);
+  HandoffReceiver(int peer, int n_layers, int n_segments = 1);
 
   Phase phase() const { return phase_; }
   // Nothing of this handoff is pending in the transport (posted ones all ended).
@@ -52,7 +53,7 @@ class HandoffReceiver {
   // The last post or completion (the silent-sender deadline counts from it).
   TimePoint last_progress() const { return last_progress_; }
 
-  // Posts a receive per layer, then one for the trailer, under `tag`. On an
+  // Posts a receive per (segment, layer), then one for the trailer, under `tag`. On an
   // error the receives posted so far stay posted (cancel() them) and the
   // handoff is not clean.
   Status post(Transport& t, int tag, const RegionOf& region_of, TimePoint now);
@@ -72,6 +73,7 @@ class HandoffReceiver {
  private:
   int peer_ = -1;
   int n_layers_ = 0;
+  int n_segments_ = 1;
   Phase phase_ = Phase::kIdle;
   bool clean_ = true;
   std::vector<TransferOp> ops_;

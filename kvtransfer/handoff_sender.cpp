@@ -1,5 +1,6 @@
 #include "kvtransfer/handoff_sender.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace pd {
@@ -14,8 +15,8 @@ const char* handoff_phase_name(HandoffSender::Phase p) {
   return "?";
 }
 
-HandoffSender::HandoffSender(int peer, uint64_t request_id, uint32_t epoch, int n_layers)
-    : peer_(peer), request_id_(request_id), epoch_(epoch), n_layers_(n_layers),
+HandoffSender::HandoffSender(int peer, uint64_t request_id, uint32_t epoch, int n_layers, int n_segments)
+    : peer_(peer), request_id_(request_id), epoch_(epoch), n_layers_(n_layers), n_segments_(std::max(1, n_segments)),
       checksums_(static_cast<size_t>(n_layers), 0) {}
 
 bool HandoffSender::accept(int tag) {
@@ -31,10 +32,17 @@ void HandoffSender::layer_written(int layer, uint64_t checksum) {
   if (layer + 1 > layers_written_) layers_written_ = layer + 1;
 }
 
+void HandoffSender::segments_done(int k) { segments_done_ = std::max(segments_done_, std::min(k, n_segments_)); }
+
+bool HandoffSender::written(int message) const {
+  return message / n_layers_ < segments_done_ || message % n_layers_ < layers_written_;
+}
+
 void HandoffSender::post_written(Transport& t, const RegionOf& region_of, TimePoint now) {
   if (!accepted_ || phase_ == Phase::kFailed || phase_ == Phase::kSent) return;
-  while (layers_posted_ < layers_written_ && phase_ != Phase::kFailed) post(t, layers_posted_, region_of, now);
-  if (finish_called_ && !trailer_posted_ && layers_posted_ == n_layers_ && phase_ != Phase::kFailed) {
+  const int messages = n_segments_ * n_layers_;
+  while (posted_ < messages && written(posted_) && phase_ != Phase::kFailed) post(t, posted_, region_of, now);
+  if (finish_called_ && !trailer_posted_ && posted_ == messages && phase_ != Phase::kFailed) {
     KvTrailer tr;
     tr.request_id = request_id_;
     tr.epoch = epoch_;
@@ -52,17 +60,19 @@ void HandoffSender::finish(int32_t first_token, bool finished_at_first, Transpor
   first_token_ = first_token;
   finished_at_first_ = finished_at_first;
   layers_written_ = n_layers_;
+  segments_done_ = n_segments_;
   post_written(t, region_of, now);
 }
 
-void HandoffSender::post(Transport& t, int layer, const RegionOf& region_of, TimePoint now) {
+void HandoffSender::post(Transport& t, int message, const RegionOf& region_of, TimePoint now) {
   int64_t bytes = 0;
+  const int layer = message;  // < 0: the trailer
   Result<TransferOp> op = [&]() -> Result<TransferOp> {
-    if (layer < 0) {
+    if (message < 0) {
       bytes = static_cast<int64_t>(trailer_.size());
       return t.post_send_bytes(peer_, tag_, trailer_.data(), trailer_.size());
     }
-    const KvRegion region = region_of(layer);
+    const KvRegion region = region_of(message % n_layers_, message / n_layers_);
     bytes = region.total_bytes();
     return t.post_send(peer_, tag_, region);
   }();
@@ -73,7 +83,7 @@ void HandoffSender::post(Transport& t, int layer, const RegionOf& region_of, Tim
   if (ops_.empty() && bytes_posted_ == 0) send_started_ = now;
   if (layer < 0) trailer_posted_ = true;
   else {
-    ++layers_posted_;
+    ++posted_;
     bytes_posted_ += bytes;
   }
   ops_.push_back({*op, bytes});

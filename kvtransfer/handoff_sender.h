@@ -1,10 +1,12 @@
-// One KV handoff on the sending (prefill) side: one sequence's KV, layer by
-// layer, to the decode rank that accepted it, then the trailer (first token,
-// a checksum per layer) under the same tag.
+// One KV handoff on the sending (prefill) side: one sequence's KV, segment by
+// segment and in each layer by layer (kv_region.h: one message per (segment,
+// layer)), to the decode rank that accepted it, then the trailer (first token,
+// a checksum per layer over the whole sequence) under the same tag.
 //
-//   HandoffSender h(decode_rank, id, epoch, n_layers);     // offered
+//   HandoffSender h(decode_rank, id, epoch, n_layers, n_segments);  // offered
 //   h.accept(tag);                                         // the decode rank's HandoffAccept
-//   h.layer_written(l, checksum); h.post_written(t, ...);  // from the layer hook, as layers land
+//   h.segments_done(k); h.post_written(t, ...);            // after a chunk's pass: segments [0, k) complete
+//   h.layer_written(l, checksum); h.post_written(t, ...);  // from the last pass's layer hook, as layers land
 //   h.finish(first_token, finished, t, ...);               // the pass ended: the rest, then the trailer
 //   while (h.poll(t, now) == Phase::kSending) ...          // the engine loop
 //   h.abandon(t);                                          // an ended handoff (any phase)
@@ -38,11 +40,11 @@ class HandoffSender {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
   enum class Phase { kOffered, kSending, kSent, kFailed };
-  // The region of one layer of this sequence's KV in the sender's cache.
-  using RegionOf = std::function<KvRegion(int layer)>;
+  // The region of one layer of one segment of this sequence's KV in the sender's cache.
+  using RegionOf = std::function<KvRegion(int layer, int segment)>;
 
   HandoffSender() = default;
-  HandoffSender(int peer, uint64_t request_id, uint32_t epoch, int n_layers);
+  HandoffSender(int peer, uint64_t request_id, uint32_t epoch, int n_layers, int n_segments = 1);
 
   int peer() const { return peer_; }
   Phase phase() const { return phase_; }
@@ -53,9 +55,12 @@ class HandoffSender {
 
   // The decode rank accepted under `tag`. Duplicates are ignored (false).
   bool accept(int tag);
-  // Layer `layer`'s KV is in the cache with this checksum (0 when off).
+  // Layer `layer`'s KV of the whole sequence is in the cache (its last chunk
+  // wrote it) with this checksum (0 when off).
   void layer_written(int layer, uint64_t checksum);
-  // Posts every written layer not posted yet, in order (needs accepted()).
+  // Segments [0, k) are in the cache in every layer (earlier chunks wrote them).
+  void segments_done(int k);
+  // Posts, in order, every message not posted yet whose KV is written (needs accepted()).
   void post_written(Transport& t, const RegionOf& region_of, TimePoint now);
   // Every layer is written and the first token known: posts the rest and the
   // trailer (needs accepted(); else they go when accept() and then finish()
@@ -81,17 +86,20 @@ class HandoffSender {
   size_t in_flight() const { return ops_.size(); }
 
  private:
-  void post(Transport& t, int layer, const RegionOf& region_of, TimePoint now);  // layer -1 = the trailer
+  void post(Transport& t, int message, const RegionOf& region_of, TimePoint now);  // message -1 = the trailer
+  bool written(int message) const;
   int peer_ = -1;
   uint64_t request_id_ = 0;
   uint32_t epoch_ = 0;
   int n_layers_ = 0;
+  int n_segments_ = 1;
   Phase phase_ = Phase::kOffered;
   std::string error_;
   bool accepted_ = false;
   int tag_ = 0;
-  int layers_written_ = 0;           // layers [0, layers_written_) are in the cache
-  int layers_posted_ = 0;            // layers [0, layers_posted_) went to the transport
+  int layers_written_ = 0;           // layers [0, layers_written_) of every segment are in the cache
+  int segments_done_ = 0;            // segments [0, segments_done_) of every layer are in the cache
+  int posted_ = 0;                   // messages [0, posted_) went to the transport (message = segment * layers + layer)
   std::vector<uint64_t> checksums_;  // per layer
   bool finish_called_ = false;
   int32_t first_token_ = -1;

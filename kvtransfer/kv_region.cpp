@@ -1,10 +1,21 @@
 #include "kvtransfer/kv_region.h"
 
+#include <algorithm>
+
 #include <xxhash.h>
 
 #include <cstring>
 
 namespace pd {
+
+int kv_segments(int64_t n_blocks) {
+  return static_cast<int>(std::max<int64_t>(1, (n_blocks + kKvSegmentBlocks - 1) / kKvSegmentBlocks));
+}
+
+std::span<const int32_t> kv_segment(std::span<const int32_t> table, int segment) {
+  const size_t first = std::min(table.size(), static_cast<size_t>(segment) * kKvSegmentBlocks);
+  return table.subspan(first, std::min<size_t>(kKvSegmentBlocks, table.size() - first));
+}
 
 KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int layer, std::span<const int32_t> blocks) {
   KvRegion r;

@@ -22,6 +22,18 @@ struct KvRegion {
 // The region of `layer` for a sequence holding `blocks` in a cache with `layout`.
 KvRegion kv_layer_region(void* cache_base, const KvCacheLayout& layout, int layer, std::span<const int32_t> blocks);
 
+// A handoff moves a sequence's KV in segments of kKvSegmentBlocks blocks, one
+// message per (segment, layer), segment by segment: a long prompt computed in
+// chunks sends a segment once every layer of it is written, behind the passes
+// of its later chunks, instead of everything behind its last pass. Both ends
+// split the same block count the same way (the wire header fixes the block
+// size); a prompt of at most one segment is one message per layer.
+inline constexpr int kKvSegmentBlocks = 16;
+// Segments of a sequence of `n_blocks` blocks (at least 1).
+int kv_segments(int64_t n_blocks);
+// The blocks of segment `segment` of `table`.
+std::span<const int32_t> kv_segment(std::span<const int32_t> table, int segment);
+
 // The region's pieces as offsets from `cache_base` (the start of a cache of
 // `cache_bytes`), each checked to lie inside it; InvalidArgument naming `who`
 // for an empty region or a piece outside.

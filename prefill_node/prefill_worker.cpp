@@ -299,7 +299,9 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   // network, not from when this loop got to it.
   job.arrived = channel_->arrival().value_or(env_->now());
   job.offered = env_->now();
-  job.handoff = HandoffSender(job.req.decode_rank, id, epoch_, header_.n_layers);
+  const int64_t bs = engine_->blocks->block_size();
+  job.handoff = HandoffSender(job.req.decode_rank, id, epoch_, header_.n_layers,
+                              kv_segments((static_cast<int64_t>(job.req.prompt.size()) + bs - 1) / bs));
   // Offer the handoff now: the decode rank reserves blocks while we compute.
   proto::HandoffOffer offer;
   offer.header = header_;
@@ -351,8 +353,10 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
   if (job->state == JobState::kHeld) {
     set_state(*job, JobState::kSending);
     post_written(*job);
+  } else if (job->state == JobState::kPrefilling) {
+    post_written(*job);  // the segments its earlier chunks completed
   }
-  // A job in the running pass posts its written layers from the layer hook.
+  // A job in the running pass posts its written KV from the layer hook.
 }
 
 void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
@@ -368,8 +372,8 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
 }
 
 HandoffSender::RegionOf PrefillWorker::region_of(const Job& job) const {
-  return [this, &job](int layer) {
-    return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table);
+  return [this, &job](int layer, int segment) {
+    return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, kv_segment(job.table, segment));
   };
 }
 
@@ -561,6 +565,9 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span
   job.done = job.chunk_end;
   if (job.done < static_cast<int64_t>(job.req.prompt.size())) {
     set_state(job, JobState::kPrefilling);
+    // The KV segments every layer of which is now written go behind the next passes.
+    job.handoff.segments_done(static_cast<int>(job.done / (int64_t{kKvSegmentBlocks} * engine_->blocks->block_size())));
+    post_written(job);
     return std::nullopt;
   }
   std::erase(queue_, job.req.id);

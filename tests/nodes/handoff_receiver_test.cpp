@@ -22,7 +22,7 @@ const auto kT0 = std::chrono::steady_clock::time_point(std::chrono::hours(1));
 struct Pages {
   std::vector<uint8_t> bytes = std::vector<uint8_t>(kLayers * 128, 0);
   HandoffReceiver::RegionOf region_of() {
-    return [this](int layer) {
+    return [this](int layer, int) {
       KvRegion r;
       r.base = bytes.data();
       r.piece_bytes = 128;
@@ -36,7 +36,7 @@ struct Pages {
 void send_all(Transport& t, Pages& src, uint64_t id, uint32_t epoch, std::vector<uint8_t>& trailer_bytes) {
   for (int l = 0; l < kLayers; ++l) {
     std::memset(src.bytes.data() + l * 128, 10 + l, 128);
-    REQUIRE(t.post_send(kDecode, kTag, src.region_of()(l)).is_ok());
+    REQUIRE(t.post_send(kDecode, kTag, src.region_of()(l, 0)).is_ok());
   }
   KvTrailer tr;
   tr.request_id = id;

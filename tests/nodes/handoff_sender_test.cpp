@@ -17,19 +17,23 @@ namespace {
 constexpr int kPrefill = 1, kDecode = 2, kLayers = 4, kTag = 40;
 using Phase = HandoffSender::Phase;
 
-// A "cache" of kLayers layers of 256 bytes each; layer l filled with l + 1.
+// A "cache" of kSegments segments of kLayers layers of 256 bytes each;
+// segment s's layer l filled with 16 s + l + 1.
+constexpr int kSegments = 2;
 struct Cache {
-  std::vector<uint8_t> bytes = std::vector<uint8_t>(kLayers * 256, 0);
+  std::vector<uint8_t> bytes = std::vector<uint8_t>(kSegments * kLayers * 256, 0);
   HandoffSender::RegionOf region_of() {
-    return [this](int layer) {
+    return [this](int layer, int segment) {
       KvRegion r;
       r.base = bytes.data();
       r.piece_bytes = 256;
-      r.offsets = {static_cast<int64_t>(layer) * 256};
+      r.offsets = {static_cast<int64_t>(segment * kLayers + layer) * 256};
       return r;
     };
   }
-  void write(int layer) { std::memset(bytes.data() + layer * 256, layer + 1, 256); }
+  void write(int layer, int segment = 0) {
+    std::memset(bytes.data() + (segment * kLayers + layer) * 256, 16 * segment + layer + 1, 256);
+  }
 };
 
 // The decode side, played by hand: a receive per layer, then the trailer.
@@ -38,8 +42,9 @@ struct Receiver {
   Cache cache;
   std::vector<TransferOp> ops;
   std::vector<uint8_t> trailer = std::vector<uint8_t>(KvTrailer::serialized_size(kLayers));
-  explicit Receiver(LoopbackNetwork& net) : t(net.endpoint(kDecode)) {
-    for (int l = 0; l < kLayers; ++l) ops.push_back(*t->post_recv(kPrefill, kTag, cache.region_of()(l)));
+  explicit Receiver(LoopbackNetwork& net, int segments = 1) : t(net.endpoint(kDecode)) {
+    for (int m = 0; m < segments * kLayers; ++m)
+      ops.push_back(*t->post_recv(kPrefill, kTag, cache.region_of()(m % kLayers, m / kLayers)));
     ops.push_back(*t->post_recv_bytes(kPrefill, kTag, trailer.data(), trailer.size()));
   }
   int done() {
@@ -53,6 +58,35 @@ struct Receiver {
 };
 
 const auto kT0 = std::chrono::steady_clock::time_point(std::chrono::hours(1));
+
+TEST_CASE("handoff sender: a chunked prompt's complete segments go before its last pass; the rest layer by layer") {
+  LoopbackNetwork net;
+  auto t = net.endpoint(kPrefill);
+  Cache cache;
+  HandoffSender h(kDecode, 78, 3, kLayers, kSegments);
+  REQUIRE(h.accept(kTag));
+  Receiver rx(net, kSegments);
+  // Earlier chunks wrote segment 0 in every layer (and part of segment 1).
+  for (int l = 0; l < kLayers; ++l) cache.write(l, 0);
+  h.post_written(*t, cache.region_of(), kT0);
+  CHECK(h.bytes_posted() == 0);  // nothing is complete yet
+  h.segments_done(1);
+  h.post_written(*t, cache.region_of(), kT0);
+  h.poll(*t, kT0);
+  CHECK(h.bytes_sent() == 256 * kLayers);  // segment 0, all layers, before the last pass
+  // The last pass writes segment 1 layer by layer: each goes as it lands.
+  for (int l = 0; l < kLayers; ++l) {
+    cache.write(l, 1);
+    h.layer_written(l, 2000 + l);
+    h.post_written(*t, cache.region_of(), kT0);
+    h.poll(*t, kT0);
+    CHECK(h.bytes_sent() == 256 * (kLayers + l + 1));
+  }
+  h.finish(5, false, *t, cache.region_of(), kT0);
+  CHECK(h.poll(*t, kT0) == Phase::kSent);
+  CHECK(rx.done() == kSegments * kLayers + 1);
+  CHECK(rx.cache.bytes == cache.bytes);
+}
 
 TEST_CASE("handoff sender: accepted before the pass, each layer goes as it is written, then the trailer") {
   LoopbackNetwork net;

@@ -1253,5 +1253,44 @@ TEST_CASE("chunked prefill: a prompt sharing a prefix with one between chunks re
   CHECK(c.prefill_engine->blocks->check_invariants().is_ok());
 }
 
+TEST_CASE("chunked prefill: a long prompt's completed KV segments move behind its later chunks", "[workers][chunks]") {
+  // Blocks of 4 tokens: a KV segment (kKvSegmentBlocks blocks) is 64 tokens, so a
+  // 200-token prompt hands off in 4 segments.
+  const auto small_blocks = [](bool prefill_side) {
+    EngineConfig ec;
+    ec.model_path = tiny_model_path();
+    ec.threads = 1;
+    ec.block_size = 4;
+    ec.kv_budget_bytes = 256 << 10;
+    ec.kv_fit_context = prefill_side;
+    ec.prefix_sharing = prefill_side;
+    auto e = Engine::create(ec);
+    REQUIRE(e.is_ok());
+    return std::move(e).value();
+  };
+  std::vector<int32_t> whole;
+  for (int chunk : {0, 16}) {
+    INFO("chunk_tokens " << chunk);
+    ClusterConfig cfg = small_config();
+    cfg.prefill.chunk_tokens = chunk;
+    MiniCluster c(cfg, {}, {}, small_blocks);
+    c.submit(MiniCluster::request(1, 200, 4));
+    // Eight iterations: the offer is accepted and about half the prompt is
+    // computed (a chunk a pass), so its first segment is complete, its last not.
+    for (int i = 0; i < 8; ++i) c.step_both();
+    const bool moved_before_last_pass = c.events.count(1) == 0 && c.net.bytes_moved() > 0;
+    REQUIRE(c.run_until([&] { return c.finished(1); }));
+    REQUIRE(c.settle());
+    REQUIRE(c.transfers.size() == 1);
+    if (chunk == 0) {
+      whole = c.token_ids(1);
+    } else {
+      CHECK(c.token_ids(1) == whole);
+      CHECK(moved_before_last_pass);  // segments went while later chunks computed
+      CHECK(c.transfers[0].hidden_bytes == c.transfers[0].bytes);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pd
