@@ -416,7 +416,7 @@ Status PrefillWorker::place_chunk(Job& job, int64_t end) {
                                  : blocks.allocate(seq, prompt.first(static_cast<size_t>(end)));
     PD_RETURN_IF_ERROR(cached.status());
     job.has_seq = true;
-    job.cached = job.done = *cached;
+    job.done = *cached;
   } else {
     std::vector<BlockCopy> copies;  // a prompt's last block is its own: nothing to copy
     PD_RETURN_IF_ERROR(blocks.append(seq, prompt.subspan(static_cast<size_t>(job.done),
@@ -673,7 +673,9 @@ void PrefillWorker::end(proto::RequestId id) {
     return;
   }
   release(job, job.state == JobState::kSending || job.state == JobState::kHeld);
-  if (job.state == JobState::kQueued || job.state == JobState::kPrefilling) std::erase(queue_, id);
+  // A prompt stays in queue_ until its last chunk is computed, in any of
+  // kQueued, kComputing and kPrefilling: leave nothing of it there.
+  std::erase(queue_, id);
   jobs_.erase(it);
 }
 

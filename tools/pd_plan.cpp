@@ -601,6 +601,20 @@ json workload_json(const SimSetup& s, const PoolsOptions& po) {
   return j;
 }
 
+// What `pools` and `layout` both put first in their JSON: model, hardware, costs, workload, SLO, KV pool.
+json sim_header_json(const SimSetup& s, const HardwareOptions& ho, const PoolsOptions& po) {
+  json j;
+  j["model"] = model_json(s.r.model);
+  j["hardware"] = hardware_json(s.r.hw);
+  j["tp"] = ho.tp;
+  j["cost_model"] = s.cost_source;
+  j["workload"] = workload_json(s, po);
+  j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
+  j["kv_pool"] = {{"blocks_per_rank", s.pool.num_blocks}, {"block_size", ho.block_size},
+                  {"tokens_per_rank", s.pool.token_capacity}};
+  return j;
+}
+
 void print_sim_header(const SimSetup& s, const HardwareOptions& ho, const PoolsOptions& po) {
   print_model_line(s.r.model, s.r.weights, s.r.kv);
   print_hw_line(s.r.hw, ho.tp);
@@ -652,15 +666,7 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   const bool evaluated = po.prefill > 0 || plan.feasible;
 
   if (as_json) {
-    json j;
-    j["model"] = model_json(s.r.model);
-    j["hardware"] = hardware_json(s.r.hw);
-    j["tp"] = ho.tp;
-    j["cost_model"] = s.cost_source;
-    j["workload"] = workload_json(s, po);
-    j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
-    j["kv_pool"] = {{"blocks_per_rank", s.pool.num_blocks}, {"block_size", ho.block_size},
-                    {"tokens_per_rank", s.pool.token_capacity}};
+    json j = sim_header_json(s, ho, po);
     j["chunk_tokens"] = po.chunk_tokens;
     j["feasible"] = plan.feasible;
     if (!plan.reason.empty()) j["reason"] = plan.reason;
@@ -734,15 +740,7 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
                  {"max_running", po.max_decode_batch},   {"overlap_transfer", !po.no_overlap}};
 
   if (as_json) {
-    json j;
-    j["model"] = model_json(s.r.model);
-    j["hardware"] = hardware_json(s.r.hw);
-    j["tp"] = ho.tp;
-    j["cost_model"] = s.cost_source;
-    j["workload"] = workload_json(s, po);
-    j["slo"] = {{"ttft_seconds", po.ttft}, {"tpot_seconds", po.tpot}, {"quantile", po.quantile}};
-    j["kv_pool"] = {{"blocks_per_rank", s.pool.num_blocks}, {"block_size", ho.block_size},
-                    {"tokens_per_rank", s.pool.token_capacity}};
+    json j = sim_header_json(s, ho, po);
     j["engine"] = engine;
     j["ranks"] = ans.ranks;
     j["layouts"] = json::array();

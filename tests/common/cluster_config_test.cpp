@@ -24,7 +24,10 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->kv.prefill_budget_mb == d.kv.prefill_budget_mb);
   CHECK(c->prefill.token_budget == d.prefill.token_budget);
   CHECK(c->prefill.max_batch == d.prefill.max_batch);
+  CHECK(c->prefill.chunk_tokens == d.prefill.chunk_tokens);
+  CHECK(c->prefill.context_cost_tokens == d.prefill.context_cost_tokens);
   CHECK(c->decode.max_running == d.decode.max_running);
+  CHECK(c->decode.step_tokens == d.decode.step_tokens);
   CHECK(c->router.max_queued == d.router.max_queued);
   CHECK(c->router.max_inflight_per_worker == d.router.max_inflight_per_worker);
   CHECK(c->timeouts.handoff_ms == d.timeouts.handoff_ms);
@@ -58,6 +61,10 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(err(R"({"http": {"port": 70000}})").find("'http.port'") != std::string::npos);
   CHECK(err(R"({"timeouts": {"transfer_ms": 0}})").find("'timeouts.transfer_ms'") != std::string::npos);
   CHECK(err(R"({"decode": 3})").find("'decode' must be an object") != std::string::npos);
+  CHECK(err(R"({"prefill": {"chunk_tokens": -1}})").find("'prefill.chunk_tokens' = -1 is out of range") !=
+        std::string::npos);
+  CHECK(err(R"({"prefill": {"context_cost_tokens": -5}})").find("'prefill.context_cost_tokens'") != std::string::npos);
+  CHECK(err(R"({"decode": {"step_tokens": 0}})").find("'decode.step_tokens' = 0 is out of range") != std::string::npos);
   CHECK(err(R"({"engine": {"int8_activations": 1}})").find("'engine.int8_activations' has the wrong type") !=
         std::string::npos);
   CHECK(err(R"({"sampling": {"temperature": 2.5}})").find("'sampling.temperature'") != std::string::npos);
