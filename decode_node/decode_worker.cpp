@@ -6,22 +6,11 @@
 #include <thread>
 
 #include "decode_node/scheduler.h"
-#include "sampling/logprobs.h"
-#include "serving/worker_main.h"
+#include "serving/token_events.h"
+#include "util/env.h"
 #include "util/lifecycle.h"
 
 namespace pd {
-namespace {
-
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
-SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
-proto::Finish finish_of(StopReason r) {
-  return r == StopReason::kNone ? proto::Finish::kNone : r == StopReason::kLength ? proto::Finish::kLength
-                                                                                  : proto::Finish::kStop;
-}
-
-}  // namespace
-
 const char* state_name(DecodeWorker::SeqState s) {
   using S = DecodeWorker::SeqState;
   switch (s) {
@@ -54,14 +43,7 @@ void DecodeWorker::set_state(Seq& s, SeqState to) { transition(s.state, to, s.id
 
 DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
                            std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
-    : cfg_(cfg),
-      roles_(roles),
-      engine_(std::move(engine)),
-      transport_(std::move(transport)),
-      channel_(std::move(channel)) {
-  header_ = engine_->wire_header();
-  endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
-  env_ = std::make_shared<ClusterEnv>(roles_);
+    : WorkerCore("decode", cfg, roles, std::move(engine), std::move(transport), std::move(channel)) {
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
   engine_->model->set_kv_written_hook([this](int) {
@@ -70,93 +52,36 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
   });
 }
 
-DecodeWorker::~DecodeWorker() { engine_->model->set_kv_written_hook({}); }
-
-int64_t DecodeWorker::blocks_for_tokens(int64_t n) const {
-  const int64_t bs = engine_->blocks->block_size();
-  return (n + bs - 1) / bs;
-}
-
-Status DecodeWorker::run() {
-  spdlog::info("decode rank {} ready ({} KV blocks of {} tokens{})", roles_.self, engine_->blocks->num_blocks(),
-               engine_->blocks->block_size(), roles_.colocated() ? ", colocated: prefills its own prompts" : "");
-  report_load(true);
-  while (!shutdown_ && device_fault_.is_ok())
-    // Idle: wait for a message or a transfer that ended (the communication side
-    // wakes us), at most 5 ms — deadlines and load reports need no finer step.
-    if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
-  if (!device_fault_.is_ok()) {
-    // The device is gone: leave like a crashed rank (the cluster fences it).
-    spdlog::critical("decode rank {}: device failed, stopping: {}", roles_.self, device_fault_.to_string());
-    return device_fault_;
-  }
-  for (auto& [id, s] : seqs_) s.handoff.cancel(*transport_);
-  const auto end = Clock::now() + std::chrono::milliseconds(2000);
-  while (transport_->pending() && Clock::now() < end) {
-    progress_transfers();
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  channel_->flush(std::chrono::milliseconds(2000));
-  return Status::ok();
-}
-
-bool DecodeWorker::run_once() {
-  transport_->progress();
-  bool busy = handle_messages();
-  busy |= progress_transfers();
-  check_deadlines();
-  busy |= accept_offers();
+bool DecodeWorker::work() {
+  bool busy = accept_offers();
   busy |= step();
-  if (leave_requested() && !leave_sent_) {
-    channel_->send(roles_.router, proto::Leave{});
-    leave_sent_ = true;
-  }
-  // Drain: everything it held has finished (or failed) and no transfer is in
-  // flight (a quarantined receive holds this until it resolves).
-  if (leaving_ && !drained_sent_ && seqs_.empty() && transport_->pending() == 0) {
-    channel_->send(roles_.router, proto::Drained{});
-    drained_sent_ = true;
-  }
-  channel_->progress();
-  report_load(false);
   return busy;
 }
 
-bool DecodeWorker::handle_messages() {
-  return channel_->drain([&](int source, proto::Message& msg) {
-    // One bad message must not end the rank (and, with it, every request on it).
-    try {
-    std::visit(
-        [&](auto&& m) {
-          using T = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<T, proto::HandoffOffer>) {
-            if (current(source, m.epoch)) on_offer(std::move(m), source);
-          } else if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_prompt(std::move(m));
-          else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id, false, "cancelled");
-          else if constexpr (std::is_same_v<T, proto::HandoffAbort>) {
-            if (current(source, m.epoch)) {
-              // Only the handoff's own prefill rank may abort it.
-              if (const Seq* s = find_seq(m.id); s != nullptr && s->source == source) on_cancel(m.id, true, m.reason);
-            }
-          } else if constexpr (std::is_same_v<T, proto::PeerDown>) on_peer_down(m.rank, m.epoch);
-          else if constexpr (std::is_same_v<T, proto::PeerUp>) on_peer_up(m.rank, m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Rejoin>) on_rejoin(m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Hello>) peers_.up(source, m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Drain>) {
-            if (!leaving_) spdlog::info("decode rank {}: draining (finishing {} sequences)", roles_.self, seqs_.size());
-            leaving_ = true;
-          } else if constexpr (std::is_same_v<T, proto::PeerLeft>) on_peer_left(m.rank);
-          else if constexpr (std::is_same_v<T, proto::Shutdown>) {
-            shutdown_ = true;
-            if (drained_sent_) note_left();
-          } else spdlog::warn("decode rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
-        },
-        msg);
-    } catch (const std::exception& e) {
-      spdlog::error("decode rank {}: handling {} from rank {}: {}", roles_.self, proto::message_name(msg), source,
-                    e.what());
-    }
-  }) > 0;
+// Shutdown: receives still posted are cancelled (nothing more is coming).
+void DecodeWorker::before_exit() {
+  for (auto& [id, s] : seqs_) s.handoff.cancel(*transport_);
+}
+
+bool DecodeWorker::on_message(int source, proto::Message& msg) {
+  if (auto* m = std::get_if<proto::HandoffOffer>(&msg)) {
+    if (current(source, m->epoch)) on_offer(std::move(*m), source);
+  } else if (auto* m = std::get_if<proto::PrefillRequest>(&msg)) {
+    on_prompt(std::move(*m));
+  } else if (auto* m = std::get_if<proto::Cancel>(&msg)) {
+    on_cancel(m->id, false, "cancelled");
+  } else if (auto* m = std::get_if<proto::HandoffAbort>(&msg)) {
+    // Only the handoff's own prefill rank may abort it.
+    if (current(source, m->epoch))
+      if (const Seq* s = find_seq(m->id); s != nullptr && s->source == source) on_cancel(m->id, true, m->reason);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void DecodeWorker::on_drain() {
+  spdlog::info("decode rank {}: draining (finishing {} sequences)", roles_.self, seqs_.size());
 }
 
 DecodeWorker::Seq* DecodeWorker::find_seq(proto::RequestId id) {
@@ -164,26 +89,7 @@ DecodeWorker::Seq* DecodeWorker::find_seq(proto::RequestId id) {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
-bool DecodeWorker::current(int source, proto::Epoch epoch) {
-  switch (peers_.check(source, epoch)) {
-    case PeerEpochs::Verdict::kCurrent: return true;
-    case PeerEpochs::Verdict::kNewer:
-      // Re-admitted before the router's PeerDown/PeerUp reached us.
-      on_peer_down(source, peers_.epoch(source));
-      on_peer_up(source, epoch);
-      return true;
-    case PeerEpochs::Verdict::kStale:
-      spdlog::warn("decode rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
-      return false;
-    case PeerEpochs::Verdict::kDown:
-      spdlog::warn("decode rank {}: dropped a message from rank {}, which is down", roles_.self, source);
-      return false;
-  }
-  return false;
-}
-
-void DecodeWorker::on_peer_down(int rank, proto::Epoch epoch) {
-  if (!peers_.down(rank, epoch)) return;  // an incarnation already known to be over
+void DecodeWorker::on_peer_down(int rank) {
   std::vector<proto::RequestId> ids;
   for (auto& [id, s] : seqs_)
     if (s.source == rank && (s.state == SeqState::kOffered || s.state == SeqState::kReceiving)) ids.push_back(id);
@@ -196,40 +102,19 @@ void DecodeWorker::on_peer_down(int rank, proto::Epoch epoch) {
   // Sequences whose KV arrived do not need it: they keep running.
 }
 
-void DecodeWorker::on_peer_up(int rank, proto::Epoch epoch) {
-  if (!peers_.up(rank, epoch)) return;
-}
-
-void DecodeWorker::on_peer_left(int rank) {
-  // Drained before it was removed: nothing here should involve it any more;
-  // anything that still does ends as if it were down.
-  on_peer_down(rank, peers_.epoch(rank));
-  peers_.forget(rank);
-  tags_.erase(rank);
-  transport_->forget_peer(rank);
-  channel_->forget(rank);
-}
-
-void DecodeWorker::on_rejoin(proto::Epoch epoch) {
-  if (epoch <= epoch_) return;
-  // The router declared this rank down and re-ran or failed all it held: drop
-  // everything, silently. Posted receives drain (and quarantine) as usual.
-  spdlog::warn("decode rank {}: rejoining under epoch {} (was declared down); dropping {} sequences", roles_.self,
-               epoch, seqs_.size());
+void DecodeWorker::drop_all() {
   std::vector<proto::RequestId> ids;
   for (auto& [id, s] : seqs_) ids.push_back(id);
   for (proto::RequestId id : ids) {
     Seq* s = find_seq(id);
     if (s == nullptr || s->state == SeqState::kDraining) continue;
-    if (s->state == SeqState::kReceiving) drain(*s);
+    if (s->state == SeqState::kReceiving) drain(*s);  // posted receives end (or are quarantined) as usual
     else erase(*s);
   }
   offers_.clear();
   running_.clear();
   prefilling_.clear();
   waiting_.clear();
-  epoch_ = epoch;
-  report_load(true);
 }
 
 void DecodeWorker::drain(Seq& s) {
@@ -544,14 +429,6 @@ void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind ki
   erase(s);
 }
 
-void DecodeWorker::release(Seq& s) {
-  if (!s.has_blocks) return;
-  const SeqId id = seq_of(s.id);
-  Status st = s.kv_complete ? engine_->blocks->free(id) : engine_->blocks->discard(id);
-  if (!st.is_ok()) spdlog::error("decode rank {}: releasing request {}: {}", roles_.self, s.id, st.to_string());
-  s.has_blocks = false;
-}
-
 bool DecodeWorker::chunked() const { return cfg_.prefill.chunk_tokens > 0; }
 
 int64_t DecodeWorker::compute_target(const Seq& s) const {
@@ -774,12 +651,8 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
 // running batch — a new prompt first samples token 1 from `rows`' last row.
 void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, proto::TokenEvents& events) {
   const int64_t vocab = engine_->config().vocab;
-  if (s.n_generated == 0 && s.params.prompt_logprobs) {
-    // Row r of this chunk (which starts at s.computed) predicts prompt token s.computed + r + 1.
-    for (int64_t p = s.computed + 1; p <= s.computed + n && p < s.n_prompt; ++p)
-      s.prompt_logprobs.push_back(token_logprob(rows.subspan((p - 1 - s.computed) * vocab, static_cast<size_t>(vocab)),
-                                                s.tokens[static_cast<size_t>(p)], s.params.logprobs));
-  }
+  if (s.n_generated == 0 && s.params.prompt_logprobs)
+    append_prompt_logprobs(s.tokens, s.computed, s.computed + n, rows, vocab, s.params.logprobs, s.prompt_logprobs);
   s.computed += n;
   if (s.computed < compute_target(s)) return;
   std::erase(prefilling_, s.id);
@@ -806,17 +679,9 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
 // Samples the sequence's next token from its logits row (its sampler set up),
 // appends it, and returns its event (no timings).
 proto::TokenEvent DecodeWorker::next_token_event(Seq& s, std::span<float> row) {
-  if (s.params.logprobs >= 0) raw_row_.assign(row.begin(), row.end());  // sample() may modify the row
-  const TokenId t = s.sampler->sample(row);
-  s.sampler->accept(t);
-  s.tokens.push_back(t);
+  proto::TokenEvent ev = sample_token_event(*s.sampler, s.id, s.n_generated + 1, row, engine_->eos_id, raw_row_);
+  s.tokens.push_back(ev.tokens[0]);
   ++s.n_generated;
-  proto::TokenEvent ev;
-  ev.id = s.id;
-  ev.first_index = s.n_generated - 1;
-  ev.tokens = {t};
-  if (s.params.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw_row_, t, s.params.logprobs));
-  ev.finish = finish_of(check_stop(s.params, t, engine_->eos_id, s.n_generated));
   return ev;
 }
 
@@ -858,10 +723,10 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     }
     std::vector<LogprobEntry> prompt_logprobs;
     if (batch[i].all_logits) {
-      // Row p - 1 of this prompt predicts its token p.
-      for (size_t p = 1; p < batch[i].tokens.size(); ++p)
-        prompt_logprobs.push_back(token_logprob(row_at(row + p - 1), s.tokens[p], s.params.logprobs));
-      row += batch[i].tokens.size() - 1;
+      const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
+      append_prompt_logprobs(s.tokens, 0, n, std::span<const float>(logits).subspan(row * vocab), vocab,
+                             s.params.logprobs, prompt_logprobs);
+      row += static_cast<size_t>(n) - 1;
     }
     s.sampler.emplace(s.params);
     proto::TokenEvent ev = next_token_event(s, row_at(row++));
@@ -881,20 +746,14 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
   return Status::ok();
 }
 
-void DecodeWorker::report_load(bool force) {
-  proto::LoadReport r;
+void DecodeWorker::fill_load(proto::LoadReport& r) const {
   r.waiting = static_cast<int32_t>(offers_.size() + waiting_.size());
   r.running = static_cast<int32_t>(running_.size() + prefilling_.size());
-  r.free_blocks = engine_->blocks->num_free_blocks();
-  r.total_blocks = engine_->blocks->num_blocks();
   r.preemptions = preemptions_;
-  r.ready = true;
-  r.epoch = epoch_;
   if (peers_.any_down())  // runs every iteration: walk the sequences only when a quarantine can exist
     for (const auto& [id, s] : seqs_)
       if (s.state == SeqState::kDraining && peers_.is_down(s.source) && s.has_blocks)
         r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
-  load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
 }
 
 }  // namespace pd

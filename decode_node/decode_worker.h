@@ -26,9 +26,8 @@
 // any more). A sender on another host that never resumes keeps them
 // quarantined (reported in LoadReport.quarantined_blocks). Tags: kv_tags.h.
 //
-// Threading: one thread (the engine loop, a compute thread) calls everything;
-// it never calls MPI: `channel` and `transport` are the communication side's
-// ends in the cluster (kvtransfer/comm_side.h).
+// The loop, peers' epochs, Rejoin, leaving the pool and load reports are the
+// worker core's (worker/worker_core.h); this class is what is decode's own.
 #pragma once
 
 #include <chrono>
@@ -40,44 +39,23 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "config/cluster_config.h"
 #include "decode_node/kv_tags.h"
 #include "decode_node/scheduler.h"
 #include "kvtransfer/handoff_receiver.h"
-#include "kvtransfer/transport.h"
-#include "protocol/control_channel.h"
-#include "protocol/mpi_channel.h"
-#include "protocol/peer_epochs.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampler.h"
-#include "serving/engine.h"
 #include "serving/prefill_chunks.h"
+#include "worker/worker_core.h"
 
 namespace pd {
 
-class DecodeWorker {
+class DecodeWorker final : public WorkerCore {
  public:
   // `channel` carries the control messages (MpiControlChannel in the cluster),
-  // `transport` the KV bytes.
+  // `transport` the KV bytes. run() / run_once(): WorkerCore; each iteration's
+  // work accepts the offers that fit, then runs at most one step.
   DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
                std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
-  ~DecodeWorker();
-  // Serves until the router sends Shutdown. Returns OK on a clean shutdown.
-  Status run();
-  // One iteration of run()'s loop (for tests and run()): handles the messages
-  // that arrived, progresses transfers, applies deadlines, accepts offers that
-  // fit, runs at most one decode step. Never sleeps. Returns whether it did
-  // work (run() sleeps when not).
-  bool run_once();
-  // The router sent Shutdown: run() leaves its loop.
-  bool shutting_down() const { return shutdown_; }
-  // Why this rank stops serving because its device failed (OK while none).
-  const Status& device_fault() const { return device_fault_; }
-  using Clock = std::chrono::steady_clock;
-  // Time and other processes as this worker sees them (default: ClusterEnv
-  // over its role table: a rank is gone when its pid on this host ended).
-  // Tests step a FakeEnv instead of sleeping and declare processes gone.
-  void set_env(std::shared_ptr<const Env> env) { env_ = std::move(env); }
   // Tests: a small tag space per prefill rank, so reuse shows within a few handoffs.
   void set_kv_tag_span(int span) { tag_span_ = span; }
 
@@ -109,15 +87,23 @@ class DecodeWorker {
     bool timing_sent = false;
   };
 
-  bool handle_messages();
+  // WorkerCore
+  bool on_message(int source, proto::Message& m) override;
+  bool progress_transfers() override;
+  void check_deadlines() override;
+  bool work() override;
+  void on_peer_down(int rank) override;
+  void forget_peer(int rank) override { tags_.erase(rank); }
+  void drop_all() override;
+  void on_drain() override;
+  size_t held() const override { return seqs_.size(); }
+  void fill_load(proto::LoadReport& r) const override;
+  void before_exit() override;
+  std::chrono::milliseconds exit_grace() const override { return std::chrono::milliseconds(2000); }
+
   void on_offer(proto::HandoffOffer m, int source);
   void on_prompt(proto::PrefillRequest m);
   void on_cancel(proto::RequestId id, bool from_prefill, const std::string& reason);
-  void on_peer_down(int rank, proto::Epoch epoch);
-  void on_peer_up(int rank, proto::Epoch epoch);
-  void on_rejoin(proto::Epoch epoch);
-  void on_peer_left(int rank);
-  bool current(int source, proto::Epoch epoch);
   void set_state(Seq& s, SeqState to);
   // Ends a sequence whose receives are posted: cancels them (kDraining) or,
   // with none left, frees it.
@@ -125,8 +111,6 @@ class DecodeWorker {
   // Erases an ended sequence: its tag back to the pool (or retired), blocks freed.
   void erase(Seq& s);
   bool accept_offers();
-  bool progress_transfers();
-  void check_deadlines();
   bool step();
   bool chunked() const;
   int64_t compute_target(const Seq& s) const;
@@ -139,20 +123,10 @@ class DecodeWorker {
   Status compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events);
   void finish_transfer(Seq& s);
   void fail(Seq& s, const std::string& reason, proto::FailureKind kind);
-  void release(Seq& s);
-  int64_t blocks_for_tokens(int64_t n) const;
-  void report_load(bool force);
+  void release(Seq& s) { release_blocks(s.id, s.has_blocks, s.kv_complete); }
   Seq* find_seq(proto::RequestId id);
   void remember_cancelled(proto::RequestId id);
   bool was_cancelled(proto::RequestId id);
-
-  const ClusterConfig cfg_;
-  const RoleTable roles_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<ControlChannel> channel_;
-  proto::KvWireHeader header_;
-  proto::KvEndpoint endpoint_;  // where this rank's KV lives and its device paths (accepts carry it)
 
   std::unordered_map<proto::RequestId, Seq> seqs_;
   std::deque<proto::RequestId> offers_;    // offered, waiting for room (FIFO)
@@ -164,14 +138,7 @@ class DecodeWorker {
   std::unordered_map<int, KvTagPool> tags_;           // by prefill rank (tags_of)
   int tag_span_ = proto::kKvTagSpan;
   KvTagPool& tags_of(int source) { return tags_.try_emplace(source, proto::kTagKvFirst, tag_span_).first->second; }
-  proto::Epoch epoch_ = 0;
-  PeerEpochs peers_;                                  // the other workers' epochs, which are down
-  std::shared_ptr<const Env> env_;
   int64_t preemptions_ = 0;
-  bool shutdown_ = false;
-  Status device_fault_;  // set when a failed step finds the device itself gone: run() stops
-  bool leaving_ = false, drained_sent_ = false, leave_sent_ = false;  // Drain (elastic pools)
-  LoadReporter load_reporter_;
   std::vector<float> logits_;
   std::vector<float> raw_row_;  // a logits row before sample() changes it (logprobs are of the raw one)
   // The decode step's per-sequence inputs, reused from step to step (the

@@ -5,17 +5,13 @@
 #include <algorithm>
 #include <thread>
 
-#include "sampling/logprobs.h"
-#include "sampling/sampler.h"
 #include "serving/prefill_chunks.h"
-#include "serving/worker_main.h"
+#include "serving/token_events.h"
+#include "util/env.h"
 #include "util/lifecycle.h"
 
 namespace pd {
 namespace {
-
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
-SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
 
 // Places `prompt` in fresh blocks, reusing no cached prefix, so that every
 // position is computed (prompt logprobs need each one's logits). Returns 0
@@ -62,14 +58,7 @@ void PrefillWorker::set_state(Job& job, JobState to) { transition(job.state, to,
 
 PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
                              std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
-    : cfg_(cfg),
-      roles_(roles),
-      engine_(std::move(engine)),
-      transport_(std::move(transport)),
-      channel_(std::move(channel)),
-      env_(std::make_shared<ClusterEnv>(roles)) {
-  header_ = engine_->wire_header();
-  endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
+    : WorkerCore("prefill", cfg, roles, std::move(engine), std::move(transport), std::move(channel)) {
   // Layer hook: runs on this thread inside forward(), right after a layer's KV
   // is in the cache. Checksums are taken for every request of the batch (a
   // held request sends later); the control messages that arrived meanwhile
@@ -104,114 +93,32 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
   });
 }
 
-PrefillWorker::~PrefillWorker() { engine_->model->set_kv_written_hook({}); }
-
-Status PrefillWorker::run() {
-  spdlog::info("prefill rank {} ready ({} KV blocks of {} tokens)", roles_.self, engine_->blocks->num_blocks(),
-               engine_->blocks->block_size());
-  report_load(true);
-  while (!shutdown_ && device_fault_.is_ok())
-    // Idle: wait for a message or a transfer that ended (the communication side
-    // wakes us), at most 5 ms — deadlines and load reports need no finer step.
-    if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
-  if (!device_fault_.is_ok()) {
-    // The device is gone: nothing more can run here. Leave like a crashed rank
-    // (the cluster's heartbeats fence it and re-run or fail what it held).
-    spdlog::critical("prefill rank {}: device failed, stopping: {}", roles_.self, device_fault_.to_string());
-    return device_fault_;
-  }
-  // Shutdown: the router drained first; give in-flight sends a bounded chance.
-  const auto end = Clock::now() + std::chrono::milliseconds(std::min(cfg_.timeouts.transfer_ms, 5000));
-  while (transport_->pending() && Clock::now() < end) {
-    progress_transfers();
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  channel_->flush(std::chrono::milliseconds(2000));
-  return Status::ok();
-}
-
-bool PrefillWorker::run_once() {
-  transport_->progress();
-  bool busy = handle_messages(/*in_pass=*/false);
-  busy |= progress_transfers();
-  check_deadlines();
-  busy |= run_batch();
-  if (leave_requested() && !leave_sent_) {
-    channel_->send(roles_.router, proto::Leave{});
-    leave_sent_ = true;
-  }
-  maybe_report_drained();
-  channel_->progress();
-  report_load(false);
-  return busy;
-}
-
 // What the layer hook may act on in the middle of a pass: a new prompt (it is
 // offered and queued), a cancel or a handoff answer (an accept starts the sends
 // of the layers already written), a peer going down or up. Anything else —
 // Rejoin, Drain, PeerLeft, Shutdown — waits for the pass to end, and so does
 // every message behind it (order per source holds).
-bool PrefillWorker::mid_pass_message(const proto::Message& m) {
+bool PrefillWorker::mid_pass_message(const proto::Message& m) const {
   return std::holds_alternative<proto::PrefillRequest>(m) || std::holds_alternative<proto::Cancel>(m) ||
          std::holds_alternative<proto::HandoffAccept>(m) || std::holds_alternative<proto::HandoffReject>(m) ||
          std::holds_alternative<proto::PeerDown>(m) || std::holds_alternative<proto::PeerUp>(m) ||
          std::holds_alternative<proto::Hello>(m);
 }
 
-bool PrefillWorker::handle_messages(bool in_pass) {
-  const auto handle = [&](int source, proto::Message& msg) {
-    // One bad message must not end the rank (and, with it, every request on it).
-    try {
-    std::visit(
-        [&](auto&& m) {
-          using T = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<T, proto::PrefillRequest>) on_request(std::move(m));
-          else if constexpr (std::is_same_v<T, proto::Cancel>) on_cancel(m.id);
-          else if constexpr (std::is_same_v<T, proto::HandoffAccept>) {
-            if (current(source, m.epoch)) on_accept(m, source);
-          } else if constexpr (std::is_same_v<T, proto::HandoffReject>) {
-            if (current(source, m.epoch)) on_reject(m, source);
-          } else if constexpr (std::is_same_v<T, proto::PeerDown>) on_peer_down(m.rank, m.epoch);
-          else if constexpr (std::is_same_v<T, proto::PeerUp>) on_peer_up(m.rank, m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Rejoin>) on_rejoin(m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Hello>) peers_.up(source, m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Drain>) on_drain();
-          else if constexpr (std::is_same_v<T, proto::PeerLeft>) on_peer_left(m.rank);
-          else if constexpr (std::is_same_v<T, proto::Shutdown>) {
-            shutdown_ = true;
-            if (drained_sent_) note_left();
-          } else spdlog::warn("prefill rank {}: unexpected {} from rank {}", roles_.self, proto::message_name(m), source);
-        },
-        msg);
-    } catch (const std::exception& e) {
-      spdlog::error("prefill rank {}: handling {} from rank {}: {}", roles_.self, proto::message_name(msg), source,
-                    e.what());
-    }
-  };
-  if (!in_pass) return channel_->drain(handle) > 0;
-  return channel_->drain_while([](int, const proto::Message& m) { return mid_pass_message(m); }, handle) > 0;
-}
-
-bool PrefillWorker::current(int source, proto::Epoch epoch) {
-  switch (peers_.check(source, epoch)) {
-    case PeerEpochs::Verdict::kCurrent: return true;
-    case PeerEpochs::Verdict::kNewer:
-      // Re-admitted before the router's PeerDown/PeerUp reached us.
-      on_peer_down(source, peers_.epoch(source));
-      on_peer_up(source, epoch);
-      return true;
-    case PeerEpochs::Verdict::kStale:
-      spdlog::warn("prefill rank {}: dropped a message from rank {}'s ended epoch {}", roles_.self, source, epoch);
-      return false;
-    case PeerEpochs::Verdict::kDown:
-      spdlog::warn("prefill rank {}: dropped a message from rank {}, which is down", roles_.self, source);
-      return false;
+bool PrefillWorker::on_message(int source, proto::Message& msg) {
+  if (auto* m = std::get_if<proto::PrefillRequest>(&msg)) on_request(std::move(*m));
+  else if (auto* m = std::get_if<proto::Cancel>(&msg)) on_cancel(m->id);
+  else if (auto* m = std::get_if<proto::HandoffAccept>(&msg)) {
+    if (current(source, m->epoch)) on_accept(*m, source);
+  } else if (auto* m = std::get_if<proto::HandoffReject>(&msg)) {
+    if (current(source, m->epoch)) on_reject(*m, source);
+  } else {
+    return false;
   }
-  return false;
+  return true;
 }
 
-void PrefillWorker::on_peer_down(int rank, proto::Epoch epoch) {
-  if (!peers_.down(rank, epoch)) return;  // an incarnation already known to be over
+void PrefillWorker::on_peer_down(int rank) {
   std::vector<proto::RequestId> ids;
   for (auto& [id, job] : jobs_)
     if (job.req.decode_rank == rank) ids.push_back(id);
@@ -226,22 +133,7 @@ void PrefillWorker::on_peer_down(int rank, proto::Epoch epoch) {
     spdlog::warn("prefill rank {}: decode rank {} is down; ended {} handoffs to it", roles_.self, rank, ids.size());
 }
 
-void PrefillWorker::on_peer_up(int rank, proto::Epoch epoch) {
-  if (!peers_.up(rank, epoch)) return;
-}
-
-void PrefillWorker::on_peer_left(int rank) {
-  // The router drained the rank before removing it: nothing of ours should
-  // involve it any more. Anything that still does ends as if it were down.
-  on_peer_down(rank, peers_.epoch(rank));
-  peers_.forget(rank);
-  transport_->forget_peer(rank);
-  channel_->forget(rank);
-}
-
 void PrefillWorker::on_drain() {
-  if (leaving_) return;
-  leaving_ = true;
   // Hand back what has not started: the router runs it on another rank.
   std::vector<proto::RequestId> queued(queue_.begin(), queue_.end());
   for (proto::RequestId id : queued)
@@ -252,25 +144,11 @@ void PrefillWorker::on_drain() {
                jobs_.size());
 }
 
-void PrefillWorker::maybe_report_drained() {
-  if (leaving_ && !drained_sent_ && jobs_.empty() && transport_->pending() == 0) {
-    channel_->send(roles_.router, proto::Drained{});
-    drained_sent_ = true;
-  }
-}
-
-void PrefillWorker::on_rejoin(proto::Epoch epoch) {
-  if (epoch <= epoch_) return;
-  // The router declared this rank down (it was stopped or too slow to report)
-  // and has re-run or failed everything it held: drop it all, silently.
-  spdlog::warn("prefill rank {}: rejoining under epoch {} (was declared down); dropping {} jobs", roles_.self, epoch,
-               jobs_.size());
+void PrefillWorker::drop_all() {
   std::vector<proto::RequestId> ids;
   for (auto& [id, job] : jobs_) ids.push_back(id);
   for (proto::RequestId id : ids) end(id);
   queue_.clear();
-  epoch_ = epoch;
-  report_load(true);
 }
 
 PrefillWorker::Job* PrefillWorker::find_job(proto::RequestId id) {
@@ -554,14 +432,8 @@ bool PrefillWorker::run_batch() {
 std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span<float> rows) {
   const int64_t vocab = engine_->config().vocab;
   const SamplingParams& sp = job.req.sampling;
-  auto row_at = [&](size_t r) { return rows.subspan(r * vocab, static_cast<size_t>(vocab)); };
-  if (sp.prompt_logprobs) {
-    // Row r of this chunk (which starts at job.done) predicts prompt token job.done + r + 1.
-    const size_t n_prompt = job.req.prompt.size();
-    for (size_t p = static_cast<size_t>(job.done) + 1; p <= static_cast<size_t>(job.chunk_end) && p < n_prompt; ++p)
-      job.prompt_logprobs.push_back(token_logprob(row_at(p - 1 - static_cast<size_t>(job.done)), job.req.prompt[p],
-                                                  sp.logprobs));
-  }
+  if (sp.prompt_logprobs)
+    append_prompt_logprobs(job.req.prompt, job.done, job.chunk_end, rows, vocab, sp.logprobs, job.prompt_logprobs);
   job.done = job.chunk_end;
   if (job.done < static_cast<int64_t>(job.req.prompt.size())) {
     set_state(job, JobState::kPrefilling);
@@ -571,28 +443,20 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span
     return std::nullopt;
   }
   std::erase(queue_, job.req.id);
-  const std::span<float> row = row_at(rows.size() / vocab - 1);
-  proto::TokenEvent ev;
+  Sampler sampler(sp);  // the decode rank's own sampler replays this token (Sampler::replay)
+  std::vector<float> scratch;
+  proto::TokenEvent ev = sample_token_event(sampler, job.req.id, 1, rows.last(static_cast<size_t>(vocab)),
+                                            engine_->eos_id, scratch);
   ev.prompt_logprobs = std::move(job.prompt_logprobs);
-  std::vector<float> raw;  // sample() may apply penalties in place; logprobs are of the raw row
-  if (sp.logprobs >= 0) raw.assign(row.begin(), row.end());
-  Sampler sampler(sp);
-  const int32_t first_token = sampler.sample(row);
-  if (sp.logprobs >= 0) ev.logprobs.push_back(token_logprob(raw, first_token, sp.logprobs));
-  const StopReason stop = check_stop(sp, first_token, engine_->eos_id, 1);
+  const int32_t first_token = ev.tokens[0];
+  const bool stop = ev.finish != proto::Finish::kNone;
   job.computed = env_->now();
   job.hidden_bytes = job.handoff.bytes_sent();
-  ev.id = job.req.id;
-  ev.first_index = 0;
-  ev.tokens = {first_token};
-  ev.finish = stop == StopReason::kNone ? proto::Finish::kNone
-              : stop == StopReason::kLength ? proto::Finish::kLength
-                                            : proto::Finish::kStop;
   ev.queue_s = job.queue_s;
   // From its first chunk's pass to its last (a chunked prompt's time includes
   // the other prompts' chunks computed beside it: what chunking costs it).
   ev.prefill_s = seconds(job.computed - job.started);
-  job.handoff.finish(first_token, stop != StopReason::kNone, *transport_, region_of(job), env_->now());
+  job.handoff.finish(first_token, stop, *transport_, region_of(job), env_->now());
   set_state(job, job.handoff.accepted() ? JobState::kSending : JobState::kHeld);
   return ev;
 }
@@ -672,31 +536,22 @@ void PrefillWorker::end(proto::RequestId id) {
     set_state(job, JobState::kAborted);
     return;
   }
-  release(job, job.state == JobState::kSending || job.state == JobState::kHeld);
+  release_blocks(id, job.has_seq, job.state == JobState::kSending || job.state == JobState::kHeld);
   // A prompt stays in queue_ until its last chunk is computed, in any of
   // kQueued, kComputing and kPrefilling: leave nothing of it there.
   std::erase(queue_, id);
   jobs_.erase(it);
 }
 
-void PrefillWorker::release(Job& job, bool kv_written) {
-  if (!job.has_seq) return;
-  const SeqId s = seq_of(job.req.id);
-  Status st = kv_written ? engine_->blocks->free(s) : engine_->blocks->discard(s);
-  if (!st.is_ok()) spdlog::error("prefill rank {}: releasing request {}: {}", roles_.self, job.req.id, st.to_string());
-  job.has_seq = false;
-}
-
-void PrefillWorker::report_load(bool force) {
-  proto::LoadReport r;
+void PrefillWorker::fill_load(proto::LoadReport& r) const {
   r.waiting = static_cast<int32_t>(
       std::count_if(jobs_.begin(), jobs_.end(), [](const auto& kv) { return kv.second.state == JobState::kQueued; }));
   r.running = static_cast<int32_t>(jobs_.size()) - r.waiting;
-  r.free_blocks = engine_->blocks->num_free_blocks();
-  r.total_blocks = engine_->blocks->num_blocks();
-  r.ready = true;
-  r.epoch = epoch_;
-  load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
+}
+
+// Shutdown: the sends in flight get a bounded chance to complete.
+std::chrono::milliseconds PrefillWorker::exit_grace() const {
+  return std::chrono::milliseconds(std::min(cfg_.timeouts.transfer_ms, 5000));
 }
 
 }  // namespace pd

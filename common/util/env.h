@@ -31,6 +31,9 @@ class Env {
   }
 };
 
+// A span of the clock in seconds (the unit every reported timing uses).
+inline double seconds(Env::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 // The steady clock, and no process ever known gone.
 inline const Env& system_env() {
   static const Env env;

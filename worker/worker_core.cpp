@@ -1,0 +1,185 @@
+#include "worker/worker_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "kvtransfer/kv_path.h"
+#include "serving/worker_main.h"
+
+namespace pd {
+
+WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTable& roles,
+                       std::unique_ptr<Engine> engine, std::unique_ptr<Transport> transport,
+                       std::unique_ptr<ControlChannel> channel)
+    : cfg_(cfg),
+      roles_(roles),
+      engine_(std::move(engine)),
+      transport_(std::move(transport)),
+      channel_(std::move(channel)),
+      env_(std::make_shared<ClusterEnv>(roles)),
+      role_(role) {
+  header_ = engine_->wire_header();
+  endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
+}
+
+// The workers set a layer hook that calls into them: it must not outlive them.
+WorkerCore::~WorkerCore() { engine_->model->set_kv_written_hook({}); }
+
+Status WorkerCore::run() {
+  spdlog::info("{} rank {} ready ({} KV blocks of {} tokens{})", role_, roles_.self, engine_->blocks->num_blocks(),
+               engine_->blocks->block_size(),
+               roles_.colocated() && std::string_view(role_) == "decode" ? ", colocated: prefills its own prompts" : "");
+  report_load(true);
+  while (!shutdown_ && device_fault_.is_ok())
+    // Idle: wait for a message or a transfer that ended (the communication side
+    // wakes us), at most 5 ms — deadlines and load reports need no finer step.
+    if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
+  if (!device_fault_.is_ok()) {
+    // The device is gone: nothing more can run here. Leave like a crashed rank
+    // (the cluster's heartbeats fence it and re-run or fail what it held).
+    spdlog::critical("{} rank {}: device failed, stopping: {}", role_, roles_.self, device_fault_.to_string());
+    return device_fault_;
+  }
+  // Shutdown: the router drained first; give in-flight transfers a bounded chance.
+  before_exit();
+  const auto end = Clock::now() + exit_grace();
+  while (transport_->pending() && Clock::now() < end) {
+    progress_transfers();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  channel_->flush(std::chrono::milliseconds(2000));
+  return Status::ok();
+}
+
+bool WorkerCore::run_once() {
+  transport_->progress();
+  bool busy = handle_messages();
+  busy |= progress_transfers();
+  check_deadlines();
+  busy |= work();
+  leave_or_report_drained();
+  channel_->progress();
+  report_load(false);
+  return busy;
+}
+
+bool WorkerCore::handle_messages(bool in_pass) {
+  const auto fn = [this](int source, proto::Message& m) { handle(source, m); };
+  if (!in_pass) return channel_->drain(fn) > 0;
+  return channel_->drain_while([this](int, const proto::Message& m) { return mid_pass_message(m); }, fn) > 0;
+}
+
+void WorkerCore::handle(int source, proto::Message& msg) {
+  // One bad message must not end the rank (and, with it, every request on it).
+  try {
+    std::visit(
+        [&](auto&& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, proto::PeerDown>) peer_down(m.rank, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::PeerUp>) peers_.up(m.rank, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Hello>) peers_.up(source, m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Rejoin>) rejoin(m.epoch);
+          else if constexpr (std::is_same_v<T, proto::Drain>) drain();
+          else if constexpr (std::is_same_v<T, proto::PeerLeft>) peer_left(m.rank);
+          else if constexpr (std::is_same_v<T, proto::Shutdown>) {
+            shutdown_ = true;
+            if (drained_sent_) note_left();
+          } else if (!on_message(source, msg)) {
+            spdlog::warn("{} rank {}: unexpected {} from rank {}", role_, roles_.self, proto::message_name(msg), source);
+          }
+        },
+        msg);
+  } catch (const std::exception& e) {
+    spdlog::error("{} rank {}: handling {} from rank {}: {}", role_, roles_.self, proto::message_name(msg), source,
+                  e.what());
+  }
+}
+
+bool WorkerCore::current(int source, proto::Epoch epoch) {
+  switch (peers_.check(source, epoch)) {
+    case PeerEpochs::Verdict::kCurrent: return true;
+    case PeerEpochs::Verdict::kNewer:
+      // Re-admitted before the router's PeerDown/PeerUp reached us.
+      peer_down(source, peers_.epoch(source));
+      peers_.up(source, epoch);
+      return true;
+    case PeerEpochs::Verdict::kStale:
+      spdlog::warn("{} rank {}: dropped a message from rank {}'s ended epoch {}", role_, roles_.self, source, epoch);
+      return false;
+    case PeerEpochs::Verdict::kDown:
+      spdlog::warn("{} rank {}: dropped a message from rank {}, which is down", role_, roles_.self, source);
+      return false;
+  }
+  return false;
+}
+
+void WorkerCore::peer_down(int rank, proto::Epoch epoch) {
+  if (!peers_.down(rank, epoch)) return;  // an incarnation already known to be over
+  on_peer_down(rank);
+}
+
+void WorkerCore::peer_left(int rank) {
+  // The router drained the rank before removing it: nothing here should
+  // involve it any more. Anything that still does ends as if it were down.
+  peer_down(rank, peers_.epoch(rank));
+  peers_.forget(rank);
+  forget_peer(rank);
+  transport_->forget_peer(rank);
+  channel_->forget(rank);
+}
+
+void WorkerCore::rejoin(proto::Epoch epoch) {
+  if (epoch <= epoch_) return;
+  // The router declared this rank down (it was stopped or too slow to report)
+  // and has re-run or failed everything it held: drop it all, silently.
+  spdlog::warn("{} rank {}: rejoining under epoch {} (was declared down); dropping {} requests", role_, roles_.self,
+               epoch, held());
+  drop_all();
+  epoch_ = epoch;
+  report_load(true);
+}
+
+void WorkerCore::drain() {
+  if (leaving_) return;
+  leaving_ = true;
+  on_drain();
+}
+
+void WorkerCore::leave_or_report_drained() {
+  if (leave_requested() && !leave_sent_) {
+    channel_->send(roles_.router, proto::Leave{});
+    leave_sent_ = true;
+  }
+  // Leaving: everything it held has finished (or failed) and no transfer is in
+  // flight (a quarantined receive holds this until it resolves).
+  if (leaving_ && !drained_sent_ && held() == 0 && transport_->pending() == 0) {
+    channel_->send(roles_.router, proto::Drained{});
+    drained_sent_ = true;
+  }
+}
+
+void WorkerCore::report_load(bool force) {
+  proto::LoadReport r;
+  fill_load(r);
+  r.free_blocks = engine_->blocks->num_free_blocks();
+  r.total_blocks = engine_->blocks->num_blocks();
+  r.ready = true;
+  r.epoch = epoch_;
+  load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
+}
+
+void WorkerCore::release_blocks(proto::RequestId id, bool& has_blocks, bool kv_written) {
+  if (!has_blocks) return;
+  Status st = kv_written ? engine_->blocks->free(seq_of(id)) : engine_->blocks->discard(seq_of(id));
+  if (!st.is_ok()) spdlog::error("{} rank {}: releasing request {}: {}", role_, roles_.self, id, st.to_string());
+  has_blocks = false;
+}
+
+int64_t WorkerCore::blocks_for_tokens(int64_t n) const {
+  const int64_t bs = engine_->blocks->block_size();
+  return (n + bs - 1) / bs;
+}
+
+}  // namespace pd
