@@ -20,7 +20,7 @@ const char* state_name(DecodeWorker::SeqState s) {
     case S::kRunning: return "running";
     case S::kPreempted: return "preempted";
     case S::kPrefilling: return "prefilling";
-    case S::kDraining: return "draining";
+    case S::kCancelling: return "cancelling";
   }
   return "?";
 }
@@ -29,12 +29,12 @@ bool legal(DecodeWorker::SeqState from, DecodeWorker::SeqState to) {
   using S = DecodeWorker::SeqState;
   switch (from) {
     case S::kOffered: return to == S::kReceiving;
-    case S::kReceiving: return to == S::kReady || to == S::kDraining;
+    case S::kReceiving: return to == S::kReady || to == S::kCancelling;
     case S::kReady: return to == S::kRunning || to == S::kPreempted || to == S::kPrefilling;
     case S::kRunning: return to == S::kPreempted;
     case S::kPreempted: return to == S::kRunning || to == S::kPrefilling;
     case S::kPrefilling: return to == S::kRunning || to == S::kPreempted;
-    case S::kDraining: return false;  // only ended (erased) from here
+    case S::kCancelling: return false;  // only ended (erased) from here
   }
   return false;
 }
@@ -107,8 +107,8 @@ void DecodeWorker::drop_all() {
   for (auto& [id, s] : seqs_) ids.push_back(id);
   for (proto::RequestId id : ids) {
     Seq* s = find_seq(id);
-    if (s == nullptr || s->state == SeqState::kDraining) continue;
-    if (s->state == SeqState::kReceiving) drain(*s);  // posted receives end (or are quarantined) as usual
+    if (s == nullptr || s->state == SeqState::kCancelling) continue;
+    if (s->state == SeqState::kReceiving) cancel_receives(*s);  // posted receives end (or are quarantined) as usual
     else erase(*s);
   }
   offers_.clear();
@@ -117,10 +117,10 @@ void DecodeWorker::drop_all() {
   waiting_.clear();
 }
 
-void DecodeWorker::drain(Seq& s) {
+void DecodeWorker::cancel_receives(Seq& s) {
   s.handoff.cancel(*transport_);
   if (s.handoff.all_ended()) return erase(s);
-  set_state(s, SeqState::kDraining);
+  set_state(s, SeqState::kCancelling);
 }
 
 void DecodeWorker::erase(Seq& s) {
@@ -223,14 +223,14 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
       // An aborting prefill rank will never send: cancel the receives now. A
       // router cancel waits for the prefill rank's abort or its data (a
       // receive cancelled under a live sender would retire the tag).
-      if (from_prefill) return drain(s);
-      return set_state(s, SeqState::kDraining);
+      if (from_prefill) return cancel_receives(s);
+      return set_state(s, SeqState::kCancelling);
     case SeqState::kReady:
     case SeqState::kRunning:
     case SeqState::kPreempted:
     case SeqState::kPrefilling:
       return erase(s);
-    case SeqState::kDraining:
+    case SeqState::kCancelling:
       if (from_prefill) s.handoff.cancel(*transport_);
       return;
   }
@@ -287,7 +287,7 @@ bool DecodeWorker::accept_offers() {
     if (!st.is_ok()) {
       channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false,
                                                     epoch_});
-      drain(s);
+      cancel_receives(s);
       continue;
     }
     channel_->send(s.source, proto::HandoffAccept{s.id, s.tag, epoch_, endpoint_});
@@ -311,7 +311,7 @@ bool DecodeWorker::progress_transfers() {
     Seq* found = find_seq(id);
     if (found == nullptr) continue;
     Seq& s = *found;
-    if (s.state == SeqState::kDraining) erase(s);
+    if (s.state == SeqState::kCancelling) erase(s);
     else if (s.state == SeqState::kReceiving && !s.handoff.clean())
       fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " failed", proto::FailureKind::kTransfer);
     else if (s.state == SeqState::kReceiving) finish_transfer(s);
@@ -389,7 +389,7 @@ void DecodeWorker::check_deadlines() {
   for (auto& [id, s] : seqs_) {
     if (s.state == SeqState::kReceiving && now - s.handoff.last_progress() > backstop) {
       stalled.push_back(id);
-    } else if (s.state == SeqState::kDraining && !s.handoff.all_ended()) {
+    } else if (s.state == SeqState::kCancelling && !s.handoff.all_ended()) {
       if (peers_.is_down(s.source) && env_->rank_gone(s.source)) gone.push_back(id);
       else if (now - s.handoff.last_progress() > backstop)
         s.handoff.cancel(*transport_);  // a cancelled handoff whose data never came
@@ -424,8 +424,8 @@ void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind ki
   std::erase(prefilling_, s.id);
   std::erase(waiting_, s.id);
   std::erase(offers_, s.id);
-  if (s.state == SeqState::kReceiving) return drain(s);  // receives posted: blocks freed when they end
-  if (s.state == SeqState::kDraining) return;
+  if (s.state == SeqState::kReceiving) return cancel_receives(s);  // receives posted: blocks freed when they end
+  if (s.state == SeqState::kCancelling) return;
   erase(s);
 }
 
@@ -752,7 +752,7 @@ void DecodeWorker::fill_load(proto::LoadReport& r) const {
   r.preemptions = preemptions_;
   if (peers_.any_down())  // runs every iteration: walk the sequences only when a quarantine can exist
     for (const auto& [id, s] : seqs_)
-      if (s.state == SeqState::kDraining && peers_.is_down(s.source) && s.has_blocks)
+      if (s.state == SeqState::kCancelling && peers_.is_down(s.source) && s.has_blocks)
         r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
 }
 

@@ -8,7 +8,7 @@
 //   recomputing its KV from its tokens, which gives the same output: the CPU
 //   backend's kernels are batch-invariant) -> ended (erased).
 //   kReady -> kPreempted: a waiting holder evicted to break a deadlock.
-//   kReceiving -> kDraining: ended while receives are posted; the blocks are
+//   kReceiving -> kCancelling: ended while receives are posted; the blocks are
 //   freed only when MPI can no longer write into them (below).
 //   kReady/kPreempted -> kPrefilling (KV computed here chunk by chunk, each
 //   chunk in a step beside the running decodes) -> kRunning | kPreempted.
@@ -19,7 +19,7 @@
 //
 // When may blocks under a receive be reused? When every receive completed or
 // was cancelled (MPI reports it). A receive already matched to a send cannot
-// be cancelled; if its sender is declared down, the sequence stays kDraining
+// be cancelled; if its sender is declared down, the sequence stays kCancelling
 // and its blocks are quarantined: a stopped sender that resumes completes the
 // send into them. They are released when the receives complete, or when the
 // sender's process is confirmed gone (same host, pid ended: nothing can write
@@ -60,7 +60,7 @@ class DecodeWorker final : public WorkerCore {
   void set_kv_tag_span(int span) { tag_span_ = span; }
 
  private:
-  enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kPrefilling, kDraining };
+  enum class SeqState { kOffered, kReceiving, kReady, kRunning, kPreempted, kPrefilling, kCancelling };
   friend const char* state_name(SeqState s);
   friend bool legal(SeqState from, SeqState to);
   struct Seq {
@@ -105,9 +105,9 @@ class DecodeWorker final : public WorkerCore {
   void on_prompt(proto::PrefillRequest m);
   void on_cancel(proto::RequestId id, bool from_prefill, const std::string& reason);
   void set_state(Seq& s, SeqState to);
-  // Ends a sequence whose receives are posted: cancels them (kDraining) or,
+  // Ends a sequence whose receives are posted: cancels them (kCancelling) or,
   // with none left, frees it.
-  void drain(Seq& s);
+  void cancel_receives(Seq& s);
   // Erases an ended sequence: its tag back to the pool (or retired), blocks freed.
   void erase(Seq& s);
   bool accept_offers();

@@ -284,155 +284,174 @@ CommStats CommSide::stats() const {
   return shared_->stats;
 }
 
-void CommSide::loop() {
-  Shared& s = *shared_;
-  ControlChannel& channel = *s.channel;
-  Transport& transport = *s.transport;
-  transport.bind_thread();
-  std::unordered_map<int64_t, TransferOp> live;  // op id -> the real transport's op
-  std::optional<proto::LoadReport> last_report;  // the compute side's last, for heartbeats
-  Clock::time_point last_report_at{};
-  std::deque<Command> commands;
-  std::vector<Inbound> arrived;
-  std::vector<std::pair<int64_t, Result<OpState>>> ended;
-  std::vector<int64_t> abandoned;
-  CommStats round_stats;
-  auto wait = s.opts.idle_wait;
-  size_t channel_pending_before = 0;
+// The communication thread's state between rounds, and one round in steps.
+class CommSide::Loop {
+ public:
+  explicit Loop(Shared& s) : s_(s), channel_(*s.channel), transport_(*s.transport), wait_(s.opts.idle_wait) {}
 
-  auto run = [&](Command& c) {
-    std::visit(
-        [&](auto& cmd) {
-          using T = std::decay_t<decltype(cmd)>;
-          if constexpr (std::is_same_v<T, SendMessage>) {
-            if (s.opts.router >= 0 && cmd.dest == s.opts.router) {
-              if (auto* r = std::get_if<proto::LoadReport>(&cmd.message)) {
-                last_report = *r;
-                last_report_at = Clock::now();
-              }
-            }
-            channel.send(cmd.dest, cmd.message);
-            ++round_stats.messages_out;
-          } else if constexpr (std::is_same_v<T, ForgetRank>) {
-            channel.forget(cmd.rank);
-          } else if constexpr (std::is_same_v<T, PostOp>) {
-            Result<TransferOp> op = [&]() -> Result<TransferOp> {
-              switch (cmd.kind) {
-                case PostOp::kSend: return transport.post_send(cmd.peer, cmd.tag, cmd.region);
-                case PostOp::kRecv: return transport.post_recv(cmd.peer, cmd.tag, cmd.region);
-                case PostOp::kSendBytes: return transport.post_send_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
-                case PostOp::kRecvBytes: return transport.post_recv_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
-              }
-              return Status::internal("unknown transfer op kind");
-            }();
-            ++round_stats.ops_posted;
-            if (op.is_ok()) live.emplace(cmd.id, *op);
-            else ended.emplace_back(cmd.id, op.status());
-          } else if constexpr (std::is_same_v<T, CancelOp>) {
-            if (auto it = live.find(cmd.id); it != live.end()) transport.cancel(it->second);
-          } else if constexpr (std::is_same_v<T, AbandonOp>) {
-            if (auto it = live.find(cmd.id); it != live.end()) {
-              transport.abandon(it->second);
-              live.erase(it);
-            }
-            std::erase_if(ended, [&](const auto& e) { return e.first == cmd.id; });
-            abandoned.push_back(cmd.id);  // it may have ended in an earlier round: forgotten there too
-          } else if constexpr (std::is_same_v<T, SelectPath>) {
-            if (Status st = transport.select_path(cmd.peer, cmd.choice); !st.is_ok())
-              spdlog::error("KV path to rank {}: {}", cmd.peer, st.to_string());
-          } else if constexpr (std::is_same_v<T, ForgetPeer>) {
-            transport.forget_peer(cmd.peer);
-          }
-        },
-        c);
-  };
-
-  for (;;) {
+  // One round: the commands queued since the last, progress, what arrived,
+  // heartbeats; then the results go to the compute side and the thread waits
+  // for the next commands (at most the wait chosen). False once stopped.
+  bool round() {
     bool stopping = false;
     {
-      std::lock_guard lock(s.mu);
-      commands.swap(s.commands);
-      stopping = s.stopping;
+      std::lock_guard lock(s_.mu);
+      commands_.swap(s_.commands);
+      stopping = s_.stopping;
     }
+    const bool ran_commands = !commands_.empty();
     size_t sends_run = 0;
-    const bool ran_commands = !commands.empty();
-    for (Command& c : commands) {
+    for (Command& c : commands_) {
       if (std::holds_alternative<SendMessage>(c)) ++sends_run;
-      run(c);
+      std::visit([this](auto& cmd) { run(cmd); }, c);
     }
-    commands.clear();
+    commands_.clear();
 
     // Progress: the transport's ops, the channel's sends, then what arrived.
-    transport.progress();
-    for (auto it = live.begin(); it != live.end();) {
-      Result<OpState> r = transport.test(it->second);
+    poll_ops();
+    channel_.progress();
+    channel_.drain([&](int source, proto::Message& m) { arrived_.push_back({source, std::move(m), Clock::now()}); },
+                   256);
+    heartbeat(stopping);
+    const size_t channel_pending = channel_.pending_sends();
+    const bool sends_completed = channel_pending < channel_pending_before_;
+    choose_wait(ran_commands || !ended_.empty() || !arrived_.empty() || sends_completed,
+                !live_.empty() || channel_pending > 0);
+    channel_pending_before_ = channel_pending;
+    return publish(stopping, sends_run, channel_pending, sends_completed);
+  }
+
+ private:
+  void run(SendMessage& cmd) {
+    if (s_.opts.router >= 0 && cmd.dest == s_.opts.router) {
+      if (auto* r = std::get_if<proto::LoadReport>(&cmd.message)) {
+        last_report_ = *r;
+        last_report_at_ = Clock::now();
+      }
+    }
+    channel_.send(cmd.dest, cmd.message);
+    ++stats_.messages_out;
+  }
+  void run(ForgetRank& cmd) { channel_.forget(cmd.rank); }
+  void run(PostOp& cmd) {
+    Result<TransferOp> op = [&]() -> Result<TransferOp> {
+      switch (cmd.kind) {
+        case PostOp::kSend: return transport_.post_send(cmd.peer, cmd.tag, cmd.region);
+        case PostOp::kRecv: return transport_.post_recv(cmd.peer, cmd.tag, cmd.region);
+        case PostOp::kSendBytes: return transport_.post_send_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
+        case PostOp::kRecvBytes: return transport_.post_recv_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
+      }
+      return Status::internal("unknown transfer op kind");
+    }();
+    ++stats_.ops_posted;
+    if (op.is_ok()) live_.emplace(cmd.id, *op);
+    else ended_.emplace_back(cmd.id, op.status());
+  }
+  void run(CancelOp& cmd) {
+    if (auto it = live_.find(cmd.id); it != live_.end()) transport_.cancel(it->second);
+  }
+  void run(AbandonOp& cmd) {
+    if (auto it = live_.find(cmd.id); it != live_.end()) {
+      transport_.abandon(it->second);
+      live_.erase(it);
+    }
+    std::erase_if(ended_, [&](const auto& e) { return e.first == cmd.id; });
+    abandoned_.push_back(cmd.id);  // it may have ended in an earlier round: forgotten there too
+  }
+  void run(SelectPath& cmd) {
+    if (Status st = transport_.select_path(cmd.peer, cmd.choice); !st.is_ok())
+      spdlog::error("KV path to rank {}: {}", cmd.peer, st.to_string());
+  }
+  void run(ForgetPeer& cmd) { transport_.forget_peer(cmd.peer); }
+
+  void poll_ops() {
+    transport_.progress();
+    for (auto it = live_.begin(); it != live_.end();) {
+      Result<OpState> r = transport_.test(it->second);
       if (r.is_ok() && *r == OpState::kPending) {
         ++it;
         continue;
       }
-      ended.emplace_back(it->first, std::move(r));
-      it = live.erase(it);
+      ended_.emplace_back(it->first, std::move(r));
+      it = live_.erase(it);
     }
-    channel.progress();
-    channel.drain([&](int source, proto::Message& m) { arrived.push_back({source, std::move(m), Clock::now()}); },
-                  256);
+  }
 
-    // Liveness on the compute side's behalf, while it is busy but not wedged.
+  // Liveness on the compute side's behalf, while it is busy but not wedged.
+  void heartbeat(bool stopping) {
     const auto now = Clock::now();
-    if (last_report && now - last_report_at >= s.opts.heartbeat && !stopping) {
-      const Clock::time_point touched{Clock::duration(s.compute_touch.load(std::memory_order_relaxed))};
-      if (now - touched < s.opts.compute_stall) {
-        channel.send(s.opts.router, *last_report);
-        last_report_at = now;
-        ++round_stats.heartbeats;
-      }
-    }
+    if (!last_report_ || now - last_report_at_ < s_.opts.heartbeat || stopping) return;
+    const Clock::time_point touched{Clock::duration(s_.compute_touch.load(std::memory_order_relaxed))};
+    if (now - touched >= s_.opts.compute_stall) return;
+    channel_.send(s_.opts.router, *last_report_);
+    last_report_at_ = now;
+    ++stats_.heartbeats;
+  }
 
-    const size_t channel_pending = channel.pending_sends();
-    // How long to wait before the next round: busy_wait right after a round
-    // that moved something (an operation ended, a message came or went, a
-    // command ran); doubling from there while operations are in flight but
-    // nothing moves (receives posted long before their sender computes its
-    // layers: testing them every 50 us would cost a fifth of a core for
-    // nothing), up to idle_wait, which is also the wait with nothing in flight.
-    const bool sends_completed = channel_pending < channel_pending_before;
-    const bool moved = ran_commands || !ended.empty() || !arrived.empty() || sends_completed;
-    const bool in_flight = !live.empty() || channel_pending > 0;
-    if (!in_flight) wait = s.opts.idle_wait;
-    else if (moved) wait = s.opts.busy_wait;
-    else wait = std::min(wait * 2, s.opts.idle_wait);
-    channel_pending_before = channel_pending;
-    {
-      std::unique_lock lock(s.mu);
-      s.queued_sends -= sends_run;
-      s.channel_pending = channel_pending;
-      for (auto& e : ended) s.ended.insert_or_assign(e.first, std::move(e.second));
-      for (int64_t id : abandoned) s.ended.erase(id);
-      round_stats.ops_ended += static_cast<int64_t>(ended.size());
-      round_stats.messages_in += static_cast<int64_t>(arrived.size());
-      for (Inbound& in : arrived) s.inbox.push_back(std::move(in));
-      const bool news = !ended.empty() || !arrived.empty() || sends_completed || sends_run > 0;
-      if (news) ++s.events;
-      ++round_stats.rounds;
-      s.stats.rounds += round_stats.rounds;
-      s.stats.messages_in += round_stats.messages_in;
-      s.stats.messages_out += round_stats.messages_out;
-      s.stats.ops_posted += round_stats.ops_posted;
-      s.stats.ops_ended += round_stats.ops_ended;
-      s.stats.heartbeats += round_stats.heartbeats;
-      round_stats = CommStats{};
-      ended.clear();
-      abandoned.clear();
-      arrived.clear();
-      if (stopping && s.commands.empty()) {
-        s.stopped = true;
-        s.changed.notify_all();
-        return;
-      }
-      if (news) s.changed.notify_all();  // flush() and wait_for_work() waiters
-      s.wake.wait_for(lock, wait,
-                      [&] { return !s.commands.empty() || s.stopping; });
+  // How long to wait before the next round: busy_wait right after a round
+  // that moved something (an operation ended, a message came or went, a
+  // command ran); doubling from there while operations are in flight but
+  // nothing moves (receives posted long before their sender computes its
+  // layers: testing them every 50 us would cost a fifth of a core for
+  // nothing), up to idle_wait, which is also the wait with nothing in flight.
+  void choose_wait(bool moved, bool in_flight) {
+    if (!in_flight) wait_ = s_.opts.idle_wait;
+    else if (moved) wait_ = s_.opts.busy_wait;
+    else wait_ = std::min(wait_ * 2, s_.opts.idle_wait);
+  }
+
+  // Hands the round's results to the compute side, then waits. False: stopped.
+  bool publish(bool stopping, size_t sends_run, size_t channel_pending, bool sends_completed) {
+    std::unique_lock lock(s_.mu);
+    s_.queued_sends -= sends_run;
+    s_.channel_pending = channel_pending;
+    for (auto& e : ended_) s_.ended.insert_or_assign(e.first, std::move(e.second));
+    for (int64_t id : abandoned_) s_.ended.erase(id);
+    stats_.ops_ended += static_cast<int64_t>(ended_.size());
+    stats_.messages_in += static_cast<int64_t>(arrived_.size());
+    for (Inbound& in : arrived_) s_.inbox.push_back(std::move(in));
+    const bool news = !ended_.empty() || !arrived_.empty() || sends_completed || sends_run > 0;
+    if (news) ++s_.events;
+    ++stats_.rounds;
+    s_.stats.rounds += stats_.rounds;
+    s_.stats.messages_in += stats_.messages_in;
+    s_.stats.messages_out += stats_.messages_out;
+    s_.stats.ops_posted += stats_.ops_posted;
+    s_.stats.ops_ended += stats_.ops_ended;
+    s_.stats.heartbeats += stats_.heartbeats;
+    stats_ = CommStats{};
+    ended_.clear();
+    abandoned_.clear();
+    arrived_.clear();
+    if (stopping && s_.commands.empty()) {
+      s_.stopped = true;
+      s_.changed.notify_all();
+      return false;
     }
+    if (news) s_.changed.notify_all();  // flush() and wait_for_work() waiters
+    s_.wake.wait_for(lock, wait_, [&] { return !s_.commands.empty() || s_.stopping; });
+    return true;
+  }
+
+  Shared& s_;
+  ControlChannel& channel_;
+  Transport& transport_;
+  std::unordered_map<int64_t, TransferOp> live_;  // op id -> the real transport's op
+  std::optional<proto::LoadReport> last_report_;  // the compute side's last, for heartbeats
+  Clock::time_point last_report_at_{};
+  std::deque<Command> commands_;
+  std::vector<Inbound> arrived_;
+  std::vector<std::pair<int64_t, Result<OpState>>> ended_;
+  std::vector<int64_t> abandoned_;
+  CommStats stats_;  // this round's, added to the shared ones as it ends
+  std::chrono::microseconds wait_;
+  size_t channel_pending_before_ = 0;
+};
+
+void CommSide::loop() {
+  shared_->transport->bind_thread();
+  Loop loop(*shared_);
+  while (loop.round()) {
   }
 }
 

@@ -96,6 +96,7 @@ class CommSide {
   struct Shared;
   class Channel;
   class Port;
+  class Loop;
   void loop();
   std::shared_ptr<Shared> shared_;
   std::thread thread_;
