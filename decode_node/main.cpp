@@ -7,7 +7,7 @@
 #include "kvtransfer/comm_side.h"
 #include "kvtransfer/kv_paths.h"
 #include "protocol/mpi_channel.h"
-#include "serving/worker_main.h"
+#include "worker/worker_main.h"
 
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,

@@ -9,7 +9,7 @@
 #include "kvtransfer/kv_paths.h"
 #include "kvtransfer/send_budget.h"
 #include "prefill_node/prefill_worker.h"
-#include "serving/worker_main.h"
+#include "worker/worker_main.h"
 
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kPrefill, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,

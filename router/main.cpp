@@ -7,7 +7,7 @@
 #include "gguf/gguf_reader.h"
 #include "model/llama_config.h"
 #include "router/router.h"
-#include "serving/worker_main.h"
+#include "config/cluster_args.h"
 
 int main(int argc, char** argv) {
   if (pd::Status st = pd::mpi_init(&argc, &argv, pd::wants_elastic(argc, argv)); !st.is_ok()) {

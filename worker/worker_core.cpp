@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "kvtransfer/kv_path.h"
-#include "serving/worker_main.h"
+#include "worker/worker_main.h"
 
 namespace pd {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/kv_cache.h"
+#include "gguf/ggml_types.h"
 
 namespace pd {
 namespace {

@@ -8,7 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+
+#include "util/status.h"
 
 namespace pd {
 
@@ -70,5 +73,13 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 // Quantize n floats into dst (ggml's reference quantizers). Used by the GGUF
 // writer for test models and by kernels' tests.
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
+
+// The element types a KV cache may hold (kv.dtype, --kv-dtype).
+// "f32" | "f16" | "q8_0" (case-insensitive; "fp32", "fp16", "float32",
+// "float16" and "q8" are accepted too). InvalidArgument naming `what` (a flag
+// or config key) and the value otherwise.
+Result<GgmlType> parse_kv_dtype(std::string_view name, std::string_view what);
+// "f32", "f16", "q8_0" (the wire header's and the config's spelling).
+const char* kv_dtype_name(GgmlType dtype);
 
 }  // namespace pd

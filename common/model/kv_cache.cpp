@@ -6,25 +6,6 @@
 
 namespace pd {
 
-Result<GgmlType> parse_kv_dtype(std::string_view name, std::string_view what) {
-  std::string s(name);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (s == "f32" || s == "fp32" || s == "float32") return GgmlType::kF32;
-  if (s == "f16" || s == "fp16" || s == "float16") return GgmlType::kF16;
-  if (s == "q8_0" || s == "q8") return GgmlType::kQ8_0;
-  return Status::invalid_argument(std::string(what) + ": unknown KV cache type '" + std::string(name) +
-                                  "' (expected f32, f16 or q8_0)");
-}
-
-const char* kv_dtype_name(GgmlType dtype) {
-  switch (dtype) {
-    case GgmlType::kF32: return "f32";
-    case GgmlType::kF16: return "f16";
-    case GgmlType::kQ8_0: return "q8_0";
-    default: return "unsupported";
-  }
-}
-
 Status check_kv_dtype(GgmlType dtype, int head_dim) {
   if (dtype != GgmlType::kF32 && dtype != GgmlType::kF16 && dtype != GgmlType::kQ8_0)
     return Status::invalid_argument(std::string("KV cache type ") + ggml_type_name(dtype) +

@@ -19,12 +19,6 @@ namespace pd {
 
 inline constexpr GgmlType kDefaultKvDtype = GgmlType::kF16;
 
-// "f32" | "f16" | "q8_0" (case-insensitive; "fp32", "fp16", "float32",
-// "float16" and "q8" are accepted too). InvalidArgument naming `what` (a flag
-// or config key) and the value otherwise.
-Result<GgmlType> parse_kv_dtype(std::string_view name, std::string_view what);
-// "f32", "f16", "q8_0" (the wire header's and the config's spelling).
-const char* kv_dtype_name(GgmlType dtype);
 // Whether a cache of `dtype` can hold heads of head_dim elements (q8_0 needs
 // a multiple of 32).
 Status check_kv_dtype(GgmlType dtype, int head_dim);

@@ -1,0 +1,139 @@
+#include "worker/worker_main.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <string>
+#include <iostream>
+
+namespace pd {
+
+namespace {
+volatile std::sig_atomic_t g_leave = 0;
+void on_leave_signal(int) { g_leave = 1; }
+}  // namespace
+
+bool leave_requested() { return g_leave != 0; }
+
+namespace {
+bool g_left = false;
+}  // namespace
+
+void note_left() { g_left = true; }
+
+// This process's rank among the ranks of its mpirun on its host (0 when the
+// launcher does not say).
+static int node_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && *v != '\0') return std::max(0, std::atoi(v));
+  }
+  return 0;
+}
+
+namespace {
+
+// The engine a rank of `role` runs, from the cluster config.
+EngineConfig engine_config(const ClusterConfig& cfg, Role role) {
+  EngineConfig ec;
+  ec.model_path = cfg.model;
+  ec.backend = cfg.engine.backend;
+  // Ranks of a host spread over its GPUs (engine.devices, else local rank modulo the count).
+  if (ec.backend == "cuda") ec.device = cfg.engine.device_of(node_local_rank(), backend_device_count("cuda"));
+  ec.block_size = cfg.kv.block_size;
+  ec.kv_checksum = cfg.kv.checksum;
+  ec.int8_activations = cfg.engine.int8_activations;
+  ec.kv_dtype = *parse_kv_dtype(cfg.kv.dtype, "kv.dtype");  // validated with the config
+  if (role == Role::kPrefill) {
+    ec.threads = cfg.prefill.threads;
+    ec.kv_budget_bytes = cfg.kv.prefill_budget_mb << 20;
+    ec.kv_fit_context = true;  // any prompt the router admits (< context) fits one prefill rank
+    ec.prefix_sharing = true;
+  } else {
+    ec.threads = cfg.decode.threads;
+    ec.kv_budget_bytes = cfg.kv.decode_budget_mb << 20;
+    // Decode blocks are only ever filled by transfers and this rank's own
+    // steps; sharing them would let a sequence read a block still in flight.
+    // (Colocated mode prefills locally and could share; kept uniform.)
+    ec.prefix_sharing = false;
+  }
+  return ec;
+}
+
+}  // namespace
+
+int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
+  // Workers stop when the router says so (after it drained); a SIGTERM that
+  // mpirun forwards to every rank must not cut a worker out from under it.
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  if (Status st = mpi_init(&argc, &argv, wants_elastic(argc, argv)); !st.is_ok()) {
+    std::cerr << "pd-" << role_name(role) << ": " << st.to_string() << "\n";
+    return 1;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(rank) + "] [%l] %v");
+  auto abort_job = [&](const std::string& what) {
+    spdlog::critical("{}", what);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+    return 2;
+  };
+  bool help = false;
+  LaunchFlags flags;
+  auto cfg = parse_cluster_args(argc, argv, (std::string("pd-") + role_name(role)).c_str(), &help, &flags);
+  const bool joining = wants_elastic(argc, argv) && cfg.is_ok() && !flags.join.empty();
+  // Every rank joins the role exchange before anyone may abort, so errors are reported once, clearly.
+  auto roles = exchange_roles(role, joining, cfg.is_ok() && flags.elastic);
+  if (help) {
+    MPI_Finalize();
+    return 0;
+  }
+  if (!cfg.is_ok()) return abort_job(cfg.status().message());
+  if (!roles.is_ok()) return abort_job(roles.status().message());
+
+  const EngineConfig ec = engine_config(*cfg, role);
+  auto engine = Engine::create(ec);
+  if (!engine.is_ok())
+    return abort_job(engine.status().to_string() +
+                     (ec.backend != "cpu" ? " (engine.backend / --backend '" + ec.backend + "', device " + std::to_string(ec.device) + ")"
+                                          : std::string()));
+  if ((*engine)->backend->device_memory())
+    spdlog::info("model and KV cache on {} device {} ({})", ec.backend, ec.device, (*engine)->backend->device_id());
+
+  auto links = std::make_shared<MpiLinks>();
+  RoleTable table = *roles;
+  if (flags.elastic || joining) {
+    if (Status st = links->listen(); !st.is_ok()) return abort_job(st.to_string());
+  }
+  if (joining) {
+    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size, kv_dtype_name(ec.kv_dtype));
+    if (!joined.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + joined.status().message());
+    table = std::move(joined).value();
+    spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(table.self) +
+                        "] [%l] %v");
+    // SIGTERM to a joined rank: leave (drain, then exit); see leave_requested().
+    std::signal(SIGTERM, on_leave_signal);
+  } else if (flags.elastic) {
+    if (Status st = send_now(*links, table.router, proto::Listening{links->port()}); !st.is_ok())
+      return abort_job("telling the router this rank's MPI port: " + st.to_string());
+  }
+  Status st = body(*cfg, table, std::move(engine).value(), links);
+  if (!st.is_ok()) spdlog::error("{}", st.to_string());
+  const int code = st.is_ok() ? 0 : 1;
+  if (g_left && !joining) {
+    // Drained out of the cluster; the rest of the job serves on. MPI_Finalize
+    // would wait for every rank of the job (and mpirun --mca
+    // orte_enable_recovery 1 lets the job go on without this process).
+    spdlog::info("left the cluster; exiting (the rest of the job keeps serving)");
+    spdlog::default_logger()->flush();
+    std::_Exit(code);
+  }
+  links->close_all();
+  mpi_finalize_bounded(code);
+  return code;
+}
+
+}  // namespace pd
