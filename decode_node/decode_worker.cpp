@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "decode_node/scheduler.h"
+#include "protocol/cluster_env.h"
 #include "sampling/logprobs.h"
 #include "serving/worker_main.h"
 #include "util/lifecycle.h"

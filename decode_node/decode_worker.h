@@ -46,12 +46,13 @@
 #include "kvtransfer/handoff_receiver.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
-#include "protocol/mpi_channel.h"
 #include "protocol/peer_epochs.h"
+#include "protocol/role_table.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 #include "serving/engine.h"
 #include "serving/prefill_chunks.h"
+#include "util/env.h"
 
 namespace pd {
 

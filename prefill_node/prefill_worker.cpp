@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "protocol/cluster_env.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 #include "serving/prefill_chunks.h"

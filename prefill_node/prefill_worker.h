@@ -51,9 +51,10 @@
 #include "kvtransfer/handoff_sender.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
-#include "protocol/mpi_channel.h"
 #include "protocol/peer_epochs.h"
+#include "protocol/role_table.h"
 #include "serving/engine.h"
+#include "util/env.h"
 
 namespace pd {
 

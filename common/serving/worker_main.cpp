@@ -9,6 +9,9 @@
 #include <string>
 #include <iostream>
 
+#include "protocol/join_handshake.h"
+#include "protocol/mpi_runtime.h"
+
 namespace pd {
 
 namespace {

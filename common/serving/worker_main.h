@@ -6,7 +6,8 @@
 #include <memory>
 
 #include "config/cluster_config.h"
-#include "protocol/mpi_channel.h"
+#include "protocol/mpi_links.h"
+#include "protocol/role_table.h"
 #include "serving/engine.h"
 
 namespace pd {
