@@ -9,6 +9,7 @@
 #include "kvtransfer/kv_paths.h"
 #include "kvtransfer/send_budget.h"
 #include "prefill_node/prefill_worker.h"
+#include "protocol/mpi_channel.h"
 #include "worker/worker_main.h"
 
 int main(int argc, char** argv) {

@@ -6,7 +6,6 @@
 #include <deque>
 #include <exception>
 #include <future>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -23,7 +22,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "router/connection_slots.h"
 #include "router/openai_api.h"
+#include "util/lifecycle.h"
 
 namespace pd::router {
 
@@ -74,6 +75,7 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
         buffer_limit(buffer_limit_of(cfg)),
         ioc(std::max(1, cfg.threads)),
         work(net::make_work_guard(ioc)),
+        slots(cfg.max_connections, cfg.max_overflow_connections),
         accept_strand(net::make_strand(ioc)),
         acceptor(accept_strand),
         accept_retry(accept_strand) {}
@@ -88,27 +90,17 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
   net::executor_work_guard<net::io_context::executor_type> work;  // keeps run() going between requests
 
   // Writers post onto connection strands only while !stopped, checked under a
-  // shared lock, so nothing is queued after stop() has drained the io_context.
+  // shared lock, so nothing is queued after stop() has run the io_context dry.
   std::shared_mutex stop_mu;
   bool stopped = false;  // guarded by stop_mu
 
-  // One per open connection (from accept until close).
-  struct ConnEntry {
-    std::weak_ptr<Connection> conn;
-    bool slot = false;      // holds one of the max_connections slots
-    uint64_t idle_seq = 0;  // its key in `idle` while listed there, else 0
-  };
-
   std::atomic<size_t> open_connections{0};
   std::mutex conns_mu;
-  std::unordered_map<uint64_t, ConnEntry> conns;  // guarded by conns_mu
-  uint64_t next_conn_id = 0;                     // guarded by conns_mu
-  size_t slots_used = 0;                         // guarded by conns_mu: entries with slot
-  // Slot holders waiting for their next keep-alive request with nothing of it
-  // received, longest idle first (idle_seq -> connection id): the candidates
-  // for eviction when every slot is taken. Guarded by conns_mu.
-  std::map<uint64_t, uint64_t> idle;
-  uint64_t next_idle_seq = 1;  // guarded by conns_mu
+  // One per open connection (from accept until close), by id. Guarded by conns_mu.
+  std::unordered_map<uint64_t, std::weak_ptr<Connection>> conns;
+  // Which of them hold a slot and which are idle (eviction candidates); it
+  // hands out the connection ids. Guarded by conns_mu.
+  ConnectionSlots slots;
 
   // Used on accept_strand only.
   Strand accept_strand;
@@ -185,13 +177,74 @@ class RequestParser : public http::request_parser<http::string_body> {
 
 class Writer;
 
+// Where a connection is in its life. One phase at a time, changed only through
+// Connection::move_to() (transition(), util/lifecycle.h), which checks it
+// against legal() below.
+enum class ConnPhase {
+  kAccepted,         // constructed; start() has not run
+  kIdle,             // keep-alive: waiting for the next request, nothing of it
+                     // received yet; a slot holder is listed for eviction
+  kReadingHeader,    // reading a request line and header fields
+  kReadingBody,      // the header is in and looked at: reading the body (and trailers)
+  kSendingContinue,  // writing "100 Continue"; the body read resumes after it
+  kHandling,         // the request is with the handler: its writes go out as they
+                     // come, a watch read stays outstanding (start_watch)
+  kWriting,          // the exchange's final write is queued (the handler's final
+                     // answer, or the server's own error answer); nothing more is accepted
+  kCancellingWatch,  // the exchange ended with the watch read outstanding: it was
+                     // cancelled, and its completion starts reading the next request
+  kDiscarding,       // the last answer went out: the send side is shut, and what the
+                     // client still sends is read and discarded until EOF or a short deadline
+  kClosed,           // the socket is closed; final
+};
+
+const char* state_name(ConnPhase p) {
+  switch (p) {
+    case ConnPhase::kAccepted: return "accepted";
+    case ConnPhase::kIdle: return "idle";
+    case ConnPhase::kReadingHeader: return "reading-header";
+    case ConnPhase::kReadingBody: return "reading-body";
+    case ConnPhase::kSendingContinue: return "sending-continue";
+    case ConnPhase::kHandling: return "handling";
+    case ConnPhase::kWriting: return "writing";
+    case ConnPhase::kCancellingWatch: return "cancelling-watch";
+    case ConnPhase::kDiscarding: return "discarding";
+    case ConnPhase::kClosed: return "closed";
+  }
+  return "?";
+}
+
+// Every phase but kClosed may close (the peer left, a deadline, the server
+// stopping, an eviction of an idle connection).
+bool legal(ConnPhase from, ConnPhase to) {
+  using P = ConnPhase;
+  if (to == P::kClosed) return from != P::kClosed;
+  switch (from) {
+    case P::kAccepted: return to == P::kReadingHeader;
+    case P::kIdle: return to == P::kReadingHeader;  // bytes arrived, or the read ended
+    case P::kReadingHeader: return to == P::kReadingBody || to == P::kWriting;
+    case P::kReadingBody:
+      return to == P::kSendingContinue || to == P::kHandling || to == P::kWriting;
+    case P::kSendingContinue: return to == P::kReadingBody;
+    case P::kHandling: return to == P::kWriting;
+    case P::kWriting:
+      return to == P::kIdle || to == P::kReadingHeader || to == P::kCancellingWatch || to == P::kDiscarding;
+    case P::kCancellingWatch: return to == P::kIdle || to == P::kReadingHeader;
+    case P::kDiscarding:
+    case P::kClosed: return false;
+  }
+  return false;
+}
+
 // One accepted socket. Every member function runs on strand_ (the socket's
-// executor); nothing here blocks. Life cycle:
-//   reading (header, maybe "100 Continue", body; under read_timeout and the
-//   size limits, counted as the parser consumes)
-//   -> exchange (handler called; writes queued by the Writer; a "watch" read
-//      stays outstanding to notice the client leaving)
-//   -> reading the next request (keep-alive) or closing.
+// executor); nothing here blocks. Its phase (ConnPhase) goes:
+//   accepted -> reading-header -> reading-body [-> sending-continue -> reading-body]
+//   -> handling (handler called; writes queued by the Writer) -> writing (final write queued)
+//   -> the next request (keep-alive: idle or reading-header, through
+//      cancelling-watch when the watch read was outstanding)
+//      or discarding -> closed.
+// A request the server refuses (size limits, malformed, overflow) goes from
+// reading straight to writing (its own error answer), then discarding.
 // An overflow connection (admitted beyond max_connections) reads one request
 // under small limits and then closes; see HttpServerConfig::max_connections.
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -207,7 +260,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
         buffer_(core_->buffer_limit) {
     core_->open_connections.fetch_add(1);
   }
-  ~Connection() { mark_closed(); }
+  ~Connection() {
+    if (phase_ != ConnPhase::kClosed) mark_closed();  // close() did it otherwise
+  }
 
   const Strand& strand() const { return strand_; }
   ServerCore& core() { return *core_; }
@@ -224,18 +279,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // got (part of) a request serves that request, with Connection: close, and
   // then closes.
   void evict() {
-    if (closed_) return;
+    if (phase_ == ConnPhase::kClosed) return;
     evicted_ = true;
     // (The parser may have consumed a request line while its header is incomplete.)
-    if (idle_ && buffer_.size() == 0 && parser_ && !parser_->got_some()) return close();
-    if (in_exchange_) close_after_ = true;
+    if (phase_ == ConnPhase::kIdle && buffer_.size() == 0 && parser_ && !parser_->got_some()) return close();
+    if (in_exchange()) close_after_ = true;
   }
 
   // Closes the socket; a pending exchange sees on_disconnect. Idempotent.
   void close() {
-    if (closed_) return;
-    if (in_exchange_) client_gone();
-    closed_ = true;
+    if (phase_ == ConnPhase::kClosed) return;
+    if (in_exchange()) client_gone();
+    move_to(ConnPhase::kClosed);
     disarm_read_timer();
     disarm_write_timer();
     beast::error_code ec;
@@ -310,36 +365,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::optional<http::response_serializer<http::empty_body>> sr;  // over res, made once res is set
   };
 
-  bool accepts(uint64_t exchange) const { return !closed_ && in_exchange_ && exchange == exchange_ && !final_queued_; }
+  void move_to(ConnPhase to) { transition(phase_, to, id_, "http connection"); }
 
+  // Between the request and the end of its answer (the server's own error
+  // answers included).
+  bool in_exchange() const { return phase_ == ConnPhase::kHandling || phase_ == ConnPhase::kWriting; }
+  bool accepts(uint64_t exchange) const { return phase_ == ConnPhase::kHandling && exchange == exchange_; }
+
+  // Gives back this connection's place (slot, idle listing) and count; once.
   void mark_closed() {
-    if (counted_closed_) return;
-    counted_closed_ = true;
     core_->open_connections.fetch_sub(1);
     std::lock_guard lock(core_->conns_mu);
-    auto it = core_->conns.find(id_);
-    if (it == core_->conns.end()) return;
-    if (it->second.slot) --core_->slots_used;
-    if (it->second.idle_seq != 0) core_->idle.erase(it->second.idle_seq);
-    core_->conns.erase(it);
+    core_->conns.erase(id_);
+    core_->slots.remove(id_);
   }
 
   // Lists this connection as idle (an eviction candidate) or unlists it. Only
   // a slot holder is listed; a no-op when there is no connection limit.
-  void set_idle(bool idle) {
-    idle_ = idle;
+  void list_idle(bool idle) {
     if (core_->cfg.max_connections == 0) return;
     std::lock_guard lock(core_->conns_mu);
-    auto it = core_->conns.find(id_);
-    if (it == core_->conns.end()) return;
-    ServerCore::ConnEntry& e = it->second;
-    if (idle && e.slot && e.idle_seq == 0) {
-      e.idle_seq = core_->next_idle_seq++;
-      core_->idle.emplace(e.idle_seq, id_);
-    } else if (!idle && e.idle_seq != 0) {
-      core_->idle.erase(e.idle_seq);
-      e.idle_seq = 0;
-    }
+    core_->slots.set_idle(id_, idle);
   }
 
   // ---- Timers: a generation number tells a stale expiry from a live one.
@@ -374,7 +420,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // `after_exchange`: waiting for a keep-alive request, not the first one.
   void start_read(bool after_exchange) {
-    if (closed_) return;
+    if (phase_ == ConnPhase::kClosed) return;
     if (after_exchange && evicted_ && buffer_.size() == 0) return close();
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(
@@ -382,9 +428,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     body_limit_ = overflow_ ? kOverflowBodyBytes : core_->cfg.max_body_bytes;
     parser_->body_limit(body_limit_);
     request_bytes_ = 0;
-    header_handled_ = false;
     arm_read_timer(overflow_ ? std::min(core_->cfg.read_timeout, kOverflowReadTimeout) : core_->cfg.read_timeout);
-    if (after_exchange && buffer_.size() == 0) set_idle(true);
+    const bool idle = after_exchange && buffer_.size() == 0;
+    move_to(idle ? ConnPhase::kIdle : ConnPhase::kReadingHeader);
+    if (idle) list_idle(true);
     read_some();
   }
 
@@ -404,8 +451,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void on_read_some(beast::error_code ec, size_t n) {
-    if (idle_) set_idle(false);  // (part of) a request arrived, or the read ended
-    if (closed_) return;
+    if (phase_ == ConnPhase::kIdle) {
+      // (Part of) a request arrived, or the read ended.
+      list_idle(false);
+      move_to(ConnPhase::kReadingHeader);
+    }
+    if (phase_ == ConnPhase::kClosed) return;
     request_bytes_ += n;
     if (ec) return on_read_error(ec);
     if (request_bytes_ > request_limit()) {
@@ -413,36 +464,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
                         "request exceeds the limit of " + std::to_string(request_limit()) +
                             " bytes (header, chunk metadata, trailers and body together)");
     }
-    if (!header_handled_ && parser_->is_header_done()) {
-      header_handled_ = true;
-      parser_->eager(true);  // from here, parse as much of the body as each read brings
-      const auto& req = parser_->get();
-      if (overflow_ && !always_served(req)) {
-        return send_error(req.version(), 503,
-                          "the server is at its limit of " + std::to_string(core_->cfg.max_connections) +
-                              " connections; retry later",
-                          "service_unavailable", {{"Retry-After", kOverflowRetryAfter}});
-      }
-      if (beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
-        // The client waits for this before sending the body (curl does for > 1 KiB).
-        auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, req.version());
-        write_pending_ = true;
-        arm_write_timer();
-        http::async_write(socket_, *res, [self = shared_from_this(), res](beast::error_code wec, size_t) {
-          self->write_pending_ = false;
-          self->disarm_write_timer();
-          if (self->closed_) return;
-          if (wec) return self->close();
-          self->read_some();
-        });
-        return;
-      }
+    if (phase_ == ConnPhase::kReadingHeader && parser_->is_header_done()) {
+      move_to(ConnPhase::kReadingBody);
+      if (!on_header()) return;
     }
     if (parser_->is_done()) {
       disarm_read_timer();
       return dispatch();
     }
     read_some();
+  }
+
+  // The request's header just came in; false when it took the connection
+  // elsewhere (an answer, or "100 Continue") and reading must not go on here.
+  bool on_header() {
+    parser_->eager(true);  // from here, parse as much of the body as each read brings
+    const auto& req = parser_->get();
+    if (overflow_ && !always_served(req)) {
+      send_error(req.version(), 503,
+                 "the server is at its limit of " + std::to_string(core_->cfg.max_connections) +
+                     " connections; retry later",
+                 "service_unavailable", {{"Retry-After", kOverflowRetryAfter}});
+      return false;
+    }
+    if (beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
+      // The client waits for this before sending the body (curl does for > 1 KiB).
+      send_continue(req.version());
+      return false;
+    }
+    return true;
+  }
+
+  void send_continue(unsigned version) {
+    move_to(ConnPhase::kSendingContinue);
+    auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, version);
+    write_pending_ = true;
+    arm_write_timer();
+    http::async_write(socket_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      self->write_pending_ = false;
+      self->disarm_write_timer();
+      if (self->phase_ == ConnPhase::kClosed) return;
+      if (ec) return self->close();
+      self->move_to(ConnPhase::kReadingBody);
+      self->read_some();
+    });
   }
 
   void on_read_error(beast::error_code ec) {
@@ -478,12 +543,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     disarm_read_timer();
     parser_.reset();
     ++exchange_;
-    in_exchange_ = true;
-    final_queued_ = false;
     close_after_ = true;
     auto res = make_error_response(version, status, std::move(message), std::move(type));
     for (auto& [name, value] : headers) res->set(name, value);
-    push({Outgoing::kResponse, std::move(res), {}, true});
+    push({Outgoing::kResponse, std::move(res), {}, true});  // -> kWriting
   }
 
   void dispatch();  // below Writer
@@ -491,13 +554,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // ---- The exchange: writes in order, one at a time.
 
   void push(Outgoing item) {
-    if (item.final) final_queued_ = true;
+    if (item.final) move_to(ConnPhase::kWriting);
     out_.push_back(std::move(item));
     pump();
   }
 
   void pump() {
-    if (write_pending_ || out_.empty() || closed_) return;
+    if (write_pending_ || out_.empty() || phase_ == ConnPhase::kClosed) return;
     write_pending_ = true;
     arm_write_timer();
     Outgoing& item = out_.front();
@@ -529,7 +592,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_write(beast::error_code ec) {
     write_pending_ = false;
     disarm_write_timer();
-    if (closed_) {
+    if (phase_ == ConnPhase::kClosed) {
       out_.clear();
       return;
     }
@@ -540,13 +603,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     pump();
   }
 
+  // The final write went out (phase kWriting).
   void end_exchange() {
-    in_exchange_ = false;
     writer_.reset();
     sse_.reset();
-    if (close_after_) return linger_close();
+    if (close_after_) return start_discarding();
     if (watch_pending_) {
       // Only the watch read is outstanding: cancel it; its handler starts the next read.
+      move_to(ConnPhase::kCancellingWatch);
       beast::error_code ec;
       socket_.cancel(ec);
       return;
@@ -557,30 +621,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closing after an answer: stop sending, then read and discard what the
   // client still sends (an oversized body, say) for a short while, so the
   // close does not turn into a reset that destroys the answer in flight.
-  void linger_close() {
+  void start_discarding() {
+    move_to(ConnPhase::kDiscarding);
     beast::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
     if (ec) return close();
     arm_read_timer(std::min(core_->cfg.read_timeout, std::chrono::milliseconds(1000)));
-    drain();
+    discard_input();
   }
-  void drain() {
+  void discard_input() {
     if (watch_pending_) return;  // its handler comes back here
-    drain_buf_.resize(kWatchReadBytes);
-    socket_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (self->closed_) return;
+    discard_buf_.resize(kWatchReadBytes);
+    socket_.async_read_some(net::buffer(discard_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (self->phase_ == ConnPhase::kClosed) return;
       if (ec) return self->close();
-      self->drain();
+      self->discard_input();
     });
   }
 
   // A read kept outstanding during an exchange: EOF or an error means the client
   // left; bytes it sends ahead are kept in buffer_ for the next request, up to
   // kMaxPipelinedBytes. Past that they are all discarded, and so is whatever
-  // follows (read into drain_buf_), and the connection closes after the
+  // follows (read into discard_buf_), and the connection closes after the
   // answer: the read never stops, so a departure is still noticed.
   void start_watch() {
-    if (watch_pending_ || closed_) return;
+    if (watch_pending_ || phase_ == ConnPhase::kClosed) return;
     if (!discard_ahead_ && buffer_.size() >= kMaxPipelinedBytes) {
       discard_ahead_ = true;
       close_after_ = true;  // the requests sent ahead are not served
@@ -588,8 +653,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     watch_pending_ = true;
     if (discard_ahead_) {
-      drain_buf_.resize(kWatchReadBytes);
-      socket_.async_read_some(net::buffer(drain_buf_),
+      discard_buf_.resize(kWatchReadBytes);
+      socket_.async_read_some(net::buffer(discard_buf_),
                               [self = shared_from_this()](beast::error_code ec, size_t) { self->on_watch(ec, 0); });
       return;
     }
@@ -598,22 +663,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
                             [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
-  // `n`: bytes read into buffer_ (0 when they went to drain_buf_).
+  // `n`: bytes read into buffer_ (0 when they went to discard_buf_).
   void on_watch(beast::error_code ec, size_t n) {
     watch_pending_ = false;
     if (n > 0) buffer_.commit(n);
-    if (closed_) return;
-    if (in_exchange_) {
+    if (phase_ == ConnPhase::kClosed) return;
+    if (in_exchange()) {
       if (ec) return close();  // EOF or error mid-answer: the client is gone
       return start_watch();
     }
-    if (close_after_) {
-      // Lingering after the final answer.
+    if (phase_ == ConnPhase::kDiscarding) {
       if (ec && ec != net::error::operation_aborted) return close();
       buffer_.consume(buffer_.size());
-      return drain();
+      return discard_input();
     }
-    // The exchange ended while this read was outstanding (cancelled or not).
+    // kCancellingWatch: the exchange ended while this read was outstanding
+    // (cancelled or not).
     if (ec && ec != net::error::operation_aborted) return close();
     start_read(/*after_exchange=*/true);
   }
@@ -631,30 +696,39 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const bool overflow_;  // admitted beyond max_connections: one restricted request
 
   // All below: used on strand_ only.
+  ConnPhase phase_ = ConnPhase::kAccepted;  // changed by move_to() only
   beast::flat_buffer buffer_;  // limited to core_->buffer_limit bytes
   std::optional<RequestParser> parser_;
   size_t body_limit_ = 0;       // the current request's
   size_t request_bytes_ = 0;    // bytes of the current request the parser consumed
-  bool header_handled_ = false;  // the current request's header was looked at
-  bool idle_ = false;           // waiting for a keep-alive request, nothing of it parsed (set_idle)
-  bool evicted_ = false;        // lost its slot (evict()): no request after the current one
-  bool discard_ahead_ = false;  // the client sent too much ahead: see start_watch()
-  std::string drain_buf_;
+  std::string discard_buf_;
   uint64_t read_timer_gen_ = 0;
   uint64_t write_timer_gen_ = 0;
-  bool closed_ = false;
-  bool counted_closed_ = false;
+  // Flags beside the phase, each independent of it:
+  //  - evicted_: lost its slot (evict()), which can happen in any phase; no
+  //    request is read after the current one.
+  //  - discard_ahead_: the client sent more than kMaxPipelinedBytes ahead
+  //    (start_watch); set during an exchange, in kHandling or kWriting, and
+  //    kept: every later read discards.
+  //  - write_pending_, watch_pending_: an async write (response, event, "100
+  //    Continue") or a watch read is outstanding. Such an operation outlives the
+  //    phase that began it (a watch read begun in kHandling completes in
+  //    kCancellingWatch, kDiscarding or kClosed; a write's buffers must stay
+  //    until it completes, even after close()), so it is tracked apart.
+  bool evicted_ = false;
+  bool discard_ahead_ = false;
   bool write_pending_ = false;
   bool watch_pending_ = false;
 
-  // The current exchange.
+  // The current exchange. close_after_ is the exchange's verdict on the
+  // connection, gathered while it runs (the request, the handler's headers, an
+  // HTTP/1.0 stream, an eviction, too much sent ahead) and acted on when it
+  // ends (kWriting -> kDiscarding instead of the next request).
   uint64_t exchange_ = 0;
-  bool in_exchange_ = false;
-  bool final_queued_ = false;  // its last write is queued; later calls are ignored
-  bool close_after_ = false;   // close once it is answered
-  unsigned version_ = 11;      // the request's HTTP version (11 = 1.1)
-  bool keep_alive_ = true;     // what the request allows
-  bool sse_chunked_ = true;
+  bool close_after_ = false;  // close once it is answered
+  unsigned version_ = 11;     // the request's HTTP version (11 = 1.1)
+  bool keep_alive_ = true;    // what the request allows
+  bool sse_chunked_ = true;   // HTTP/1.1: events as chunks; 1.0: raw, ended by the close
   std::unique_ptr<SseHead> sse_;
   std::weak_ptr<Writer> writer_;
   std::deque<Outgoing> out_;  // front: being written when write_pending_
@@ -802,12 +876,11 @@ void Connection::dispatch() {
   r.body = std::move(req.body());
 
   ++exchange_;
-  in_exchange_ = true;
-  final_queued_ = false;
   version_ = req.version();
   // Without a slot, this is the connection's last request.
   keep_alive_ = req.keep_alive() && !overflow_ && !evicted_;
   close_after_ = !keep_alive_;
+  move_to(ConnPhase::kHandling);
   auto writer = std::make_shared<Writer>(shared_from_this(), exchange_, version_, keep_alive_);
   writer_ = writer;
   start_watch();
@@ -840,31 +913,14 @@ void on_accept(ServerCore* core, Strand strand, beast::error_code ec, tcp::socke
   std::weak_ptr<Connection> victim;
   {
     std::lock_guard lock(core->conns_mu);
-    const size_t cap = core->cfg.max_connections;
-    bool slot = false;
-    bool refused = false;
-    if (cap != 0) {
-      if (core->conns.size() >= cap + core->cfg.max_overflow_connections) {
-        refused = true;
-      } else if (core->slots_used < cap) {
-        slot = true;
-        ++core->slots_used;
-      } else if (!core->idle.empty()) {
-        // Take the slot of the longest idle keep-alive connection.
-        const auto oldest = core->idle.begin();
-        ServerCore::ConnEntry& e = core->conns.at(oldest->second);
-        core->idle.erase(oldest);
-        e.idle_seq = 0;
-        e.slot = false;
-        victim = e.conn;
-        slot = true;
+    const AdmitResult admitted = core->slots.admit();
+    if (admitted.admission != Admission::kRefused) {
+      if (admitted.evicted) {
+        if (auto it = core->conns.find(*admitted.evicted); it != core->conns.end()) victim = it->second;
       }
-    }
-    if (!refused) {
-      const uint64_t id = core->next_conn_id++;
-      conn = std::make_shared<Connection>(core->shared_from_this(), std::move(socket), strand, id,
-                                          /*overflow=*/cap != 0 && !slot);
-      core->conns.emplace(id, ServerCore::ConnEntry{conn, slot, 0});
+      conn = std::make_shared<Connection>(core->shared_from_this(), std::move(socket), strand, admitted.id,
+                                          /*overflow=*/admitted.admission == Admission::kOverflow);
+      core->conns.emplace(admitted.id, conn);
     }
   }
   if (conn) {
@@ -879,7 +935,7 @@ void on_accept(ServerCore* core, Strand strand, beast::error_code ec, tcp::socke
 }
 
 // The accept loop runs on accept_strand; handlers hold a raw pointer, which
-// stays valid because stop() drains them before the server drops the core.
+// stays valid because stop() runs them all before the server drops the core.
 void do_accept(ServerCore* core) {
   Strand strand = net::make_strand(core->ioc);
   core->acceptor.async_accept(strand, [core, strand](beast::error_code ec, tcp::socket socket) {
@@ -1003,8 +1059,8 @@ bool HttpServer::close_all_connections() {
   std::vector<std::shared_ptr<detail::Connection>> open;
   {
     std::lock_guard lock(core_->conns_mu);
-    for (auto& [id, entry] : core_->conns) {
-      if (auto conn = entry.conn.lock()) open.push_back(std::move(conn));
+    for (auto& [id, weak] : core_->conns) {
+      if (auto conn = weak.lock()) open.push_back(std::move(conn));
     }
   }
   for (auto& conn : open) net::post(conn->strand(), [conn] { conn->close(); });

@@ -150,7 +150,7 @@ class HttpServer {
   Status start(HttpHandler handler);
   // The bound port (the chosen one when the config said 0); 0 before start().
   uint16_t port() const { return port_; }
-  // Closes the listening socket (graceful drain): existing connections and
+  // Closes the listening socket (a graceful stop): existing connections and
   // their exchanges continue. Returns once the socket is closed (or, called
   // from an io thread, once the close is queued).
   void stop_accepting();

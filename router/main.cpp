@@ -6,6 +6,10 @@
 
 #include "gguf/gguf_reader.h"
 #include "model/llama_config.h"
+#include "protocol/join_handshake.h"
+#include "protocol/mpi_channel.h"
+#include "protocol/mpi_runtime.h"
+#include "protocol/role_table.h"
 #include "router/router.h"
 #include "config/cluster_args.h"
 

@@ -43,7 +43,7 @@
 
 #include "config/cluster_config.h"
 #include "protocol/control_channel.h"
-#include "protocol/mpi_channel.h"
+#include "protocol/role_table.h"
 #include "router/dispatch.h"
 #include "router/http_server.h"
 #include "router/metrics.h"

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "kvtransfer/kv_path.h"
+#include "protocol/cluster_env.h"
 #include "worker/worker_main.h"
 
 namespace pd {

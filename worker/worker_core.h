@@ -38,7 +38,7 @@
 #include "config/cluster_config.h"
 #include "kvtransfer/transport.h"
 #include "protocol/control_channel.h"
-#include "protocol/mpi_channel.h"
+#include "protocol/role_table.h"
 #include "protocol/peer_epochs.h"
 #include "serving/engine.h"
 #include "util/env.h"

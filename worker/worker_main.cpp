@@ -8,6 +8,9 @@
 #include <string>
 #include <iostream>
 
+#include "protocol/join_handshake.h"
+#include "protocol/mpi_runtime.h"
+
 namespace pd {
 
 namespace {

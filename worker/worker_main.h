@@ -7,7 +7,8 @@
 
 #include "config/cluster_args.h"
 #include "config/cluster_config.h"
-#include "protocol/mpi_channel.h"
+#include "protocol/mpi_links.h"
+#include "protocol/role_table.h"
 #include "serving/engine.h"
 
 namespace pd {

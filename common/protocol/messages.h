@@ -119,7 +119,7 @@ struct PeerUp { int32_t rank = -1; Epoch epoch = 0; };    // `epoch`: the new in
 struct Rejoin { Epoch epoch = 0; };
 struct Listening { std::string port; };
 struct Join {
-  int32_t role = 0;  // Role (mpi_channel.h): 1 prefill, 2 decode
+  int32_t role = 0;  // Role (role_table.h): 1 prefill, 2 decode
   std::string host;
   int32_t pid = 0;
   int32_t block_size = 0;

@@ -3,7 +3,7 @@
 // that deadline and liveness logic is tested by stepping a fake clock and
 // declaring processes gone, not by sleeping and killing.
 //
-// The cluster runs its workers on ClusterEnv (protocol/mpi_channel.h: the
+// The cluster runs its workers on ClusterEnv (protocol/cluster_env.h: the
 // steady clock, and a rank is gone when its pid on this host has ended); tests
 // use FakeEnv.
 //

@@ -19,6 +19,7 @@
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "nodes/fake_channel.h"
+#include "protocol/role_table.h"
 #include "router/router.h"
 #include "util/env.h"
 #include "util/lifecycle.h"

@@ -23,6 +23,7 @@
 #include "nodes/forwarding_transport.h"
 #include "nodes/loopback_transport.h"
 #include "prefill_node/prefill_worker.h"
+#include "protocol/role_table.h"
 #include "util/env.h"
 #include "util/lifecycle.h"
 

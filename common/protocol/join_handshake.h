@@ -1,0 +1,40 @@
+// Joining a running cluster (an elastic pool started by its own mpirun,
+// docs/CLUSTER.md): the router's join file, the handshake a pool's ranks make
+// with the router and the workers it names, and the blocking send used for the
+// few messages that go out before a rank's control channel exists.
+//
+// Threading: called by the thread that initialized MPI, before the rank's
+// channel and KV transport start; join_cluster() is collective over the
+// pool's MPI_COMM_WORLD.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "protocol/messages.h"
+#include "protocol/mpi_links.h"
+#include "protocol/role_table.h"
+#include "util/status.h"
+
+namespace pd {
+
+// Sends one control message and waits for it to leave (MPI_Send): for the few
+// messages sent before a rank's channel exists (Listening, the join handshake).
+Status send_now(MpiLinks& links, int dest, const proto::Message& m);
+
+// The join handshake of a pool started by its own mpirun (`--join FILE`; FILE
+// is what the router wrote for --join-file: its port and rank). One rank of
+// the pool at a time: connect to the router, Join, get an id (JoinAccepted),
+// connect to every worker it names and say Hello. Returns this rank's table
+// in the cluster's ids (self = its new id; world-mates mapped too). An error
+// names what failed (the file, a refusal and its reason, a timeout).
+Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
+                               int32_t block_size, const std::string& kv_dtype,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// The router's side of --join-file: FILE gets {"port": ..., "router": rank}
+// (written to a temporary name and renamed, so a reader never sees half).
+Status write_join_file(const std::string& path, const std::string& port, int router_rank);
+
+}  // namespace pd

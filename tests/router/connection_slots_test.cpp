@@ -1,0 +1,132 @@
+// Tests of the HTTP server's connection-limit policy (router/connection_slots.h),
+// table-driven: each case is a sequence of steps (accept, idle, busy, close)
+// with, after every step, what the new connection got, which idle slot holder
+// was evicted, and the slots, listed idle holders and open connections.
+#include "router/connection_slots.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pd::router {
+namespace {
+
+enum class Op { kAccept, kIdle, kBusy, kClose };
+
+struct Step {
+  Op op;
+  uint64_t id;  // kIdle/kBusy/kClose: the connection; kAccept: the id expected
+  // kAccept only: what it got, and the evicted holder (-1: none).
+  Admission admission = Admission::kSlot;
+  int64_t evicted = -1;
+  // After the step.
+  size_t slots_used = 0;
+  size_t idle = 0;
+  size_t open = 0;
+};
+
+Step accept(uint64_t id, Admission a, int64_t evicted, size_t slots, size_t idle, size_t open) {
+  return {Op::kAccept, id, a, evicted, slots, idle, open};
+}
+Step refuse(size_t slots, size_t idle, size_t open) {
+  return {Op::kAccept, 0, Admission::kRefused, -1, slots, idle, open};
+}
+Step step(Op op, uint64_t id, size_t slots, size_t idle, size_t open) {
+  return {op, id, Admission::kSlot, -1, slots, idle, open};
+}
+
+struct Case {
+  std::string name;
+  size_t max_connections;
+  size_t max_overflow;
+  std::vector<Step> steps;
+};
+
+void run(const Case& c) {
+  ConnectionSlots slots(c.max_connections, c.max_overflow);
+  for (size_t i = 0; i < c.steps.size(); ++i) {
+    const Step& s = c.steps[i];
+    INFO(c.name << ", step " << i);
+    switch (s.op) {
+      case Op::kAccept: {
+        const AdmitResult r = slots.admit();
+        CHECK(std::string(admission_name(r.admission)) == admission_name(s.admission));
+        if (s.admission != Admission::kRefused) CHECK(r.id == s.id);
+        CHECK(r.evicted == (s.evicted < 0 ? std::nullopt : std::optional<uint64_t>(s.evicted)));
+        if (r.evicted) CHECK_FALSE(slots.holds_slot(*r.evicted));
+        if (s.admission == Admission::kSlot) CHECK(slots.holds_slot(r.id));
+        break;
+      }
+      case Op::kIdle: slots.set_idle(s.id, true); break;
+      case Op::kBusy: slots.set_idle(s.id, false); break;
+      case Op::kClose: slots.remove(s.id); break;
+    }
+    CHECK(slots.slots_used() == s.slots_used);
+    CHECK(slots.idle() == s.idle);
+    CHECK(slots.open() == s.open);
+  }
+}
+
+TEST_CASE("connection slots: admission and eviction, step by step", "[http][slots]") {
+  using A = Admission;
+  const std::vector<Case> cases = {
+      {"unlimited: no slots, no overflow, no ceiling, nobody listed idle",
+       0,
+       0,
+       {accept(0, A::kUnlimited, -1, 0, 0, 1), accept(1, A::kUnlimited, -1, 0, 0, 2), step(Op::kIdle, 0, 0, 0, 2),
+        accept(2, A::kUnlimited, -1, 0, 0, 3), step(Op::kClose, 1, 0, 0, 2)}},
+      {"slots, then overflow places, then refusal; a busy holder is never evicted",
+       2,
+       1,
+       {accept(0, A::kSlot, -1, 1, 0, 1), accept(1, A::kSlot, -1, 2, 0, 2), accept(2, A::kOverflow, -1, 2, 0, 3),
+        refuse(2, 0, 3), refuse(2, 0, 3), step(Op::kClose, 2, 2, 0, 2), accept(3, A::kOverflow, -1, 2, 0, 3)}},
+      {"a refused connection takes no id",
+       1,
+       0,
+       {accept(0, A::kSlot, -1, 1, 0, 1), refuse(1, 0, 1), step(Op::kClose, 0, 0, 0, 0),
+        accept(1, A::kSlot, -1, 1, 0, 1)}},
+      {"the longest idle holder is evicted first; its slot goes to the newcomer",
+       2,
+       2,
+       {accept(0, A::kSlot, -1, 1, 0, 1), accept(1, A::kSlot, -1, 2, 0, 2), step(Op::kIdle, 1, 2, 1, 2),
+        step(Op::kIdle, 0, 2, 2, 2), step(Op::kIdle, 1, 2, 2, 2),  // listing again keeps its place
+        accept(2, A::kSlot, 1, 2, 1, 3), accept(3, A::kSlot, 0, 2, 0, 4), refuse(2, 0, 4)}},
+      {"the ceiling counts every open connection, evicted ones too: at it, an idle holder is not evicted",
+       1,
+       0,
+       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), refuse(1, 1, 1)}},
+      {"eviction goes before overflow even with overflow places free",
+       1,
+       4,
+       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), accept(1, A::kSlot, 0, 1, 0, 2),
+        accept(2, A::kOverflow, -1, 1, 0, 3)}},
+      {"an evicted connection is slotless: listing it idle does nothing, closing it frees no slot",
+       1,
+       2,
+       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), accept(1, A::kSlot, 0, 1, 0, 2),
+        step(Op::kIdle, 0, 1, 0, 2), accept(2, A::kOverflow, -1, 1, 0, 3), step(Op::kClose, 0, 1, 0, 2),
+        accept(3, A::kOverflow, -1, 1, 0, 3)}},
+      {"a holder that got busy again is no candidate",
+       1,
+       1,
+       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), step(Op::kBusy, 0, 1, 0, 1),
+        accept(1, A::kOverflow, -1, 1, 0, 2), step(Op::kIdle, 1, 1, 0, 2) /* overflow: never listed */}},
+      {"closing a listed holder frees its slot and unlists it",
+       1,
+       0,
+       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), step(Op::kClose, 0, 0, 0, 0),
+        accept(1, A::kSlot, -1, 1, 0, 1)}},
+      {"unknown ids are ignored",
+       1,
+       0,
+       {step(Op::kIdle, 7, 0, 0, 0), step(Op::kClose, 7, 0, 0, 0), accept(0, A::kSlot, -1, 1, 0, 1),
+        step(Op::kClose, 0, 0, 0, 0), step(Op::kClose, 0, 0, 0, 0)}},
+  };
+  for (const Case& c : cases) run(c);
+}
+
+}  // namespace
+}  // namespace pd::router
