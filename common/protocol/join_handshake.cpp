@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/files.h"
+
 namespace pd {
 
 Status send_now(MpiLinks& links, int dest, const proto::Message& m) {
@@ -171,14 +173,8 @@ RoleTable joined_table(const RoleTable& world, const std::vector<int>& ids, int 
 }  // namespace
 
 Status write_join_file(const std::string& path, const std::string& port, int router_rank) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << nlohmann::json{{"port", port}, {"router", router_rank}}.dump() << "\n";
-    if (!f) return Status::io_error("cannot write join file '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rename to '" + path + "'");
-  return Status::ok();
+  return write_file_atomically(path, nlohmann::json{{"port", port}, {"router", router_rank}}.dump() + "\n",
+                               "join file");
 }
 
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
