@@ -78,6 +78,7 @@ TEST_CASE("router: with no prefill->decode path /health is 503 naming why, and r
   const Answer r = h.finish(f, 1000ms);
   CHECK(r.status == 503);
   CHECK(r.raw().find("no prefill->decode path") != std::string::npos);
+  CHECK(r.raw().find("every decode rank is down") != std::string::npos);  // the reason /health gives
   CHECK(r.header("Retry-After") == "1");
 }
 
