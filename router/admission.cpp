@@ -1,3 +1,4 @@
+// Whether a request is accepted: context, queue bounds, cluster state (see admission.h).
 #include "router/admission.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The answer a client sees when its request ends; failure kind -> HTTP status (see answer.h).
 #include "router/answer.h"
 
 #include <algorithm>

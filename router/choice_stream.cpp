@@ -1,3 +1,4 @@
+// A choice's tokens in order, its text and logprobs (see choice_stream.h).
 #include "router/choice_stream.h"
 
 #include <utility>

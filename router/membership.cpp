@@ -1,3 +1,4 @@
+// Joins, drains and liveness of the worker ranks (see membership.h).
 #include "router/membership.h"
 
 #include <spdlog/spdlog.h>

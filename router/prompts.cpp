@@ -1,3 +1,4 @@
+// The tokens a request's prompt becomes (see prompts.h).
 #include "router/prompts.h"
 
 #include <string_view>

@@ -1,3 +1,4 @@
+// Requests by wire id and http id, the queue, re-runs, deadlines, lifecycle states (see request_table.h).
 #include "router/request_table.h"
 
 #include <string>

@@ -1,3 +1,4 @@
+// The series the router exports, registered once (see router_metrics.h).
 #include "router/router_metrics.h"
 
 #include <algorithm>
