@@ -1,0 +1,58 @@
+// Whether a request is accepted: context, queue bounds, cluster state (see admission.h).
+#include "router/admission.h"
+
+#include <algorithm>
+
+#include "router/answer.h"
+
+namespace pd::router {
+
+ApiResult<std::vector<int32_t>> fit_context(Endpoint ep, const ApiRequest& api, const std::vector<Prompt>& prompts,
+                                            int context) {
+  const bool batched = prompts.size() > 1;
+  const char* field = ep == Endpoint::kCompletions ? "prompt" : "messages";
+  std::vector<int32_t> max_tokens(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string name = prompt_name(ep, prompts.size(), i);
+    const int64_t n = static_cast<int64_t>(prompts[i].ids.size());
+    if (n == 0) return api_error(400, name + " is empty", field);
+    if (n >= context)
+      return api_error(400, name + " has " + std::to_string(n) + " tokens; the model's context is " +
+                                std::to_string(context),
+                       field);
+    if (api.max_tokens_given) {
+      if (n + api.sampling.max_tokens > context)
+        return api_error(400, "max_tokens " + std::to_string(api.sampling.max_tokens) + " + " + std::to_string(n) +
+                                  " prompt tokens" + (batched ? " of " + name : "") +
+                                  " exceeds the model's context of " + std::to_string(context) + " tokens",
+                         "max_tokens");
+      max_tokens[i] = api.sampling.max_tokens;
+    } else {
+      // OpenAI's defaults: 16 for completions; chat runs to the end of the context.
+      const int64_t left = context - n;
+      max_tokens[i] = static_cast<int32_t>(ep == Endpoint::kCompletions ? std::min<int64_t>(16, left) : left);
+    }
+  }
+  return max_tokens;
+}
+
+std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, const ClusterState& cluster,
+                                        const ClusterConfig::Router& limits) {
+  const std::vector<std::pair<std::string, std::string>> retry_after{{"Retry-After", std::to_string(limits.retry_after_s)}};
+  if (n_choices > 1 && n_choices > limits.max_queued)  // could never be queued at once: retrying would not help
+    return Rejection{api_error(400, std::to_string(n_choices) + " choices (prompts x n) is more than this server queues at once (" +
+                                        std::to_string(limits.max_queued) + ", router.max_queued)",
+                               api.n > 1 ? "n" : "prompt"),
+                     {}};
+  if (cluster.stopping) return Rejection{api_error(503, "the server is shutting down"), retry_after};
+  if (!cluster.ready && cluster.degraded)
+    return Rejection{api_error(503, "no prefill->decode path is up (" + cluster.not_ready_reason + "); retry later"),
+                     retry_after};
+  if (cluster.queued + n_choices > limits.max_queued)
+    return Rejection{api_error(503, "the router's queue is full (" + std::to_string(limits.max_queued) +
+                                        " requests waiting); retry later"),
+                     retry_after};
+  return std::nullopt;
+}
+
+}  // namespace pd::router

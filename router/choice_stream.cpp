@@ -1,0 +1,98 @@
+// A choice's tokens in order, its text and logprobs (see choice_stream.h).
+#include "router/choice_stream.h"
+
+#include <utility>
+
+namespace pd::router {
+
+ChoiceStream::ChoiceStream(const Tokenizer& tok, ChoiceFormat format, std::vector<std::string> stops,
+                           std::vector<TokenId> hidden, std::string echo_text)
+    : tok_(&tok), format_(format), text_(tok, std::move(stops), std::move(hidden)), echo_text_(std::move(echo_text)) {}
+
+void ChoiceStream::add(const proto::TokenEvent& ev) {
+  if (ev.first_index == 0 && !ev.prompt_logprobs.empty()) prompt_logprobs_ = ev.prompt_logprobs;
+  const bool with_logprobs = format_.with_logprobs && ev.logprobs.size() == ev.tokens.size();
+  for (size_t i = 0; i < ev.tokens.size(); ++i) {
+    PendingToken& p = pending_[ev.first_index + static_cast<int32_t>(i)];
+    p.token = ev.tokens[i];
+    p.finish = i + 1 == ev.tokens.size() ? ev.finish : proto::Finish::kNone;
+    p.logprob.reset();
+    if (with_logprobs) p.logprob.emplace(ev.logprobs[i]);
+  }
+}
+
+std::optional<PendingToken> ChoiceStream::next() {
+  if (pending_.empty() || pending_.begin()->first != next_index_) return std::nullopt;
+  PendingToken p = std::move(pending_.begin()->second);
+  pending_.erase(pending_.begin());
+  ++next_index_;
+  return p;
+}
+
+void ChoiceStream::restart() {
+  pending_.clear();
+  prompt_logprobs_.clear();
+}
+
+bool ChoiceStream::push(const PendingToken& t, const Response& resp, const std::string& model) {
+  if (format_.with_logprobs) shown_.push_back(shown_token(t.token, t.logprob ? &*t.logprob : nullptr));
+  deliver(text_.push(t.token), resp, model);
+  return text_.stopped();
+}
+
+void ChoiceStream::flush(const Response& resp, const std::string& model) { deliver(text_.finish(), resp, model); }
+
+void ChoiceStream::deliver(const std::string& text, const Response& resp, const std::string& model) {
+  if (!format_.stream) {
+    text_out_ += text;
+    return;
+  }
+  const bool first = !first_chunk_sent_;
+  if (text.empty() && !(first && format_.chat)) return;
+  ChoiceOut c;
+  c.index = format_.index;
+  c.text = text;
+  c.with_logprobs = format_.with_logprobs;
+  if (!text.empty()) {  // logprobs go with text (a chat's empty role chunk carries none)
+    c.text_offset = chars_shown_;
+    for (const ShownToken& t : shown_) chars_shown_ += text_chars(t.text);
+    c.logprobs = std::move(shown_);
+    shown_.clear();
+  }
+  resp.writer->send_event(stream_chunk(resp.endpoint, resp.id, model, resp.created, c, first));
+  first_chunk_sent_ = true;
+}
+
+void ChoiceStream::deliver_echo(const std::vector<TokenId>& prompt, const Response& resp, const std::string& model) {
+  if (format_.prompt_logprobs) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const bool have = i > 0 && i - 1 < prompt_logprobs_.size();
+      shown_.push_back(shown_token(prompt[i], have ? &prompt_logprobs_[i - 1] : nullptr));
+      if (i == 0) shown_.back().logprob.reset();  // nothing precedes the first token
+    }
+  }
+  deliver(echo_text_, resp, model);
+}
+
+ShownToken ChoiceStream::shown_token(TokenId id, const LogprobEntry* logprob) const {
+  ShownToken t;
+  t.text = tok_->token_to_bytes(id);
+  if (logprob == nullptr) return t;
+  t.logprob = logprob->logprob;
+  for (const TokenLogprob& alt : logprob->top) t.top.emplace_back(tok_->token_to_bytes(alt.id), alt.logprob);
+  return t;
+}
+
+ChoiceOut ChoiceStream::finish(const std::string& finish_reason) {
+  ChoiceOut c;
+  c.index = format_.index;
+  c.finish_reason = finish_reason;
+  c.with_logprobs = format_.with_logprobs;
+  c.text_offset = chars_shown_;
+  c.logprobs = std::move(shown_);
+  shown_.clear();
+  if (!format_.stream) c.text = std::move(text_out_);
+  return c;
+}
+
+}  // namespace pd::router

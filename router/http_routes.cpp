@@ -1,0 +1,144 @@
+// The router's HTTP routes (io threads): which handler a path and method reach,
+// the API-key check, /health, /metrics, /v1/models, /tokenize and
+// /detokenize, and POST /admin/drain (handed to the link thread). Completions
+// are in completions.cpp. Touches the link thread's state only through inbox_.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "router/answer.h"
+#include "router/auth.h"
+#include "router/router.h"
+
+namespace pd::router {
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+enum class Route { kHealth, kMetrics, kModels, kDrain, kTokenize, kDetokenize, kCompletions, kChatCompletions, kNone };
+
+struct RouteInfo {
+  Route route;
+  const char* method;  // the one it accepts
+};
+
+RouteInfo route_of(const std::string& path) {
+  if (path == "/health") return {Route::kHealth, "GET"};
+  if (path == "/metrics") return {Route::kMetrics, "GET"};
+  if (path == "/v1/models") return {Route::kModels, "GET"};
+  if (path == "/admin/drain") return {Route::kDrain, "POST"};
+  if (path == "/tokenize" || path == "/v1/tokenize") return {Route::kTokenize, "POST"};
+  if (path == "/detokenize" || path == "/v1/detokenize") return {Route::kDetokenize, "POST"};
+  if (path == "/v1/completions") return {Route::kCompletions, "POST"};
+  if (path == "/v1/chat/completions") return {Route::kChatCompletions, "POST"};
+  return {Route::kNone, ""};
+}
+
+// Whether `path` needs the API key: the API, the admin and tokenizer routes, and
+// /metrics when http.metrics_require_key.
+bool needs_key(const std::string& path, bool metrics_require_key) {
+  const bool tokenizer = path == "/tokenize" || path == "/detokenize";
+  const bool v1 = path.rfind("/v1/", 0) == 0 || path.rfind("/admin/", 0) == 0 || tokenizer;
+  return v1 || (path == "/metrics" && metrics_require_key);
+}
+
+}  // namespace
+
+void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
+  const std::string& path = http.target;
+  const RouteInfo ri = route_of(path);
+  // /health answers before the key check: load balancers probe it without one.
+  if (ri.route != Route::kHealth && needs_key(path, cfg_.http.metrics_require_key) &&
+      !authorized(http.authorization, cfg_.http.api_key)) {
+    ApiError e = api_error(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", "", "invalid_request_error");
+    e.code = "invalid_api_key";
+    return respond_error(*w, e, {{"WWW-Authenticate", "Bearer"}});
+  }
+  if (ri.route == Route::kNone) {
+    ApiError e = api_error(404, "no route for " + shown_text(http.method) + " " + shown_text(path), "", "invalid_request_error");
+    e.code = "not_found";
+    return respond_error(*w, e);
+  }
+  if (http.method != ri.method) {
+    return respond_error(*w, api_error(405, "method " + shown_text(http.method) + " is not allowed on " + shown_text(path) +
+                                                " (use " + ri.method + ")"),
+                         {{"Allow", ri.method}});
+  }
+  switch (ri.route) {
+    case Route::kHealth: return respond_health(*w);
+    case Route::kMetrics: w->respond(200, "text/plain; version=0.0.4; charset=utf-8", registry_.render()); return;
+    case Route::kModels: w->respond(200, "application/json", models_body(model_.name, unix_now())); return;
+    case Route::kDrain: return handle_drain(http, std::move(w));
+    case Route::kTokenize: return handle_tokenize(http, *w);
+    case Route::kDetokenize: return handle_detokenize(http, *w);
+    case Route::kCompletions: return handle_completion(Endpoint::kCompletions, http, std::move(w));
+    case Route::kChatCompletions: return handle_completion(Endpoint::kChatCompletions, http, std::move(w));
+    case Route::kNone: return;
+  }
+}
+
+void Router::respond_health(ResponseWriter& w) {
+  std::string why, ranks;
+  {
+    std::lock_guard lock(ready_mu_);
+    why = stopping_.load() ? "shutting down" : not_ready_reason_;
+    ranks = ranks_json_;
+  }
+  nlohmann::json body;
+  const bool ok = ready_.load() && !stopping_.load();
+  body["status"] = !ok ? "unavailable" : degraded_.load() ? "degraded" : "ok";
+  if (!ok) body["reason"] = why;
+  body["ranks"] = nlohmann::json::parse(ranks, nullptr, false);
+  w.respond(ok ? 200 : 503, "application/json", body.dump());
+}
+
+void Router::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
+  // {"rank": N}: the rank to drain out of the cluster (see /health for ranks).
+  const nlohmann::json body = nlohmann::json::parse(http.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object())
+    return respond_error(*w, api_error(400, "the body must be a JSON object {\"rank\": N}", "", "invalid_request_error"));
+  auto it = body.find("rank");
+  if (it == body.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 30))
+    return respond_error(*w, api_error(400, "'rank' must be a non-negative integer (a worker rank from /health)", "rank",
+                                       "invalid_request_error"));
+  std::lock_guard lock(inbox_mu_);
+  inbox_.push_back(DrainRank{static_cast<int>(it->get<int64_t>()), std::move(w)});
+}
+
+std::optional<ApiError> Router::check_model(const std::string& model) const {
+  if (model.empty() || model == model_.name) return std::nullopt;
+  ApiError e = api_error(404, "the model '" + shown_text(model) + "' does not exist (this server serves '" + model_.name + "')",
+                         "model", "invalid_request_error");
+  e.code = "model_not_found";
+  return e;
+}
+
+void Router::handle_tokenize(const HttpRequest& http, ResponseWriter& w) {
+  ApiResult<TokenizeRequest> parsed = parse_tokenize(http.body);
+  if (!parsed.is_ok()) return respond_error(w, parsed.error());
+  const TokenizeRequest& t = parsed.value();
+  if (auto e = check_model(t.model)) return respond_error(w, *e);
+  const Tokenizer& tok = *model_.tokenizer;
+  std::vector<TokenId> ids;
+  if (t.chat) {
+    auto chat = encode_chat(model_, t.messages, t.add_generation_prompt);
+    if (!chat.is_ok()) return respond_error(w, api_error(400, "messages: " + chat.status().message(), "messages"));
+    ids = std::move(chat).value();
+  } else {
+    ids = tok.encode(t.prompt, t.parse_special);
+  }
+  if (t.add_special_tokens && tok.add_bos() && tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+  w.respond(200, "application/json", tokenize_body(ids, model_.context));
+}
+
+void Router::handle_detokenize(const HttpRequest& http, ResponseWriter& w) {
+  ApiResult<DetokenizeRequest> parsed = parse_detokenize(http.body, model_.tokenizer->vocab_size());
+  if (!parsed.is_ok()) return respond_error(w, parsed.error());
+  if (auto e = check_model(parsed.value().model)) return respond_error(w, *e);
+  w.respond(200, "application/json", detokenize_body(model_.tokenizer->decode(parsed.value().tokens)));
+}
+
+}  // namespace pd::router

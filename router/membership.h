@@ -1,0 +1,75 @@
+// Membership: decides which ranks are in the cluster and in what state.
+//  - Joins: a rank started later by its own mpirun asks to join (Join); it is
+//    refused naming what differs (role, kv.block_size, kv.dtype, a colocated
+//    cluster, the router stopping) or accepted, linked to the up ranks of the
+//    other role, and sent work once it reports ready.
+//  - Drains: a rank leaves gracefully (POST /admin/drain, or its own Leave):
+//    it takes no new work, its queued prefills come back to be re-run elsewhere
+//    (FailureKind::kLeaving), the rest finishes; on Drained the others get
+//    PeerLeft and it gets Shutdown. One that does not finish within
+//    timeouts.drain_ms is ended as down, then removed.
+//  - Liveness: every message from a worker is its heartbeat; one silent for
+//    timeouts.heartbeat_ms is declared down and fenced (the others get
+//    PeerDown; what it held re-runs or fails, through the on-down callback),
+//    told to Rejoin when it speaks again, and re-admitted under a new epoch
+//    once it reports under that epoch.
+// The worker table (dispatch.h) holds the states; this class moves them and
+// tells the ranks. Link thread only.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "config/cluster_config.h"
+#include "protocol/control_channel.h"
+#include "protocol/role_table.h"
+#include "router/dispatch.h"
+#include "router/router_metrics.h"
+#include "util/env.h"
+
+namespace pd::router {
+
+class Membership {
+ public:
+  // Called once a rank was declared down and the others told: `name` is
+  // "prefill rank N" / "decode rank N", `why` the cause. The router re-runs or
+  // fails what the rank held.
+  using OnDown = std::function<void(int rank, const std::string& name, const std::string& why)>;
+  // Every reference must outlive this. `stopping` is set while the router stops.
+  Membership(const ClusterConfig& cfg, std::string kv_dtype, WorkerTable& workers, ControlChannel& channel,
+             RouterMetrics& metrics, const std::atomic<bool>& stopping, OnDown on_down);
+  void set_env(const Env* env) { env_ = env; }
+
+  void on_join(int source, const proto::Join& m);
+  // Starts draining `rank` out of the cluster; returns why it cannot, or "".
+  std::string begin_drain(int rank, const std::string& why);
+  void on_drained(int rank);
+  void on_report(int source, const proto::LoadReport& m);
+  // Drains past timeouts.drain_ms, and ranks silent past timeouts.heartbeat_ms
+  // (or not ready within timeouts.startup_ms): ended as down.
+  void check_liveness();
+  // `rank` is declared down: fenced, the others told, then on_down.
+  void on_rank_down(int rank, const std::string& why);
+  // Tells `rank` to drop wire id `id` (unless it is down: it dropped everything).
+  void cancel_on(int rank, uint64_t id);
+  // Every worker in the table except `except` (broadcasts).
+  std::vector<int> worker_ranks(int except = -1) const;
+
+ private:
+  // Why a Join is refused, or "".
+  std::string join_refusal(const proto::Join& m) const;
+  void check_drains();
+
+  const ClusterConfig& cfg_;
+  const std::string kv_dtype_;
+  WorkerTable& workers_;
+  ControlChannel& channel_;
+  RouterMetrics& metrics_;
+  const std::atomic<bool>& stopping_;
+  OnDown on_down_;
+  const Env* env_ = &system_env();
+};
+
+}  // namespace pd::router

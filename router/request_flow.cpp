@@ -1,0 +1,187 @@
+// A request's moves on the link thread: dispatched to the pair the worker
+// table picks, its tokens delivered in order, a worker's failure re-run or
+// answered, a down rank's requests re-run or failed, deadlines enforced, and
+// its end — the workers released, the answer given — exactly once.
+#include <spdlog/spdlog.h>
+
+#include "router/router.h"
+#include "util/lifecycle.h"
+
+namespace pd::router {
+namespace {
+
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void set_state(Request& r, RequestState to) { transition(r.state, to, r.http_id, "router"); }
+
+}  // namespace
+
+bool Router::serves(const Request& r, int source) {
+  return r.state != RequestState::kQueued && (source == r.where.decode_rank || source == r.where.prefill_rank);
+}
+
+void Router::dispatch_queued() {
+  while (Request* found = requests_.front_of_queue()) {
+    Request& r = *found;
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    auto choice = workers_.pick(n, r.api.sampling.max_tokens, cfg_.router.max_inflight_per_worker);
+    if (!choice) break;
+    requests_.pop_queue();
+    --queued_;
+    set_state(r, RequestState::kDispatched);
+    ++r.attempts;
+    r.where = *choice;
+    r.dispatched_at = env_->now();
+    workers_.on_dispatch(*choice, n, r.api.sampling.max_tokens);
+    if (r.attempts == 1) {
+      metrics_.stage.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
+      metrics_.prompt_tokens_total.inc(static_cast<double>(n));
+    }
+    if (choice->prefill_rank >= 0) metrics_.rank_requests_total.inc({"prefill", std::to_string(choice->prefill_rank)});
+    metrics_.rank_requests_total.inc({"decode", std::to_string(choice->decode_rank)});
+    proto::PrefillRequest m{r.wire_id, r.prompt, r.api.sampling, choice->decode_rank};
+    channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank, m);
+  }
+}
+
+void Router::on_tokens(int source, const proto::TokenEvents& m) {
+  for (const proto::TokenEvent& ev : m.events) {
+    // Unknown: already ended here (cancel, stop string, timeout) or an earlier attempt.
+    Request* found = requests_.find(ev.id);
+    if (found == nullptr || !serves(*found, source)) continue;
+    Request& r = *found;
+    if (ev.first_index == 0 && !r.prefill_done) {
+      r.prefill_done = true;
+      if (!workers_.colocated()) workers_.on_prefill_done(source, static_cast<int64_t>(r.prompt.size()));
+      metrics_.stage.observe({"prefill_queue"}, ev.queue_s);
+      metrics_.stage.observe({"prefill"}, ev.prefill_s);
+    }
+    if (ev.first_index == 1 && !workers_.colocated()) metrics_.stage.observe({"decode_queue"}, ev.queue_s);
+    r.out->add(ev);
+    // Deliver in order; the prefill rank's token 0 and the decode rank's
+    // later tokens come from different ranks and may arrive in either order.
+    while (auto t = r.out->next())
+      if (!on_token(r, r.out->next_index() - 1, *t)) break;
+  }
+}
+
+bool Router::on_token(Request& r, int32_t index, const PendingToken& t) {
+  const auto now = env_->now();
+  if (index == 0) metrics_.ttft.observe(seconds(now - r.arrived));
+  else metrics_.itl.observe(seconds(now - r.last_token_at));
+  r.last_token_at = now;
+  if (index == 0) {
+    set_state(r, RequestState::kStreaming);
+    if (r.api.echo) r.out->deliver_echo(r.prompt, *r.response, model_.name);
+  }
+  metrics_.generation_tokens_total.inc();
+  if (r.api.prompt_only) {  // max_tokens 0: the token sampled anyway is not part of the answer
+    finalize(r.wire_id, End::kFinished, "length", {}, t.finish == proto::Finish::kNone);
+    return false;
+  }
+  ++r.n_generated;
+  if (r.out->push(t, *r.response, model_.name)) {  // a stop string matched: end it here, tell the workers
+    finalize(r.wire_id, End::kFinished, "stop");
+    return false;
+  }
+  if (t.finish == proto::Finish::kNone) return true;
+  r.out->flush(*r.response, model_.name);
+  finalize(r.wire_id, End::kFinished, t.finish == proto::Finish::kLength ? "length" : "stop", {}, false);
+  return false;
+}
+
+void Router::on_failed(int source, const proto::RequestFailed& m) {
+  Request* r = requests_.find(m.id);
+  if (r == nullptr || !serves(*r, source)) return;
+  spdlog::warn("router: request {} failed on rank {} ({}): {}", m.id, source, proto::failure_kind_name(m.kind),
+               m.reason);
+  if (retryable(m.kind) && rerun(*r, m.reason)) return;
+  finalize(m.id, End::kFailed, "", api_error(http_status_of(m.kind), m.reason));
+}
+
+void Router::on_rank_down(int rank, const std::string& name, const std::string& why) {
+  const std::vector<uint64_t> hit = requests_.held_by(rank);
+  for (uint64_t id : hit) {
+    Request* r = requests_.find(id);
+    if (r == nullptr) continue;  // a sibling choice that failed before it ended it
+    if (rerun(*r, name + " went down")) continue;
+    finalize(id, End::kFailed, "", api_error(503, name + " went down while serving the request (" + why + ")"));
+  }
+  if (!hit.empty()) spdlog::warn("router: {} requests were on {}", hit.size(), name);
+}
+
+void Router::check_deadlines() {
+  for (auto& [id, e] : requests_.expired(env_->now(), std::chrono::milliseconds(cfg_.timeouts.queue_ms),
+                                         std::chrono::milliseconds(cfg_.timeouts.request_ms)))
+    finalize(id, End::kFailed, "", e);
+}
+
+bool Router::rerun(Request& r, const std::string& why) {
+  if (!may_rerun(r, stopping_.load())) return false;
+  const uint64_t old_id = r.wire_id;
+  release_workers(r, true);  // both legs drop the old attempt
+  r.prefill_done = false;
+  r.where = {};
+  r.out->restart();
+  set_state(r, RequestState::kQueued);
+  requests_.requeue(old_id, requests_.new_id());  // the next attempt travels under a new wire id
+  spdlog::info("router: re-running request {} as {} (attempt {}): {}", old_id, r.wire_id, r.attempts + 1, why);
+  metrics_.retried_total.inc();
+  ++queued_;
+  return true;
+}
+
+void Router::release_workers(const Request& r, bool tell_workers) {
+  // Tell both legs; a worker that already finished ignores an unknown id.
+  if (tell_workers) {
+    if (r.where.prefill_rank >= 0 && !r.prefill_done) membership_.cancel_on(r.where.prefill_rank, r.wire_id);
+    membership_.cancel_on(r.where.decode_rank, r.wire_id);
+  }
+  if (!r.prefill_done && r.where.prefill_rank >= 0)
+    workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));
+  workers_.on_request_done(r.where.decode_rank, static_cast<int64_t>(r.prompt.size()), r.api.sampling.max_tokens);
+}
+
+void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reason, const ApiError& error,
+                      bool tell_workers) {
+  std::unique_ptr<Request> owned = requests_.take(wire_id);
+  if (!owned) return;
+  Request& r = *owned;
+  const bool was_queued = r.state == RequestState::kQueued;
+  set_state(r, how == End::kFinished ? RequestState::kFinished
+               : how == End::kCancelled ? RequestState::kCancelled
+                                        : RequestState::kFailed);
+  metrics_.in_flight.add(-1);
+  if (was_queued) --queued_;
+  else release_workers(r, tell_workers || how != End::kFinished);
+  metrics_.e2e.observe(seconds(env_->now() - r.arrived));
+  Response& resp = *r.response;
+  --resp.open;
+  switch (how) {
+    case End::kFinished: {
+      metrics_.requests_total.inc({"finished"});
+      if (resp.ended) break;
+      const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated};
+      const bool first_chunk = !r.out->first_chunk_sent();
+      answer_finished_choice(resp, r.out->finish(finish_reason), usage, first_chunk, model_.name);
+      break;
+    }
+    case End::kCancelled:
+      metrics_.requests_total.inc({"cancelled"});
+      resp.ended = true;  // the client is gone, or another choice failed and answered
+      break;
+    case End::kFailed:
+      metrics_.requests_total.inc({error.status == 504 ? "timeout" : "failed"});
+      if (resp.ended) break;
+      answer_failed(resp, error);
+      cancel_siblings(resp);
+      break;
+  }
+}
+
+void Router::cancel_siblings(const Response& resp) {
+  for (uint64_t http_id : resp.choices)
+    if (Request* other = requests_.find_by_http_id(http_id)) finalize(other->wire_id, End::kCancelled, "");
+}
+
+}  // namespace pd::router

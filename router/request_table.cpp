@@ -1,0 +1,118 @@
+// Requests by wire id and http id, the queue, re-runs, deadlines, lifecycle states (see request_table.h).
+#include "router/request_table.h"
+
+#include <string>
+
+namespace pd::router {
+
+const char* state_name(RequestState s) {
+  switch (s) {
+    case RequestState::kQueued: return "queued";
+    case RequestState::kDispatched: return "dispatched";
+    case RequestState::kStreaming: return "streaming";
+    case RequestState::kFinished: return "finished";
+    case RequestState::kCancelled: return "cancelled";
+    case RequestState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+bool is_ended(RequestState s) {
+  return s == RequestState::kFinished || s == RequestState::kCancelled || s == RequestState::kFailed;
+}
+
+bool legal(RequestState from, RequestState to) {
+  using S = RequestState;
+  switch (from) {
+    case S::kQueued: return to == S::kDispatched || to == S::kCancelled || to == S::kFailed;
+    case S::kDispatched: return to == S::kStreaming || to == S::kQueued || to == S::kCancelled || to == S::kFailed;
+    case S::kStreaming: return is_ended(to);
+    case S::kFinished:
+    case S::kCancelled:
+    case S::kFailed: return false;  // ended exactly once
+  }
+  return false;
+}
+
+bool retryable(proto::FailureKind k) {
+  return k == proto::FailureKind::kPeerDown || k == proto::FailureKind::kTransfer || k == proto::FailureKind::kLeaving;
+}
+
+bool may_rerun(const Request& r, bool stopping) {
+  return r.state == RequestState::kDispatched && r.attempts < kMaxAttempts && !stopping;
+}
+
+void RequestTable::add(std::unique_ptr<Request> r) {
+  const uint64_t id = r->wire_id;
+  queue_.push_back(id);
+  requests_.emplace(id, std::move(r));
+}
+
+Request* RequestTable::find(uint64_t wire_id) {
+  auto it = requests_.find(wire_id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+Request* RequestTable::find_by_http_id(uint64_t http_id) {
+  if (auto re = wire_id_of_http_id_.find(http_id); re != wire_id_of_http_id_.end()) http_id = re->second;
+  return find(http_id);
+}
+
+Request* RequestTable::front_of_queue() {
+  while (!queue_.empty()) {
+    if (Request* r = find(queue_.front())) return r;
+    queue_.pop_front();  // ended while queued
+  }
+  return nullptr;
+}
+
+void RequestTable::pop_queue() { queue_.pop_front(); }
+
+std::unique_ptr<Request> RequestTable::take(uint64_t wire_id) {
+  auto it = requests_.find(wire_id);
+  if (it == requests_.end()) return nullptr;
+  std::unique_ptr<Request> owned = std::move(it->second);
+  requests_.erase(it);
+  if (owned->http_id != owned->wire_id) wire_id_of_http_id_.erase(owned->http_id);
+  return owned;
+}
+
+void RequestTable::requeue(uint64_t wire_id, uint64_t new_wire_id) {
+  auto it = requests_.find(wire_id);
+  std::unique_ptr<Request> owned = std::move(it->second);
+  requests_.erase(it);
+  owned->wire_id = new_wire_id;
+  wire_id_of_http_id_[owned->http_id] = new_wire_id;
+  queue_.push_front(new_wire_id);
+  requests_.emplace(new_wire_id, std::move(owned));
+}
+
+std::vector<uint64_t> RequestTable::held_by(int rank) const {
+  std::vector<uint64_t> out;
+  for (const auto& [id, r] : requests_) {
+    if (r->state == RequestState::kQueued) continue;
+    if (r->where.decode_rank == rank || (r->where.prefill_rank == rank && !r->prefill_done)) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<std::pair<uint64_t, ApiError>> RequestTable::expired(Request::Clock::time_point now,
+                                                                 std::chrono::milliseconds queue,
+                                                                 std::chrono::milliseconds request) const {
+  std::vector<std::pair<uint64_t, ApiError>> out;
+  for (const auto& [id, r] : requests_) {
+    if (r->state == RequestState::kQueued && now - r->arrived > queue)
+      out.push_back({id, api_error(503, "no worker could take the request within " + std::to_string(queue.count()) + " ms")});
+    else if (now - r->arrived > request)
+      out.push_back({id, api_error(504, "the request did not finish within " + std::to_string(request.count()) + " ms")});
+  }
+  return out;
+}
+
+std::vector<uint64_t> RequestTable::wire_ids() const {
+  std::vector<uint64_t> out;
+  for (const auto& [id, r] : requests_) out.push_back(id);
+  return out;
+}
+
+}  // namespace pd::router

@@ -1,0 +1,105 @@
+// The request table: decides which request a wire id names, the order requests
+// wait for a worker in (the queue; a re-run goes to its front under a new wire
+// id), whether a failed attempt is re-run (retryable kinds, kMaxAttempts), and
+// when a request is past its deadline (timeouts.queue_ms, timeouts.request_ms).
+//
+// A request's identities:
+//  - http id: given when it arrives, never changes. The HTTP side knows it (the
+//    answer's list of choices, a client's disconnect); logs and the lifecycle
+//    check name the request by it.
+//  - wire id: its current attempt's id on the wire to the workers. The first
+//    attempt's equals the http id; every re-run gets a fresh one, so whatever a
+//    worker still says about an earlier attempt names no request and is ignored.
+// wire_id_of_http_id_ maps the one to the other for requests re-run at least once.
+//
+// A request's lifecycle (RequestState, every move checked by legal()):
+//   kQueued -> kDispatched (sent to a prefill/decode pair) -> kStreaming (a
+//   token reached the client) -> one of the ended family: kFinished (stop or
+//   length), kCancelled (the client left, or a sibling choice failed and
+//   answered), kFailed (a reason the client sees). kDispatched -> kQueued is a
+//   re-run. A queued request ends cancelled or failed (deadline, shutdown); an
+//   ended request leaves the table in the same step.
+//
+// Link thread only, except new_id() (any thread).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "router/answer.h"
+#include "router/choice_stream.h"
+#include "router/dispatch.h"
+
+namespace pd::router {
+
+enum class RequestState { kQueued, kDispatched, kStreaming, kFinished, kCancelled, kFailed };
+const char* state_name(RequestState s);
+bool legal(RequestState from, RequestState to);
+bool is_ended(RequestState s);
+
+struct Request {  // one choice of an answer
+  using Clock = std::chrono::steady_clock;
+  uint64_t wire_id = 0;           // the current attempt's id on the wire
+  uint64_t http_id = 0;           // the id the HTTP side knows
+  RequestState state = RequestState::kQueued;
+  int attempts = 0;
+  ApiRequest api;                 // this choice's (its own seed and max_tokens; no prompts or messages)
+  std::shared_ptr<Response> response;
+  bool counts_prompt = true;      // usage: the first choice of each prompt counts its tokens
+  std::vector<TokenId> prompt;
+  std::unique_ptr<ChoiceStream> out;
+  bool prefill_done = false;
+  DispatchChoice where;           // the pair serving the current attempt (kDispatched, kStreaming)
+  int64_t n_generated = 0;
+  Clock::time_point arrived, dispatched_at, last_token_at;
+};
+
+// Worker failure kinds where another pair of ranks may well succeed.
+bool retryable(proto::FailureKind k);
+constexpr int kMaxAttempts = 3;
+// Whether a failed attempt of `r` runs again: no token reached the client yet,
+// it has attempts left, and the router is not stopping.
+bool may_rerun(const Request& r, bool stopping);
+
+class RequestTable {
+ public:
+  // A fresh id (an http id, or a re-run's wire id). Any thread.
+  uint64_t new_id() { return next_id_.fetch_add(1); }
+  // An accepted request: queued at the back.
+  void add(std::unique_ptr<Request> r);
+  Request* find(uint64_t wire_id);
+  // The request the HTTP side calls `http_id`; null once it ended.
+  Request* find_by_http_id(uint64_t http_id);
+  // The queue's front (skipping requests that ended while queued); null when empty.
+  Request* front_of_queue();
+  void pop_queue();
+  // Removes the request (it ended) and returns it; null if unknown.
+  std::unique_ptr<Request> take(uint64_t wire_id);
+  // A re-run: the request goes back to the front of the queue under `new_wire_id`.
+  void requeue(uint64_t wire_id, uint64_t new_wire_id);
+  // Wire ids of the requests a rank that went down held: every one it decodes,
+  // and those it prefills whose prefill is not over.
+  std::vector<uint64_t> held_by(int rank) const;
+  // Requests past their deadline, with the error each ends with: queued longer
+  // than `queue` (503), or arrived longer than `request` ago (504).
+  std::vector<std::pair<uint64_t, ApiError>> expired(Request::Clock::time_point now, std::chrono::milliseconds queue,
+                                                     std::chrono::milliseconds request) const;
+  std::vector<uint64_t> wire_ids() const;
+  bool empty() const { return requests_.empty(); }
+  size_t size() const { return requests_.size(); }
+  size_t queue_length() const { return queue_.size(); }
+
+ private:
+  std::atomic<uint64_t> next_id_{1};
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;  // by wire id
+  std::deque<uint64_t> queue_;  // wire ids, accepted and waiting for a worker
+  std::unordered_map<uint64_t, uint64_t> wire_id_of_http_id_;  // re-run requests
+};
+
+}  // namespace pd::router

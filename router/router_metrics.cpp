@@ -1,0 +1,97 @@
+// The series the router exports, registered once (see router_metrics.h).
+#include "router/router_metrics.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace pd::router {
+namespace {
+
+std::vector<double> gbps_buckets() { return {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64}; }
+
+}  // namespace
+
+RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, int64_t kv_bytes)
+    : kv_bytes_per_token(kv_bytes),
+      requests_total(registry.counter("pd_requests_total", "Requests by final outcome", {"outcome"})),
+      ttft(registry.histogram("pd_time_to_first_token_seconds", "Arrival at the router to the first token")),
+      itl(registry.histogram("pd_inter_token_seconds", "Time between consecutive tokens of a request")),
+      e2e(registry.histogram("pd_e2e_request_seconds", "Arrival to the final answer")),
+      stage(registry.histogram("pd_stage_seconds",
+                                "Time in each stage: router_queue, prefill_queue, prefill, transfer, decode_queue",
+                                default_latency_buckets(), {"stage"})),
+      transfer_seconds(registry.histogram("pd_kv_transfer_seconds",
+                                           "KV handoff latency not hidden by compute: prefill done to last byte sent")),
+      transfer_gbps(registry.histogram("pd_kv_transfer_gbps", "KV handoff throughput per request: bytes / (first layer posted to last byte sent), GB/s",
+                                        gbps_buckets())),
+      transfer_bytes(registry.counter("pd_kv_transfer_bytes_total", "KV bytes moved from prefill to decode ranks")),
+      transfer_hidden(registry.histogram("pd_kv_transfer_hidden_ratio",
+                                          "Per handoff: fraction of its KV bytes sent before the prompt's last layer "
+                                          "was computed (moved behind compute)",
+                                          {0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0})),
+      prompt_tokens_total(registry.counter("pd_prompt_tokens_total", "Prompt tokens of dispatched requests")),
+      generation_tokens_total(registry.counter("pd_generation_tokens_total", "Tokens generated")),
+      running(registry.gauge("pd_running_sequences", "Sequences in a worker's batch (last report)", {"role", "rank"})),
+      waiting(registry.gauge("pd_waiting_requests", "Requests queued on a worker (last report)", {"role", "rank"})),
+      free_blocks(registry.gauge("pd_free_kv_blocks", "Free KV blocks of a worker (last report)", {"role", "rank"})),
+      total_blocks(registry.gauge("pd_kv_blocks", "KV blocks of a worker's pool", {"role", "rank"})),
+      kv_pool_bytes(registry.gauge("pd_kv_pool_bytes", "Bytes of a worker's KV pool (blocks x block_size x pd_kv_bytes_per_token)",
+                                    {"role", "rank"})),
+      preemptions(registry.gauge("pd_preemptions", "Preemptions on a decode rank since start", {"rank"})),
+      router_queue(registry.gauge("pd_router_queue_length", "Requests waiting in the router for a worker")),
+      in_flight(registry.gauge("pd_requests_in_flight", "Requests accepted and not yet finished")),
+      rank_up(registry.gauge("pd_rank_up", "1 while the rank is up, 0 while starting or declared down", {"role", "rank"})),
+      rank_down_total(registry.counter("pd_rank_down_total", "Times the rank was declared down (silent for timeouts.heartbeat_ms)",
+                                        {"role", "rank"})),
+      retried_total(registry.counter("pd_requests_retried_total",
+                                      "Requests re-run on other ranks after a rank failure, before any token reached the client")),
+      quarantined_blocks(registry.gauge("pd_kv_blocks_quarantined",
+                                         "KV blocks held back until MPI can no longer write into them (a sender that went down mid-transfer)",
+                                         {"role", "rank"})),
+      rank_requests_total(registry.counter("pd_rank_requests_total",
+                                            "Requests dispatched to the rank (each attempt counts)", {"role", "rank"})),
+      joined_total(registry.counter("pd_ranks_joined_total", "Ranks that joined the running cluster (elastic pools)",
+                                     {"role"})),
+      left_total(registry.counter("pd_ranks_left_total", "Ranks drained out of the cluster and removed", {"role"})) {
+  registry.gauge("pd_kv_bytes_per_token", "KV cache bytes per token (K and V, all layers) in the workers' kv.dtype",
+                 {"dtype"})
+      .set({kv_dtype}, static_cast<double>(kv_bytes));
+}
+
+void RouterMetrics::observe_transfer(const proto::TransferStats& m) {
+  transfer_bytes.inc(static_cast<double>(m.bytes));
+  transfer_seconds.observe(m.exposed_s);
+  stage.observe({"transfer"}, m.exposed_s);
+  if (m.wire_s > 0) transfer_gbps.observe(static_cast<double>(m.bytes) / m.wire_s / 1e9);
+  if (m.bytes > 0)
+    transfer_hidden.observe(std::clamp(static_cast<double>(m.hidden_bytes) / static_cast<double>(m.bytes), 0.0, 1.0));
+}
+
+void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
+  for (const auto* pool : {&workers.prefill(), &workers.decode()}) {
+    for (const WorkerView& wv : *pool) {
+      const std::vector<std::string> labels{role_label(wv), std::to_string(wv.rank)};
+      running.set(labels, wv.load.running);
+      waiting.set(labels, wv.load.waiting);
+      free_blocks.set(labels, static_cast<double>(wv.load.free_blocks));
+      total_blocks.set(labels, static_cast<double>(wv.load.total_blocks));
+      kv_pool_bytes.set(labels, static_cast<double>(wv.load.total_blocks) * block_size *
+                                    static_cast<double>(kv_bytes_per_token));
+      if (!wv.is_prefill) preemptions.set({std::to_string(wv.rank)}, static_cast<double>(wv.load.preemptions));
+      rank_up.set(labels, wv.state == RankState::kUp ? 1 : 0);
+      quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));
+    }
+  }
+}
+
+void RouterMetrics::rank_left(const WorkerView& w) {
+  const std::vector<std::string> labels{role_label(w), std::to_string(w.rank)};
+  left_total.inc({role_label(w)});
+  rank_up.set(labels, 0);
+  running.set(labels, 0);
+  waiting.set(labels, 0);
+  free_blocks.set(labels, static_cast<double>(w.load.total_blocks));
+  quarantined_blocks.set(labels, 0);
+}
+
+}  // namespace pd::router

@@ -1,0 +1,237 @@
+// The router's view of the workers, driven through Router::submit with a
+// recording writer (router_harness.h): ranks going silent (down, fenced,
+// re-admitted), joining, and draining out of the pool.
+#include "nodes/router_harness.h"
+
+namespace pd::router::test_router {
+namespace {
+
+TEST_CASE("router: a prefill rank that goes silent is declared down; its request re-runs on the other one", "[router]") {
+  Harness h;
+  auto f = h.post(kBody);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const int first = d->first;
+  const proto::PrefillRequest* pr = &d->second;
+  const int other = first == kP1 ? kP2 : kP1;
+  h.silent.insert(first);  // kill -STOP
+  auto again = h.expect<proto::PrefillRequest>(other, 2s);
+  REQUIRE(again);
+  CHECK(again->id != pr->id);        // a new wire id for the new attempt
+  CHECK(again->prompt == pr->prompt);
+  // The other workers were told; the stopped one was not sent anything more.
+  bool told = false;
+  for (auto& [src, m] : h.hub.take_all(again->decode_rank))
+    if (auto* down = std::get_if<proto::PeerDown>(&m)) told |= down->rank == first;
+  for (auto& m : h.inbox[again->decode_rank])
+    if (auto* down = std::get_if<proto::PeerDown>(&m)) told |= down->rank == first;
+  CHECK(told);
+  // The stopped rank wakes up and speaks of the old attempt: ignored (it is fenced).
+  h.tokens(first, pr->id, 0, 1, false);
+  h.hub.send(first, kRouterRank, proto::RequestFailed{pr->id, "late", proto::FailureKind::kInternal});
+  h.tokens(other, again->id, 0, 1, false);
+  h.tokens(again->decode_rank, again->id, 1, 2, true);
+  const Answer r = h.finish(f);
+  CHECK(r.status == 200);
+  CHECK(r.json()["choices"][0]["text"] == "aaa");
+  const Answer health = h.get("/health");
+  CHECK(health.status == 200);
+  CHECK(health.raw().find("\"degraded\"") != std::string::npos);
+  const Answer metrics = h.get("/metrics");
+  CHECK(metrics.raw().find("pd_rank_up{role=\"prefill\",rank=\"" + std::to_string(first) + "\"} 0") != std::string::npos);
+  CHECK(metrics.raw().find("pd_requests_retried_total 1") != std::string::npos);
+  CHECK(metrics.raw().find("pd_rank_down_total{role=\"prefill\",rank=\"" + std::to_string(first) + "\"} 1") !=
+        std::string::npos);
+}
+
+TEST_CASE("router: a fenced rank that comes back is told to rejoin and re-admitted under a new epoch", "[router]") {
+  Harness h;
+  h.silent.insert(kD2);
+  h.pump_for(250ms);  // past the heartbeat: declared down
+  h.hub.take_all(kD2);
+  h.silent.erase(kD2);  // kill -CONT: it reports under its old epoch
+  auto rejoin = h.expect<proto::Rejoin>(kD2, 1s);
+  REQUIRE(rejoin);
+  CHECK(rejoin->epoch == 1);
+  CHECK(h.get("/health").raw().find("\"degraded\"") != std::string::npos);
+  h.epochs[kD2] = 1;  // it dropped its old state and reports under the new epoch
+  auto up = h.expect<proto::PeerUp>(kP1, 1s);
+  REQUIRE(up);
+  CHECK((up->rank == kD2 && up->epoch == 1));
+  h.pump_for(30ms);  // /health reflects the table as of the last housekeeping pass (every 10 ms)
+  const Answer health = h.get("/health");
+  INFO(health.raw());
+  CHECK(health.status == 200);
+  CHECK(health.raw().find("\"status\":\"ok\"") != std::string::npos);
+}
+
+TEST_CASE("router: with no prefill->decode path /health is 503 naming why, and requests fail at once", "[router]") {
+  Harness h;
+  h.silent.insert(kD1);
+  h.silent.insert(kD2);
+  h.pump_for(250ms);
+  const Answer health = h.get("/health");
+  CHECK(health.status == 503);
+  CHECK(health.raw().find("every decode rank is down") != std::string::npos);
+  auto f = h.post(kBody);
+  CHECK(f->done());  // answered by submit() itself, before the link runs
+  const Answer r = h.finish(f, 1000ms);
+  CHECK(r.status == 503);
+  CHECK(r.raw().find("no prefill->decode path") != std::string::npos);
+  CHECK(r.raw().find("every decode rank is down") != std::string::npos);  // the reason /health gives
+  CHECK(r.header("Retry-After") == "1");
+}
+
+TEST_CASE("router: a rank joins, is linked to the up workers of the other role, and gets work once ready", "[router]") {
+  Harness h;
+  for (int r : {kP1, kP2}) h.hub.send(r, kRouterRank, proto::Listening{"port-" + std::to_string(r)});
+  constexpr int kJoined = 7;
+  h.hub.send(kJoined, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+  auto accepted = h.expect<proto::JoinAccepted>(kJoined);
+  REQUIRE(accepted);
+  CHECK(accepted->rank == kJoined);
+  CHECK(!accepted->colocated);
+  REQUIRE(accepted->peers.size() == 2);
+  CHECK((accepted->peers[0].rank == kP1 && accepted->peers[0].port == "port-1"));
+  CHECK((accepted->peers[1].rank == kP2 && accepted->peers[1].port == "port-2"));
+  h.live.push_back(kJoined);  // it reports ready
+  h.pump_for(30ms);
+  // Three requests, none answered: the decode ranks take one each (fewest outstanding).
+  std::vector<std::shared_ptr<RecordingWriter>> fs;
+  std::set<int> decode_ranks;
+  std::vector<proto::PrefillRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    fs.push_back(h.post(kBody));
+    auto d = h.dispatched();
+    REQUIRE(d);
+    decode_ranks.insert(d->second.decode_rank);
+    reqs.push_back(d->second);
+    h.tokens(d->first, d->second.id, 0, 1, false);
+  }
+  CHECK(decode_ranks.count(kJoined) == 1);
+  for (const auto& r : reqs) h.tokens(r.decode_rank, r.id, 1, 2, true);
+  for (auto& f : fs) CHECK(h.finish(f).status == 200);
+  const Answer health = h.get("/health");
+  CHECK(health.raw().find("{\"rank\":7,\"role\":\"decode\",\"state\":\"up\"}") != std::string::npos);
+  CHECK(h.get("/metrics").raw().find("pd_ranks_joined_total{role=\"decode\"} 1") != std::string::npos);
+}
+
+TEST_CASE("router: a join is refused naming what differs", "[router]") {
+  Harness h;
+  h.hub.send(8, kRouterRank, proto::Join{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size * 2, "p", "x:1"});
+  auto refused = h.expect<proto::JoinRefused>(8);
+  REQUIRE(refused);
+  CHECK(refused->reason.find("kv.block_size") != std::string::npos);
+  CHECK(h.hub.forgotten(kRouterRank).count(8) == 1);  // its link is released
+  h.hub.send(9, kRouterRank, proto::Join{3, "x", 1, h.cfg.kv.block_size, "p", "x:1"});
+  auto bad_role = h.expect<proto::JoinRefused>(9);
+  REQUIRE(bad_role);
+  CHECK(bad_role->reason.find("role 3") != std::string::npos);
+  proto::Join other_kv{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size, "p", "x:1"};
+  other_kv.kv_dtype = "q8_0";  // the harness's cluster keeps f16
+  h.hub.send(10, kRouterRank, other_kv);
+  auto bad_kv = h.expect<proto::JoinRefused>(10);
+  REQUIRE(bad_kv);
+  CHECK(bad_kv->reason.find("kv.dtype q8_0 differs from the cluster's f16") != std::string::npos);
+  CHECK(h.get("/health").raw().find("\"rank\":8") == std::string::npos);
+}
+
+TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-run elsewhere, then it is removed",
+          "[router]") {
+  Harness h;
+  auto f = h.post(kBody);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  const int leaving = d->first, other = d->first == kP1 ? kP2 : kP1;
+  auto drain = h.post("{\"rank\": " + std::to_string(leaving) + "}", "/admin/drain");
+  const Answer drained = h.finish(drain);
+  CHECK(drained.status == 200);
+  CHECK(drained.json() == nlohmann::json{{"rank", leaving}, {"state", "draining"}});
+  REQUIRE(h.expect<proto::Drain>(leaving));
+  // The rank hands its queued prompt back: it re-runs on the other prefill rank.
+  h.hub.send(leaving, kRouterRank, proto::RequestFailed{d->second.id, "leaving", proto::FailureKind::kLeaving});
+  auto again = h.expect<proto::PrefillRequest>(other);
+  REQUIRE(again);
+  h.tokens(other, again->id, 0, 1, false);
+  h.tokens(again->decode_rank, again->id, 1, 2, true);
+  CHECK(h.finish(f).status == 200);
+  // New requests go only to the other prefill rank.
+  for (int i = 0; i < 3; ++i) {
+    auto g = h.post(kBody);
+    auto n = h.dispatched();
+    REQUIRE(n);
+    CHECK(n->first == other);
+    h.serve(other, n->second);
+    CHECK(h.finish(g).status == 200);
+  }
+  auto twice = h.post("{\"rank\": " + std::to_string(leaving) + "}", "/admin/drain");
+  CHECK(h.finish(twice).status == 409);
+  h.hub.send(leaving, kRouterRank, proto::Drained{});
+  auto left = h.expect<proto::PeerLeft>(kD1);
+  REQUIRE(left);
+  CHECK(left->rank == leaving);
+  REQUIRE(h.expect<proto::Shutdown>(leaving));
+  CHECK(h.hub.forgotten(kRouterRank).count(leaving) == 1);
+  h.live.erase(std::find(h.live.begin(), h.live.end(), leaving));
+  h.pump_for(30ms);
+  const Answer health = h.get("/health");
+  CHECK(health.status == 200);
+  CHECK(health.raw().find("\"rank\":" + std::to_string(leaving) + ",") == std::string::npos);
+  CHECK(h.get("/metrics").raw().find("pd_ranks_left_total{role=\"prefill\"} 1") != std::string::npos);
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: a rank that does not finish draining within drain_ms is ended as down and removed", "[router]") {
+  Harness h(150, 300);
+  auto f = h.post(kStreamBody);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  h.tokens(d->first, d->second.id, 0, 1, false);  // streaming: cannot be re-run
+  const int decode = d->second.decode_rank;
+  auto drain = h.post("{\"rank\": " + std::to_string(decode) + "}", "/admin/drain");
+  CHECK(h.finish(drain).status == 200);
+  REQUIRE(h.expect<proto::Drain>(decode));
+  // It keeps beating but never says Drained: after drain_ms its request ends with
+  // one error, the others are told it left, and it is told to shut down.
+  const Answer r = h.finish(f);
+  CHECK(count(r.raw(), "\"error\"") == 1);
+  CHECK(count(r.raw(), "data: [DONE]") == 1);
+  REQUIRE(h.expect<proto::Shutdown>(decode));
+  bool left = false;
+  for (auto& m : h.inbox[kP1])
+    if (auto* l = std::get_if<proto::PeerLeft>(&m)) left |= l->rank == decode;
+  if (!left) left = h.expect<proto::PeerLeft>(kP1).has_value();
+  CHECK(left);
+  h.live.erase(std::find(h.live.begin(), h.live.end(), decode));
+  h.pump_for(30ms);
+  CHECK(h.get("/health").raw().find("\"rank\":" + std::to_string(decode) + ",") == std::string::npos);
+}
+
+TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on", "[router]") {
+  Harness h;
+  auto post = [&](const std::string& body) {
+    auto f = h.post(body, "/admin/drain");
+    return h.finish(f);
+  };
+  const Answer unknown = post(R"({"rank": 99})");
+  CHECK(unknown.status == 404);
+  CHECK(unknown.raw().find("\"param\":\"rank\"") != std::string::npos);
+  CHECK(post(R"({"rank": "one"})").status == 400);
+  CHECK(post(R"({"rank": -1})").status == 400);
+  CHECK(post("[1]").status == 400);
+  CHECK(post("not json").status == 400);
+  h.silent.insert(kD2);
+  h.pump_for(250ms);  // declared down
+  // A down rank is removed at once (its requests were already re-run or failed).
+  CHECK(post(R"({"rank": 4})").status == 200);
+  REQUIRE(h.expect<proto::PeerLeft>(kP1));
+  h.pump_for(30ms);
+  const Answer health = h.get("/health");
+  CHECK(health.raw().find("\"rank\":4,") == std::string::npos);
+  CHECK(health.raw().find("\"status\":\"ok\"") != std::string::npos);  // no longer degraded
+  CHECK(post(R"({"rank": 4})").status == 404);
+}
+
+}  // namespace
+}  // namespace pd::router::test_router
