@@ -5,12 +5,11 @@
 #include <spdlog/spdlog.h>
 
 #include "router/router.h"
+#include "util/env.h"
 #include "util/lifecycle.h"
 
 namespace pd::router {
 namespace {
-
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 void set_state(Request& r, RequestState to) { transition(r.state, to, r.http_id, "router"); }
 

@@ -7,9 +7,10 @@
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "util/files.h"
 
 namespace pd::router {
 namespace {
@@ -26,20 +27,6 @@ HttpServerConfig http_server_config(const ClusterConfig::Http& h) {
   c.max_header_bytes = static_cast<size_t>(h.max_header_bytes);
   c.max_connections = static_cast<size_t>(h.max_connections);
   return c;
-}
-
-// Writes "<port>\n" to `path` atomically (a temporary file renamed over it), so
-// a reader polling for the file never sees it half written.
-Status write_port_file(const std::string& path, uint16_t port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    if (!out.flush()) return Status::io_error("cannot write http.port_file '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return Status::io_error("cannot rename '" + tmp + "' to http.port_file '" + path + "'");
-  return Status::ok();
 }
 
 }  // namespace
@@ -94,7 +81,8 @@ Status Router::start(bool serve_http) {
     PD_RETURN_IF_ERROR(http_.start([this](HttpRequest h, std::shared_ptr<ResponseWriter> w) {
       submit(std::move(h), std::move(w));
     }));
-    if (!cfg_.http.port_file.empty()) PD_RETURN_IF_ERROR(write_port_file(cfg_.http.port_file, http_.port()));
+    if (!cfg_.http.port_file.empty()) PD_RETURN_IF_ERROR(
+        write_file_atomically(cfg_.http.port_file, std::to_string(http_.port()) + "\n", "http.port_file"));
     spdlog::info("router listening on http://{}:{} (model '{}', {} prefill + {} decode ranks{})", cfg_.http.host,
                  http_.port(), model_.name, roles_.prefill.size(), roles_.decode.size(),
                  workers_.colocated() ? ", colocated" : "");
