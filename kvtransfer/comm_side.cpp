@@ -107,7 +107,7 @@ class CommSide::Channel final : public ControlChannel {
     }
     s_->push(SendMessage{dest, m});
   }
-  int drain(const std::function<void(int, proto::Message&)>& fn, int max) override {
+  int receive(const std::function<void(int, proto::Message&)>& fn, int max) override {
     s_->touch();
     std::vector<Inbound> got;
     {
@@ -120,8 +120,8 @@ class CommSide::Channel final : public ControlChannel {
     for (Inbound& in : got) hand(in, fn);
     return static_cast<int>(got.size());
   }
-  int drain_while(const std::function<bool(int, const proto::Message&)>& take,
-                  const std::function<void(int, proto::Message&)>& fn, int max) override {
+  int receive_while(const std::function<bool(int, const proto::Message&)>& take,
+                    const std::function<void(int, proto::Message&)>& fn, int max) override {
     s_->touch();
     int n = 0;
     while (n < max) {
@@ -310,7 +310,7 @@ class CommSide::Loop {
     // Progress: the transport's ops, the channel's sends, then what arrived.
     poll_ops();
     channel_.progress();
-    channel_.drain([&](int source, proto::Message& m) { arrived_.push_back({source, std::move(m), Clock::now()}); },
+    channel_.receive([&](int source, proto::Message& m) { arrived_.push_back({source, std::move(m), Clock::now()}); },
                    256);
     heartbeat(stopping);
     const size_t channel_pending = channel_.pending_sends();

@@ -14,8 +14,8 @@
 // thread through queues:
 // - channel(): send() queues the message, the thread sends it at once (woken);
 //   messages that arrive are taken off the network by the thread as they come
-//   (stamped with that moment: arrival()) and wait in an inbox for drain() or
-//   drain_while().
+//   (stamped with that moment: arrival()) and wait in an inbox for receive() or
+//   receive_while().
 // - transport(): a post queues the operation and returns its id at once; the
 //   thread posts it, tests it every round and records how it ended; test()
 //   reads that record. A post the real transport refuses is reported by the

@@ -157,7 +157,7 @@ void Router::take_inbox() {
 }
 
 void Router::handle_messages() {
-  channel_->drain(
+  channel_->receive(
       [&](int source, proto::Message& msg) {
         const WorkerView* w = workers_.find(source);
         if (auto* join = std::get_if<proto::Join>(&msg); join != nullptr && w == nullptr)

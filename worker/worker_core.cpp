@@ -68,8 +68,8 @@ bool WorkerCore::run_once() {
 
 bool WorkerCore::handle_messages(bool in_pass) {
   const auto fn = [this](int source, proto::Message& m) { handle(source, m); };
-  if (!in_pass) return channel_->drain(fn) > 0;
-  return channel_->drain_while([this](int, const proto::Message& m) { return mid_pass_message(m); }, fn) > 0;
+  if (!in_pass) return channel_->receive(fn) > 0;
+  return channel_->receive_while([this](int, const proto::Message& m) { return mid_pass_message(m); }, fn) > 0;
 }
 
 void WorkerCore::handle(int source, proto::Message& msg) {

@@ -1,5 +1,5 @@
 // The control plane's message channel, as the router and the workers see it:
-// send protocol messages to a rank, drain the ones that arrived. The cluster
+// send protocol messages to a rank, receive the ones that arrived. The cluster
 // runs MpiControlChannel (protocol/mpi_channel.h); tests run the workers and
 // the router against an in-process fake (tests/nodes/fake_channel.h), as the
 // KV path runs against a fake Transport.
@@ -31,19 +31,19 @@ class ControlChannel {
   // `fn` (in arrival order per source); a malformed one is logged (naming its
   // source) and dropped. Never blocks. Returns how many messages arrived,
   // malformed ones included.
-  virtual int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) = 0;
-  // As drain(), but stops before the first message `take` refuses, leaving it
-  // and every later one for a later drain (so order per source holds). What a
+  virtual int receive(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) = 0;
+  // As receive(), but stops before the first message `take` refuses, leaving it
+  // and every later one for a later receive (so order per source holds). What a
   // worker calls in the middle of a pass for the messages it can act on there.
   // A channel that cannot look ahead takes nothing (the default).
-  virtual int drain_while(const std::function<bool(int source, const proto::Message& m)>& take,
-                          const std::function<void(int source, proto::Message& m)>& fn, int max = 64) {
+  virtual int receive_while(const std::function<bool(int source, const proto::Message& m)>& take,
+                            const std::function<void(int source, proto::Message& m)>& fn, int max = 64) {
     (void)take;
     (void)fn;
     (void)max;
     return 0;
   }
-  // When the message being handed to drain()'s `fn` reached this rank (taken
+  // When the message being handed to receive()'s `fn` reached this rank (taken
   // off the network, steady clock); none outside `fn`, or for a channel that
   // does not know (the caller then takes its own now).
   virtual std::optional<std::chrono::steady_clock::time_point> arrival() const { return std::nullopt; }

@@ -89,7 +89,7 @@ std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
   }
 }
 
-int MpiControlChannel::drain(const std::function<void(int, proto::Message&)>& fn, int max) {
+int MpiControlChannel::receive(const std::function<void(int, proto::Message&)>& fn, int max) {
   int n = 0;
   for (; n < max; ++n) {
     auto msg = poll();

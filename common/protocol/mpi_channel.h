@@ -50,7 +50,7 @@ class MpiControlChannel final : public ControlChannel {
   // Polls up to `max` messages and hands each well-formed one to `fn`; a
   // malformed one is logged (naming its source) and dropped. Returns how many
   // messages arrived.
-  int drain(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) override;
+  int receive(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) override;
   // Completes finished sends (frees their buffers). Call once per loop.
   void progress() override;
   size_t pending_sends() const override { return sends_.size(); }

@@ -37,9 +37,9 @@ class LockedChannel final : public ControlChannel {
     std::lock_guard lock(*mu_);
     inner_->send(dest, m);
   }
-  int drain(const std::function<void(int, proto::Message&)>& fn, int max) override {
+  int receive(const std::function<void(int, proto::Message&)>& fn, int max) override {
     std::lock_guard lock(*mu_);
-    return inner_->drain(fn, max);
+    return inner_->receive(fn, max);
   }
   void progress() override {}
   size_t pending_sends() const override { return 0; }
@@ -172,7 +172,7 @@ TEST_CASE("comm side: messages out go at once, messages in wait in the inbox wit
   int seen = 0;
   Clock::time_point arrived{};
   REQUIRE(eventually([&] {
-    p.channel[1]->drain([&](int source, proto::Message& m) {
+    p.channel[1]->receive([&](int source, proto::Message& m) {
       CHECK(source == 0);
       CHECK(std::get<proto::Cancel>(m).id == 7);
       REQUIRE(p.channel[1]->arrival().has_value());
@@ -202,7 +202,7 @@ TEST_CASE("comm side: wait_for_work returns when a message arrives or an operati
   router.join();
   CHECK(waited < 1s);  // woken by the arrival, long before the limit
   int seen = 0;
-  p.channel[1]->drain([&](int, proto::Message&) { ++seen; });
+  p.channel[1]->receive([&](int, proto::Message&) { ++seen; });
   CHECK(seen == 1);
 
   // An operation that ends wakes it too.
@@ -226,7 +226,7 @@ TEST_CASE("comm side: wait_for_work returns when a message arrives or an operati
   CHECK(Clock::now() - t0 < 1s);
 }
 
-TEST_CASE("comm side: drain_while takes messages until the first refused one and keeps the rest in order") {
+TEST_CASE("comm side: receive_while takes messages until the first refused one and keeps the rest in order") {
   Pair p;
   p.send_as_router(1, proto::Cancel{1});
   p.send_as_router(1, proto::Drain{});
@@ -235,9 +235,9 @@ TEST_CASE("comm side: drain_while takes messages until the first refused one and
   std::vector<std::string> order;
   auto record = [&](int, proto::Message& m) { order.push_back(proto::message_name(m)); };
   const auto only_cancels = [](int, const proto::Message& m) { return std::holds_alternative<proto::Cancel>(m); };
-  CHECK(p.channel[1]->drain_while(only_cancels, record) == 1);
-  CHECK(p.channel[1]->drain_while(only_cancels, record) == 0);  // Drain blocks the Cancel behind it
-  CHECK(p.channel[1]->drain(record) == 2);
+  CHECK(p.channel[1]->receive_while(only_cancels, record) == 1);
+  CHECK(p.channel[1]->receive_while(only_cancels, record) == 0);  // Drain blocks the Cancel behind it
+  CHECK(p.channel[1]->receive(record) == 2);
   CHECK(order == std::vector<std::string>{"Cancel", "Drain", "Cancel"});
 }
 

@@ -20,7 +20,7 @@ class FakeChannelHub::Endpoint final : public ControlChannel {
   void send(int dest, const proto::Message& m) override {
     if (inboxes_->hub != nullptr) inboxes_->hub->send(rank_, dest, m);
   }
-  int drain(const std::function<void(int source, proto::Message& m)>& fn, int max) override {
+  int receive(const std::function<void(int source, proto::Message& m)>& fn, int max) override {
     auto& inbox = inboxes_->by_rank[rank_];
     int n = 0;
     for (; n < max && !inbox.empty(); ++n) {
@@ -35,8 +35,8 @@ class FakeChannelHub::Endpoint final : public ControlChannel {
     }
     return n;
   }
-  int drain_while(const std::function<bool(int source, const proto::Message& m)>& take,
-                  const std::function<void(int source, proto::Message& m)>& fn, int max) override {
+  int receive_while(const std::function<bool(int source, const proto::Message& m)>& take,
+                    const std::function<void(int source, proto::Message& m)>& fn, int max) override {
     auto& inbox = inboxes_->by_rank[rank_];
     int n = 0;
     for (; n < max && !inbox.empty(); ++n) {

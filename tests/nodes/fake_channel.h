@@ -32,7 +32,7 @@ class FakeChannelHub {
   FakeChannelHub(const FakeChannelHub&) = delete;
   FakeChannelHub& operator=(const FakeChannelHub&) = delete;
 
-  // The channel of `rank`: what it sends goes to the hub, its drain() takes the
+  // The channel of `rank`: what it sends goes to the hub, its receive() takes the
   // messages delivered to `rank`. May outlive the hub (its sends then vanish).
   std::unique_ptr<ControlChannel> endpoint(int rank);
 
@@ -40,7 +40,7 @@ class FakeChannelHub {
   void send(int source, int dest, const proto::Message& m);
   // Delivers raw bytes as if `source` had sent them (malformed-message tests).
   void send_raw(int source, int dest, std::vector<uint8_t> bytes);
-  // Everything delivered to `rank` and not yet drained, parsed, in order
+  // Everything delivered to `rank` and not yet received, parsed, in order
   // (a message that does not parse is skipped). For ranks the test plays.
   std::vector<std::pair<int, proto::Message>> take_all(int rank);
 

@@ -165,18 +165,18 @@ struct KvStaging {
 
 // A prefill rank and a decode rank, and what reached the router.
 // The prefill rank's channel, with a test's hook run each time the worker
-// looks at its inbox in the middle of a pass (drain_while: only the layer
+// looks at its inbox in the middle of a pass (receive_while: only the layer
 // hook calls it) — so a test can make messages arrive during a pass.
 class MidPassChannel final : public ControlChannel {
  public:
   MidPassChannel(std::unique_ptr<ControlChannel> inner, const std::function<void()>* hook)
       : inner_(std::move(inner)), hook_(hook) {}
   void send(int dest, const proto::Message& m) override { inner_->send(dest, m); }
-  int drain(const std::function<void(int, proto::Message&)>& fn, int max) override { return inner_->drain(fn, max); }
-  int drain_while(const std::function<bool(int, const proto::Message&)>& take,
-                  const std::function<void(int, proto::Message&)>& fn, int max) override {
+  int receive(const std::function<void(int, proto::Message&)>& fn, int max) override { return inner_->receive(fn, max); }
+  int receive_while(const std::function<bool(int, const proto::Message&)>& take,
+                    const std::function<void(int, proto::Message&)>& fn, int max) override {
     if (*hook_) (*hook_)();
-    return inner_->drain_while(take, fn, max);
+    return inner_->receive_while(take, fn, max);
   }
   void progress() override { inner_->progress(); }
   size_t pending_sends() const override { return inner_->pending_sends(); }
