@@ -58,7 +58,7 @@ struct ClusterConfig {
   int64_t prefill_kv_blocks = 0;     // KV a prefill rank can hold awaiting handoff; 0: unlimited
   bool overlap_transfer = true;      // send KV layer by layer during the prefill pass
   double warmup_fraction = 0.1;      // first requests left out of the statistics
-  double cooldown_fraction = 0.05;   // last requests left out (the drain runs under less load)
+  double cooldown_fraction = 0.05;   // last requests left out (the tail of the run is under less load)
   bool record_requests = false;      // fill SimResult::per_request
 };
 Status validate_cluster(const ClusterConfig& c);

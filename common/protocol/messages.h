@@ -6,7 +6,7 @@
 //   R -> P   PrefillRequest   a prompt to prefill and hand to decode rank `decode_rank`
 //   R -> D   PrefillRequest   colocated mode: the decode rank prefills it itself
 //   R -> P,D Cancel           the client went away / a stop string matched
-//   R -> all Shutdown         drain finished; exit
+//   R -> all Shutdown         the router is stopping (or a drained rank may go); exit
 //   R -> P,D PeerDown         a rank (one incarnation of it) was declared down: drop work shared with it
 //   R -> P,D PeerUp           a rank that was down is back under a new epoch
 //   R -> X   Rejoin           to a rank the router had declared down: drop all request state, come
