@@ -21,8 +21,9 @@
 
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
-#include "nodes/fake_channel.h"
+#include "fake_channel.h"
 #include "router/router.h"
+#include "fake_env.h"
 #include "util/env.h"
 #include "util/lifecycle.h"
 

@@ -1,7 +1,7 @@
 // The router's API side, driven through Router::submit with a recording writer
 // (router_harness.h): seeds, batches of prompts x n, echo with logprobs, the
 // tokenizer routes and the 400s naming a field.
-#include "nodes/router_harness.h"
+#include "router/router_harness.h"
 
 namespace pd::router::test_router {
 namespace {

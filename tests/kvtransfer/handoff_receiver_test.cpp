@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "kvtransfer/handoff_receiver.h"
-#include "nodes/forwarding_transport.h"
-#include "nodes/loopback_transport.h"
+#include "kvtransfer/forwarding_transport.h"
+#include "kvtransfer/loopback_transport.h"
 
 namespace pd::test {
 namespace {

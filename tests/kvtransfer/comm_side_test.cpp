@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "kvtransfer/comm_side.h"
-#include "nodes/fake_channel.h"
-#include "nodes/loopback_transport.h"
+#include "fake_channel.h"
+#include "kvtransfer/loopback_transport.h"
 #include "protocol/mpi_thread_check.h"
 #include "test_support.h"
 

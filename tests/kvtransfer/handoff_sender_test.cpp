@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "kvtransfer/handoff_sender.h"
-#include "nodes/loopback_transport.h"
+#include "kvtransfer/loopback_transport.h"
 
 namespace pd::test {
 namespace {

@@ -12,7 +12,7 @@
 #include "kvtransfer/kv_paths.h"
 #include "kvtransfer/kv_region.h"
 #include "kvtransfer/staged_transport.h"
-#include "nodes/loopback_transport.h"
+#include "kvtransfer/loopback_transport.h"
 
 namespace {
 

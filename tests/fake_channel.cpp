@@ -1,4 +1,4 @@
-#include "nodes/fake_channel.h"
+#include "fake_channel.h"
 
 #include <spdlog/spdlog.h>
 

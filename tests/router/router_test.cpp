@@ -1,7 +1,7 @@
 // The router's request lifecycle, driven through Router::submit with a
 // recording writer (router_harness.h): dispatch, tokens from both legs in any
 // order, failure kinds and their statuses, re-runs, a client leaving.
-#include "nodes/router_harness.h"
+#include "router/router_harness.h"
 
 namespace pd::router::test_router {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "kvtransfer/send_budget.h"
-#include "nodes/loopback_transport.h"
+#include "kvtransfer/loopback_transport.h"
 
 namespace pd::test {
 namespace {

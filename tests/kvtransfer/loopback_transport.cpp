@@ -1,4 +1,4 @@
-#include "nodes/loopback_transport.h"
+#include "kvtransfer/loopback_transport.h"
 
 #include <algorithm>
 #include <cstring>

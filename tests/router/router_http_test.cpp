@@ -7,7 +7,7 @@
 
 #include <future>
 
-#include "nodes/router_harness.h"
+#include "router/router_harness.h"
 
 namespace pd::router::test_router {
 namespace {

@@ -1,7 +1,7 @@
 // The router's view of the workers, driven through Router::submit with a
 // recording writer (router_harness.h): ranks going silent (down, fenced,
 // re-admitted), joining, and draining out of the pool.
-#include "nodes/router_harness.h"
+#include "router/router_harness.h"
 
 namespace pd::router::test_router {
 namespace {
