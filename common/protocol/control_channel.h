@@ -1,7 +1,7 @@
 // The control plane's message channel, as the router and the workers see it:
 // send protocol messages to a rank, receive the ones that arrived. The cluster
 // runs MpiControlChannel (protocol/mpi_channel.h); tests run the workers and
-// the router against an in-process fake (tests/nodes/fake_channel.h), as the
+// the router against an in-process fake (tests/fake_channel.h), as the
 // KV path runs against a fake Transport.
 //
 // Threading: an object belongs to one thread (the engine loop or the router's
