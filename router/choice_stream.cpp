@@ -23,8 +23,7 @@ void ChoiceStream::add(const proto::TokenEvent& ev) {
 
 std::optional<PendingToken> ChoiceStream::next() {
   if (pending_.empty() || pending_.begin()->first != next_index_) return std::nullopt;
-  PendingToken p = std::move(pending_.begin()->second);
-  pending_.erase(pending_.begin());
+  std::optional<PendingToken> p(std::move(pending_.extract(pending_.begin()).mapped()));
   ++next_index_;
   return p;
 }
