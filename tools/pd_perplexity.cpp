@@ -676,7 +676,8 @@ std::optional<ToolError> score_reference(const PerplexityFlags& f, Corpus& c, in
   const pd::TokenId* next = chunk.data() + c.first + 1;  // next[i] is predicted by row i
   if (c.use_base) {
     c.base.in.read(reinterpret_cast<char*>(s->base_rows.data()), s->base_rows.size() * sizeof(uint16_t));
-    if (!c.base.in) return ToolError{"--base file '" + f.base_path + "': truncated at chunk " + std::to_string(chunk_index)};
+    if (!c.base.in)
+      return ToolError{"--base file '" + f.base_path + "': truncated at chunk " + std::to_string(chunk_index)};
     for (int i = 0; i < c.n_scored; ++i)
       accumulate_base_self(c.n_vocab, s->base_rows.data() + static_cast<size_t>(i) * halves, next[i], &s->ref_stats);
     return std::nullopt;
