@@ -709,13 +709,7 @@ std::optional<int> parse_flags(int argc, char** argv, TextbookFlags* f) {
   CLI::App app{"pd-bench-textbook: KV cache, continuous batching and paged KV, each against its alternative"};
   RangeFlags r;
   add_options(&app, f, &r);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return fail(e.what(), 2);
-  }
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-bench-textbook")) return code;
   const auto bp = parse_range(r.batching_prompt, "--batching-prompt");
   const auto bo = parse_range(r.batching_output, "--batching-output");
   const auto pp = parse_range(r.paged_prompt, "--paged-prompt"), po = parse_range(r.paged_output, "--paged-output");

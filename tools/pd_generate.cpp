@@ -89,13 +89,7 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_flag("--fp32-activations", f->backend.fp32_activations,
                "CPU: multiply fp32 activations by the weights as stored (the reference path) instead of "
                "8-bit activations with integer dot products");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return fail(e.what(), kExitUsage);
-  }
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-generate")) return code;
   f->has_prompt = prompt_opt->count() > 0;
   f->has_batch = batch_opt->count() > 0;
   return std::nullopt;

@@ -470,13 +470,7 @@ std::optional<int> parse_flags(int argc, char** argv, PerplexityFlags* f) {
   auto* base_opt = app.add_option("--base", f->base_path, "read the reference's log-probs (llama.cpp format)");
   save_opt->excludes(base_opt);
   app.add_option("--json", f->json_path, "write the results as JSON");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return fail(e.what(), 2);
-  }
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-perplexity")) return code;
   f->ctx_given = ctx_opt->count() > 0;
   return std::nullopt;
 }

@@ -12,6 +12,17 @@ int report_error(const char* tool, const std::string& message, int exit_code) {
   return exit_code;
 }
 
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const char* tool) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return report_error(tool, e.what(), kExitUsage);
+  }
+  return std::nullopt;
+}
+
 std::shared_ptr<const GgufFile> open_model_file(const std::string& path, bool refusal_is_usage, ToolError* err) {
   if (!std::filesystem::exists(path)) {
     *err = {"model file not found: " + path + " (--model)", kExitUsage};

@@ -1,11 +1,14 @@
-// What the command-line tools share: how they report an error and exit, how
-// they open the model --model names, the backend their flags describe, the
+// What the command-line tools share: how they parse the command line, report
+// an error and exit, how they open the model --model names, the backend their flags describe, the
 // clock their measurements use, and how they write a JSON results file.
 #pragma once
+
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,11 @@ inline constexpr int kExitFailure = 1;
 
 // Prints "TOOL: error: MESSAGE" on stderr; returns exit_code, for `return fail(...)`.
 int report_error(const char* tool, const std::string& message, int exit_code);
+
+// Parses the command line with app. Returns the exit status when the tool
+// stops here: --help (printed, 0), or a bad flag ("TOOL: error: ..." on
+// stderr, kExitUsage); nothing when it goes on.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const char* tool);
 
 // An error a tool stops on: the message it prints and the exit status.
 struct ToolError {
