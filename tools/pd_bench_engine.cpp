@@ -49,6 +49,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,19 +63,14 @@
 #include "model/llama_model.h"
 #include "plan/engine_profile.h"
 #include "plan/hardware.h"
+#include "tool_common.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-int fail(const std::string& msg, int code = 1) {
-  std::fprintf(stderr, "pd-bench-engine: error: %s\n", msg.c_str());
-  return code;
-}
+using pd::tools::Clock;
+using pd::tools::median;
+using pd::tools::seconds;
+int fail(const std::string& msg, int code = 1) { return pd::tools::report_error("pd-bench-engine", msg, code); }
 
 // ---- machine probes ------------------------------------------------------
 
@@ -88,7 +84,7 @@ double stream_triad_gbs(int threads, size_t n) {
     const auto t0 = Clock::now();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-    best = std::max(best, 3.0 * 4.0 * static_cast<double>(n) / secs(Clock::now() - t0) / 1e9);
+    best = std::max(best, 3.0 * 4.0 * static_cast<double>(n) / seconds(Clock::now() - t0) / 1e9);
   }
   if (a[n / 2] != 7.0f) std::fprintf(stderr, "triad check failed\n");
   return best;
@@ -127,7 +123,7 @@ double read_gbs(int threads, size_t n) {
       for (; i < hi; ++i) total += a[i];
 #endif
     }
-    best = std::max(best, 4.0 * static_cast<double>(n) / secs(Clock::now() - t0) / 1e9);
+    best = std::max(best, 4.0 * static_cast<double>(n) / seconds(Clock::now() - t0) / 1e9);
     sink += total;
   }
   if (sink <= 0) std::fprintf(stderr, "read check failed\n");
@@ -163,7 +159,7 @@ double fma_gflops(int threads) {
       flops = 2.0 * 80 * static_cast<double>(kIters) + (acc[0] > 1e30f ? 1 : 0);
 #endif
     }
-    best = std::max(best, flops / secs(Clock::now() - t0) / 1e9);
+    best = std::max(best, flops / seconds(Clock::now() - t0) / 1e9);
   }
   return best;
 }
@@ -190,7 +186,7 @@ double int8_gmacs(int threads) {
       for (int k = 1; k < 10; ++k) s = _mm256_add_epi16(s, acc[k]);
       macs = 32.0 * 10 * static_cast<double>(kIters) + (_mm256_extract_epi16(s, 0) == 12345 ? 1 : 0);
     }
-    best = std::max(best, macs / secs(Clock::now() - t0) / 1e9);
+    best = std::max(best, macs / seconds(Clock::now() - t0) / 1e9);
   }
   return best;
 #else
@@ -266,7 +262,7 @@ double time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::Ggml
     for (int s = 0; s < batch; ++s) b[s] = {std::span<const int32_t>(&next[s], 1), context + i, tables[s], true};
     const auto t0 = Clock::now();
     if (!model.decode(b, *cache, &logits).is_ok()) return -1;
-    step_s.push_back(secs(Clock::now() - t0));
+    step_s.push_back(seconds(Clock::now() - t0));
   }
   return median(step_s);
 }
@@ -299,7 +295,7 @@ double time_prefill(Engine& e, int n, uint64_t seed) {
   std::vector<float> logits;
   const auto t0 = Clock::now();
   if (!e.model->prefill(b, e.cache, &logits).is_ok()) return -1;
-  return secs(Clock::now() - t0);
+  return seconds(Clock::now() - t0);
 }
 
 struct DecodeRun {
@@ -336,12 +332,12 @@ DecodeRun time_decode(Engine& e, int batch, int prompt, int gen) {
       steps[s] = {std::span<const int32_t>(&next[s], 1), prompt + i, tables[s], true};
     const auto t0 = Clock::now();
     if (!e.model->decode(steps, e.cache, &logits).is_ok()) return {};
-    r.step_seconds.push_back(secs(Clock::now() - t0));
+    r.step_seconds.push_back(seconds(Clock::now() - t0));
     for (int s = 0; s < batch; ++s)
       next[s] = static_cast<int32_t>(std::max_element(logits.begin() + s * c.vocab, logits.begin() + (s + 1) * c.vocab) -
                                      (logits.begin() + s * c.vocab));
   }
-  r.tokens_per_s = static_cast<double>(batch) * gen / secs(Clock::now() - t_all);
+  r.tokens_per_s = static_cast<double>(batch) * gen / seconds(Clock::now() - t_all);
   return r;
 }
 
@@ -387,360 +383,505 @@ std::vector<int> parse_list(const std::string& s, const char* flag, bool* ok) {
   return out;
 }
 
-}  // namespace
+// ---- flags
 
-int main(int argc, char** argv) {
-  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", threads_s = "1,2", batches_s = "1,8,32";
-  std::string json_path, profile_path, kv_dtype_flag = "f16", kv_compare_s, kv_contexts_s = "2048,8192",
-                                      kv_batches_s = "1,8", profile_prefill_s, profile_contexts_s;
+// The command line as given, before the lists are parsed.
+struct RawFlags {
+  std::string threads = "1,2", batches = "1,8,32", kv_dtype = "f16", kv_compare, kv_contexts = "2048,8192",
+              kv_batches = "1,8", profile_prefill, profile_contexts, backend, peak_preset;
+  bool sweep = false, batches_given = false, device_given = false;
+};
+
+// The flags, checked and parsed.
+struct BenchFlags {
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", json_path, profile_path;
   int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
-  bool sweep = false, fp32_activations = false, tf32 = false;
-  std::string backend_kind, peak_preset_s;
+  bool gpu = false, fp32_activations = false, tf32 = false;
   int device = 0;
-  CLI::App app{"pd-bench-engine: engine speed vs the machine's limits (CPU: measured in the same run)"};
-  app.add_option("-m,--model", model_path, "GGUF model (default: the default model)");
-  app.add_option("--threads", threads_s, "comma-separated thread counts");
-  auto* batches_opt = app.add_option("--batches", batches_s, "comma-separated decode batch sizes (cuda: 1,8,32,128)");
-  app.add_option("--backend", backend_kind, "compute backend: cpu (default) or cuda");
-  auto* device_opt =
-      app.add_option("--device", device, "CUDA device ordinal (--backend cuda)")->check(CLI::NonNegativeNumber);
-  app.add_option("--peak-preset", peak_preset_s,
-                 "hardware preset the cuda figures are fractions of (default h200; see pd-plan --help)");
-  app.add_flag("--tf32", tf32, "cuda: GEMMs on TF32 tensor cores (the backend's default is fp32 SGEMM)");
-  app.add_flag("--sweep", sweep, "also decode batches 16, 64 and 128");
-  app.add_flag("--fp32-activations", fp32_activations,
-               "measure the CPU reference path (fp32 activations, weights as stored) instead of the default "
-               "8-bit activations with integer dot products");
-  app.add_option("--prefill-tokens", prefill_tokens, "prompt tokens for the prefill figure")->check(CLI::Range(1, 8192));
-  app.add_option("--prompt", prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
-  app.add_option("--gen", gen, "decode steps per batch")->check(CLI::Range(1, 8192));
-  app.add_option("--reps", reps, "prefill repetitions (median)")->check(CLI::Range(1, 100));
-  app.add_option("--kv-dtype", kv_dtype_flag, "KV cache elements of the runs above: f16 (default), q8_0 or f32");
-  app.add_option("--kv-compare", kv_compare_s,
-                 "comma-separated KV types (e.g. f32,f16,q8_0): decode at long contexts for each, ratios to the first");
-  app.add_option("--kv-contexts", kv_contexts_s, "cached tokens per sequence for --kv-compare");
-  app.add_option("--kv-batches", kv_batches_s, "decode batch sizes for --kv-compare");
-  app.add_option("--json", json_path, "write all results as JSON to this file");
-  app.add_option("--profile", profile_path, "write the engine cost profile (pd-plan --profile) to this file");
-  app.add_option("--profile-prefill", profile_prefill_s,
-                 "prompt lengths of the profile's prefill points (default 64,128,256 and --prefill-tokens)");
-  app.add_option("--profile-contexts", profile_contexts_s,
-                 "cached tokens per sequence of the profile's decode grid (default: three points of the decode runs, "
-                 "--prompt+1 to --prompt+--gen); the cache is filled with random K/V as for --kv-compare");
-  CLI11_PARSE(app, argc, argv);
-  const bool gpu = backend_kind == "cuda";
-  if (!backend_kind.empty() && backend_kind != "cpu" && !gpu)
-    return fail("--backend: unknown backend '" + backend_kind + "' (expected cpu or cuda)", 2);
-  if (!gpu && !peak_preset_s.empty()) return fail("--peak-preset applies to --backend cuda only", 2);
-  if (!gpu && device_opt->count() > 0) return fail("--device applies to --backend cuda only", 2);
-  if (!gpu && tf32) return fail("--tf32 applies to --backend cuda only", 2);
-  pd::plan::HardwareSpec peak;
-  if (gpu) {
-    auto hw = pd::plan::hardware_preset(peak_preset_s.empty() ? "h200" : peak_preset_s);
-    if (!hw.is_ok()) return fail(hw.status().message() + " (--peak-preset)", 2);
-    peak = *hw;
-    if (batches_opt->count() == 0) batches_s = "1,8,32,128";
-  }
-  bool ok1 = false, ok2 = false;
-  std::vector<int> thread_counts = parse_list(threads_s, "--threads", &ok1);
-  std::vector<int> batches = parse_list(batches_s, "--batches", &ok2);
-  if (!ok1 || !ok2) return 2;
-  if (gpu) thread_counts = {1};  // one run on the device; the thread count is the CPU backend's
-  const auto kv_dtype = pd::parse_kv_dtype(kv_dtype_flag, "--kv-dtype");
-  if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);
+  pd::plan::HardwareSpec peak;  // --backend cuda: the --peak-preset figures
+  pd::GgmlType kv_dtype{};
+  std::vector<int> thread_counts, batches, kv_contexts, kv_batches;
   std::vector<pd::GgmlType> kv_compare;
-  for (size_t pos = 0; !kv_compare_s.empty() && pos <= kv_compare_s.size();) {
-    const size_t comma = kv_compare_s.find(',', pos);
-    const auto t = pd::parse_kv_dtype(kv_compare_s.substr(pos, comma == std::string::npos ? comma : comma - pos),
+  std::vector<int> profile_prefill, profile_contexts;  // sorted, distinct
+
+  // The backend of a run with `threads` CPU threads (the device with --backend cuda).
+  pd::BackendConfig backend(int threads) const {
+    return pd::tools::backend_config({gpu ? "cuda" : "cpu", threads, fp32_activations, device, tf32});
+  }
+};
+
+void add_options(CLI::App* app, BenchFlags* f, RawFlags* raw) {
+  app->add_option("-m,--model", f->model_path, "GGUF model (default: the default model)");
+  app->add_option("--threads", raw->threads, "comma-separated thread counts");
+  app->add_option("--batches", raw->batches, "comma-separated decode batch sizes (cuda: 1,8,32,128)");
+  app->add_option("--backend", raw->backend, "compute backend: cpu (default) or cuda");
+  app->add_option("--device", f->device, "CUDA device ordinal (--backend cuda)")->check(CLI::NonNegativeNumber);
+  app->add_option("--peak-preset", raw->peak_preset,
+                  "hardware preset the cuda figures are fractions of (default h200; see pd-plan --help)");
+  app->add_flag("--tf32", f->tf32, "cuda: GEMMs on TF32 tensor cores (the backend's default is fp32 SGEMM)");
+  app->add_flag("--sweep", raw->sweep, "also decode batches 16, 64 and 128");
+  app->add_flag("--fp32-activations", f->fp32_activations,
+                "measure the CPU reference path (fp32 activations, weights as stored) instead of the default "
+                "8-bit activations with integer dot products");
+  app->add_option("--prefill-tokens", f->prefill_tokens, "prompt tokens for the prefill figure")
+      ->check(CLI::Range(1, 8192));
+  app->add_option("--prompt", f->prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
+  app->add_option("--gen", f->gen, "decode steps per batch")->check(CLI::Range(1, 8192));
+  app->add_option("--reps", f->reps, "prefill repetitions (median)")->check(CLI::Range(1, 100));
+  app->add_option("--kv-dtype", raw->kv_dtype, "KV cache elements of the runs above: f16 (default), q8_0 or f32");
+  app->add_option("--kv-compare", raw->kv_compare,
+                  "comma-separated KV types (e.g. f32,f16,q8_0): decode at long contexts for each, ratios to the first");
+  app->add_option("--kv-contexts", raw->kv_contexts, "cached tokens per sequence for --kv-compare");
+  app->add_option("--kv-batches", raw->kv_batches, "decode batch sizes for --kv-compare");
+  app->add_option("--json", f->json_path, "write all results as JSON to this file");
+  app->add_option("--profile", f->profile_path, "write the engine cost profile (pd-plan --profile) to this file");
+  app->add_option("--profile-prefill", raw->profile_prefill,
+                  "prompt lengths of the profile's prefill points (default 64,128,256 and --prefill-tokens)");
+  app->add_option("--profile-contexts", raw->profile_contexts,
+                  "cached tokens per sequence of the profile's decode grid (default: three points of the decode "
+                  "runs, --prompt+1 to --prompt+--gen); the cache is filled with random K/V as for --kv-compare");
+}
+
+// --backend, --peak-preset, --device and --tf32: cuda-only flags refused on the CPU.
+int resolve_backend(const RawFlags& raw, BenchFlags* f) {
+  f->gpu = raw.backend == "cuda";
+  if (!raw.backend.empty() && raw.backend != "cpu" && !f->gpu)
+    return fail("--backend: unknown backend '" + raw.backend + "' (expected cpu or cuda)", 2);
+  if (!f->gpu && !raw.peak_preset.empty()) return fail("--peak-preset applies to --backend cuda only", 2);
+  if (!f->gpu && raw.device_given) return fail("--device applies to --backend cuda only", 2);
+  if (!f->gpu && f->tf32) return fail("--tf32 applies to --backend cuda only", 2);
+  if (f->gpu) {
+    auto hw = pd::plan::hardware_preset(raw.peak_preset.empty() ? "h200" : raw.peak_preset);
+    if (!hw.is_ok()) return fail(hw.status().message() + " (--peak-preset)", 2);
+    f->peak = *hw;
+  }
+  return 0;
+}
+
+// The comma-separated lists; the profile's points sorted and distinct, --sweep's batches added.
+int resolve_lists(RawFlags raw, BenchFlags* f) {
+  if (f->gpu && !raw.batches_given) raw.batches = "1,8,32,128";
+  bool ok1 = false, ok2 = false;
+  f->thread_counts = parse_list(raw.threads, "--threads", &ok1);
+  f->batches = parse_list(raw.batches, "--batches", &ok2);
+  if (!ok1 || !ok2) return 2;
+  if (f->gpu) f->thread_counts = {1};  // one run on the device; the thread count is the CPU backend's
+  const auto kv_dtype = pd::parse_kv_dtype(raw.kv_dtype, "--kv-dtype");
+  if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);
+  f->kv_dtype = *kv_dtype;
+  for (size_t pos = 0; !raw.kv_compare.empty() && pos <= raw.kv_compare.size();) {
+    const size_t comma = raw.kv_compare.find(',', pos);
+    const auto t = pd::parse_kv_dtype(raw.kv_compare.substr(pos, comma == std::string::npos ? comma : comma - pos),
                                       "--kv-compare");
     if (!t.is_ok()) return fail(t.status().message(), 2);
-    kv_compare.push_back(*t);
+    f->kv_compare.push_back(*t);
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
   bool ok3 = true, ok4 = true;
-  const std::vector<int> kv_contexts = parse_list(kv_contexts_s, "--kv-contexts", &ok3);
-  const std::vector<int> kv_batches = parse_list(kv_batches_s, "--kv-batches", &ok4);
+  f->kv_contexts = parse_list(raw.kv_contexts, "--kv-contexts", &ok3);
+  f->kv_batches = parse_list(raw.kv_batches, "--kv-batches", &ok4);
   if (!ok3 || !ok4) return 2;
   bool ok5 = true, ok6 = true;
-  std::vector<int> profile_prefill =
-      profile_prefill_s.empty() ? std::vector<int>{} : parse_list(profile_prefill_s, "--profile-prefill", &ok5);
-  std::vector<int> profile_contexts =
-      profile_contexts_s.empty() ? std::vector<int>{} : parse_list(profile_contexts_s, "--profile-contexts", &ok6);
+  if (!raw.profile_prefill.empty()) f->profile_prefill = parse_list(raw.profile_prefill, "--profile-prefill", &ok5);
+  if (!raw.profile_contexts.empty())
+    f->profile_contexts = parse_list(raw.profile_contexts, "--profile-contexts", &ok6);
   if (!ok5 || !ok6) return 2;
-  for (std::vector<int>* v : {&profile_prefill, &profile_contexts}) {  // the profile's points: sorted, distinct
+  for (std::vector<int>* v : {&f->profile_prefill, &f->profile_contexts}) {  // the profile's points: sorted, distinct
     std::sort(v->begin(), v->end());
     v->erase(std::unique(v->begin(), v->end()), v->end());
   }
-  if (sweep)
+  if (raw.sweep)
     for (int b : {16, 64, 128})
-      if (std::find(batches.begin(), batches.end(), b) == batches.end()) batches.push_back(b);
-  std::sort(batches.begin(), batches.end());
-  if (!std::filesystem::exists(model_path)) return fail("model file not found: " + model_path + " (--model)", 2);
-  auto file = pd::GgufFile::open(model_path);
-  if (!file.is_ok()) return fail(file.status().to_string() + " (--model)", 2);
-  std::shared_ptr<const pd::GgufFile> gguf(std::move(file).value());
+      if (std::find(f->batches.begin(), f->batches.end(), b) == f->batches.end()) f->batches.push_back(b);
+  std::sort(f->batches.begin(), f->batches.end());
+  return 0;
+}
 
-  std::string cmd;
-  for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
-  std::printf("# %s\n", cmd.c_str());
+// Parses and checks the command line into *f. Returns the exit status when
+// the tool stops here (--help, a bad flag), nothing when it goes on.
+std::optional<int> parse_flags(int argc, char** argv, BenchFlags* f) {
+  CLI::App app{"pd-bench-engine: engine speed vs the machine's limits (CPU: measured in the same run)"};
+  RawFlags raw;
+  add_options(&app, f, &raw);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  raw.batches_given = app.get_option("--batches")->count() > 0;
+  raw.device_given = app.get_option("--device")->count() > 0;
+  if (int rc = resolve_backend(raw, f)) return rc;
+  if (int rc = resolve_lists(raw, f)) return rc;
+  return std::nullopt;
+}
 
-  nlohmann::json out{{"command", cmd}, {"model", model_path}, {"runs", nlohmann::json::array()}};
+// ---- one run per thread count
+
+// What the runs add up to, across thread counts.
+struct BenchTotals {
+  nlohmann::json out;
   pd::plan::EngineProfile best_profile;
   double best_decode = -1;
   double kv_pool_mb = 0, engine_peak_mb = 0;
   bool peak_reset = true;
-  for (int t : thread_counts) {
-    Engine e;
-    pd::BackendConfig bc;
-    bc.kind = gpu ? "cuda" : "cpu";
-    bc.device = device;
-    bc.cuda_tf32 = tf32;
-    bc.n_threads = t;
-    bc.int8_activations = !fp32_activations;
-    auto be = pd::create_backend(bc);
-    if (!be.is_ok()) return fail(be.status().to_string() + (gpu ? " (--backend)" : ""), gpu ? 2 : 1);
-    e.backend = std::move(be).value();
-    auto m = pd::LlamaModel::load(gguf, *e.backend);
-    if (!m.is_ok()) return fail(m.status().to_string());
-    e.model = std::move(m).value();
-    if (t == thread_counts.front()) {
-      std::printf("# backend %s | CPU: %s\n", e.backend->name().c_str(), cpu_model().c_str());
-      out["backend"] = e.backend->name();
-      out["cpu"] = cpu_model();
-      if (gpu) {
-        std::printf("# device %d %s | peak (preset %s): %.0f TFLOP/s %s, %.2f TB/s memory\n", device,
-                    e.backend->device_id().c_str(), peak.name.c_str(), peak.peak_flops / 1e12, peak.peak_note.c_str(),
-                    peak.mem_bandwidth / 1e12);
-        out["device"] = device;
-        out["device_id"] = e.backend->device_id();
-      }
-    }
-    const auto& c = e.model->config();
-    for (int ctx : profile_contexts)
-      if (ctx + 16 > c.context)
-        return fail("--profile-contexts: " + std::to_string(ctx) + " + 16 steps exceeds the model's context " +
-                        std::to_string(c.context),
-                    2);
-    const int max_batch = batches.back();
-    const int64_t blocks = std::max<int64_t>((std::max(prefill_tokens, 256) + 15) / 16,
-                                             static_cast<int64_t>(max_batch) * ((prompt + gen + 15) / 16));
-    auto cache = pd::KvCache::create(*e.backend, c, e.block_size, blocks, *kv_dtype);
-    if (!cache.is_ok()) return fail(cache.status().to_string());
-    e.cache = std::move(cache).value();
-    kv_pool_mb = std::max(kv_pool_mb, static_cast<double>(e.cache.layout.total_bytes()) / 1e6);
-    const double kv_per_token = static_cast<double>(c.kv_geometry(*kv_dtype).bytes_per_token());
-    const double weight_bytes = static_cast<double>(e.model->weight_bytes());
+};
 
-    // Machine limits with this thread count (the CPU's; a GPU's come from the preset).
-    const size_t n = 32u << 20;  // 128 MiB per array
-    double triad = 0, rd = 0, fma = 0, i8 = 0;
-    if (!gpu) triad = stream_triad_gbs(t, n), rd = read_gbs(t, n), fma = fma_gflops(t), i8 = int8_gmacs(t);
-    peak_reset = reset_peak_rss() && peak_reset;  // the engine's peak from here on
+// The machine's limits with one thread count (the CPU's; a GPU's come from the preset).
+struct MachineLimits {
+  double triad = 0, read = 0, fma = 0, int8 = 0;
+};
 
-    // Prefill.
-    time_prefill(e, std::min(prefill_tokens, 32), 1);  // warm-up
-    std::vector<double> pre;
-    for (int r = 0; r < reps; ++r) pre.push_back(time_prefill(e, prefill_tokens, 7 + r));
-    const double pre_s = median(pre);
-    if (pre_s <= 0) return fail("prefill failed");
-    const double pre_tps = prefill_tokens / pre_s;
-    const double pre_gflops = forward_flops(c, prefill_tokens) / pre_s / 1e9;
+MachineLimits measure_machine(int threads) {
+  const size_t n = 32u << 20;  // 128 MiB per array
+  MachineLimits m;
+  m.triad = stream_triad_gbs(threads, n), m.read = read_gbs(threads, n), m.fma = fma_gflops(threads),
+  m.int8 = int8_gmacs(threads);
+  return m;
+}
 
-    nlohmann::json run;
-    if (gpu) {
-      // Fractions of the preset's peaks: the dense tensor-core FLOP/s and the memory bandwidth.
-      const double frac = pre_gflops * 1e9 / peak.peak_flops;
-      std::printf("\n== cuda device %d, GEMMs %s | preset %s: %.0f TFLOP/s (%s), %.2f TB/s\n", device,
-                  tf32 ? "on TF32 tensor cores" : "fp32 SGEMM", peak.name.c_str(), peak.peak_flops / 1e12,
-                  peak.peak_note.c_str(), peak.mem_bandwidth / 1e12);
-      std::printf("prefill %d tokens: %.1f tok/s (%.4f s, %.2f TFLOP/s = %.2f%% of the %s peak)\n", prefill_tokens,
-                  pre_tps, pre_s, pre_gflops / 1e3, 100.0 * frac, peak.peak_note.c_str());
-      std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of HBM");
-      run = {{"backend", "cuda"},
-             {"device", device},
-             {"tf32", tf32},
-             {"machine", {{"preset", peak.name}, {"peak_note", peak.peak_note}, {"peak_flops", peak.peak_flops},
-                          {"mem_bandwidth_bytes_per_s", peak.mem_bandwidth}}},
-             {"weight_bytes", weight_bytes},
-             {"prefill", {{"tokens", prefill_tokens}, {"seconds", pre_s}, {"tokens_per_s", pre_tps},
-                          {"gflops", pre_gflops}, {"flops", forward_flops(c, prefill_tokens)},
-                          {"fraction_of_peak", frac}}},
-             {"decode", nlohmann::json::array()}};
-    } else {
-      std::printf("\n== %d thread%s | machine: triad %.1f GB/s, read %.1f GB/s, FMA %.1f GFLOP/s, int8 %.1f GMAC/s\n",
-                  t, t > 1 ? "s" : "", triad, rd, fma, i8);
-      // The matmuls run as 8-bit multiply-adds (int8 peak); attention in fp32.
-      std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GOP/s = %.1f%% of FMA peak, %.1f%% of int8 peak)\n",
-                  prefill_tokens, pre_tps, pre_s, pre_gflops, 100.0 * pre_gflops / fma,
-                  i8 > 0 ? 100.0 * pre_gflops / (2 * i8) : 0.0);
-      std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
-      run = {{"threads", t},
-             {"machine", {{"triad_gbs", triad}, {"read_gbs", rd}, {"fma_gflops", fma}, {"int8_gmacs", i8}}},
-             {"prefill", {{"tokens", prefill_tokens}, {"seconds", pre_s}, {"tokens_per_s", pre_tps},
-                          {"gflops", pre_gflops}, {"fraction_of_fma", pre_gflops / fma},
-                          {"fraction_of_int8", i8 > 0 ? pre_gflops / (2 * i8) : 0.0}}},
-             {"decode", nlohmann::json::array()}};
-    }
+struct PrefillFigure {
+  double seconds = 0, tokens_per_s = 0, gflops = 0;
+};
 
-    pd::plan::EngineProfile prof;
-    prof.model = model_path;
-    prof.hardware = gpu ? "cuda device " + std::to_string(device) + " " + e.backend->device_id()
-                        : std::to_string(t) + " thread(s), triad " + std::to_string(static_cast<int>(triad)) + " GB/s";
-    prof.kv_bytes_per_token = static_cast<int64_t>(kv_per_token);
-    std::vector<int> prefill_points = profile_prefill;
-    if (prefill_points.empty()) prefill_points = {64, 128, 256, prefill_tokens};
-    for (int pt : prefill_points) {
-      if (pt > c.context) {
-        std::printf("profile: prefill point %d skipped (the model's context is %d)\n", pt, c.context);
-        continue;
-      }
-      if (std::find(prof.prefill_tokens.begin(), prof.prefill_tokens.end(), pt) != prof.prefill_tokens.end()) continue;
-      std::vector<double> v;
-      // Long prompts once: their time is seconds, its spread small against it.
-      const int point_reps = pt > 1024 ? 1 : reps;
-      if (pt > e.cache.layout.num_blocks * e.cache.layout.block_size) {
-        auto bigger =
-            pd::KvCache::create(*e.backend, c, e.block_size, (pt + e.block_size - 1) / e.block_size, *kv_dtype);
-        if (!bigger.is_ok()) return fail(bigger.status().to_string());
-        std::swap(e.cache, *bigger);
-        kv_pool_mb = std::max(kv_pool_mb, static_cast<double>(e.cache.layout.total_bytes()) / 1e6);
-      }
-      for (int r = 0; r < point_reps; ++r) v.push_back(time_prefill(e, pt, 100 + r));
-      prof.prefill_tokens.push_back(pt);
-      prof.prefill_seconds.push_back(pt == prefill_tokens ? pre_s : median(v));
-    }
-    // Keep the prefill points sorted.
-    std::vector<size_t> idx(prof.prefill_tokens.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return prof.prefill_tokens[a] < prof.prefill_tokens[b]; });
-    std::vector<double> pt2, ps2;
-    for (size_t i : idx) pt2.push_back(prof.prefill_tokens[i]), ps2.push_back(prof.prefill_seconds[i]);
-    prof.prefill_tokens = pt2;
-    prof.prefill_seconds = ps2;
-    const std::vector<int> ctx_points{0, gen / 2, gen - 1};  // step indices: contexts prompt+1, +gen/2, +gen
-    if (profile_contexts.empty()) {
-      for (int ci : ctx_points) prof.decode_contexts.push_back(prompt + ci + 1);
-    } else {
-      prof.decode_contexts.assign(profile_contexts.begin(), profile_contexts.end());  // sorted, distinct, checked
-    }
-    double decode8 = 0;
-    for (int b : batches) {
-      const DecodeRun d = time_decode(e, b, prompt, gen);
-      if (d.step_seconds.empty()) return fail("decode failed at batch " + std::to_string(b));
-      const double step = median(d.step_seconds);
-      const double mean_ctx = prompt + (gen + 1) / 2.0;
-      // Bytes a step must read: every weight once, and each sequence's KV at its context.
-      const double step_bytes = weight_bytes + b * mean_ctx * kv_per_token;
-      const double streamed = step_bytes / step / 1e9;
-      const double limit_gbs = gpu ? peak.mem_bandwidth / 1e9 : triad;
-      std::printf("%-8d %-14.1f %-14.2f %-16.1f %.1f%%\n", b, d.tokens_per_s, step * 1e3, streamed,
-                  100.0 * streamed / limit_gbs);
-      if (gpu) {
-        run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
-                                 {"mean_context", mean_ctx}, {"bytes_per_step", step_bytes},
-                                 {"streamed_gbs", streamed}, {"fraction_of_bandwidth", streamed / limit_gbs}});
-      } else {
-        run["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
-                                 {"streamed_gbs", streamed}, {"fraction_of_triad", streamed / triad}});
-      }
-      prof.decode_batches.push_back(b);
-      if (!profile_contexts.empty()) {
-        for (double ctx : prof.decode_contexts) {
-          const double st = time_long_context_decode(*e.backend, *e.model, *kv_dtype, b, static_cast<int>(ctx), 12,
-                                                     e.block_size);
-          if (st <= 0) return fail("profile decode failed at batch " + std::to_string(b));
-          prof.decode_seconds.push_back(st);
-        }
-      } else {
-        for (int ci : ctx_points) {
-          // A few steps around each context point, for a steadier figure.
-          std::vector<double> w;
-          for (int k = std::max(0, ci - 2); k <= std::min(gen - 1, ci + 2); ++k) w.push_back(d.step_seconds[k]);
-          prof.decode_seconds.push_back(median(w));
-        }
-      }
-      if (b == 8) decode8 = d.tokens_per_s;
-    }
-    run["peak_rss_mb"] = peak_rss_mb();
-    engine_peak_mb = std::max(engine_peak_mb, peak_rss_mb());
-    out["runs"].push_back(run);
-    const double score = decode8 > 0 ? decode8 : pre_tps;
-    if (score > best_decode) {
-      best_decode = score;
-      best_profile = prof;
-    }
+// Creates the backend for `threads` and loads the model on it into *e.
+int load_engine(const BenchFlags& f, const std::shared_ptr<const pd::GgufFile>& gguf, int threads, Engine* e) {
+  auto be = pd::create_backend(f.backend(threads));
+  if (!be.is_ok()) return fail(be.status().to_string() + (f.gpu ? " (--backend)" : ""), f.gpu ? 2 : 1);
+  e->backend = std::move(be).value();
+  auto m = pd::LlamaModel::load(gguf, *e->backend);
+  if (!m.is_ok()) return fail(m.status().to_string());
+  e->model = std::move(m).value();
+  return 0;
+}
+
+// The "# backend" line (and the device's with --backend cuda), once.
+void print_backend(const BenchFlags& f, const Engine& e, nlohmann::json* out) {
+  std::printf("# backend %s | CPU: %s\n", e.backend->name().c_str(), cpu_model().c_str());
+  (*out)["backend"] = e.backend->name();
+  (*out)["cpu"] = cpu_model();
+  if (f.gpu) {
+    std::printf("# device %d %s | peak (preset %s): %.0f TFLOP/s %s, %.2f TB/s memory\n", f.device,
+                e.backend->device_id().c_str(), f.peak.name.c_str(), f.peak.peak_flops / 1e12,
+                f.peak.peak_note.c_str(), f.peak.mem_bandwidth / 1e12);
+    (*out)["device"] = f.device;
+    (*out)["device_id"] = e.backend->device_id();
   }
-  // The engine's memory bound: model file + KV pool + 150 MB (the peak also
-  // covers the probes' STREAM arrays, freed before the engine runs).
-  const double file_mb = std::filesystem::file_size(model_path) / 1e6;
-  const double bound_mb = file_mb + kv_pool_mb + 150.0;
-  std::printf("\npeak RSS of the engine runs %.0f MB%s (bound: model file %.1f + KV pool %.0f + 150 = %.0f MB: %s) | "
-              "KV %lld bytes/token (%s)\n",
-              engine_peak_mb, peak_reset ? "" : " (with the probes: peak reset refused)", file_mb, kv_pool_mb,
-              bound_mb, engine_peak_mb <= bound_mb ? "within" : "OVER",
-              static_cast<long long>(best_profile.kv_bytes_per_token), pd::kv_dtype_name(*kv_dtype));
-  out["engine_peak_rss_mb"] = engine_peak_mb;
-  out["kv_pool_mb"] = kv_pool_mb;
-  out["rss_bound_mb"] = bound_mb;
-  out["peak_rss_mb"] = peak_rss_mb();
-  out["kv_bytes_per_token"] = best_profile.kv_bytes_per_token;
-  out["kv_dtype"] = pd::kv_dtype_name(*kv_dtype);
-  if (!kv_compare.empty()) {
-    // Long contexts, where decode attention reads the cache: one model, the
-    // largest thread count, each KV type in turn.
-    const int t = *std::max_element(thread_counts.begin(), thread_counts.end());
-    pd::BackendConfig bc;
-    bc.kind = gpu ? "cuda" : "cpu";
-    bc.device = device;
-    bc.cuda_tf32 = tf32;
-    bc.n_threads = t;
-    bc.int8_activations = !fp32_activations;
-    auto be = pd::create_backend(bc);
-    if (!be.is_ok()) return fail(be.status().to_string());
-    auto m = pd::LlamaModel::load(gguf, **be);
-    if (!m.is_ok()) return fail(m.status().to_string());
-    const auto& c = (*m)->config();
-    const std::string where = gpu ? "cuda device " + std::to_string(device)
-                                  : std::to_string(t) + (t > 1 ? " threads" : " thread");
-    std::printf("\n== KV cache types at long contexts (%s; ratios to %s, this run)\n", where.c_str(),
-                pd::kv_dtype_name(kv_compare.front()));
-    std::printf("%-8s %-8s %-6s %-12s %-14s %-12s %-10s\n", "context", "batch", "kv", "bytes/tok", "decode tok/s",
-                "KV GB/s", "vs first");
-    out["kv_compare"] = nlohmann::json::array();
-    for (int ctx : kv_contexts) {
-      if (ctx + 16 > c.context) {
-        std::printf("%-8d (skipped: the model's context is %d)\n", ctx, c.context);
-        continue;
-      }
-      for (int b : kv_batches) {
-        double base_tps = 0;
-        for (pd::GgmlType dt : kv_compare) {
-          const double step = time_long_context_decode(**be, **m, dt, b, ctx, 16, 16);
-          if (step <= 0) return fail(std::string("long-context decode failed (") + pd::kv_dtype_name(dt) + ")");
-          const double per_token = static_cast<double>(c.kv_geometry(dt).bytes_per_token());
-          const double tps = b / step, kv_gbs = b * (ctx + 8.0) * per_token / step / 1e9;
-          if (base_tps == 0) base_tps = tps;
-          std::printf("%-8d %-8d %-6s %-12.0f %-14.1f %-12.1f x%.2f\n", ctx, b, pd::kv_dtype_name(dt), per_token, tps,
-                      kv_gbs, tps / base_tps);
-          out["kv_compare"].push_back({{"context", ctx}, {"batch", b}, {"kv_dtype", pd::kv_dtype_name(dt)},
-                                       {"kv_bytes_per_token", per_token}, {"tokens_per_s", tps},
-                                       {"kv_gbs", kv_gbs}, {"ratio_to_first", tps / base_tps}});
-        }
-      }
+}
+
+// The KV cache of the runs: room for the prefill figure and the largest decode batch.
+int create_run_cache(const BenchFlags& f, Engine* e, BenchTotals* totals) {
+  const auto& c = e->model->config();
+  for (int ctx : f.profile_contexts)
+    if (ctx + 16 > c.context)
+      return fail("--profile-contexts: " + std::to_string(ctx) + " + 16 steps exceeds the model's context " +
+                      std::to_string(c.context),
+                  2);
+  const int max_batch = f.batches.back();
+  const int64_t blocks = std::max<int64_t>((std::max(f.prefill_tokens, 256) + 15) / 16,
+                                           static_cast<int64_t>(max_batch) * ((f.prompt + f.gen + 15) / 16));
+  auto cache = pd::KvCache::create(*e->backend, c, e->block_size, blocks, f.kv_dtype);
+  if (!cache.is_ok()) return fail(cache.status().to_string());
+  e->cache = std::move(cache).value();
+  totals->kv_pool_mb = std::max(totals->kv_pool_mb, static_cast<double>(e->cache.layout.total_bytes()) / 1e6);
+  return 0;
+}
+
+// The prefill figure: median of --reps passes of --prefill-tokens, after a warm-up.
+PrefillFigure measure_prefill(const BenchFlags& f, Engine& e) {
+  time_prefill(e, std::min(f.prefill_tokens, 32), 1);  // warm-up
+  std::vector<double> pre;
+  for (int r = 0; r < f.reps; ++r) pre.push_back(time_prefill(e, f.prefill_tokens, 7 + r));
+  PrefillFigure p;
+  p.seconds = median(pre);
+  if (p.seconds <= 0) return p;
+  p.tokens_per_s = f.prefill_tokens / p.seconds;
+  p.gflops = forward_flops(e.model->config(), f.prefill_tokens) / p.seconds / 1e9;
+  return p;
+}
+
+// Prints the run's header and prefill line; returns the run's JSON, its decode rows to come.
+nlohmann::json start_run(const BenchFlags& f, const Engine& e, int t, const MachineLimits& m, const PrefillFigure& p) {
+  const pd::plan::HardwareSpec& peak = f.peak;
+  if (f.gpu) {
+    // Fractions of the preset's peaks: the dense tensor-core FLOP/s and the memory bandwidth.
+    const double frac = p.gflops * 1e9 / peak.peak_flops;
+    std::printf("\n== cuda device %d, GEMMs %s | preset %s: %.0f TFLOP/s (%s), %.2f TB/s\n", f.device,
+                f.tf32 ? "on TF32 tensor cores" : "fp32 SGEMM", peak.name.c_str(), peak.peak_flops / 1e12,
+                peak.peak_note.c_str(), peak.mem_bandwidth / 1e12);
+    std::printf("prefill %d tokens: %.1f tok/s (%.4f s, %.2f TFLOP/s = %.2f%% of the %s peak)\n", f.prefill_tokens,
+                p.tokens_per_s, p.seconds, p.gflops / 1e3, 100.0 * frac, peak.peak_note.c_str());
+    std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of HBM");
+    return {{"backend", "cuda"},
+            {"device", f.device},
+            {"tf32", f.tf32},
+            {"machine", {{"preset", peak.name}, {"peak_note", peak.peak_note}, {"peak_flops", peak.peak_flops},
+                         {"mem_bandwidth_bytes_per_s", peak.mem_bandwidth}}},
+            {"weight_bytes", static_cast<double>(e.model->weight_bytes())},
+            {"prefill", {{"tokens", f.prefill_tokens}, {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s},
+                         {"gflops", p.gflops}, {"flops", forward_flops(e.model->config(), f.prefill_tokens)},
+                         {"fraction_of_peak", frac}}},
+            {"decode", nlohmann::json::array()}};
+  }
+  std::printf("\n== %d thread%s | machine: triad %.1f GB/s, read %.1f GB/s, FMA %.1f GFLOP/s, int8 %.1f GMAC/s\n", t,
+              t > 1 ? "s" : "", m.triad, m.read, m.fma, m.int8);
+  // The matmuls run as 8-bit multiply-adds (int8 peak); attention in fp32.
+  std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GOP/s = %.1f%% of FMA peak, %.1f%% of int8 peak)\n",
+              f.prefill_tokens, p.tokens_per_s, p.seconds, p.gflops, 100.0 * p.gflops / m.fma,
+              m.int8 > 0 ? 100.0 * p.gflops / (2 * m.int8) : 0.0);
+  std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
+  return {{"threads", t},
+          {"machine", {{"triad_gbs", m.triad}, {"read_gbs", m.read}, {"fma_gflops", m.fma}, {"int8_gmacs", m.int8}}},
+          {"prefill", {{"tokens", f.prefill_tokens}, {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s},
+                       {"gflops", p.gflops}, {"fraction_of_fma", p.gflops / m.fma},
+                       {"fraction_of_int8", m.int8 > 0 ? p.gflops / (2 * m.int8) : 0.0}}},
+          {"decode", nlohmann::json::array()}};
+}
+
+// Sorts the profile's prefill points by tokens.
+void sort_prefill_points(pd::plan::EngineProfile* prof) {
+  std::vector<size_t> idx(prof->prefill_tokens.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(),
+            [&](size_t a, size_t b) { return prof->prefill_tokens[a] < prof->prefill_tokens[b]; });
+  std::vector<double> pt2, ps2;
+  for (size_t i : idx) pt2.push_back(prof->prefill_tokens[i]), ps2.push_back(prof->prefill_seconds[i]);
+  prof->prefill_tokens = pt2;
+  prof->prefill_seconds = ps2;
+}
+
+// The profile's prefill points (--profile-prefill, or 64,128,256 and
+// --prefill-tokens, whose figure is reused), past the model's context skipped.
+int profile_prefill(const BenchFlags& f, Engine& e, double prefill_s, pd::plan::EngineProfile* prof,
+                    BenchTotals* totals) {
+  const auto& c = e.model->config();
+  std::vector<int> prefill_points = f.profile_prefill;
+  if (prefill_points.empty()) prefill_points = {64, 128, 256, f.prefill_tokens};
+  for (int pt : prefill_points) {
+    if (pt > c.context) {
+      std::printf("profile: prefill point %d skipped (the model's context is %d)\n", pt, c.context);
+      continue;
     }
+    if (std::find(prof->prefill_tokens.begin(), prof->prefill_tokens.end(), pt) != prof->prefill_tokens.end())
+      continue;
+    std::vector<double> v;
+    // Long prompts once: their time is seconds, its spread small against it.
+    const int point_reps = pt > 1024 ? 1 : f.reps;
+    if (pt > e.cache.layout.num_blocks * e.cache.layout.block_size) {
+      auto bigger = pd::KvCache::create(*e.backend, c, e.block_size, (pt + e.block_size - 1) / e.block_size,
+                                        f.kv_dtype);
+      if (!bigger.is_ok()) return fail(bigger.status().to_string());
+      std::swap(e.cache, *bigger);
+      totals->kv_pool_mb = std::max(totals->kv_pool_mb, static_cast<double>(e.cache.layout.total_bytes()) / 1e6);
+    }
+    for (int r = 0; r < point_reps; ++r) v.push_back(time_prefill(e, pt, 100 + r));
+    prof->prefill_tokens.push_back(pt);
+    prof->prefill_seconds.push_back(pt == f.prefill_tokens ? prefill_s : median(v));
   }
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << out.dump(2) << "\n";
-    if (!f) return fail("cannot write --json file '" + json_path + "'", 2);
+  sort_prefill_points(prof);
+  return 0;
+}
+
+// The profile's decode times at batch b: at --profile-contexts (a cache filled
+// with random K/V), else around three steps of the decode run d.
+int profile_decode(const BenchFlags& f, Engine& e, int b, const DecodeRun& d, pd::plan::EngineProfile* prof) {
+  prof->decode_batches.push_back(b);
+  if (!f.profile_contexts.empty()) {
+    for (double ctx : prof->decode_contexts) {
+      const double st =
+          time_long_context_decode(*e.backend, *e.model, f.kv_dtype, b, static_cast<int>(ctx), 12, e.block_size);
+      if (st <= 0) return fail("profile decode failed at batch " + std::to_string(b));
+      prof->decode_seconds.push_back(st);
+    }
+    return 0;
   }
-  if (!profile_path.empty()) {
-    std::ofstream f(profile_path);
-    f << pd::plan::engine_profile_to_json(best_profile) << "\n";
-    if (!f) return fail("cannot write --profile file '" + profile_path + "'", 2);
-    std::printf("profile (%s) written to %s\n", gpu ? "cuda" : "best thread count by batch-8 decode",
-                profile_path.c_str());
+  for (int ci : {0, f.gen / 2, f.gen - 1}) {
+    // A few steps around each context point, for a steadier figure.
+    std::vector<double> w;
+    for (int k = std::max(0, ci - 2); k <= std::min(f.gen - 1, ci + 2); ++k) w.push_back(d.step_seconds[k]);
+    prof->decode_seconds.push_back(median(w));
   }
   return 0;
+}
+
+// Decode at every --batches size: a table row and a JSON row each, and the
+// profile's decode grid. *decode8 is batch 8's tok/s (0 where not run).
+int decode_batches(const BenchFlags& f, Engine& e, const MachineLimits& m, nlohmann::json* run,
+                   pd::plan::EngineProfile* prof, double* decode8) {
+  const double kv_per_token = static_cast<double>(e.model->config().kv_geometry(f.kv_dtype).bytes_per_token());
+  const double weight_bytes = static_cast<double>(e.model->weight_bytes());
+  for (int b : f.batches) {
+    const DecodeRun d = time_decode(e, b, f.prompt, f.gen);
+    if (d.step_seconds.empty()) return fail("decode failed at batch " + std::to_string(b));
+    const double step = median(d.step_seconds);
+    const double mean_ctx = f.prompt + (f.gen + 1) / 2.0;
+    // Bytes a step must read: every weight once, and each sequence's KV at its context.
+    const double step_bytes = weight_bytes + b * mean_ctx * kv_per_token;
+    const double streamed = step_bytes / step / 1e9;
+    const double limit_gbs = f.gpu ? f.peak.mem_bandwidth / 1e9 : m.triad;
+    std::printf("%-8d %-14.1f %-14.2f %-16.1f %.1f%%\n", b, d.tokens_per_s, step * 1e3, streamed,
+                100.0 * streamed / limit_gbs);
+    if (f.gpu) {
+      (*run)["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
+                                  {"mean_context", mean_ctx}, {"bytes_per_step", step_bytes},
+                                  {"streamed_gbs", streamed}, {"fraction_of_bandwidth", streamed / limit_gbs}});
+    } else {
+      (*run)["decode"].push_back({{"batch", b}, {"tokens_per_s", d.tokens_per_s}, {"median_step_s", step},
+                                  {"streamed_gbs", streamed}, {"fraction_of_triad", streamed / m.triad}});
+    }
+    if (int rc = profile_decode(f, e, b, d, prof)) return rc;
+    if (b == 8) *decode8 = d.tokens_per_s;
+  }
+  return 0;
+}
+
+// The profile of one run, before its measurements: what it describes and its decode contexts.
+pd::plan::EngineProfile start_profile(const BenchFlags& f, const Engine& e, int t, const MachineLimits& m) {
+  pd::plan::EngineProfile prof;
+  prof.model = f.model_path;
+  prof.hardware = f.gpu ? "cuda device " + std::to_string(f.device) + " " + e.backend->device_id()
+                        : std::to_string(t) + " thread(s), triad " + std::to_string(static_cast<int>(m.triad)) +
+                              " GB/s";
+  prof.kv_bytes_per_token = e.model->config().kv_geometry(f.kv_dtype).bytes_per_token();
+  if (f.profile_contexts.empty()) {
+    for (int ci : {0, f.gen / 2, f.gen - 1}) prof.decode_contexts.push_back(f.prompt + ci + 1);  // step indices
+  } else {
+    prof.decode_contexts.assign(f.profile_contexts.begin(), f.profile_contexts.end());  // sorted, distinct, checked
+  }
+  return prof;
+}
+
+// One run at `t` threads: machine limits, prefill, decode at every batch, the
+// profile; the run's JSON into totals, its profile kept if it is the best so far.
+int run_thread_count(const BenchFlags& f, const std::shared_ptr<const pd::GgufFile>& gguf, int t,
+                     BenchTotals* totals) {
+  Engine e;
+  if (int rc = load_engine(f, gguf, t, &e)) return rc;
+  if (t == f.thread_counts.front()) print_backend(f, e, &totals->out);
+  if (int rc = create_run_cache(f, &e, totals)) return rc;
+  MachineLimits m;
+  if (!f.gpu) m = measure_machine(t);
+  totals->peak_reset = reset_peak_rss() && totals->peak_reset;  // the engine's peak from here on
+  const PrefillFigure pre = measure_prefill(f, e);
+  if (pre.seconds <= 0) return fail("prefill failed");
+  nlohmann::json run = start_run(f, e, t, m, pre);
+  pd::plan::EngineProfile prof = start_profile(f, e, t, m);
+  if (int rc = profile_prefill(f, e, pre.seconds, &prof, totals)) return rc;
+  double decode8 = 0;
+  if (int rc = decode_batches(f, e, m, &run, &prof, &decode8)) return rc;
+  run["peak_rss_mb"] = peak_rss_mb();
+  totals->engine_peak_mb = std::max(totals->engine_peak_mb, peak_rss_mb());
+  totals->out["runs"].push_back(run);
+  const double score = decode8 > 0 ? decode8 : pre.tokens_per_s;
+  if (score > totals->best_decode) {
+    totals->best_decode = score;
+    totals->best_profile = prof;
+  }
+  return 0;
+}
+
+// The engine's memory bound: model file + KV pool + 150 MB (the peak also
+// covers the probes' STREAM arrays, freed before the engine runs).
+void report_memory(const BenchFlags& f, BenchTotals* totals) {
+  const double file_mb = std::filesystem::file_size(f.model_path) / 1e6;
+  const double bound_mb = file_mb + totals->kv_pool_mb + 150.0;
+  std::printf("\npeak RSS of the engine runs %.0f MB%s (bound: model file %.1f + KV pool %.0f + 150 = %.0f MB: %s) | "
+              "KV %lld bytes/token (%s)\n",
+              totals->engine_peak_mb, totals->peak_reset ? "" : " (with the probes: peak reset refused)", file_mb,
+              totals->kv_pool_mb, bound_mb, totals->engine_peak_mb <= bound_mb ? "within" : "OVER",
+              static_cast<long long>(totals->best_profile.kv_bytes_per_token), pd::kv_dtype_name(f.kv_dtype));
+  nlohmann::json& out = totals->out;
+  out["engine_peak_rss_mb"] = totals->engine_peak_mb;
+  out["kv_pool_mb"] = totals->kv_pool_mb;
+  out["rss_bound_mb"] = bound_mb;
+  out["peak_rss_mb"] = peak_rss_mb();
+  out["kv_bytes_per_token"] = totals->best_profile.kv_bytes_per_token;
+  out["kv_dtype"] = pd::kv_dtype_name(f.kv_dtype);
+}
+
+// ---- --kv-compare
+
+// The rows of one context and batch: each --kv-compare type in turn, ratios to the first.
+int compare_kv_types(const BenchFlags& f, Engine& e, int ctx, int b, nlohmann::json* rows) {
+  const auto& c = e.model->config();
+  double base_tps = 0;
+  for (pd::GgmlType dt : f.kv_compare) {
+    const double step = time_long_context_decode(*e.backend, *e.model, dt, b, ctx, 16, 16);
+    if (step <= 0) return fail(std::string("long-context decode failed (") + pd::kv_dtype_name(dt) + ")");
+    const double per_token = static_cast<double>(c.kv_geometry(dt).bytes_per_token());
+    const double tps = b / step, kv_gbs = b * (ctx + 8.0) * per_token / step / 1e9;
+    if (base_tps == 0) base_tps = tps;
+    std::printf("%-8d %-8d %-6s %-12.0f %-14.1f %-12.1f x%.2f\n", ctx, b, pd::kv_dtype_name(dt), per_token, tps,
+                kv_gbs, tps / base_tps);
+    rows->push_back({{"context", ctx}, {"batch", b}, {"kv_dtype", pd::kv_dtype_name(dt)},
+                     {"kv_bytes_per_token", per_token}, {"tokens_per_s", tps},
+                     {"kv_gbs", kv_gbs}, {"ratio_to_first", tps / base_tps}});
+  }
+  return 0;
+}
+
+// Long contexts, where decode attention reads the cache: one model, the
+// largest thread count, each KV type in turn.
+int run_kv_compare(const BenchFlags& f, const std::shared_ptr<const pd::GgufFile>& gguf, nlohmann::json* out) {
+  const int t = *std::max_element(f.thread_counts.begin(), f.thread_counts.end());
+  Engine e;
+  auto be = pd::create_backend(f.backend(t));
+  if (!be.is_ok()) return fail(be.status().to_string());
+  e.backend = std::move(be).value();
+  auto m = pd::LlamaModel::load(gguf, *e.backend);
+  if (!m.is_ok()) return fail(m.status().to_string());
+  e.model = std::move(m).value();
+  const auto& c = e.model->config();
+  const std::string where =
+      f.gpu ? "cuda device " + std::to_string(f.device) : std::to_string(t) + (t > 1 ? " threads" : " thread");
+  std::printf("\n== KV cache types at long contexts (%s; ratios to %s, this run)\n", where.c_str(),
+              pd::kv_dtype_name(f.kv_compare.front()));
+  std::printf("%-8s %-8s %-6s %-12s %-14s %-12s %-10s\n", "context", "batch", "kv", "bytes/tok", "decode tok/s",
+              "KV GB/s", "vs first");
+  (*out)["kv_compare"] = nlohmann::json::array();
+  for (int ctx : f.kv_contexts) {
+    if (ctx + 16 > c.context) {
+      std::printf("%-8d (skipped: the model's context is %d)\n", ctx, c.context);
+      continue;
+    }
+    for (int b : f.kv_batches)
+      if (int rc = compare_kv_types(f, e, ctx, b, &(*out)["kv_compare"])) return rc;
+  }
+  return 0;
+}
+
+// --json and --profile.
+int write_outputs(const BenchFlags& f, const BenchTotals& totals) {
+  if (!f.json_path.empty() && !pd::tools::write_json_file(f.json_path, totals.out))
+    return fail("cannot write --json file '" + f.json_path + "'", 2);
+  if (!f.profile_path.empty()) {
+    std::ofstream out(f.profile_path);
+    out << pd::plan::engine_profile_to_json(totals.best_profile) << "\n";
+    if (!out) return fail("cannot write --profile file '" + f.profile_path + "'", 2);
+    std::printf("profile (%s) written to %s\n", f.gpu ? "cuda" : "best thread count by batch-8 decode",
+                f.profile_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchFlags flags;
+  if (auto code = parse_flags(argc, argv, &flags)) return *code;
+  pd::tools::ToolError err;
+  const auto gguf = pd::tools::open_model_file(flags.model_path, /*refusal_is_usage=*/true, &err);
+  if (!gguf) return fail(err.message, err.exit_code);
+
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
+  std::printf("# %s\n", cmd.c_str());
+  BenchTotals totals;
+  totals.out = {{"command", cmd}, {"model", flags.model_path}, {"runs", nlohmann::json::array()}};
+  for (int t : flags.thread_counts)
+    if (int rc = run_thread_count(flags, gguf, t, &totals)) return rc;
+  report_memory(flags, &totals);
+  if (!flags.kv_compare.empty())
+    if (int rc = run_kv_compare(flags, gguf, &totals.out)) return rc;
+  return write_outputs(flags, totals);
 }

@@ -69,18 +69,16 @@
 #include "model/llama_model.h"
 #include "plan/model_spec.h"
 #include "plan/roofline.h"
+#include "tool_common.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using pd::Status;
+using pd::tools::Clock;
+using pd::tools::median;
+using pd::tools::seconds;
 
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
@@ -91,10 +89,7 @@ double quantile(std::vector<double> v, double q) {
   const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
 }
-int fail(const std::string& msg, int code = 1) {
-  std::fprintf(stderr, "pd-bench-textbook: error: %s\n", msg.c_str());
-  return code;
-}
+int fail(const std::string& msg, int code = 1) { return pd::tools::report_error("pd-bench-textbook", msg, code); }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
@@ -162,6 +157,97 @@ double flop_ratio(const pd::plan::GenerationCost& g) {
          (g.cached_model.attention + g.cached_model.projections);
 }
 
+// The measurements of both ways of generating `steps` tokens after a `prompt`-token prompt.
+struct KvCacheRuns {
+  int prompt = 0, steps = 0;
+  double prefill_s = 0;                      // the prompt's prefill (not counted)
+  std::vector<double> cached_s, recompute_s;  // per step t = 1..steps
+  int agree = 0;                              // steps whose next tokens agree
+};
+
+// Cached: the prompt's prefill gives token 1; step t feeds token t at
+// position P + t - 1 and gives token t + 1 (context P + t). *seq ends as the
+// prompt and tokens 1..steps; *next holds token t + 1 of each step t.
+Status time_cached(Engine& e, pd::KvCache& cache, const std::vector<int32_t>& table, std::vector<int32_t>* seq,
+                   KvCacheRuns* r, std::vector<int32_t>* next) {
+  std::vector<float> logits;
+  auto t0 = Clock::now();
+  const std::vector<pd::SequenceBatch> pre{{*seq, 0, table, true}};
+  if (Status s = e.model->prefill(pre, cache, &logits); !s.is_ok()) return s;
+  r->prefill_s = seconds(Clock::now() - t0);
+  seq->push_back(argmax_row(logits, 0, e.vocab()));
+  for (int t = 1; t <= r->steps; ++t) {
+    const std::vector<pd::SequenceBatch> step{{{&seq->back(), 1}, r->prompt + t - 1, table, true}};
+    t0 = Clock::now();
+    if (Status s = e.model->decode(step, cache, &logits); !s.is_ok()) return s;
+    r->cached_s.push_back(seconds(Clock::now() - t0));
+    next->push_back(argmax_row(logits, 0, e.vocab()));
+    if (t < r->steps) seq->push_back(next->back());
+  }
+  return Status::ok();
+}
+
+// Recompute: step t is a fresh prefill of prompt + tokens 1..t from position
+// 0 (overwriting the same slots, so nothing cached is read).
+Status time_recompute(Engine& e, pd::KvCache& cache, const std::vector<int32_t>& table,
+                      const std::vector<int32_t>& seq, const std::vector<int32_t>& cached_next, KvCacheRuns* r) {
+  std::vector<float> logits;
+  for (int t = 1; t <= r->steps; ++t) {
+    const std::vector<pd::SequenceBatch> all{{{seq.data(), static_cast<size_t>(r->prompt + t)}, 0, table, true}};
+    const auto t0 = Clock::now();
+    if (Status s = e.model->prefill(all, cache, &logits); !s.is_ok()) return s;
+    r->recompute_s.push_back(seconds(Clock::now() - t0));
+    r->agree += argmax_row(logits, 0, e.vocab()) == cached_next[static_cast<size_t>(t - 1)];
+  }
+  return Status::ok();
+}
+
+// Median of steps t-2..t+2 (1-based, within 1..steps) of per-step times v.
+double step_window(const std::vector<double>& v, int t, int steps) {
+  const int lo = std::max(1, t - 2), hi = std::min(steps, t + 2);
+  return median(std::vector<double>(v.begin() + lo - 1, v.begin() + hi));
+}
+
+// The per-step table (steps 1, 8, 16, ... up to --kv-steps) beside the FLOP ratios; its JSON rows.
+json print_kv_cache_rows(const pd::plan::ModelSpec& spec, const KvCacheRuns& r) {
+  std::printf("\n== kv-cache: %d-token prompt, %d generated tokens (per step: median of steps t-2..t+2)\n", r.prompt,
+              r.steps);
+  std::printf("%-8s %-8s %-11s %-14s %-10s %-12s\n", "step t", "context", "cached ms", "recompute ms", "measured",
+              "FLOP ratio");
+  json rows = json::array();
+  for (int t : {1, 8, 16, 32, 64, 128, 256, 512, 1024}) {
+    if (t > r.steps) break;
+    const double c = step_window(r.cached_s, t, r.steps), rc = step_window(r.recompute_s, t, r.steps);
+    const double predicted = flop_ratio(pd::plan::generation_step_flops(spec, r.prompt + t));
+    std::printf("%-8d %-8d %-11.2f %-14.2f x%-9.1f x%.1f\n", t, r.prompt + t, c * 1e3, rc * 1e3, rc / c, predicted);
+    rows.push_back({{"step", t}, {"context", r.prompt + t}, {"cached_s", c}, {"recompute_s", rc},
+                    {"measured_ratio", rc / c}, {"flop_ratio", predicted}});
+  }
+  return rows;
+}
+
+// Growth with N: the first N/2 steps against all N (from an empty prompt
+// x2 is linear, x4 quadratic), beside the planner's FLOPs for the same. Null below 2 steps.
+json print_kv_cache_growth(const pd::plan::ModelSpec& spec, const KvCacheRuns& r, double cached_total,
+                           double recompute_total) {
+  if (r.steps < 2) return json();
+  const int steps = r.steps, prompt = r.prompt, half = steps / 2;
+  const double c_half = std::accumulate(r.cached_s.begin(), r.cached_s.begin() + half, 0.0);
+  const double r_half = std::accumulate(r.recompute_s.begin(), r.recompute_s.begin() + half, 0.0);
+  const auto f_all = pd::plan::generation_total_flops(spec, steps, prompt);
+  const auto f_half = pd::plan::generation_total_flops(spec, half, prompt);
+  auto flops = [](const pd::plan::GenerationFlops& f) { return f.attention + f.projections; };
+  const double c_pred = flops(f_all.cached_model) / flops(f_half.cached_model);
+  const double r_pred = flops(f_all.naive_model) / flops(f_half.naive_model);
+  std::printf("cumulative from %d to %d steps: cached x%.2f (FLOPs x%.2f), recompute x%.2f (FLOPs x%.2f); "
+              "recompute step %d / step 1: x%.1f (context x%.1f)\n",
+              half, steps, cached_total / c_half, c_pred, recompute_total / r_half, r_pred, steps,
+              step_window(r.recompute_s, steps, steps) / step_window(r.recompute_s, 1, steps),
+              static_cast<double>(prompt + steps) / (prompt + 1));
+  return {{"half_steps", half},         {"cached_growth", cached_total / c_half}, {"cached_flop_growth", c_pred},
+          {"recompute_growth", recompute_total / r_half}, {"recompute_flop_growth", r_pred}};
+}
+
 Status run_kv_cache(Engine& e, const pd::plan::ModelSpec& spec, int prompt, int steps, uint64_t seed, json* out) {
   const int total = prompt + steps;
   std::vector<int32_t> table(static_cast<size_t>(ceil_div(total, e.block_size)));
@@ -171,85 +257,29 @@ Status run_kv_cache(Engine& e, const pd::plan::ModelSpec& spec, int prompt, int 
   if (Status s = warm_up(e, *cache, total, 1); !s.is_ok()) return s;
   std::mt19937_64 rng(seed);
   std::vector<int32_t> seq = random_tokens(prompt, e.vocab(), rng);
-  std::vector<float> logits;
-
-  // Cached: the prompt's prefill gives token 1; step t feeds token t at
-  // position P + t - 1 and gives token t + 1 (context P + t).
-  auto t0 = Clock::now();
-  const std::vector<pd::SequenceBatch> pre{{seq, 0, table, true}};
-  if (Status s = e.model->prefill(pre, *cache, &logits); !s.is_ok()) return s;
-  const double prefill_s = secs(Clock::now() - t0);
-  seq.push_back(argmax_row(logits, 0, e.vocab()));
-  std::vector<double> cached_s, recompute_s;
+  KvCacheRuns r;
+  r.prompt = prompt;
+  r.steps = steps;
   std::vector<int32_t> cached_next;  // token t + 1, from step t
-  for (int t = 1; t <= steps; ++t) {
-    const std::vector<pd::SequenceBatch> step{{{&seq.back(), 1}, prompt + t - 1, table, true}};
-    t0 = Clock::now();
-    if (Status s = e.model->decode(step, *cache, &logits); !s.is_ok()) return s;
-    cached_s.push_back(secs(Clock::now() - t0));
-    cached_next.push_back(argmax_row(logits, 0, e.vocab()));
-    if (t < steps) seq.push_back(cached_next.back());
-  }
-  // Recompute: step t is a fresh prefill of prompt + tokens 1..t from position
-  // 0 (overwriting the same slots, so nothing cached is read).
-  int agree = 0;
-  for (int t = 1; t <= steps; ++t) {
-    const std::vector<pd::SequenceBatch> all{{{seq.data(), static_cast<size_t>(prompt + t)}, 0, table, true}};
-    t0 = Clock::now();
-    if (Status s = e.model->prefill(all, *cache, &logits); !s.is_ok()) return s;
-    recompute_s.push_back(secs(Clock::now() - t0));
-    agree += argmax_row(logits, 0, e.vocab()) == cached_next[static_cast<size_t>(t - 1)];
-  }
+  if (Status s = time_cached(e, *cache, table, &seq, &r, &cached_next); !s.is_ok()) return s;
+  if (Status s = time_recompute(e, *cache, table, seq, cached_next, &r); !s.is_ok()) return s;
 
-  auto window = [&](const std::vector<double>& v, int t) {  // median of steps t-2..t+2
-    const int lo = std::max(1, t - 2), hi = std::min(steps, t + 2);
-    return median(std::vector<double>(v.begin() + lo - 1, v.begin() + hi));
-  };
-  std::printf("\n== kv-cache: %d-token prompt, %d generated tokens (per step: median of steps t-2..t+2)\n", prompt,
-              steps);
-  std::printf("%-8s %-8s %-11s %-14s %-10s %-12s\n", "step t", "context", "cached ms", "recompute ms", "measured",
-              "FLOP ratio");
-  json rows = json::array();
-  for (int t : {1, 8, 16, 32, 64, 128, 256, 512, 1024}) {
-    if (t > steps) break;
-    const double c = window(cached_s, t), r = window(recompute_s, t);
-    const double predicted = flop_ratio(pd::plan::generation_step_flops(spec, prompt + t));
-    std::printf("%-8d %-8d %-11.2f %-14.2f x%-9.1f x%.1f\n", t, prompt + t, c * 1e3, r * 1e3, r / c, predicted);
-    rows.push_back({{"step", t}, {"context", prompt + t}, {"cached_s", c}, {"recompute_s", r}, {"measured_ratio", r / c},
-                    {"flop_ratio", predicted}});
-  }
-  const double cached_total = std::accumulate(cached_s.begin(), cached_s.end(), 0.0);
-  const double recompute_total = std::accumulate(recompute_s.begin(), recompute_s.end(), 0.0);
+  const json rows = print_kv_cache_rows(spec, r);
+  const double cached_total = std::accumulate(r.cached_s.begin(), r.cached_s.end(), 0.0);
+  const double recompute_total = std::accumulate(r.recompute_s.begin(), r.recompute_s.end(), 0.0);
   const double total_predicted = flop_ratio(pd::plan::generation_total_flops(spec, steps, prompt));
   std::printf("all %d steps: cached %.3f s, recompute %.3f s: x%.1f measured, x%.1f FLOPs (prompt prefill %.1f ms, "
               "not counted)\n",
-              steps, cached_total, recompute_total, recompute_total / cached_total, total_predicted, prefill_s * 1e3);
-  json growth;
-  if (steps >= 2) {
-    // Growth with N: the first N/2 steps against all N (from an empty prompt
-    // x2 is linear, x4 quadratic), beside the planner's FLOPs for the same.
-    const int half = steps / 2;
-    const double c_half = std::accumulate(cached_s.begin(), cached_s.begin() + half, 0.0);
-    const double r_half = std::accumulate(recompute_s.begin(), recompute_s.begin() + half, 0.0);
-    const auto f_all = pd::plan::generation_total_flops(spec, steps, prompt);
-    const auto f_half = pd::plan::generation_total_flops(spec, half, prompt);
-    auto flops = [](const pd::plan::GenerationFlops& f) { return f.attention + f.projections; };
-    const double c_pred = flops(f_all.cached_model) / flops(f_half.cached_model);
-    const double r_pred = flops(f_all.naive_model) / flops(f_half.naive_model);
-    std::printf("cumulative from %d to %d steps: cached x%.2f (FLOPs x%.2f), recompute x%.2f (FLOPs x%.2f); "
-                "recompute step %d / step 1: x%.1f (context x%.1f)\n",
-                half, steps, cached_total / c_half, c_pred, recompute_total / r_half, r_pred, steps,
-                window(recompute_s, steps) / window(recompute_s, 1), static_cast<double>(prompt + steps) / (prompt + 1));
-    growth = {{"half_steps", half},         {"cached_growth", cached_total / c_half}, {"cached_flop_growth", c_pred},
-              {"recompute_growth", recompute_total / r_half}, {"recompute_flop_growth", r_pred}};
-  }
-  std::printf("recompute's next token equals the cached run's at %d of %d steps\n", agree, steps);
+              steps, cached_total, recompute_total, recompute_total / cached_total, total_predicted,
+              r.prefill_s * 1e3);
+  const json growth = print_kv_cache_growth(spec, r, cached_total, recompute_total);
+  std::printf("recompute's next token equals the cached run's at %d of %d steps\n", r.agree, steps);
   *out = {{"prompt", prompt},           {"steps", steps},
-          {"prompt_prefill_s", prefill_s}, {"cached_step_s", cached_s},
-          {"recompute_step_s", recompute_s}, {"rows", rows},
+          {"prompt_prefill_s", r.prefill_s}, {"cached_step_s", r.cached_s},
+          {"recompute_step_s", r.recompute_s}, {"rows", rows},
           {"cached_total_s", cached_total}, {"recompute_total_s", recompute_total},
           {"measured_total_ratio", recompute_total / cached_total}, {"flop_total_ratio", total_predicted},
-          {"growth", growth},              {"agreeing_next_tokens", agree}};
+          {"growth", growth},              {"agreeing_next_tokens", r.agree}};
   return Status::ok();
 }
 
@@ -351,7 +381,7 @@ class ServeLoop {
       }
       if (Status s = decode_step(); !s.is_ok()) return s;
     }
-    res_.wall_s = secs(Clock::now() - t0_);
+    res_.wall_s = seconds(Clock::now() - t0_);
     if (Status s = blocks_.check_invariants(); !s.is_ok()) return s;
     if (blocks_.num_free_blocks() != blocks_.num_blocks())
       return Status::internal("KV blocks still held after every request finished");
@@ -380,7 +410,7 @@ class ServeLoop {
     generated_[i].push_back(token);
     ++res_.output_tokens;
     if (static_cast<int>(generated_[i].size()) < reqs_[i].output_len) return false;
-    res_.completion_s[i] = secs(Clock::now() - t0_);
+    res_.completion_s[i] = seconds(Clock::now() - t0_);
     return true;
   }
 
@@ -433,7 +463,7 @@ class ServeLoop {
       const std::vector<pd::SequenceBatch> pre{{tokens, 0, r.table, true}};
       const auto t_pass = Clock::now();
       if (Status s = e_.model->prefill(pre, cache_, &logits_); !s.is_ok()) return s;
-      res_.prefill_s += secs(Clock::now() - t_pass);
+      res_.prefill_s += seconds(Clock::now() - t_pass);
       waiting_.pop_front();
       ++*admitted;
       ++res_.prefill_passes;
@@ -466,7 +496,7 @@ class ServeLoop {
     }
     const auto t_pass = Clock::now();
     if (Status s = e_.model->decode(step, cache_, &logits_); !s.is_ok()) return s;
-    res_.decode_s += secs(Clock::now() - t_pass);
+    res_.decode_s += seconds(Clock::now() - t_pass);
     ++res_.decode_steps;
     res_.max_running = std::max(res_.max_running, static_cast<int>(running_.size()));
     running_sum_ += static_cast<double>(running_.size());
@@ -617,83 +647,109 @@ Status run_paged(Engine& e, const PagedFlags& f, uint64_t seed, json* out) {
   return Status::ok();
 }
 
-}  // namespace
+// ---- flags and set-up -------------------------------------------------------
 
-int main(int argc, char** argv) {
+struct TextbookFlags {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", json_path, only = "kv-cache,batching,paged";
   int threads = 0, block_size = pd::KvBlockManagerConfig{}.block_size, kv_prompt = 32, kv_steps = 128;
   uint64_t seed = 1;
   BatchingFlags batching;
   PagedFlags paged;
-  std::string batching_prompt = "16,128", batching_output = "8,256", paged_prompt = "32,192", paged_output = "32,192";
-  CLI::App app{"pd-bench-textbook: KV cache, continuous batching and paged KV, each against its alternative"};
-  app.add_option("-m,--model", model_path, "GGUF model (default: the default model)");
-  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--seed", seed, "seed of the token ids and lengths");
-  app.add_option("--json", json_path, "write all results as JSON to this file");
-  app.add_option("--only", only, "comma-separated experiments: kv-cache, batching, paged");
-  app.add_option("--block-size", block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
-  app.add_option("--kv-prompt", kv_prompt, "kv-cache: prompt tokens")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--kv-steps", kv_steps, "kv-cache: generated tokens")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--batching-requests", batching.requests, "batching: requests")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--batching-max-batch", batching.max_batch, "batching: max running")->check(CLI::Range(1, 1024));
-  app.add_option("--batching-prompt", batching_prompt, "batching: prompt tokens MIN,MAX (uniform)");
-  app.add_option("--batching-output", batching_output, "batching: output tokens MIN,MAX (uniform)");
-  app.add_option("--paged-requests", paged.requests, "paged: requests")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--paged-budget", paged.budget, "paged: KV pool in tokens")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--paged-max-len", paged.max_len, "paged: max sequence length (contiguous reservation)")
-      ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--paged-max-batch", paged.max_batch, "paged: max running")->check(CLI::Range(1, 1024));
-  app.add_option("--paged-prompt", paged_prompt, "paged: prompt tokens MIN,MAX (uniform)");
-  app.add_option("--paged-output", paged_output, "paged: output tokens MIN,MAX (uniform)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return fail(e.what(), 2);
-  }
+  bool run_kv = false, run_batching = false, run_paged = false;  // from --only
+};
 
-  const auto bp = parse_range(batching_prompt, "--batching-prompt"), bo = parse_range(batching_output, "--batching-output");
-  const auto pp = parse_range(paged_prompt, "--paged-prompt"), po = parse_range(paged_output, "--paged-output");
-  if (!bp || !bo || !pp || !po) return 2;
-  batching.prompt = *bp, batching.output = *bo, paged.prompt = *pp, paged.output = *po;
-  bool run_kv = false, run_batching_exp = false, run_paged_exp = false;
+// The MIN,MAX flags as given.
+struct RangeFlags {
+  std::string batching_prompt = "16,128", batching_output = "8,256", paged_prompt = "32,192",
+              paged_output = "32,192";
+};
+
+void add_options(CLI::App* app, TextbookFlags* f, RangeFlags* r) {
+  app->add_option("-m,--model", f->model_path, "GGUF model (default: the default model)");
+  app->add_option("--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
+  app->add_option("--seed", f->seed, "seed of the token ids and lengths");
+  app->add_option("--json", f->json_path, "write all results as JSON to this file");
+  app->add_option("--only", f->only, "comma-separated experiments: kv-cache, batching, paged");
+  app->add_option("--block-size", f->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
+  app->add_option("--kv-prompt", f->kv_prompt, "kv-cache: prompt tokens")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--kv-steps", f->kv_steps, "kv-cache: generated tokens")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--batching-requests", f->batching.requests, "batching: requests")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--batching-max-batch", f->batching.max_batch, "batching: max running")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--batching-prompt", r->batching_prompt, "batching: prompt tokens MIN,MAX (uniform)");
+  app->add_option("--batching-output", r->batching_output, "batching: output tokens MIN,MAX (uniform)");
+  app->add_option("--paged-requests", f->paged.requests, "paged: requests")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--paged-budget", f->paged.budget, "paged: KV pool in tokens")->check(CLI::Range(1, 1 << 24));
+  app->add_option("--paged-max-len", f->paged.max_len, "paged: max sequence length (contiguous reservation)")
+      ->check(CLI::Range(1, 1 << 24));
+  app->add_option("--paged-max-batch", f->paged.max_batch, "paged: max running")->check(CLI::Range(1, 1024));
+  app->add_option("--paged-prompt", r->paged_prompt, "paged: prompt tokens MIN,MAX (uniform)");
+  app->add_option("--paged-output", r->paged_output, "paged: output tokens MIN,MAX (uniform)");
+}
+
+// --only: which experiments run.
+int parse_only(TextbookFlags* f) {
+  const std::string& only = f->only;
   for (size_t pos = 0; pos <= only.size();) {
     const size_t comma = only.find(',', pos);
     const std::string name = only.substr(pos, comma == std::string::npos ? comma : comma - pos);
-    if (name == "kv-cache") run_kv = true;
-    else if (name == "batching") run_batching_exp = true;
-    else if (name == "paged") run_paged_exp = true;
+    if (name == "kv-cache") f->run_kv = true;
+    else if (name == "batching") f->run_batching = true;
+    else if (name == "paged") f->run_paged = true;
     else return fail("--only: unknown experiment '" + name + "' (kv-cache, batching, paged)", 2);
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
+  return 0;
+}
+
+// Parses and checks the command line into *f. Returns the exit status when
+// the tool stops here (--help, a bad flag), nothing when it goes on.
+std::optional<int> parse_flags(int argc, char** argv, TextbookFlags* f) {
+  CLI::App app{"pd-bench-textbook: KV cache, continuous batching and paged KV, each against its alternative"};
+  RangeFlags r;
+  add_options(&app, f, &r);
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-bench-textbook")) return code;
+  const auto bp = parse_range(r.batching_prompt, "--batching-prompt");
+  const auto bo = parse_range(r.batching_output, "--batching-output");
+  const auto pp = parse_range(r.paged_prompt, "--paged-prompt"), po = parse_range(r.paged_output, "--paged-output");
+  if (!bp || !bo || !pp || !po) return 2;
+  f->batching.prompt = *bp, f->batching.output = *bo, f->paged.prompt = *pp, f->paged.output = *po;
+  if (int rc = parse_only(f)) return rc;
+  const PagedFlags& paged = f->paged;
   if (paged.max_len < paged.prompt.max + paged.output.max)
     return fail("--paged-max-len: " + std::to_string(paged.max_len) + " is below the longest sequence (" +
                     std::to_string(paged.prompt.max + paged.output.max) + " tokens: --paged-prompt + --paged-output)",
                 2);
-  if (paged.budget / block_size < ceil_div(paged.max_len, block_size))
-    return fail("--paged-budget: " + std::to_string(paged.budget) + " tokens (blocks of " + std::to_string(block_size) +
-                    ") cannot hold one --paged-max-len sequence",
+  if (paged.budget / f->block_size < ceil_div(paged.max_len, f->block_size))
+    return fail("--paged-budget: " + std::to_string(paged.budget) + " tokens (blocks of " +
+                    std::to_string(f->block_size) + ") cannot hold one --paged-max-len sequence",
                 2);
+  return std::nullopt;
+}
 
-  if (!std::filesystem::exists(model_path)) return fail("model file not found: " + model_path + " (--model)", 2);
-  auto file = pd::GgufFile::open(model_path);
-  if (!file.is_ok()) return fail(file.status().to_string() + " (--model)", 2);
-  std::shared_ptr<const pd::GgufFile> gguf(std::move(file).value());
-  auto spec = pd::plan::model_from_gguf(*gguf);
-  if (!spec.is_ok()) return fail(spec.status().to_string() + " (--model)", 2);
-  Engine e;
-  e.block_size = block_size;
-  pd::BackendConfig bc;
-  bc.n_threads = threads;
-  auto be = pd::create_backend(bc);
+// Opens --model, reads its shape for the planner's formulas, loads it on the CPU backend.
+int load_engine(const TextbookFlags& f, Engine* e, pd::plan::ModelSpec* spec) {
+  pd::tools::ToolError err;
+  const auto gguf = pd::tools::open_model_file(f.model_path, /*refusal_is_usage=*/true, &err);
+  if (!gguf) return fail(err.message, err.exit_code);
+  auto s = pd::plan::model_from_gguf(*gguf);
+  if (!s.is_ok()) return fail(s.status().to_string() + " (--model)", 2);
+  *spec = *s;
+  e->block_size = f.block_size;
+  pd::tools::BackendFlags bf;
+  bf.threads = f.threads;
+  auto be = pd::create_backend(pd::tools::backend_config(bf));
   if (!be.is_ok()) return fail(be.status().to_string());
-  e.backend = std::move(be).value();
-  auto m = pd::LlamaModel::load(gguf, *e.backend);
+  e->backend = std::move(be).value();
+  auto m = pd::LlamaModel::load(gguf, *e->backend);
   if (!m.is_ok()) return fail(m.status().to_string() + " (--model)", 2);
-  e.model = std::move(m).value();
+  e->model = std::move(m).value();
+  return 0;
+}
+
+// Refuses an experiment whose longest sequence exceeds the model's context.
+int check_lengths(const TextbookFlags& f, const Engine& e) {
   const int context = e.model->config().context;
   auto too_long = [&](bool on, int tokens, const char* flags) {
     if (on && tokens > context)
@@ -702,23 +758,30 @@ int main(int argc, char** argv) {
                   2);
     return 0;
   };
-  if (int rc = too_long(run_kv, kv_prompt + kv_steps, "--kv-prompt + --kv-steps")) return rc;
-  if (int rc = too_long(run_batching_exp, batching.prompt.max + batching.output.max, "--batching-prompt/--batching-output"))
+  if (int rc = too_long(f.run_kv, f.kv_prompt + f.kv_steps, "--kv-prompt + --kv-steps")) return rc;
+  if (int rc = too_long(f.run_batching, f.batching.prompt.max + f.batching.output.max,
+                        "--batching-prompt/--batching-output"))
     return rc;
-  if (int rc = too_long(run_paged_exp, paged.prompt.max + paged.output.max, "--paged-prompt/--paged-output")) return rc;
+  return too_long(f.run_paged, f.paged.prompt.max + f.paged.output.max, "--paged-prompt/--paged-output");
+}
 
+// The command line and set-up as "#" lines; the JSON's header.
+json print_header(const TextbookFlags& f, const Engine& e, int argc, char** argv) {
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
   std::printf("# %s\n", cmd.c_str());
-  const int n_threads = threads > 0 ? threads : omp_get_num_procs();
+  const int n_threads = f.threads > 0 ? f.threads : omp_get_num_procs();
   std::printf("# backend %s, %d thread%s, KV %s, blocks of %d tokens, seed %llu\n", e.backend->name().c_str(),
-              n_threads, n_threads > 1 ? "s" : "", pd::kv_dtype_name(pd::kDefaultKvDtype), block_size,
-              static_cast<unsigned long long>(seed));
+              n_threads, n_threads > 1 ? "s" : "", pd::kv_dtype_name(pd::kDefaultKvDtype), f.block_size,
+              static_cast<unsigned long long>(f.seed));
   std::fflush(stdout);
-  json out{{"command", cmd},          {"model", model_path}, {"backend", e.backend->name()},
-           {"threads", n_threads},    {"seed", seed},        {"block_size", block_size},
-           {"kv_dtype", pd::kv_dtype_name(pd::kDefaultKvDtype)}, {"experiments", json::object()}};
-  const auto t_all = Clock::now();
+  return {{"command", cmd},          {"model", f.model_path}, {"backend", e.backend->name()},
+          {"threads", n_threads},    {"seed", f.seed},        {"block_size", f.block_size},
+          {"kv_dtype", pd::kv_dtype_name(pd::kDefaultKvDtype)}, {"experiments", json::object()}};
+}
+
+// Runs the experiments --only names, each result into out["experiments"]; false after one fails.
+bool run_experiments(const TextbookFlags& f, Engine& e, const pd::plan::ModelSpec& spec, json* out) {
   auto run = [&](bool on, const char* name, auto&& body) {
     if (!on) return true;
     json result;
@@ -726,20 +789,31 @@ int main(int argc, char** argv) {
       fail(std::string(name) + ": " + s.to_string());
       return false;
     }
-    out["experiments"][name] = std::move(result);
+    (*out)["experiments"][name] = std::move(result);
     std::fflush(stdout);
     return true;
   };
-  if (!run(run_kv, "kv-cache", [&](json* r) { return run_kv_cache(e, *spec, kv_prompt, kv_steps, seed, r); }) ||
-      !run(run_batching_exp, "batching", [&](json* r) { return run_batching(e, batching, seed + 1, r); }) ||
-      !run(run_paged_exp, "paged", [&](json* r) { return run_paged(e, paged, seed + 2, r); }))
-    return 1;
-  out["total_s"] = secs(Clock::now() - t_all);
+  return run(f.run_kv, "kv-cache",
+             [&](json* r) { return run_kv_cache(e, spec, f.kv_prompt, f.kv_steps, f.seed, r); }) &&
+         run(f.run_batching, "batching", [&](json* r) { return run_batching(e, f.batching, f.seed + 1, r); }) &&
+         run(f.run_paged, "paged", [&](json* r) { return run_paged(e, f.paged, f.seed + 2, r); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TextbookFlags flags;
+  if (auto code = parse_flags(argc, argv, &flags)) return *code;
+  Engine e;
+  pd::plan::ModelSpec spec;
+  if (int rc = load_engine(flags, &e, &spec)) return rc;
+  if (int rc = check_lengths(flags, e)) return rc;
+  json out = print_header(flags, e, argc, argv);
+  const auto t_all = Clock::now();
+  if (!run_experiments(flags, e, spec, &out)) return 1;
+  out["total_s"] = seconds(Clock::now() - t_all);
   std::printf("\ntotal %.1f s\n", out["total_s"].get<double>());
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << out.dump(2) << "\n";
-    if (!f) return fail("cannot write --json file '" + json_path + "'", 2);
-  }
+  if (!flags.json_path.empty() && !pd::tools::write_json_file(flags.json_path, out))
+    return fail("cannot write --json file '" + flags.json_path + "'", 2);
   return 0;
 }

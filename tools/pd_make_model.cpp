@@ -30,6 +30,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,13 +38,14 @@
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "util/status.h"
+#include "tool_common.h"
 
 namespace {
 
-int fail(const std::string& msg, int code = 1) {
-  std::fprintf(stderr, "pd-make-model: error: %s\n", msg.c_str());
-  return code;
-}
+using pd::tools::ToolError;
+
+int fail(const std::string& msg, int code = 1) { return pd::tools::report_error("pd-make-model", msg, code); }
+int fail(const ToolError& e) { return fail(e.message, e.exit_code); }
 
 struct Shape {
   const char* name;
@@ -261,131 +263,177 @@ constexpr uint64_t kAlignment = 32;
 constexpr size_t kPieceBytes = size_t{128} << 20;  // generated, then written while the next one is generated
 constexpr size_t kChunkBytes = size_t{1} << 20;    // one generator seed per chunk of rows
 
-}  // namespace
+// ---- flags
 
-int main(int argc, char** argv) {
-  std::string shape_s, type_s = "q4_0", embed_type_s, out, tokenizer_from;
+struct MakeFlags {
+  std::string shape_name, type = "q4_0", embed_type, out, tokenizer_from;
   int context = 0;
   uint64_t seed = 1;
+};
+
+// What the flags make: the shape, its weight types and context.
+struct ModelPlan {
+  const Shape* shape = nullptr;
+  pd::GgmlType type{}, embed_type{};
+  int context = 0;
+};
+
+// Parses the command line into *f. Returns the exit status when the tool
+// stops here (--help, a bad flag), nothing when it goes on.
+std::optional<int> parse_flags(int argc, char** argv, MakeFlags* f) {
   CLI::App app{"pd-make-model: write a random-weight Llama GGUF of a real model's shape"};
   std::vector<std::string> shape_names;
   for (const Shape& s : kShapes) shape_names.push_back(s.name);
-  app.add_option("--shape", shape_s, "model shape: llama-3.1-8b, smollm2-135m or tiny")
+  app.add_option("--shape", f->shape_name, "model shape: llama-3.1-8b, smollm2-135m or tiny")
       ->required()
       ->check(CLI::IsMember(shape_names));
-  app.add_option("--type", type_s, "weight type of every matrix: q4_0 (default), q4_1, q8_0, f16, bf16 or f32");
-  app.add_option("--embed-type", embed_type_s, "type of token_embd.weight (default: --type)");
-  app.add_option("--context", context, "context length (default: the shape's; llama-3.1-8b: 8192)")
+  app.add_option("--type", f->type, "weight type of every matrix: q4_0 (default), q4_1, q8_0, f16, bf16 or f32");
+  app.add_option("--embed-type", f->embed_type, "type of token_embd.weight (default: --type)");
+  app.add_option("--context", f->context, "context length (default: the shape's; llama-3.1-8b: 8192)")
       ->check(CLI::Range(16, 1 << 20));
-  app.add_option("--seed", seed, "weight seed");
-  app.add_option("--tokenizer-from", tokenizer_from,
+  app.add_option("--seed", f->seed, "weight seed");
+  app.add_option("--tokenizer-from", f->tokenizer_from,
                  "copy the tokenizer.* metadata of this GGUF (its vocabulary must be the shape's size)");
-  app.add_option("-o,--out", out, "output .gguf path")->required();
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("-o,--out", f->out, "output .gguf path")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return std::nullopt;
+}
 
-  const Shape* shape = nullptr;
+// The shape and types the flags name; a type whose blocks do not divide the shape's rows is refused.
+std::optional<ToolError> plan_model(const MakeFlags& f, ModelPlan* m) {
   for (const Shape& s : kShapes)
-    if (shape_s == s.name) shape = &s;
-  const auto type = parse_type(type_s, "--type");
-  if (!type.is_ok()) return fail(type.status().message(), 2);
-  const auto embed_type = parse_type(embed_type_s.empty() ? type_s : embed_type_s, "--embed-type");
-  if (!embed_type.is_ok()) return fail(embed_type.status().message(), 2);
-  if (context == 0) context = shape->context;
-
-  const int64_t hidden = shape->hidden, head_dim = shape->hidden / shape->n_heads;
-  const int64_t q_dim = shape->n_heads * head_dim, kv_dim = shape->n_kv_heads * head_dim, ffn = shape->ffn;
-  for (const auto& [t, flag] : {std::pair{*type, "--type"}, std::pair{*embed_type, "--embed-type"}}) {
+    if (f.shape_name == s.name) m->shape = &s;
+  const auto type = parse_type(f.type, "--type");
+  if (!type.is_ok()) return ToolError{type.status().message(), 2};
+  const auto embed_type = parse_type(f.embed_type.empty() ? f.type : f.embed_type, "--embed-type");
+  if (!embed_type.is_ok()) return ToolError{embed_type.status().message(), 2};
+  m->type = *type;
+  m->embed_type = *embed_type;
+  m->context = f.context == 0 ? m->shape->context : f.context;
+  const Shape& shape = *m->shape;
+  const int64_t head_dim = shape.hidden / shape.n_heads;
+  for (const auto& [t, flag] : {std::pair{m->type, "--type"}, std::pair{m->embed_type, "--embed-type"}}) {
     const int64_t block = pd::ggml_traits(t).block_elems;
-    for (int64_t k : {hidden, q_dim, ffn})
+    for (int64_t k : {int64_t{shape.hidden}, shape.n_heads * head_dim, int64_t{shape.ffn}})
       if (k % block != 0)
-        return fail(std::string(flag) + ": " + pd::ggml_type_name(t) + " needs rows that are multiples of " +
-                        std::to_string(block) + "; shape " + shape->name + " has a row of " + std::to_string(k),
-                    2);
+        return ToolError{std::string(flag) + ": " + pd::ggml_type_name(t) + " needs rows that are multiples of " +
+                             std::to_string(block) + "; shape " + shape.name + " has a row of " + std::to_string(k),
+                         2};
   }
+  return std::nullopt;
+}
 
-  // Tokenizer metadata.
-  std::unique_ptr<pd::GgufFile> tok;
-  if (!tokenizer_from.empty()) {
-    auto f = pd::GgufFile::open(tokenizer_from);
-    if (!f.is_ok()) return fail(f.status().to_string() + " (--tokenizer-from)", 2);
-    tok = std::move(f).value();
-    const pd::GgufValue* tokens = tok->find("tokenizer.ggml.tokens");
-    const pd::GgufArray* arr = tokens ? tokens->as_array() : nullptr;
-    if (!arr) return fail("--tokenizer-from: " + tokenizer_from + " has no tokenizer.ggml.tokens", 2);
-    if (static_cast<int64_t>(arr->items.size()) != shape->vocab)
-      return fail("--tokenizer-from: " + tokenizer_from + " has a vocabulary of " + std::to_string(arr->items.size()) +
-                      " tokens; shape " + shape->name + " needs " + std::to_string(shape->vocab),
-                  2);
-  } else {
-    auto f = tiny_tokenizer(shape->vocab);
-    if (!f.is_ok()) return fail(f.status().to_string());
-    tok = std::move(f).value();
+// The tokenizer metadata: of --tokenizer-from (its vocabulary the shape's
+// size), else the tiny test models'. Null with *err set on failure.
+std::unique_ptr<pd::GgufFile> load_tokenizer(const MakeFlags& f, const Shape& shape, ToolError* err) {
+  if (f.tokenizer_from.empty()) {
+    auto tok = tiny_tokenizer(shape.vocab);
+    if (!tok.is_ok()) *err = {tok.status().to_string()};
+    return tok.is_ok() ? std::move(tok).value() : nullptr;
   }
+  auto tok = pd::GgufFile::open(f.tokenizer_from);
+  if (!tok.is_ok()) {
+    *err = {tok.status().to_string() + " (--tokenizer-from)", 2};
+    return nullptr;
+  }
+  const pd::GgufValue* tokens = (*tok)->find("tokenizer.ggml.tokens");
+  const pd::GgufArray* arr = tokens ? tokens->as_array() : nullptr;
+  if (!arr) {
+    *err = {"--tokenizer-from: " + f.tokenizer_from + " has no tokenizer.ggml.tokens", 2};
+    return nullptr;
+  }
+  if (static_cast<int64_t>(arr->items.size()) != shape.vocab) {
+    *err = {"--tokenizer-from: " + f.tokenizer_from + " has a vocabulary of " + std::to_string(arr->items.size()) +
+                " tokens; shape " + shape.name + " needs " + std::to_string(shape.vocab),
+            2};
+    return nullptr;
+  }
+  return std::move(tok).value();
+}
 
-  // Metadata through the project's writer. Alignment 1 with general.alignment
-  // set to 32 by hand: to_bytes() is then exactly header + metadata, with no
-  // tensor infos and no padding; the tensor count is patched in below.
+// Header and metadata through the project's writer. Alignment 1 with
+// general.alignment set to 32 by hand: to_bytes() is then exactly header +
+// metadata, with no tensor infos and no padding; the tensor count is patched in later.
+std::vector<uint8_t> metadata_bytes(const ModelPlan& m, const pd::GgufFile& tok) {
+  const Shape& shape = *m.shape;
   pd::GgufWriter w(1);
   w.set_string("general.architecture", "llama");
-  w.set_string("general.name", std::string("random-weight ") + shape->description + " shape");
+  w.set_string("general.name", std::string("random-weight ") + shape.description + " shape");
   w.set_u32("general.alignment", static_cast<uint32_t>(kAlignment));
-  w.set_u32("general.file_type", llama_file_type(*type));
+  w.set_u32("general.file_type", llama_file_type(m.type));
   w.set_u32("general.quantization_version", 2);
-  w.set_u32("llama.block_count", static_cast<uint32_t>(shape->n_layers));
-  w.set_u32("llama.context_length", static_cast<uint32_t>(context));
-  w.set_u32("llama.embedding_length", static_cast<uint32_t>(hidden));
-  w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(ffn));
-  w.set_u32("llama.attention.head_count", static_cast<uint32_t>(shape->n_heads));
-  w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(shape->n_kv_heads));
-  w.set_f32("llama.rope.freq_base", shape->rope_base);
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", shape->rms_eps);
-  w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  w.set_u32("llama.vocab_size", static_cast<uint32_t>(shape->vocab));
-  for (const auto& [key, value] : tok->metadata())
+  w.set_u32("llama.block_count", static_cast<uint32_t>(shape.n_layers));
+  w.set_u32("llama.context_length", static_cast<uint32_t>(m.context));
+  w.set_u32("llama.embedding_length", static_cast<uint32_t>(shape.hidden));
+  w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(shape.ffn));
+  w.set_u32("llama.attention.head_count", static_cast<uint32_t>(shape.n_heads));
+  w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(shape.n_kv_heads));
+  w.set_f32("llama.rope.freq_base", shape.rope_base);
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", shape.rms_eps);
+  w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(shape.hidden / shape.n_heads));
+  w.set_u32("llama.vocab_size", static_cast<uint32_t>(shape.vocab));
+  for (const auto& [key, value] : tok.metadata())
     if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
+  return w.to_bytes();
+}
 
-  // Tensors, in the order llama.cpp writes them.
+// The tensors, in the order llama.cpp writes them.
+std::vector<TensorPlan> plan_tensors(const ModelPlan& m) {
+  const Shape& shape = *m.shape;
+  const int64_t hidden = shape.hidden, head_dim = shape.hidden / shape.n_heads;
+  const int64_t q_dim = shape.n_heads * head_dim, kv_dim = shape.n_kv_heads * head_dim, ffn = shape.ffn;
+  const pd::GgmlType type = m.type;
   std::vector<TensorPlan> plan;
   const auto inv_sqrt3 = [](double fan_in) { return std::sqrt(3.0 / fan_in); };  // uniform of stddev 1/sqrt(fan_in)
   const double embed_amp = std::sqrt(3.0) * 2.0 / std::sqrt(static_cast<double>(hidden));
-  plan.push_back({"token_embd.weight", {hidden, shape->vocab}, *embed_type, embed_amp});
-  for (int l = 0; l < shape->n_layers; ++l) {
+  plan.push_back({"token_embd.weight", {hidden, shape.vocab}, m.embed_type, embed_amp});
+  for (int l = 0; l < shape.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     plan.push_back({p + "attn_norm.weight", {hidden}, pd::GgmlType::kF32, 0.1, true});
-    plan.push_back({p + "attn_q.weight", {hidden, q_dim}, *type, inv_sqrt3(hidden)});
-    plan.push_back({p + "attn_k.weight", {hidden, kv_dim}, *type, inv_sqrt3(hidden)});
-    plan.push_back({p + "attn_v.weight", {hidden, kv_dim}, *type, inv_sqrt3(hidden)});
-    plan.push_back({p + "attn_output.weight", {q_dim, hidden}, *type, inv_sqrt3(q_dim)});
+    plan.push_back({p + "attn_q.weight", {hidden, q_dim}, type, inv_sqrt3(hidden)});
+    plan.push_back({p + "attn_k.weight", {hidden, kv_dim}, type, inv_sqrt3(hidden)});
+    plan.push_back({p + "attn_v.weight", {hidden, kv_dim}, type, inv_sqrt3(hidden)});
+    plan.push_back({p + "attn_output.weight", {q_dim, hidden}, type, inv_sqrt3(q_dim)});
     plan.push_back({p + "ffn_norm.weight", {hidden}, pd::GgmlType::kF32, 0.1, true});
-    plan.push_back({p + "ffn_gate.weight", {hidden, ffn}, *type, inv_sqrt3(hidden)});
-    plan.push_back({p + "ffn_up.weight", {hidden, ffn}, *type, inv_sqrt3(hidden)});
-    plan.push_back({p + "ffn_down.weight", {ffn, hidden}, *type, inv_sqrt3(ffn)});
+    plan.push_back({p + "ffn_gate.weight", {hidden, ffn}, type, inv_sqrt3(hidden)});
+    plan.push_back({p + "ffn_up.weight", {hidden, ffn}, type, inv_sqrt3(hidden)});
+    plan.push_back({p + "ffn_down.weight", {ffn, hidden}, type, inv_sqrt3(ffn)});
   }
   plan.push_back({"output_norm.weight", {hidden}, pd::GgmlType::kF32, 0.1, true});
-  if (!shape->tied_embeddings) plan.push_back({"output.weight", {hidden, shape->vocab}, *type, embed_amp});
+  if (!shape.tied_embeddings) plan.push_back({"output.weight", {hidden, shape.vocab}, type, embed_amp});
+  return plan;
+}
 
-  std::vector<uint8_t> head = w.to_bytes();
+// Appends the tensor infos to the metadata in *head (patching its tensor
+// count) and pads it to the alignment. *data_bytes: the tensor data's size;
+// *params: the parameter count.
+void append_tensor_infos(const std::vector<TensorPlan>& plan, std::vector<uint8_t>* head, uint64_t* data_bytes,
+                         uint64_t* params) {
   const uint64_t n_tensors = plan.size();
-  std::memcpy(head.data() + 8, &n_tensors, 8);  // magic, version, then the tensor count
-  uint64_t offset = 0, params = 0;
+  std::memcpy(head->data() + 8, &n_tensors, 8);  // magic, version, then the tensor count
+  uint64_t offset = 0;
+  *params = 0;
   for (const TensorPlan& t : plan) {
-    put<uint64_t>(head, t.name.size());
-    head.insert(head.end(), t.name.begin(), t.name.end());
-    put<uint32_t>(head, static_cast<uint32_t>(t.ne.size()));
-    for (int64_t d : t.ne) put<uint64_t>(head, static_cast<uint64_t>(d));
-    put<uint32_t>(head, static_cast<uint32_t>(t.type));
-    put<uint64_t>(head, offset);
+    put<uint64_t>(*head, t.name.size());
+    head->insert(head->end(), t.name.begin(), t.name.end());
+    put<uint32_t>(*head, static_cast<uint32_t>(t.ne.size()));
+    for (int64_t d : t.ne) put<uint64_t>(*head, static_cast<uint64_t>(d));
+    put<uint32_t>(*head, static_cast<uint32_t>(t.type));
+    put<uint64_t>(*head, offset);
     offset += (t.bytes() + kAlignment - 1) / kAlignment * kAlignment;
-    params += static_cast<uint64_t>(t.rows() * t.ne[0]);
+    *params += static_cast<uint64_t>(t.rows() * t.ne[0]);
   }
-  head.resize((head.size() + kAlignment - 1) / kAlignment * kAlignment, 0);
+  *data_bytes = offset;
+  head->resize((head->size() + kAlignment - 1) / kAlignment * kAlignment, 0);
+}
 
-  const auto t0 = std::chrono::steady_clock::now();
-  FileOut f;
-  if (auto st = f.open(out); !st.is_ok()) return fail(st.message(), 2);
-  if (auto st = f.write(head.data(), head.size()); !st.is_ok()) return fail(st.message());
-
-  // Two pieces: one is generated while the other is written.
+// Generates every tensor's data and writes it to f, in pieces: one is
+// generated (rows in parallel, one seed per chunk) while the other is written.
+pd::Status write_tensor_data(FileOut& f, const std::vector<TensorPlan>& plan, uint64_t seed) {
   std::vector<uint8_t> piece[2];
   std::future<pd::Status> pending;
   int cur = 0;
@@ -415,18 +463,41 @@ int main(int argc, char** argv) {
         const int64_t a = c * rows_per_chunk, b = std::min(rows, a + rows_per_chunk);
         filler.fill_chunk(c, b - a, buf.data() + static_cast<size_t>(a - r0) * rb);
       }
-      if (auto st = flush(buf); !st.is_ok()) return fail(st.message());
+      PD_RETURN_IF_ERROR(flush(buf));
       cur ^= 1;
     }
   }
-  if (pending.valid())
-    if (auto st = pending.get(); !st.is_ok()) return fail(st.message());
+  if (pending.valid()) PD_RETURN_IF_ERROR(pending.get());
+  return pd::Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MakeFlags flags;
+  if (auto code = parse_flags(argc, argv, &flags)) return *code;
+  ModelPlan m;
+  if (auto err = plan_model(flags, &m)) return fail(*err);
+  ToolError err;
+  const auto tok = load_tokenizer(flags, *m.shape, &err);
+  if (!tok) return fail(err);
+
+  const std::vector<TensorPlan> plan = plan_tensors(m);
+  std::vector<uint8_t> head = metadata_bytes(m, *tok);
+  uint64_t data_bytes = 0, params = 0;
+  append_tensor_infos(plan, &head, &data_bytes, &params);
+
+  const auto t0 = pd::tools::Clock::now();
+  FileOut f;
+  if (auto st = f.open(flags.out); !st.is_ok()) return fail(st.message(), 2);
+  if (auto st = f.write(head.data(), head.size()); !st.is_ok()) return fail(st.message());
+  if (auto st = write_tensor_data(f, plan, flags.seed); !st.is_ok()) return fail(st.message());
   if (auto st = f.close(); !st.is_ok()) return fail(st.message());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double gb = static_cast<double>(head.size() + offset) / 1e9;
+  const double secs = pd::tools::seconds(pd::tools::Clock::now() - t0);
+  const double gb = static_cast<double>(head.size() + data_bytes) / 1e9;
   std::printf("pd-make-model: wrote %s: %s shape, %.3f M parameters, %s weights (%s embeddings), context %d, "
               "%.3f GB in %.1f s (%d threads)\n",
-              out.c_str(), shape->name, static_cast<double>(params) / 1e6, pd::ggml_type_name(*type),
-              pd::ggml_type_name(*embed_type), context, gb, secs, omp_get_max_threads());
+              flags.out.c_str(), m.shape->name, static_cast<double>(params) / 1e6, pd::ggml_type_name(m.type),
+              pd::ggml_type_name(m.embed_type), m.context, gb, secs, omp_get_max_threads());
   return 0;
 }

@@ -66,6 +66,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -77,15 +78,15 @@
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "tokenizer/tokenizer.h"
+#include "tool_common.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using pd::tools::Clock;
+using pd::tools::ToolError;
 
-int fail(const std::string& msg, int code = 1) {
-  std::fprintf(stderr, "pd-perplexity: error: %s\n", msg.c_str());
-  return code;
-}
+int fail(const std::string& msg, int code = 1) { return pd::tools::report_error("pd-perplexity", msg, code); }
+int fail(const ToolError& e) { return fail(e.message, e.exit_code); }
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -244,7 +245,7 @@ pd::Status eval_chunk(Engine& e, std::span<const pd::TokenId> chunk, int first, 
   pd::SequenceBatch tail{chunk.subspan(first, n - 1 - first), first, table, true};
   tail.all_logits = true;
   PD_RETURN_IF_ERROR(e.model->forward(std::span<const pd::SequenceBatch>(&tail, 1), *e.cache, logits));
-  e.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  e.seconds += pd::tools::seconds(Clock::now() - t0);
   return pd::Status::ok();
 }
 
@@ -437,284 +438,362 @@ void accumulate_base_self(int n_vocab, const uint16_t* base_row, int tok, Stats*
   ++s->count;
 }
 
-}  // namespace
+// ---- flags ---------------------------------------------------------------------
 
-int main(int argc, char** argv) {
+struct PerplexityFlags {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", text_path, save_base, base_path, json_path;
   std::string act_list = "int8", isa_list = "", kv_list = "f32", ref_isa;
   std::vector<std::string> path_specs;
   int n_ctx = 512, max_chunks = -1, threads = 0;
+  bool ctx_given = false;  // --ctx on the command line (it must then match a --base file's)
+};
 
+// Parses the command line into *f. Returns the exit status when the tool
+// stops here (--help, a bad flag), nothing when it goes on.
+std::optional<int> parse_flags(int argc, char** argv, PerplexityFlags* f) {
   CLI::App app{"pd-perplexity: perplexity and KL divergence of the CPU paths against the fp32 reference"};
-  app.add_option("-m,--model", model_path, "GGUF model file");
-  app.add_option("-f,--file", text_path, "text file to score");
-  auto* ctx_opt = app.add_option("-c,--ctx", n_ctx, "tokens per chunk (the second half is scored)")
+  app.add_option("-m,--model", f->model_path, "GGUF model file");
+  app.add_option("-f,--file", f->text_path, "text file to score");
+  auto* ctx_opt = app.add_option("-c,--ctx", f->n_ctx, "tokens per chunk (the second half is scored)")
                       ->check(CLI::Range(4, 1 << 20));
-  app.add_option("--chunks", max_chunks, "score at most this many chunks (-1 = all)");
-  app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--act", act_list, "activation paths, comma-separated: int8, fp32");
-  app.add_option("--isa", isa_list,
+  app.add_option("--chunks", f->max_chunks, "score at most this many chunks (-1 = all)");
+  app.add_option("-t,--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--act", f->act_list, "activation paths, comma-separated: int8, fp32");
+  app.add_option("--isa", f->isa_list,
                  "kernel ISAs, comma-separated: scalar, avx2, avx512vnni, or all (every one this CPU runs); "
                  "default: the widest");
-  app.add_option("--kv-dtype", kv_list, "KV cache types, comma-separated: f32, f16, q8_0");
-  app.add_option("--path", path_specs, "one path (see the header of tools/pd_perplexity.cpp); replaces --act/--isa/--kv-dtype");
-  app.add_option("--ref-isa", ref_isa, "ISA of the fp32 reference (default: the widest)");
-  auto* save_opt = app.add_option("--save-base", save_base, "write the reference's log-probs (llama.cpp format)");
-  auto* base_opt = app.add_option("--base", base_path, "read the reference's log-probs (llama.cpp format)");
+  app.add_option("--kv-dtype", f->kv_list, "KV cache types, comma-separated: f32, f16, q8_0");
+  app.add_option("--path", f->path_specs,
+                 "one path (see the header of tools/pd_perplexity.cpp); replaces --act/--isa/--kv-dtype");
+  app.add_option("--ref-isa", f->ref_isa, "ISA of the fp32 reference (default: the widest)");
+  auto* save_opt = app.add_option("--save-base", f->save_base, "write the reference's log-probs (llama.cpp format)");
+  auto* base_opt = app.add_option("--base", f->base_path, "read the reference's log-probs (llama.cpp format)");
   save_opt->excludes(base_opt);
-  app.add_option("--json", json_path, "write the results as JSON");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return fail(e.what(), 2);
-  }
+  app.add_option("--json", f->json_path, "write the results as JSON");
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-perplexity")) return code;
+  f->ctx_given = ctx_opt->count() > 0;
+  return std::nullopt;
+}
 
-  // ---- paths
-  std::vector<PathSpec> specs;
-  if (!path_specs.empty()) {
-    for (const std::string& s : path_specs) {
+// The paths to compare: each --path, else the cross product --act x --isa x --kv-dtype.
+std::optional<ToolError> paths_of(const PerplexityFlags& f, std::vector<PathSpec>* specs) {
+  if (!f.path_specs.empty()) {
+    for (const std::string& s : f.path_specs) {
       PathSpec p;
-      if (auto err = parse_path(s, &p)) return fail(*err, 2);
-      specs.push_back(p);
+      if (auto err = parse_path(s, &p)) return ToolError{*err, 2};
+      specs->push_back(p);
     }
+    return std::nullopt;
+  }
+  std::vector<std::string> isas;
+  if (f.isa_list == "all") {
+    for (const char* n : kIsaNames)
+      if (isa_runs_here(n)) isas.push_back(n);
+  } else if (f.isa_list.empty()) {
+    isas.push_back("");
   } else {
-    std::vector<std::string> isas;
-    if (isa_list == "all") {
-      for (const char* n : kIsaNames)
-        if (isa_runs_here(n)) isas.push_back(n);
-    } else if (isa_list.empty()) {
-      isas.push_back("");
-    } else {
-      isas = split(isa_list, ',');
-    }
-    for (const std::string& a : split(act_list, ',')) {
-      if (a != "int8" && a != "fp32") return fail("--act: unknown activation path '" + a + "' (int8, fp32)", 2);
-      for (const std::string& isa : isas) {
-        if (!isa.empty() && isa != "scalar" && isa != "avx2" && isa != "avx512vnni")
-          return fail("--isa: unknown ISA '" + isa + "' (scalar, avx2, avx512vnni, all)", 2);
-        for (const std::string& k : split(kv_list, ',')) {
-          auto kv = pd::parse_kv_dtype(k, "--kv-dtype");
-          if (!kv.is_ok()) return fail(kv.status().message(), 2);
-          PathSpec p;
-          p.int8 = a == "int8";
-          p.isa = isa;
-          p.kv = *kv;
-          specs.push_back(p);
-        }
+    isas = split(f.isa_list, ',');
+  }
+  for (const std::string& a : split(f.act_list, ',')) {
+    if (a != "int8" && a != "fp32") return ToolError{"--act: unknown activation path '" + a + "' (int8, fp32)", 2};
+    for (const std::string& isa : isas) {
+      if (!isa.empty() && isa != "scalar" && isa != "avx2" && isa != "avx512vnni")
+        return ToolError{"--isa: unknown ISA '" + isa + "' (scalar, avx2, avx512vnni, all)", 2};
+      for (const std::string& k : split(f.kv_list, ',')) {
+        auto kv = pd::parse_kv_dtype(k, "--kv-dtype");
+        if (!kv.is_ok()) return ToolError{kv.status().message(), 2};
+        PathSpec p;
+        p.int8 = a == "int8";
+        p.isa = isa;
+        p.kv = *kv;
+        specs->push_back(p);
       }
     }
   }
+  return std::nullopt;
+}
+
+std::optional<ToolError> check_ref_isa(const std::string& ref_isa) {
   if (!ref_isa.empty() && ref_isa != "scalar" && ref_isa != "avx2" && ref_isa != "avx512vnni")
-    return fail("--ref-isa: unknown ISA '" + ref_isa + "' (scalar, avx2, avx512vnni)", 2);
-  if (!ref_isa.empty() && !isa_runs_here(ref_isa)) return fail("--ref-isa: this CPU cannot run " + ref_isa, 2);
+    return ToolError{"--ref-isa: unknown ISA '" + ref_isa + "' (scalar, avx2, avx512vnni)", 2};
+  if (!ref_isa.empty() && !isa_runs_here(ref_isa)) return ToolError{"--ref-isa: this CPU cannot run " + ref_isa, 2};
+  return std::nullopt;
+}
 
-  // ---- model, tokens
-  if (!std::filesystem::exists(model_path)) return fail("model file not found: " + model_path + " (--model)", 2);
-  if (text_path.empty() && base_path.empty()) return fail("one of --file or --base is required", 2);
-  auto file = pd::GgufFile::open(model_path);
-  if (!file.is_ok()) return fail(file.status().to_string());
-  std::shared_ptr<const pd::GgufFile> gguf(std::move(file).value());
-  auto tok = pd::Tokenizer::from_gguf(*gguf);
-  if (!tok.is_ok()) return fail(tok.status().to_string());
+// ---- the tokens and their chunks ---------------------------------------------
 
+// What is scored: the tokens (of --file, or of the --base file), cut into chunks.
+struct Corpus {
   std::vector<pd::TokenId> tokens;
-  if (!text_path.empty()) {
-    std::ifstream in(text_path, std::ios::binary);
-    if (!in) return fail("cannot read --file '" + text_path + "'", 2);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp's -f does
-    tokens = (*tok)->encode(text, /*parse_special=*/false);
-    if ((*tok)->add_bos() && (*tok)->bos_id() >= 0) tokens.insert(tokens.begin(), (*tok)->bos_id());
-  }
   BaseFile base;
-  const bool use_base = !base_path.empty();
-  if (use_base) {
-    if (auto err = open_base(base_path, &base)) return fail(*err, 2);
-    if (ctx_opt->count() && static_cast<uint32_t>(n_ctx) != base.n_ctx)
-      return fail("--ctx " + std::to_string(n_ctx) + " differs from --base file's n_ctx " + std::to_string(base.n_ctx), 2);
-    n_ctx = static_cast<int>(base.n_ctx);
-    if (!tokens.empty()) {
-      const size_t n = std::min(tokens.size(), base.tokens.size());
-      if (tokens.size() < base.tokens.size())
-        return fail("--file '" + text_path + "' has " + std::to_string(tokens.size()) + " tokens, fewer than the " +
-                        std::to_string(base.tokens.size()) + " of --base '" + base_path + "'",
-                    2);
-      for (size_t i = 0; i < n; ++i) {
-        if (tokens[i] != base.tokens[i])
-          return fail("--file '" + text_path + "' tokenizes differently from --base '" + base_path +
-                          "' at token " + std::to_string(i) + " (" + std::to_string(tokens[i]) + " vs " +
-                          std::to_string(base.tokens[i]) + ")",
-                      2);
-      }
-    }
-    tokens = base.tokens;
-  }
-  const int n_chunk_max = static_cast<int>(tokens.size() / n_ctx);
-  if (!use_base && static_cast<int64_t>(tokens.size()) < 2 * static_cast<int64_t>(n_ctx))
-    return fail("--file '" + text_path + "' has " + std::to_string(tokens.size()) + " tokens; --ctx " +
-                    std::to_string(n_ctx) + " needs at least " + std::to_string(2 * n_ctx) + " (as llama-perplexity)",
-                2);
-  const int n_chunk = max_chunks < 0 ? n_chunk_max : std::min(max_chunks, n_chunk_max);
-  if (n_chunk <= 0) return fail("--chunks must be positive", 2);
-  const int first = n_ctx / 2;
-  const int n_scored = n_ctx - 1 - first;
+  bool use_base = false;
+  int n_ctx = 0, n_chunk = 0;
+  int first = 0, n_scored = 0;  // a chunk's scored rows: positions first .. n_ctx - 2
+  int n_vocab = 0;
+  pd::TokenId bos = -1;  // in each chunk's first slot, where the model uses one
+};
 
-  // ---- engines
-  Engine ref;
-  ref.spec.int8 = false;
-  ref.spec.isa = ref_isa;
-  ref.spec.sgemm = true;
-  if (!use_base) {
-    if (auto st = load_engine(gguf, threads, n_ctx, &ref); !st.is_ok()) return fail("reference: " + st.to_string());
+// --file's tokens as llama.cpp makes them: one trailing newline dropped, BOS first.
+std::optional<ToolError> read_text(const PerplexityFlags& f, const pd::Tokenizer& tok, Corpus* c) {
+  std::ifstream in(f.text_path, std::ios::binary);
+  if (!in) return ToolError{"cannot read --file '" + f.text_path + "'", 2};
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp's -f does
+  c->tokens = tok.encode(text, /*parse_special=*/false);
+  if (tok.add_bos() && tok.bos_id() >= 0) c->tokens.insert(c->tokens.begin(), tok.bos_id());
+  return std::nullopt;
+}
+
+// Opens --base: its n_ctx and tokens replace --ctx and --file's (which must agree with them).
+std::optional<ToolError> read_base(const PerplexityFlags& f, Corpus* c) {
+  if (auto err = open_base(f.base_path, &c->base)) return ToolError{*err, 2};
+  const BaseFile& base = c->base;
+  if (f.ctx_given && static_cast<uint32_t>(c->n_ctx) != base.n_ctx)
+    return ToolError{
+        "--ctx " + std::to_string(c->n_ctx) + " differs from --base file's n_ctx " + std::to_string(base.n_ctx), 2};
+  c->n_ctx = static_cast<int>(base.n_ctx);
+  const std::vector<pd::TokenId>& tokens = c->tokens;
+  if (!tokens.empty()) {
+    const size_t n = std::min(tokens.size(), base.tokens.size());
+    if (tokens.size() < base.tokens.size())
+      return ToolError{"--file '" + f.text_path + "' has " + std::to_string(tokens.size()) +
+                           " tokens, fewer than the " + std::to_string(base.tokens.size()) + " of --base '" +
+                           f.base_path + "'",
+                       2};
+    for (size_t i = 0; i < n; ++i) {
+      if (tokens[i] != base.tokens[i])
+        return ToolError{"--file '" + f.text_path + "' tokenizes differently from --base '" + f.base_path +
+                             "' at token " + std::to_string(i) + " (" + std::to_string(tokens[i]) + " vs " +
+                             std::to_string(base.tokens[i]) + ")",
+                         2};
+    }
   }
-  std::vector<Engine> engines(specs.size());
+  c->tokens = base.tokens;
+  return std::nullopt;
+}
+
+// The tokens, cut into chunks of --ctx (at most --chunks of them).
+std::optional<ToolError> read_corpus(const PerplexityFlags& f, const pd::Tokenizer& tok, Corpus* c) {
+  c->n_ctx = f.n_ctx;
+  c->use_base = !f.base_path.empty();
+  if (!f.text_path.empty())
+    if (auto err = read_text(f, tok, c)) return err;
+  if (c->use_base)
+    if (auto err = read_base(f, c)) return err;
+  const int n_ctx = c->n_ctx;
+  const int n_chunk_max = static_cast<int>(c->tokens.size() / n_ctx);
+  if (!c->use_base && static_cast<int64_t>(c->tokens.size()) < 2 * static_cast<int64_t>(n_ctx))
+    return ToolError{"--file '" + f.text_path + "' has " + std::to_string(c->tokens.size()) + " tokens; --ctx " +
+                         std::to_string(n_ctx) + " needs at least " + std::to_string(2 * n_ctx) +
+                         " (as llama-perplexity)",
+                     2};
+  c->n_chunk = f.max_chunks < 0 ? n_chunk_max : std::min(f.max_chunks, n_chunk_max);
+  if (c->n_chunk <= 0) return ToolError{"--chunks must be positive", 2};
+  c->first = n_ctx / 2;
+  c->n_scored = n_ctx - 1 - c->first;
+  c->n_vocab = c->use_base ? c->base.n_vocab : tok.vocab_size();
+  c->bos = tok.add_bos() && tok.bos_id() >= 0 ? tok.bos_id() : -1;
+  return std::nullopt;
+}
+
+// ---- engines ---------------------------------------------------------------------
+
+// The reference (not loaded with --base) and one engine per path; a path
+// that cannot load is marked skipped. Checks the vocabularies agree.
+std::optional<ToolError> load_engines(const PerplexityFlags& f, const std::shared_ptr<const pd::GgufFile>& gguf,
+                                      const Corpus& c, const std::vector<PathSpec>& specs, Engine* ref,
+                                      std::vector<Engine>* engines) {
+  ref->spec.int8 = false;
+  ref->spec.isa = f.ref_isa;
+  ref->spec.sgemm = true;
+  if (!c.use_base) {
+    if (auto st = load_engine(gguf, f.threads, c.n_ctx, ref); !st.is_ok())
+      return ToolError{"reference: " + st.to_string()};
+  }
+  *engines = std::vector<Engine>(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    Engine& e = engines[i];
+    Engine& e = (*engines)[i];
     e.spec = specs[i];
     if (!e.spec.isa.empty() && !isa_runs_here(e.spec.isa)) {
       e.skipped = "this CPU cannot run " + e.spec.isa;
       continue;
     }
-    if (auto st = load_engine(gguf, threads, n_ctx, &e); !st.is_ok()) e.skipped = st.to_string();
+    if (auto st = load_engine(gguf, f.threads, c.n_ctx, &e); !st.is_ok()) e.skipped = st.to_string();
   }
-  const int n_vocab = use_base ? base.n_vocab : (*tok)->vocab_size();
-  if (!use_base) {
-    if (ref.model->config().vocab != n_vocab)
-      return fail("the model's vocabulary (" + std::to_string(ref.model->config().vocab) +
-                  ") differs from its tokenizer's (" + std::to_string(n_vocab) + ")");
-  } else {
-    for (Engine& e : engines)
-      if (e.model && e.model->config().vocab != n_vocab)
-        return fail("--base file '" + base_path + "' has a vocabulary of " + std::to_string(n_vocab) +
-                        ", the model " + std::to_string(e.model->config().vocab),
-                    2);
+  if (!c.use_base) {
+    if (ref->model->config().vocab != c.n_vocab)
+      return ToolError{"the model's vocabulary (" + std::to_string(ref->model->config().vocab) +
+                       ") differs from its tokenizer's (" + std::to_string(c.n_vocab) + ")"};
+    return std::nullopt;
   }
+  for (Engine& e : *engines)
+    if (e.model && e.model->config().vocab != c.n_vocab)
+      return ToolError{"--base file '" + f.base_path + "' has a vocabulary of " + std::to_string(c.n_vocab) +
+                           ", the model " + std::to_string(e.model->config().vocab),
+                       2};
+  return std::nullopt;
+}
 
-  std::ofstream save;
-  const bool saving = !save_base.empty();
-  if (saving) {
-    save.open(save_base, std::ios::binary);
-    if (!save) return fail("cannot write --save-base file '" + save_base + "'", 2);
-    const uint32_t ctx32 = static_cast<uint32_t>(n_ctx);
-    const int32_t nv = n_vocab, nc = n_chunk;
-    save.write(kBaseMagic, 8);
-    save.write(reinterpret_cast<const char*>(&ctx32), 4);
-    save.write(reinterpret_cast<const char*>(&nv), 4);
-    save.write(reinterpret_cast<const char*>(&nc), 4);
-    save.write(reinterpret_cast<const char*>(tokens.data()), static_cast<size_t>(n_ctx) * n_chunk * sizeof(pd::TokenId));
-  }
+// Opens --save-base and writes its header and token list.
+std::optional<ToolError> start_save_base(const PerplexityFlags& f, const Corpus& c, std::ofstream* save) {
+  save->open(f.save_base, std::ios::binary);
+  if (!*save) return ToolError{"cannot write --save-base file '" + f.save_base + "'", 2};
+  const uint32_t ctx32 = static_cast<uint32_t>(c.n_ctx);
+  const int32_t nv = c.n_vocab, nc = c.n_chunk;
+  save->write(kBaseMagic, 8);
+  save->write(reinterpret_cast<const char*>(&ctx32), 4);
+  save->write(reinterpret_cast<const char*>(&nv), 4);
+  save->write(reinterpret_cast<const char*>(&nc), 4);
+  save->write(reinterpret_cast<const char*>(c.tokens.data()),
+              static_cast<size_t>(c.n_ctx) * c.n_chunk * sizeof(pd::TokenId));
+  return std::nullopt;
+}
 
-  std::fprintf(stderr, "pd-perplexity: %s, %zu tokens, %d chunks of %d (%d scored each), reference: %s\n",
-               text_path.empty() ? base_path.c_str() : text_path.c_str(), tokens.size(), n_chunk, n_ctx, n_scored,
-               use_base ? ("--base " + base_path).c_str() : ref.backend->name().c_str());
+// ---- chunks ------------------------------------------------------------------------
 
-  // ---- chunks
-  const int halves = base_row_halves(n_vocab);
+// The statistics of the reference and of each path, and the rows of one chunk.
+struct Scoring {
   Stats ref_stats;
-  std::vector<Stats> stats(engines.size());
-  std::vector<double> ref_lp(static_cast<size_t>(n_scored) * (use_base ? 0 : n_vocab)), scratch;
-  std::vector<int> ref_top(n_scored);
-  std::vector<uint16_t> base_rows(static_cast<size_t>(n_scored) * halves);
-  std::vector<float> logits;
-  const bool bos_first = (*tok)->add_bos() && (*tok)->bos_id() >= 0;
-  const auto t_start = Clock::now();
-  for (int c = 0; c < n_chunk; ++c) {
-    std::vector<pd::TokenId> chunk(tokens.begin() + static_cast<int64_t>(c) * n_ctx,
-                                   tokens.begin() + static_cast<int64_t>(c + 1) * n_ctx);
-    if (bos_first) chunk[0] = (*tok)->bos_id();  // as llama-perplexity does
-    const pd::TokenId* next = chunk.data() + first + 1;  // next[i] is predicted by row i
-    if (use_base) {
-      base.in.read(reinterpret_cast<char*>(base_rows.data()), base_rows.size() * sizeof(uint16_t));
-      if (!base.in) return fail("--base file '" + base_path + "': truncated at chunk " + std::to_string(c));
-      for (int i = 0; i < n_scored; ++i) accumulate_base_self(n_vocab, base_rows.data() + static_cast<size_t>(i) * halves, next[i], &ref_stats);
-    } else {
-      if (auto st = eval_chunk(ref, chunk, first, &logits); !st.is_ok()) return fail("reference: " + st.to_string());
-      for (int i = 0; i < n_scored; ++i) {
-        const float* row = logits.data() + static_cast<size_t>(i) * n_vocab;
-        double* lp = ref_lp.data() + static_cast<size_t>(i) * n_vocab;
-        ref_top[i] = log_softmax(n_vocab, row, lp);
-        const double nll = -lp[next[i]];
-        ref_stats.sum_nll += nll;
-        ref_stats.sum_nll2 += nll * nll;
-        ref_stats.kl.push_back(0.0f);
-        ++ref_stats.same_top;
-        ++ref_stats.count;
-        if (saving) encode_base_row(n_vocab, row, base_rows.data() + static_cast<size_t>(i) * halves);
-      }
-      if (saving) save.write(reinterpret_cast<const char*>(base_rows.data()), base_rows.size() * sizeof(uint16_t));
-    }
-    for (size_t p = 0; p < engines.size(); ++p) {
-      Engine& e = engines[p];
-      if (!e.skipped.empty()) continue;
-      if (auto st = eval_chunk(e, chunk, first, &logits); !st.is_ok()) {
-        e.skipped = st.to_string();
-        std::fprintf(stderr, "pd-perplexity: path %s skipped: %s\n", e.spec.label().c_str(), e.skipped.c_str());
-        continue;
-      }
-      for (int i = 0; i < n_scored; ++i) {
-        const float* row = logits.data() + static_cast<size_t>(i) * n_vocab;
-        if (use_base)
-          accumulate_base(n_vocab, base_rows.data() + static_cast<size_t>(i) * halves, row, next[i], &stats[p]);
-        else
-          accumulate_exact(n_vocab, ref_lp.data() + static_cast<size_t>(i) * n_vocab, ref_top[i], row, next[i],
-                           &stats[p], &scratch);
-      }
-    }
-    const double el = std::chrono::duration<double>(Clock::now() - t_start).count();
-    std::fprintf(stderr, "[%d/%d] ref PPL %.4f | %.1f s elapsed, ~%.0f s left\n", c + 1, n_chunk, ref_stats.ppl().first,
-                 el, el / (c + 1) * (n_chunk - c - 1));
-  }
-  if (saving) {
-    save.close();
-    if (!save) return fail("writing --save-base file '" + save_base + "' failed");
-  }
+  std::vector<Stats> stats;                // one per path
+  std::vector<double> ref_lp, scratch;     // [n_scored, n_vocab]: the reference's log-probs (not with --base)
+  std::vector<int> ref_top;                // [n_scored]: the reference's top-1 token
+  std::vector<uint16_t> base_rows;         // [n_scored, base_row_halves]: --base / --save-base rows
+  std::vector<float> logits;               // [n_scored, n_vocab]
+  std::ofstream save;                      // --save-base, when open
+};
 
-  // ---- report
-  nlohmann::json out{{"model", model_path},
-                     {"text", text_path},
-                     {"base", base_path},
-                     {"ctx", n_ctx},
-                     {"chunks", n_chunk},
-                     {"scored_tokens", ref_stats.count},
-                     {"kl_mode", use_base ? "base file (llama.cpp formula)" : "exact"},
+// Scores one chunk's reference: the --base rows, else the reference engine
+// (its rows also into --save-base, where asked).
+std::optional<ToolError> score_reference(const PerplexityFlags& f, Corpus& c, int chunk_index,
+                                         std::span<const pd::TokenId> chunk, Engine& ref, Scoring* s) {
+  const int halves = base_row_halves(c.n_vocab);
+  const pd::TokenId* next = chunk.data() + c.first + 1;  // next[i] is predicted by row i
+  if (c.use_base) {
+    c.base.in.read(reinterpret_cast<char*>(s->base_rows.data()), s->base_rows.size() * sizeof(uint16_t));
+    if (!c.base.in)
+      return ToolError{"--base file '" + f.base_path + "': truncated at chunk " + std::to_string(chunk_index)};
+    for (int i = 0; i < c.n_scored; ++i)
+      accumulate_base_self(c.n_vocab, s->base_rows.data() + static_cast<size_t>(i) * halves, next[i], &s->ref_stats);
+    return std::nullopt;
+  }
+  if (auto st = eval_chunk(ref, chunk, c.first, &s->logits); !st.is_ok())
+    return ToolError{"reference: " + st.to_string()};
+  const bool saving = s->save.is_open();
+  for (int i = 0; i < c.n_scored; ++i) {
+    const float* row = s->logits.data() + static_cast<size_t>(i) * c.n_vocab;
+    double* lp = s->ref_lp.data() + static_cast<size_t>(i) * c.n_vocab;
+    s->ref_top[i] = log_softmax(c.n_vocab, row, lp);
+    const double nll = -lp[next[i]];
+    s->ref_stats.sum_nll += nll;
+    s->ref_stats.sum_nll2 += nll * nll;
+    s->ref_stats.kl.push_back(0.0f);
+    ++s->ref_stats.same_top;
+    ++s->ref_stats.count;
+    if (saving) encode_base_row(c.n_vocab, row, s->base_rows.data() + static_cast<size_t>(i) * halves);
+  }
+  if (saving) s->save.write(reinterpret_cast<const char*>(s->base_rows.data()), s->base_rows.size() * sizeof(uint16_t));
+  return std::nullopt;
+}
+
+// Scores one chunk through each path against the reference; a path that fails is skipped from then on.
+void score_paths(const Corpus& c, std::span<const pd::TokenId> chunk, std::vector<Engine>& engines, Scoring* s) {
+  const int halves = base_row_halves(c.n_vocab);
+  const pd::TokenId* next = chunk.data() + c.first + 1;
+  for (size_t p = 0; p < engines.size(); ++p) {
+    Engine& e = engines[p];
+    if (!e.skipped.empty()) continue;
+    if (auto st = eval_chunk(e, chunk, c.first, &s->logits); !st.is_ok()) {
+      e.skipped = st.to_string();
+      std::fprintf(stderr, "pd-perplexity: path %s skipped: %s\n", e.spec.label().c_str(), e.skipped.c_str());
+      continue;
+    }
+    for (int i = 0; i < c.n_scored; ++i) {
+      const float* row = s->logits.data() + static_cast<size_t>(i) * c.n_vocab;
+      if (c.use_base)
+        accumulate_base(c.n_vocab, s->base_rows.data() + static_cast<size_t>(i) * halves, row, next[i], &s->stats[p]);
+      else
+        accumulate_exact(c.n_vocab, s->ref_lp.data() + static_cast<size_t>(i) * c.n_vocab, s->ref_top[i], row,
+                         next[i], &s->stats[p], &s->scratch);
+    }
+  }
+}
+
+// Every chunk through the reference and each path, with a progress line per chunk.
+std::optional<ToolError> score_chunks(const PerplexityFlags& f, Corpus& c, Engine& ref, std::vector<Engine>& engines,
+                                      Scoring* s) {
+  s->stats.resize(engines.size());
+  s->ref_lp.resize(static_cast<size_t>(c.n_scored) * (c.use_base ? 0 : c.n_vocab));
+  s->ref_top.resize(c.n_scored);
+  s->base_rows.resize(static_cast<size_t>(c.n_scored) * base_row_halves(c.n_vocab));
+  const auto t_start = Clock::now();
+  for (int i = 0; i < c.n_chunk; ++i) {
+    std::vector<pd::TokenId> chunk(c.tokens.begin() + static_cast<int64_t>(i) * c.n_ctx,
+                                   c.tokens.begin() + static_cast<int64_t>(i + 1) * c.n_ctx);
+    if (c.bos >= 0) chunk[0] = c.bos;  // as llama-perplexity does
+    if (auto err = score_reference(f, c, i, chunk, ref, s)) return err;
+    score_paths(c, chunk, engines, s);
+    const double el = pd::tools::seconds(Clock::now() - t_start);
+    std::fprintf(stderr, "[%d/%d] ref PPL %.4f | %.1f s elapsed, ~%.0f s left\n", i + 1, c.n_chunk,
+                 s->ref_stats.ppl().first, el, el / (i + 1) * (c.n_chunk - i - 1));
+  }
+  if (s->save.is_open()) {
+    s->save.close();
+    if (!s->save) return ToolError{"writing --save-base file '" + f.save_base + "' failed"};
+  }
+  return std::nullopt;
+}
+
+// ---- report ------------------------------------------------------------------------
+
+// One table row and one JSON entry of a path (or the reference).
+void report_row(const Corpus& c, const std::string& label, const Stats& s, double secs, const std::string& backend,
+                bool is_ref, nlohmann::json* out) {
+  const auto [ppl, ppl_u] = s.ppl();
+  const auto [kl, kl_u] = s.mean_kl();
+  const auto [top, top_u] = s.top1();
+  const double tps = secs > 0 ? static_cast<double>(c.n_chunk) * (c.n_ctx - 1) / secs : 0.0;
+  char buf[512];
+  if (is_ref) {
+    std::snprintf(buf, sizeof buf, "%-40s %8.4f ± %-7.4f %-22s %-10s %-10s %-16s %.0f", label.c_str(), ppl, ppl_u,
+                  "(reference)", "", "", "", tps);
+  } else {
+    std::snprintf(buf, sizeof buf, "%-40s %8.4f ± %-7.4f %9.6f ± %-10.6f %-10.6f %-10.6f %6.3f ± %-6.3f%% %.0f",
+                  label.c_str(), ppl, ppl_u, kl, kl_u, s.kl_percentile(0.99), s.kl_percentile(1.0), 100 * top,
+                  100 * top_u, tps);
+  }
+  std::printf("%s\n", buf);
+  (*out)["paths"].push_back({{"path", label},
+                             {"backend", backend},
+                             {"reference", is_ref},
+                             {"ppl", ppl},
+                             {"ppl_err", ppl_u},
+                             {"kl_mean", kl},
+                             {"kl_mean_err", kl_u},
+                             {"kl_p99", s.kl_percentile(0.99)},
+                             {"kl_max", s.kl_percentile(1.0)},
+                             {"top1", top},
+                             {"top1_err", top_u},
+                             {"scored", s.count},
+                             {"tok_per_s", tps}});
+}
+
+// The table on stdout and its JSON: the reference, then each path (or why it was skipped).
+nlohmann::json report(const PerplexityFlags& f, const Corpus& c, const Engine& ref,
+                      const std::vector<Engine>& engines, const Scoring& s) {
+  nlohmann::json out{{"model", f.model_path},
+                     {"text", f.text_path},
+                     {"base", f.base_path},
+                     {"ctx", c.n_ctx},
+                     {"chunks", c.n_chunk},
+                     {"scored_tokens", s.ref_stats.count},
+                     {"kl_mode", c.use_base ? "base file (llama.cpp formula)" : "exact"},
                      {"paths", nlohmann::json::array()}};
-  std::printf("\n%d chunks x %d tokens, %zu scored; KL(ref || path) in nats, %s\n", n_chunk, n_ctx, ref_stats.count,
-              use_base ? "reference from the --base file (llama.cpp's formula)" : "exact");
+  std::printf("\n%d chunks x %d tokens, %zu scored; KL(ref || path) in nats, %s\n", c.n_chunk, c.n_ctx,
+              s.ref_stats.count, c.use_base ? "reference from the --base file (llama.cpp's formula)" : "exact");
   std::printf("%-40s %-18s %-22s %-10s %-10s %-16s %s\n", "path", "PPL", "mean KL", "p99 KL", "max KL", "top-1 same",
               "tok/s");
-  auto row = [&](const std::string& label, const Stats& s, double secs, const std::string& backend, bool is_ref) {
-    const auto [ppl, ppl_u] = s.ppl();
-    const auto [kl, kl_u] = s.mean_kl();
-    const auto [top, top_u] = s.top1();
-    const double tps = secs > 0 ? static_cast<double>(n_chunk) * (n_ctx - 1) / secs : 0.0;
-    char buf[512];
-    if (is_ref) {
-      std::snprintf(buf, sizeof buf, "%-40s %8.4f ± %-7.4f %-22s %-10s %-10s %-16s %.0f", label.c_str(), ppl, ppl_u,
-                    "(reference)", "", "", "", tps);
-    } else {
-      std::snprintf(buf, sizeof buf, "%-40s %8.4f ± %-7.4f %9.6f ± %-10.6f %-10.6f %-10.6f %6.3f ± %-6.3f%% %.0f",
-                    label.c_str(), ppl, ppl_u, kl, kl_u, s.kl_percentile(0.99), s.kl_percentile(1.0), 100 * top,
-                    100 * top_u, tps);
-    }
-    std::printf("%s\n", buf);
-    out["paths"].push_back({{"path", label},
-                            {"backend", backend},
-                            {"reference", is_ref},
-                            {"ppl", ppl},
-                            {"ppl_err", ppl_u},
-                            {"kl_mean", kl},
-                            {"kl_mean_err", kl_u},
-                            {"kl_p99", s.kl_percentile(0.99)},
-                            {"kl_max", s.kl_percentile(1.0)},
-                            {"top1", top},
-                            {"top1_err", top_u},
-                            {"scored", s.count},
-                            {"tok_per_s", tps}});
-  };
-  row(use_base ? "reference (--base file)" : "reference fp32:kv=f32", ref_stats, ref.seconds,
-      use_base ? "" : ref.backend->name(), true);
+  report_row(c, c.use_base ? "reference (--base file)" : "reference fp32:kv=f32", s.ref_stats, ref.seconds,
+             c.use_base ? "" : ref.backend->name(), true, &out);
   for (size_t p = 0; p < engines.size(); ++p) {
     const Engine& e = engines[p];
     if (!e.skipped.empty()) {
@@ -722,12 +801,45 @@ int main(int argc, char** argv) {
       out["paths"].push_back({{"path", e.spec.label()}, {"skipped", e.skipped}});
       continue;
     }
-    row(e.spec.label(), stats[p], e.seconds, e.backend->name(), false);
+    report_row(c, e.spec.label(), s.stats[p], e.seconds, e.backend->name(), false, &out);
   }
-  if (!json_path.empty()) {
-    std::ofstream j(json_path);
-    if (!j) return fail("cannot write --json file '" + json_path + "'", 2);
-    j << out.dump(2) << "\n";
-  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  PerplexityFlags flags;
+  if (auto code = parse_flags(argc, argv, &flags)) return *code;
+  std::vector<PathSpec> specs;
+  if (auto err = paths_of(flags, &specs)) return fail(*err);
+  if (auto err = check_ref_isa(flags.ref_isa)) return fail(*err);
+
+  pd::tools::ToolError err;
+  if (!std::filesystem::exists(flags.model_path))  // reported before a missing --file
+    return fail(pd::tools::ToolError{"model file not found: " + flags.model_path + " (--model)", 2});
+  if (flags.text_path.empty() && flags.base_path.empty()) return fail("one of --file or --base is required", 2);
+  const auto gguf = pd::tools::open_model_file(flags.model_path, /*refusal_is_usage=*/false, &err);
+  if (!gguf) return fail(err);
+  auto tok = pd::Tokenizer::from_gguf(*gguf);
+  if (!tok.is_ok()) return fail(tok.status().to_string());
+  Corpus corpus;
+  if (auto e = read_corpus(flags, **tok, &corpus)) return fail(*e);
+
+  Engine ref;
+  std::vector<Engine> engines;
+  if (auto e = load_engines(flags, gguf, corpus, specs, &ref, &engines)) return fail(*e);
+  Scoring scoring;
+  if (!flags.save_base.empty())
+    if (auto e = start_save_base(flags, corpus, &scoring.save)) return fail(*e);
+  std::fprintf(stderr, "pd-perplexity: %s, %zu tokens, %d chunks of %d (%d scored each), reference: %s\n",
+               flags.text_path.empty() ? flags.base_path.c_str() : flags.text_path.c_str(), corpus.tokens.size(),
+               corpus.n_chunk, corpus.n_ctx, corpus.n_scored,
+               corpus.use_base ? ("--base " + flags.base_path).c_str() : ref.backend->name().c_str());
+  if (auto e = score_chunks(flags, corpus, ref, engines, &scoring)) return fail(*e);
+
+  const nlohmann::json out = report(flags, corpus, ref, engines, scoring);
+  if (!flags.json_path.empty() && !pd::tools::write_json_file(flags.json_path, out))
+    return fail("cannot write --json file '" + flags.json_path + "'", 2);
   return 0;
 }

@@ -201,59 +201,52 @@ struct KvOptions {
   std::vector<int64_t> batches = {1, 32};
 };
 
-int run_kv(const ModelOptions& mo, const HardwareOptions& ho, const KvOptions& ko, bool as_json) {
-  check_positive(ko.contexts, "--context");
-  check_positive(ko.batches, "--batch");
-  const Resolved r = resolve(mo, ho, false);
-  auto rows = kv_footprint_table(r.model, r.kv, r.weights, ko.contexts, ko.batches);
-  if (!rows.is_ok()) die("--" + rows.status().message());
-  auto pool = kv_pool_of(r, ho);
-  const int64_t per_token = kv_bytes_per_token(r.model, r.kv);
-  const int64_t per_token_mha = kv_geometry_mha(r.model, r.kv).bytes_per_token();
-  const int64_t weights = weight_bytes(r.model, r.weights);
-
-  if (as_json) {
-    json j;
-    j["model"] = model_json(r.model);
-    j["weights_precision"] = precision_name(r.weights);
-    j["kv_precision"] = precision_name(r.kv);
-    j["kv_bytes_per_token"] = per_token;
-    j["kv_bytes_per_token_mha"] = per_token_mha;
-    j["weight_bytes"] = weights;
-    j["weight_bytes_by_precision"] = json::object();
-    for (Precision p : all_precisions()) j["weight_bytes_by_precision"][precision_name(p)] = weight_bytes(r.model, p);
-    j["rows"] = json::array();
-    for (const KvFootprintRow& row : *rows) {
-      j["rows"].push_back({{"context", row.context},
-                           {"batch", row.batch},
-                           {"kv_bytes", row.kv_bytes},
-                           {"kv_bytes_mha", row.kv_bytes_mha},
-                           {"weight_bytes", row.weight_bytes},
-                           {"kv_percent_of_weights", row.kv_percent_of_weights},
-                           {"kv_share_percent", row.kv_share_percent}});
-    }
-    json pj = {{"hardware", r.hw.name}, {"devices", ho.tp}, {"memory_fraction", ho.memory_fraction},
-               {"block_size", ho.block_size}};
-    if (pool.is_ok()) {
-      pj["weight_bytes_per_device"] = pool->weight_bytes_per_device;
-      pj["kv_budget_per_device"] = pool->kv_budget_per_device;
-      pj["num_blocks"] = pool->num_blocks;
-      pj["token_capacity"] = pool->token_capacity;
-      pj["max_sequences"] = json::object();
-      for (int64_t c : ko.contexts) pj["max_sequences"][std::to_string(c)] = pool->max_sequences(c);
-    } else {
-      pj["error"] = pool.status().message();
-    }
-    j["pool"] = pj;
-    std::cout << j.dump(2) << "\n";
-    return 0;
+// The JSON of `pd-plan kv`: bytes per token, weights by precision, the footprint rows, one rank's pool.
+json kv_json(const Resolved& r, const HardwareOptions& ho, const KvOptions& ko, const std::vector<KvFootprintRow>& rows,
+             const pd::Result<KvPoolPlan>& pool) {
+  json j;
+  j["model"] = model_json(r.model);
+  j["weights_precision"] = precision_name(r.weights);
+  j["kv_precision"] = precision_name(r.kv);
+  j["kv_bytes_per_token"] = kv_bytes_per_token(r.model, r.kv);
+  j["kv_bytes_per_token_mha"] = kv_geometry_mha(r.model, r.kv).bytes_per_token();
+  j["weight_bytes"] = weight_bytes(r.model, r.weights);
+  j["weight_bytes_by_precision"] = json::object();
+  for (Precision p : all_precisions()) j["weight_bytes_by_precision"][precision_name(p)] = weight_bytes(r.model, p);
+  j["rows"] = json::array();
+  for (const KvFootprintRow& row : rows) {
+    j["rows"].push_back({{"context", row.context},
+                         {"batch", row.batch},
+                         {"kv_bytes", row.kv_bytes},
+                         {"kv_bytes_mha", row.kv_bytes_mha},
+                         {"weight_bytes", row.weight_bytes},
+                         {"kv_percent_of_weights", row.kv_percent_of_weights},
+                         {"kv_share_percent", row.kv_share_percent}});
   }
+  json pj = {{"hardware", r.hw.name}, {"devices", ho.tp}, {"memory_fraction", ho.memory_fraction},
+             {"block_size", ho.block_size}};
+  if (pool.is_ok()) {
+    pj["weight_bytes_per_device"] = pool->weight_bytes_per_device;
+    pj["kv_budget_per_device"] = pool->kv_budget_per_device;
+    pj["num_blocks"] = pool->num_blocks;
+    pj["token_capacity"] = pool->token_capacity;
+    pj["max_sequences"] = json::object();
+    for (int64_t c : ko.contexts) pj["max_sequences"][std::to_string(c)] = pool->max_sequences(c);
+  } else {
+    pj["error"] = pool.status().message();
+  }
+  j["pool"] = pj;
+  return j;
+}
 
+// The text of `pd-plan kv` up to the pool: bytes per token, weights, the footprint table.
+void print_kv_footprint(const Resolved& r, const std::vector<KvFootprintRow>& rows) {
+  const int64_t per_token = kv_bytes_per_token(r.model, r.kv);
   print_model_line(r.model, r.weights, r.kv);
   std::cout << "KV bytes per token = 2 x " << r.model.n_layers << " layers x " << r.model.n_kv_heads
             << " KV heads x " << r.model.head_dim << " head dim x " << fmt_sig(precision_bytes(r.kv))
             << " B = " << per_token << " B (" << fmt_fixed(per_token / 1024.0, 1) << " KiB); as plain MHA ("
-            << r.model.n_heads << " KV heads): " << per_token_mha << " B\n";
+            << r.model.n_heads << " KV heads): " << kv_geometry_mha(r.model, r.kv).bytes_per_token() << " B\n";
   std::cout << "weights: ";
   for (Precision p : all_precisions()) {
     if (p == Precision::kFp16 || p == Precision::kInt8) continue;  // same widths as bf16 / fp8
@@ -267,18 +260,23 @@ int run_kv(const ModelOptions& mo, const HardwareOptions& ho, const KvOptions& k
   }
   std::cout << "units: GB = 10^9 bytes, GiB = 2^30 bytes\n\n";
   TextTable t({"context", "batch", "KV cache", "as MHA", "GQA saves", "KV/weights", "KV share"});
-  for (const KvFootprintRow& row : *rows) {
+  for (const KvFootprintRow& row : rows) {
     t.add({std::to_string(row.context), std::to_string(row.batch), fmt_bytes(double(row.kv_bytes)),
            fmt_bytes(double(row.kv_bytes_mha)), fmt_bytes(double(row.kv_bytes_mha - row.kv_bytes)),
            fmt_fixed(row.kv_percent_of_weights, 1) + "%", fmt_fixed(row.kv_share_percent, 1) + "%"});
   }
   t.print(std::cout);
+}
+
+// The text of one rank's KV pool, or why the model does not fit.
+void print_kv_pool(const Resolved& r, const HardwareOptions& ho, const KvOptions& ko,
+                   const pd::Result<KvPoolPlan>& pool) {
   std::cout << "\nKV pool of one rank on " << ho.tp << " x " << r.hw.name << " (" << fmt_bytes(double(r.hw.mem_capacity))
             << " each, " << fmt_fixed(ho.memory_fraction * 100, 0) << "% usable, " << ho.block_size
             << "-token blocks):\n";
   if (!pool.is_ok()) {
     std::cout << "  does not fit: " << pool.status().message() << "\n";
-    return 0;
+    return;
   }
   std::cout << "  weights " << fmt_bytes(double(pool->weight_bytes_per_device)) << " per device, KV budget "
             << fmt_bytes(double(pool->kv_budget_per_device)) << " per device -> " << pool->num_blocks
@@ -286,6 +284,21 @@ int run_kv(const ModelOptions& mo, const HardwareOptions& ho, const KvOptions& k
   for (int64_t c : ko.contexts) {
     std::cout << "  sequences of " << c << " tokens at once: " << pool->max_sequences(c) << "\n";
   }
+}
+
+int run_kv(const ModelOptions& mo, const HardwareOptions& ho, const KvOptions& ko, bool as_json) {
+  check_positive(ko.contexts, "--context");
+  check_positive(ko.batches, "--batch");
+  const Resolved r = resolve(mo, ho, false);
+  auto rows = kv_footprint_table(r.model, r.kv, r.weights, ko.contexts, ko.batches);
+  if (!rows.is_ok()) die("--" + rows.status().message());
+  const auto pool = kv_pool_of(r, ho);
+  if (as_json) {
+    std::cout << kv_json(r, ho, ko, *rows, pool).dump(2) << "\n";
+    return 0;
+  }
+  print_kv_footprint(r, *rows);
+  print_kv_pool(r, ho, ko, pool);
   return 0;
 }
 
@@ -299,35 +312,32 @@ struct RooflineOptions {
   std::string activations = "";  // default: the weight precision
 };
 
-int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const RooflineOptions& ro, bool as_json) {
-  check_positive(ro.prompts, "--prompt");
-  check_positive(ro.batches, "--batch");
-  if (ro.context <= 0) die("--context: must be positive, got " + std::to_string(ro.context));
-  if (ro.generated <= 0) die("--generated: must be positive, got " + std::to_string(ro.generated));
-  const Resolved r = resolve(mo, ho, true);
+// One phase row of the roofline: prefill of `size` prompt tokens or a decode step of batch `size`.
+struct RooflineRow {
+  std::string phase;
+  int64_t size;
+  double exact, limit;  // linear-layer intensity: exact and its T << d/2 limit
+  PhaseCost cost;
+};
+
+// The precisions and tensor parallelism the roofline is computed at; a bad combination dies naming the flag.
+RooflineConfig roofline_config(const Resolved& r, const HardwareOptions& ho, const RooflineOptions& ro) {
   RooflineConfig rc;
   rc.weights = r.weights;
   rc.kv = r.kv;
   rc.activations = ro.activations.empty() ? r.weights : or_die(parse_precision(ro.activations, "--activations"));
   if (rc.activations == Precision::kInt4) rc.activations = Precision::kInt8;
   rc.tp = ho.tp;
-  {
-    pd::Status s = validate_roofline_config(r.model, rc);
-    if (!s.is_ok()) die("--" + s.message());
-  }
+  pd::Status s = validate_roofline_config(r.model, rc);
+  if (!s.is_ok()) die("--" + s.message());
+  return rc;
+}
+
+// A row per --prompt (prefill) and per --batch (decode at --context).
+std::vector<RooflineRow> roofline_rows(const Resolved& r, const RooflineConfig& rc, const RooflineOptions& ro) {
   const double d = r.model.hidden;
   const double sw = precision_bytes(rc.weights), sa = precision_bytes(rc.activations);
-  const double skv = precision_bytes(rc.kv);
-  const double ridge = r.hw.ridge_intensity();
-  const double attn_i = decode_attention_intensity(gqa_group(r.model), skv);
-
-  struct Row {
-    std::string phase;
-    int64_t size;
-    double exact, limit;
-    PhaseCost cost;
-  };
-  std::vector<Row> rows;
+  std::vector<RooflineRow> rows;
   for (int64_t p : ro.prompts) {
     rows.push_back({"prefill", p, linear_intensity(double(p), d, sw, sa), linear_intensity_limit(double(p), sw),
                     prefill_cost(r.model, r.hw, rc, double(p))});
@@ -336,66 +346,74 @@ int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const Roofli
     rows.push_back({"decode", b, linear_intensity(double(b), d, sw, sa), linear_intensity_limit(double(b), sw),
                     decode_step_cost(r.model, r.hw, rc, double(b), double(ro.context))});
   }
-  const GenerationCost step = generation_step_flops(r.model, double(ro.generated));
-  const GenerationCost total = generation_total_flops(r.model, double(ro.generated));
-  const double per_dev_flops = r.hw.peak_flops, per_dev_bw = r.hw.mem_bandwidth;
-  auto attainable = [&](double i) { return std::min(per_dev_flops, i * per_dev_bw); };
+  return rows;
+}
 
-  if (as_json) {
-    json j;
-    j["model"] = model_json(r.model);
-    j["hardware"] = hardware_json(r.hw);
-    j["precision"] = {{"weights", precision_name(rc.weights)},
-                      {"kv", precision_name(rc.kv)},
-                      {"activations", precision_name(rc.activations)}};
-    j["tp"] = rc.tp;
-    j["context"] = ro.context;
-    j["decode_attention_intensity"] = attn_i;
-    j["phases"] = json::array();
-    for (const Row& row : rows) {
-      j["phases"].push_back({{"phase", row.phase},
-                             {row.phase == "prefill" ? "prompt_tokens" : "batch", row.size},
-                             {"linear_intensity_exact", row.exact},
-                             {"linear_intensity_limit", row.limit},
-                             {"linear", {{"flops", row.cost.linear.flops}, {"bytes", row.cost.linear.bytes},
-                                         {"intensity", row.cost.linear.intensity()},
-                                         {"compute_bound", row.cost.linear.compute_bound()},
-                                         {"seconds", row.cost.linear.seconds()},
-                                         {"attainable_flops", attainable(row.cost.linear.intensity())}}},
-                             {"attention", {{"flops", row.cost.attention.flops}, {"bytes", row.cost.attention.bytes},
-                                            {"intensity", row.cost.attention.intensity()},
-                                            {"compute_bound", row.cost.attention.compute_bound()},
-                                            {"seconds", row.cost.attention.seconds()},
-                                            {"attainable_flops", attainable(row.cost.attention.intensity())}}},
-                             {"comm_seconds", row.cost.comm_seconds},
-                             {"seconds", row.cost.seconds()}});
-    }
-    auto gen = [](const GenerationCost& g) {
-      return json{{"per_layer", {{"cached", {{"attention", g.cached_per_layer.attention},
-                                            {"projections", g.cached_per_layer.projections}}},
-                                {"naive", {{"attention", g.naive_per_layer.attention},
-                                           {"projections", g.naive_per_layer.projections}}}}},
-                  {"model", {{"cached", {{"attention", g.cached_model.attention},
-                                        {"projections", g.cached_model.projections}}},
-                            {"naive", {{"attention", g.naive_model.attention},
-                                       {"projections", g.naive_model.projections}}}}}};
-    };
-    j["no_cache"] = {{"generated", ro.generated}, {"step_at_n", gen(step)}, {"total_over_n", gen(total)}};
-    std::cout << j.dump(2) << "\n";
-    return 0;
+// A kernel group's cost and where it sits on the roofline.
+json kernel_json(const KernelCost& k, const HardwareSpec& hw) {
+  return {{"flops", k.flops},
+          {"bytes", k.bytes},
+          {"intensity", k.intensity()},
+          {"compute_bound", k.compute_bound()},
+          {"seconds", k.seconds()},
+          {"attainable_flops", std::min(hw.peak_flops, k.intensity() * hw.mem_bandwidth)}};
+}
+
+json generation_json(const GenerationCost& g) {
+  return json{{"per_layer", {{"cached", {{"attention", g.cached_per_layer.attention},
+                                        {"projections", g.cached_per_layer.projections}}},
+                            {"naive", {{"attention", g.naive_per_layer.attention},
+                                       {"projections", g.naive_per_layer.projections}}}}},
+              {"model", {{"cached", {{"attention", g.cached_model.attention},
+                                    {"projections", g.cached_model.projections}}},
+                        {"naive", {{"attention", g.naive_model.attention},
+                                   {"projections", g.naive_model.projections}}}}}};
+}
+
+json roofline_json(const Resolved& r, const RooflineConfig& rc, const RooflineOptions& ro,
+                   const std::vector<RooflineRow>& rows) {
+  json j;
+  j["model"] = model_json(r.model);
+  j["hardware"] = hardware_json(r.hw);
+  j["precision"] = {{"weights", precision_name(rc.weights)},
+                    {"kv", precision_name(rc.kv)},
+                    {"activations", precision_name(rc.activations)}};
+  j["tp"] = rc.tp;
+  j["context"] = ro.context;
+  j["decode_attention_intensity"] = decode_attention_intensity(gqa_group(r.model), precision_bytes(rc.kv));
+  j["phases"] = json::array();
+  for (const RooflineRow& row : rows) {
+    j["phases"].push_back({{"phase", row.phase},
+                           {row.phase == "prefill" ? "prompt_tokens" : "batch", row.size},
+                           {"linear_intensity_exact", row.exact},
+                           {"linear_intensity_limit", row.limit},
+                           {"linear", kernel_json(row.cost.linear, r.hw)},
+                           {"attention", kernel_json(row.cost.attention, r.hw)},
+                           {"comm_seconds", row.cost.comm_seconds},
+                           {"seconds", row.cost.seconds()}});
   }
+  j["no_cache"] = {{"generated", ro.generated},
+                   {"step_at_n", generation_json(generation_step_flops(r.model, double(ro.generated)))},
+                   {"total_over_n", generation_json(generation_total_flops(r.model, double(ro.generated)))}};
+  return j;
+}
 
+// The phase table: intensities, which bound each kernel group hits, times.
+void print_roofline_phases(const Resolved& r, const RooflineConfig& rc, const RooflineOptions& ro,
+                           const std::vector<RooflineRow>& rows) {
+  const double skv = precision_bytes(rc.kv);
   print_model_line(r.model, r.weights, r.kv);
   print_hw_line(r.hw, rc.tp);
   std::cout << "\nArithmetic intensity (FLOP/B) of the linear layers, d = " << r.model.hidden
             << ": exact 2Td^2/((2Td)S_a + d^2 S_w) and its T << d/2 limit 2T/S;\n"
-            << "decode attention over the cache: 2G/S = " << fmt_fixed(attn_i, 2) << " (G = " << gqa_group(r.model)
-            << ", S = " << fmt_sig(skv) << "). Ridge: " << fmt_fixed(ridge, 1) << " FLOP/B.\n"
+            << "decode attention over the cache: 2G/S = "
+            << fmt_fixed(decode_attention_intensity(gqa_group(r.model), skv), 2) << " (G = " << gqa_group(r.model)
+            << ", S = " << fmt_sig(skv) << "). Ridge: " << fmt_fixed(r.hw.ridge_intensity(), 1) << " FLOP/B.\n"
             << "Times per rank: each kernel group at max(FLOPs/peak, bytes/bandwidth), summed";
   if (rc.tp > 1) std::cout << ", + tensor-parallel all-reduce";
   std::cout << ". Decode at context " << ro.context << ".\n\n";
   TextTable t({"phase", "T", "exact", "2T/S", "linear", "attn I", "attention", "time", "tokens/s"});
-  for (const Row& row : rows) {
+  for (const RooflineRow& row : rows) {
     const bool pre = row.phase == "prefill";
     const double tps = double(row.size) / row.cost.seconds();
     t.add({pre ? "prefill P" : "decode B", std::to_string(row.size), fmt_fixed(row.exact, 1), fmt_fixed(row.limit, 1),
@@ -404,8 +422,13 @@ int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const Roofli
            fmt_sig(tps)});
   }
   t.print(std::cout);
-  std::cout << "\nGenerating without a KV cache (FLOPs), n = " << ro.generated
-            << " tokens (from an empty context):\n";
+}
+
+// The FLOPs of generating --generated tokens with and without a KV cache.
+void print_no_cache_cost(const ModelSpec& m, int64_t generated) {
+  const GenerationCost step = generation_step_flops(m, double(generated));
+  const GenerationCost total = generation_total_flops(m, double(generated));
+  std::cout << "\nGenerating without a KV cache (FLOPs), n = " << generated << " tokens (from an empty context):\n";
   TextTable g({"", "attention cached", "attention naive", "projections cached", "projections naive"});
   g.add({"step n, per layer", fmt_count(step.cached_per_layer.attention), fmt_count(step.naive_per_layer.attention),
          fmt_count(step.cached_per_layer.projections), fmt_count(step.naive_per_layer.projections)});
@@ -419,6 +442,22 @@ int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const Roofli
   g.print(std::cout);
   std::cout << "(cumulative growth: attention N^3 naive vs N^2 cached; projections N^2 naive vs N cached; "
                "the model rows include the LM head)\n";
+}
+
+int run_roofline(const ModelOptions& mo, const HardwareOptions& ho, const RooflineOptions& ro, bool as_json) {
+  check_positive(ro.prompts, "--prompt");
+  check_positive(ro.batches, "--batch");
+  if (ro.context <= 0) die("--context: must be positive, got " + std::to_string(ro.context));
+  if (ro.generated <= 0) die("--generated: must be positive, got " + std::to_string(ro.generated));
+  const Resolved r = resolve(mo, ho, true);
+  const RooflineConfig rc = roofline_config(r, ho, ro);
+  const std::vector<RooflineRow> rows = roofline_rows(r, rc, ro);
+  if (as_json) {
+    std::cout << roofline_json(r, rc, ro, rows).dump(2) << "\n";
+    return 0;
+  }
+  print_roofline_phases(r, rc, ro, rows);
+  print_no_cache_cost(r.model, ro.generated);
   return 0;
 }
 
@@ -632,69 +671,52 @@ void print_sim_header(const SimSetup& s, const HardwareOptions& ho, const PoolsO
             << "; KV pool " << s.pool.num_blocks << " blocks (" << s.pool.token_capacity << " tokens) per rank\n";
 }
 
-int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
-  if (po.prefill_budget <= 0) die("--prefill-budget: must be positive");
-  if (po.max_ranks <= 0) die("--max-ranks: must be positive");
-  if ((po.prefill > 0) != (po.decode > 0)) die("--prefill and --decode: give both (or neither, to search)");
-  if (po.prefill < 0 || po.decode < 0) die("--prefill/--decode: must be positive");
-  const SimSetup s = setup_sim(mo, ho, po);
-  const Workload& w = s.w;
-  const ClusterConfig& base = s.base;
-  const Slo& slo = s.slo;
-
-  const auto t0 = std::chrono::steady_clock::now();
+// The given --prefill/--decode pools and a colocated pool of the same total
+// simulated, or (without them) the smallest pools searched for.
+PoolPlan evaluate_pools(const SimSetup& s, const PoolsOptions& po) {
   PoolPlan plan;
-  if (po.prefill > 0) {
-    ClusterConfig c = base;
-    c.prefill_ranks = po.prefill;
-    c.decode_ranks = po.decode;
-    plan.prefill_ranks = po.prefill;
-    plan.decode_ranks = po.decode;
-    plan.disaggregated = or_die(simulate(w, c, *s.cost, slo));
-    c.colocated = true;
-    c.decode_ranks = po.prefill + po.decode;
-    plan.colocated_same_total = or_die(simulate(w, c, *s.cost, slo));
-    plan.feasible = plan.disaggregated.meets_slo;
-    plan.simulations = 2;
-    if (!plan.feasible) plan.reason = "the given pools miss the SLOs";
-  } else {
+  if (po.prefill == 0) {
     PoolSearchConfig sc;
     sc.max_ranks_per_pool = po.max_ranks;
-    plan = or_die(plan_pools(w, base, *s.cost, slo, sc));
+    return or_die(plan_pools(s.w, s.base, *s.cost, s.slo, sc));
   }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const bool evaluated = po.prefill > 0 || plan.feasible;
+  ClusterConfig c = s.base;
+  c.prefill_ranks = po.prefill;
+  c.decode_ranks = po.decode;
+  plan.prefill_ranks = po.prefill;
+  plan.decode_ranks = po.decode;
+  plan.disaggregated = or_die(simulate(s.w, c, *s.cost, s.slo));
+  c.colocated = true;
+  c.decode_ranks = po.prefill + po.decode;
+  plan.colocated_same_total = or_die(simulate(s.w, c, *s.cost, s.slo));
+  plan.feasible = plan.disaggregated.meets_slo;
+  plan.simulations = 2;
+  if (!plan.feasible) plan.reason = "the given pools miss the SLOs";
+  return plan;
+}
 
-  if (as_json) {
-    json j = sim_header_json(s, ho, po);
-    j["chunk_tokens"] = po.chunk_tokens;
-    j["feasible"] = plan.feasible;
-    if (!plan.reason.empty()) j["reason"] = plan.reason;
-    j["simulations"] = plan.simulations;
-    j["wall_seconds"] = wall;
-    if (evaluated) {
-      j["prefill_ranks"] = plan.prefill_ranks;
-      j["decode_ranks"] = plan.decode_ranks;
-      j["disaggregated"] = sim_json(plan.disaggregated);
-      j["colocated_same_total"] = sim_json(plan.colocated_same_total);
-      j["colocated_min_ranks"] = plan.colocated_min_ranks;
-      if (plan.colocated_min_ranks > 0) j["colocated_min"] = sim_json(plan.colocated_min);
-    }
-    std::cout << j.dump(2) << "\n";
-    return 0;
+json pools_json(const SimSetup& s, const HardwareOptions& ho, const PoolsOptions& po, const PoolPlan& plan,
+                double wall, bool evaluated) {
+  json j = sim_header_json(s, ho, po);
+  j["chunk_tokens"] = po.chunk_tokens;
+  j["feasible"] = plan.feasible;
+  if (!plan.reason.empty()) j["reason"] = plan.reason;
+  j["simulations"] = plan.simulations;
+  j["wall_seconds"] = wall;
+  if (evaluated) {
+    j["prefill_ranks"] = plan.prefill_ranks;
+    j["decode_ranks"] = plan.decode_ranks;
+    j["disaggregated"] = sim_json(plan.disaggregated);
+    j["colocated_same_total"] = sim_json(plan.colocated_same_total);
+    j["colocated_min_ranks"] = plan.colocated_min_ranks;
+    if (plan.colocated_min_ranks > 0) j["colocated_min"] = sim_json(plan.colocated_min);
   }
+  return j;
+}
 
-  print_sim_header(s, ho, po);
-  if (po.chunk_tokens > 0) {
-    std::cout << "chunked prefill: " << po.chunk_tokens << " tokens of a longer prompt per pass; colocated steps of "
-              << po.step_tokens << " tokens\n";
-  }
-  std::cout << "\n";
-  if (!evaluated) {
-    std::cout << "no pool sizes meet the SLOs: " << plan.reason << "\n";
-    std::cout << "(" << plan.simulations << " simulations, " << fmt_fixed(wall, 2) << " s)\n";
-    return 0;
-  }
+// The pools found (or given) against the colocated pools, as a table.
+void print_pools_table(const SimSetup& s, const HardwareOptions& ho, const PoolsOptions& po, const PoolPlan& plan,
+                       double wall) {
   if (po.prefill == 0) {
     std::cout << "smallest pools meeting the SLOs: " << plan.prefill_ranks << " prefill + " << plan.decode_ranks
               << " decode ranks (" << (plan.prefill_ranks + plan.decode_ranks) * ho.tp << " devices)\n\n";
@@ -716,52 +738,70 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   }
   t.print(std::cout);
   std::cout << "\n(goodput = requests/s within both SLOs; " << plan.simulations << " simulations of "
-            << w.num_requests << " requests in " << fmt_fixed(wall, 2) << " s)\n";
+            << s.w.num_requests << " requests in " << fmt_fixed(wall, 2) << " s)\n";
+}
+
+int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
+  if (po.prefill_budget <= 0) die("--prefill-budget: must be positive");
+  if (po.max_ranks <= 0) die("--max-ranks: must be positive");
+  if ((po.prefill > 0) != (po.decode > 0)) die("--prefill and --decode: give both (or neither, to search)");
+  if (po.prefill < 0 || po.decode < 0) die("--prefill/--decode: must be positive");
+  const SimSetup s = setup_sim(mo, ho, po);
+  const auto t0 = std::chrono::steady_clock::now();
+  const PoolPlan plan = evaluate_pools(s, po);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool evaluated = po.prefill > 0 || plan.feasible;
+  if (as_json) {
+    std::cout << pools_json(s, ho, po, plan, wall, evaluated).dump(2) << "\n";
+    return 0;
+  }
+  print_sim_header(s, ho, po);
+  if (po.chunk_tokens > 0) {
+    std::cout << "chunked prefill: " << po.chunk_tokens << " tokens of a longer prompt per pass; colocated steps of "
+              << po.step_tokens << " tokens\n";
+  }
+  std::cout << "\n";
+  if (!evaluated) {
+    std::cout << "no pool sizes meet the SLOs: " << plan.reason << "\n";
+    std::cout << "(" << plan.simulations << " simulations, " << fmt_fixed(wall, 2) << " s)\n";
+    return 0;
+  }
+  print_pools_table(s, ho, po, plan, wall);
   return 0;
 }
 
-// pd-plan layout: with N ranks in all, colocated xN or which xP+yD?
-int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
-  if (po.ranks < 1 || po.ranks > 1024) die("--ranks: must be in [1, 1024], got " + std::to_string(po.ranks));
-  if (po.prefill_budget <= 0) die("--token-budget: must be positive, got " + std::to_string(po.prefill_budget));
-  if (po.prefill_max_batch <= 0) {
-    die("--prefill-max-batch: must be positive, got " + std::to_string(po.prefill_max_batch));
-  }
-  const SimSetup s = setup_sim(mo, ho, po);
-  const auto t0 = std::chrono::steady_clock::now();
-  const LayoutAnswer ans = or_die(compare_layouts(s.w, s.base, *s.cost, s.slo, po.ranks));
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const LayoutResult& best = ans.layouts[static_cast<size_t>(ans.recommended)];
-  const bool feasible = std::any_of(ans.layouts.begin(), ans.layouts.end(),
-                                    [](const LayoutResult& l) { return l.result.meets_slo; });
-  json engine = {{"chunk_tokens", po.chunk_tokens},      {"token_budget", po.prefill_budget},
-                 {"step_tokens", po.step_tokens},        {"prefill_max_batch", po.prefill_max_batch},
-                 {"context_cost_tokens", po.context_cost_tokens},
-                 {"max_running", po.max_decode_batch},   {"overlap_transfer", !po.no_overlap}};
+// The engine settings `layout` simulates, as its JSON reports them.
+json layout_engine_json(const PoolsOptions& po) {
+  return {{"chunk_tokens", po.chunk_tokens},      {"token_budget", po.prefill_budget},
+          {"step_tokens", po.step_tokens},        {"prefill_max_batch", po.prefill_max_batch},
+          {"context_cost_tokens", po.context_cost_tokens},
+          {"max_running", po.max_decode_batch},   {"overlap_transfer", !po.no_overlap}};
+}
 
-  if (as_json) {
-    json j = sim_header_json(s, ho, po);
-    j["engine"] = engine;
-    j["ranks"] = ans.ranks;
-    j["layouts"] = json::array();
-    for (const LayoutResult& l : ans.layouts) {
-      json lj = sim_json(l.result);
-      lj["name"] = l.name;
-      lj["colocated"] = l.colocated;
-      lj["prefill_ranks"] = l.prefill_ranks;
-      lj["decode_ranks"] = l.decode_ranks;
-      j["layouts"].push_back(lj);
-    }
-    j["recommended"] = best.name;
-    j["feasible"] = feasible;  // some layout meets both SLOs at their quantile
-    if (!ans.reason.empty()) j["reason"] = ans.reason;
-    j["simulations"] = ans.layouts.size();
-    j["wall_seconds"] = wall;
-    std::cout << j.dump(2) << "\n";
-    return 0;
+json layout_json(const SimSetup& s, const HardwareOptions& ho, const PoolsOptions& po, const LayoutAnswer& ans,
+                 bool feasible, double wall) {
+  json j = sim_header_json(s, ho, po);
+  j["engine"] = layout_engine_json(po);
+  j["ranks"] = ans.ranks;
+  j["layouts"] = json::array();
+  for (const LayoutResult& l : ans.layouts) {
+    json lj = sim_json(l.result);
+    lj["name"] = l.name;
+    lj["colocated"] = l.colocated;
+    lj["prefill_ranks"] = l.prefill_ranks;
+    lj["decode_ranks"] = l.decode_ranks;
+    j["layouts"].push_back(lj);
   }
+  j["recommended"] = ans.layouts[static_cast<size_t>(ans.recommended)].name;
+  j["feasible"] = feasible;  // some layout meets both SLOs at their quantile
+  if (!ans.reason.empty()) j["reason"] = ans.reason;
+  j["simulations"] = ans.layouts.size();
+  j["wall_seconds"] = wall;
+  return j;
+}
 
-  print_sim_header(s, ho, po);
+// The engine line, a row per layout, and the recommendation.
+void print_layouts(const SimSetup& s, const PoolsOptions& po, const LayoutAnswer& ans, bool feasible, double wall) {
   std::cout << "engine: ";
   if (po.chunk_tokens > 0) {
     std::cout << "chunked prefill, chunks of " << po.chunk_tokens << " (a token at position p costs 1 + p/"
@@ -781,6 +821,7 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
            r.meets_slo ? "yes" : "no"});
   }
   t.print(std::cout);
+  const LayoutResult& best = ans.layouts[static_cast<size_t>(ans.recommended)];
   if (!feasible) {
     std::cout << "\nno layout of " << ans.ranks << " ranks meets the SLOs (p" << fmt_fixed(po.quantile * 100, 0)
               << "); the least bad:";
@@ -795,6 +836,27 @@ int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpt
                "request's longest wait between two tokens; "
             << ans.layouts.size() << " simulations of " << s.w.num_requests << " requests in " << fmt_fixed(wall, 2)
             << " s)\n";
+}
+
+// pd-plan layout: with N ranks in all, colocated xN or which xP+yD?
+int run_layout(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOptions& po, bool as_json) {
+  if (po.ranks < 1 || po.ranks > 1024) die("--ranks: must be in [1, 1024], got " + std::to_string(po.ranks));
+  if (po.prefill_budget <= 0) die("--token-budget: must be positive, got " + std::to_string(po.prefill_budget));
+  if (po.prefill_max_batch <= 0) {
+    die("--prefill-max-batch: must be positive, got " + std::to_string(po.prefill_max_batch));
+  }
+  const SimSetup s = setup_sim(mo, ho, po);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LayoutAnswer ans = or_die(compare_layouts(s.w, s.base, *s.cost, s.slo, po.ranks));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool feasible = std::any_of(ans.layouts.begin(), ans.layouts.end(),
+                                    [](const LayoutResult& l) { return l.result.meets_slo; });
+  if (as_json) {
+    std::cout << layout_json(s, ho, po, ans, feasible, wall).dump(2) << "\n";
+    return 0;
+  }
+  print_sim_header(s, ho, po);
+  print_layouts(s, po, ans, feasible, wall);
   return 0;
 }
 
@@ -828,52 +890,53 @@ int run_list(bool as_json) {
   return 0;
 }
 
-}  // namespace
+// ---- the command line -------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "pd-plan: capacity planner for a disaggregated prefill/decode cluster.\n"
-      "  pd-plan kv        KV-cache footprint vs weights, GQA vs MHA, and a rank's KV pool\n"
-      "  pd-plan roofline  arithmetic intensity of prefill and decode, ridge point, time estimates,\n"
-      "                    and the cost of generating without a KV cache\n"
-      "  pd-plan pools     smallest prefill/decode pools meeting TTFT/TPOT SLOs (simulation),\n"
-      "                    against a colocated pool\n"
-      "  pd-plan layout    with N ranks in all: colocated xN or xP+yD, which meets the SLOs best\n"
-      "                    (chunked prefill as the engine runs it)\n"
-      "  pd-plan list      model and hardware presets\n"
-      "docs/PLANNER.md explains every figure."};
-  app.require_subcommand(1);
+// Every subcommand's options; the subcommands share the model and hardware ones.
+struct PlanOptions {
   bool as_json = false;
-  app.add_flag("--json", as_json, "Machine-readable JSON output");
-
   ModelOptions mo;
   HardwareOptions ho;
   KvOptions ko;
   RooflineOptions ro;
   PoolsOptions po;
   PoolsOptions lo = layout_defaults();
+};
 
-  CLI::App* kv = app.add_subcommand("kv", "KV-cache footprint and KV pool sizing");
-  add_model_options(kv, &mo);
-  add_hardware_options(kv, &ho);
-  kv->add_option("--context", ko.contexts, "Context lengths (comma-separated)")->delimiter(',')->capture_default_str();
-  kv->add_option("--batch", ko.batches, "Batch sizes (comma-separated)")->delimiter(',')->capture_default_str();
-  kv->add_flag("--json", as_json, "Machine-readable JSON output");
+CLI::App* add_kv_command(CLI::App* app, PlanOptions* o) {
+  CLI::App* kv = app->add_subcommand("kv", "KV-cache footprint and KV pool sizing");
+  add_model_options(kv, &o->mo);
+  add_hardware_options(kv, &o->ho);
+  kv->add_option("--context", o->ko.contexts, "Context lengths (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  kv->add_option("--batch", o->ko.batches, "Batch sizes (comma-separated)")->delimiter(',')->capture_default_str();
+  kv->add_flag("--json", o->as_json, "Machine-readable JSON output");
+  return kv;
+}
 
-  CLI::App* rf = app.add_subcommand("roofline", "Roofline of prefill vs decode; cost without a KV cache");
-  add_model_options(rf, &mo);
-  add_hardware_options(rf, &ho);
+CLI::App* add_roofline_command(CLI::App* app, PlanOptions* o) {
+  RooflineOptions& ro = o->ro;
+  CLI::App* rf = app->add_subcommand("roofline", "Roofline of prefill vs decode; cost without a KV cache");
+  add_model_options(rf, &o->mo);
+  add_hardware_options(rf, &o->ho);
   rf->add_option("--prompt", ro.prompts, "Prompt lengths P (comma-separated)")->delimiter(',')->capture_default_str();
-  rf->add_option("--batch", ro.batches, "Decode batch sizes B (comma-separated)")->delimiter(',')->capture_default_str();
+  rf->add_option("--batch", ro.batches, "Decode batch sizes B (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
   rf->add_option("--context", ro.context, "Decode context length L")->capture_default_str();
   rf->add_option("--generated", ro.generated, "N for the naive-vs-cached generation cost")->capture_default_str();
   rf->add_option("--activations", ro.activations, "Activation precision (default: the weight precision)");
-  rf->add_flag("--json", as_json, "Machine-readable JSON output (input of scripts/plot_roofline.py)");
+  rf->add_flag("--json", o->as_json, "Machine-readable JSON output (input of scripts/plot_roofline.py)");
+  return rf;
+}
 
-  CLI::App* pl = app.add_subcommand("pools", "Size prefill and decode pools by simulation");
-  add_model_options(pl, &mo);
-  add_hardware_options(pl, &ho);
-  add_sim_options(pl, &po, &as_json);
+CLI::App* add_pools_command(CLI::App* app, PlanOptions* o) {
+  PoolsOptions& po = o->po;
+  CLI::App* pl = app->add_subcommand("pools", "Size prefill and decode pools by simulation");
+  add_model_options(pl, &o->mo);
+  add_hardware_options(pl, &o->ho);
+  add_sim_options(pl, &po, &o->as_json);
   pl->add_option("--prefill-budget", po.prefill_budget, "Prompt tokens per prefill pass")->capture_default_str();
   pl->add_option("--chunk-tokens", po.chunk_tokens,
                  "Chunked prefill: tokens of a longer prompt per pass (0 = off: whole prompts)")
@@ -888,12 +951,16 @@ int main(int argc, char** argv) {
   pl->add_option("--max-ranks", po.max_ranks, "Search cap per pool")->capture_default_str();
   pl->add_option("--prefill", po.prefill, "Evaluate this many prefill ranks (with --decode) instead of searching");
   pl->add_option("--decode", po.decode, "Evaluate this many decode ranks (with --prefill)");
+  return pl;
+}
 
-  CLI::App* ly = app.add_subcommand(
+CLI::App* add_layout_command(CLI::App* app, PlanOptions* o) {
+  PoolsOptions& lo = o->lo;
+  CLI::App* ly = app->add_subcommand(
       "layout", "With N ranks in all: colocated xN or xP+yD? Simulates each, recommends the best");
-  add_model_options(ly, &mo);
-  add_hardware_options(ly, &ho);
-  add_sim_options(ly, &lo, &as_json);
+  add_model_options(ly, &o->mo);
+  add_hardware_options(ly, &o->ho);
+  add_sim_options(ly, &lo, &o->as_json);
   ly->add_option("--ranks", lo.ranks, "Ranks in all (N)")->capture_default_str();
   ly->add_option("--chunk-tokens", lo.chunk_tokens,
                  "prefill.chunk_tokens: tokens of a longer prompt per pass (0 = off: whole prompts)")
@@ -912,9 +979,32 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ly->add_option("--max-batch", lo.max_decode_batch, "decode.max_running: running sequences per rank")
       ->capture_default_str();
+  return ly;
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "pd-plan: capacity planner for a disaggregated prefill/decode cluster.\n"
+      "  pd-plan kv        KV-cache footprint vs weights, GQA vs MHA, and a rank's KV pool\n"
+      "  pd-plan roofline  arithmetic intensity of prefill and decode, ridge point, time estimates,\n"
+      "                    and the cost of generating without a KV cache\n"
+      "  pd-plan pools     smallest prefill/decode pools meeting TTFT/TPOT SLOs (simulation),\n"
+      "                    against a colocated pool\n"
+      "  pd-plan layout    with N ranks in all: colocated xN or xP+yD, which meets the SLOs best\n"
+      "                    (chunked prefill as the engine runs it)\n"
+      "  pd-plan list      model and hardware presets\n"
+      "docs/PLANNER.md explains every figure."};
+  app.require_subcommand(1);
+  PlanOptions o;
+  app.add_flag("--json", o.as_json, "Machine-readable JSON output");
+  CLI::App* kv = add_kv_command(&app, &o);
+  CLI::App* rf = add_roofline_command(&app, &o);
+  CLI::App* pl = add_pools_command(&app, &o);
+  CLI::App* ly = add_layout_command(&app, &o);
   CLI::App* ls = app.add_subcommand("list", "Model and hardware presets");
-  ls->add_flag("--json", as_json, "Machine-readable JSON output");
+  ls->add_flag("--json", o.as_json, "Machine-readable JSON output");
 
   try {
     app.parse(argc, argv);
@@ -925,10 +1015,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     die(e.what());
   }
-  if (kv->parsed()) return run_kv(mo, ho, ko, as_json);
-  if (rf->parsed()) return run_roofline(mo, ho, ro, as_json);
-  if (pl->parsed()) return run_pools(mo, ho, po, as_json);
-  if (ly->parsed()) return run_layout(mo, ho, lo, as_json);
-  if (ls->parsed()) return run_list(as_json);
+  if (kv->parsed()) return run_kv(o.mo, o.ho, o.ko, o.as_json);
+  if (rf->parsed()) return run_roofline(o.mo, o.ho, o.ro, o.as_json);
+  if (pl->parsed()) return run_pools(o.mo, o.ho, o.po, o.as_json);
+  if (ly->parsed()) return run_layout(o.mo, o.ho, o.lo, o.as_json);
+  if (ls->parsed()) return run_list(o.as_json);
   return 0;
 }

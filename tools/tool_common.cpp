@@ -1,0 +1,63 @@
+#include "tool_common.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace pd::tools {
+
+int report_error(const char* tool, const std::string& message, int exit_code) {
+  std::fprintf(stderr, "%s: error: %s\n", tool, message.c_str());
+  return exit_code;
+}
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const char* tool) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return report_error(tool, e.what(), kExitUsage);
+  }
+  return std::nullopt;
+}
+
+std::shared_ptr<const GgufFile> open_model_file(const std::string& path, bool refusal_is_usage, ToolError* err) {
+  if (!std::filesystem::exists(path)) {
+    *err = {"model file not found: " + path + " (--model)", kExitUsage};
+    return nullptr;
+  }
+  auto file = GgufFile::open(path);
+  if (!file.is_ok()) {
+    *err = refusal_is_usage ? ToolError{file.status().to_string() + " (--model)", kExitUsage}
+                            : ToolError{file.status().to_string(), kExitFailure};
+    return nullptr;
+  }
+  return std::shared_ptr<const GgufFile>(std::move(file).value());
+}
+
+BackendConfig backend_config(const BackendFlags& f) {
+  BackendConfig bc;
+  bc.kind = f.kind;
+  bc.n_threads = f.threads;
+  bc.int8_activations = !f.fp32_activations;
+  bc.device = f.device;
+  bc.cuda_tf32 = f.tf32;
+  return bc;
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+bool write_json_file(const std::string& path, const nlohmann::json& j) {
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  return static_cast<bool>(f);
+}
+
+}  // namespace pd::tools
