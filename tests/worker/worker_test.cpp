@@ -561,7 +561,7 @@ TEST_CASE("workers: control messages about unknown or ended requests are ignored
   MiniCluster c(small_config());
   auto garbage_about = [&](proto::RequestId id) {
     c.hub.send(kRouter, kPrefill, proto::Cancel{id});
-    c.hub.send(kDecode, kPrefill, proto::HandoffAccept{id, proto::kTagKvFirst + 7});
+    c.hub.send(kDecode, kPrefill, proto::HandoffAccept{id, proto::kTagKvFirst + 7, 0, {}});
     c.hub.send(kDecode, kPrefill, proto::HandoffReject{id, "no", false});
     c.hub.send(kDecode, kPrefill, proto::HandoffReject{id, "cancelled", true});
     c.hub.send(kRouter, kDecode, proto::PeerUp{kPrefill, 0});
@@ -936,7 +936,7 @@ TEST_CASE("workers: an accept for a handoff the prefill rank no longer holds is 
   // rank had already ended (without telling it, as it was down): without the
   // abort its blocks waited for timeouts.transfer_ms (seen in the chaos suite).
   MiniCluster c(small_config());
-  c.hub.send(kDecode, kPrefill, proto::HandoffAccept{999, proto::kTagKvFirst, 0});
+  c.hub.send(kDecode, kPrefill, proto::HandoffAccept{999, proto::kTagKvFirst, 0, {}});
   c.step_prefill();
   bool aborted = false;
   for (auto& [source, m] : c.hub.take_all(kDecode))
