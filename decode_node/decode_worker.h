@@ -100,6 +100,7 @@ class DecodeWorker final : public WorkerCore {
   void fill_load(proto::LoadReport& r) const override;
   void before_exit() override;
   std::chrono::milliseconds exit_grace() const override { return std::chrono::milliseconds(2000); }
+  const char* ready_note() const override { return roles_.colocated() ? ", colocated: prefills its own prompts" : ""; }
 
   void on_offer(proto::HandoffOffer m, int source);
   void on_prompt(proto::PrefillRequest m);

@@ -30,8 +30,7 @@ WorkerCore::~WorkerCore() { engine_->model->set_kv_written_hook({}); }
 
 Status WorkerCore::run() {
   spdlog::info("{} rank {} ready ({} KV blocks of {} tokens{})", role_, roles_.self, engine_->blocks->num_blocks(),
-               engine_->blocks->block_size(),
-               roles_.colocated() && std::string_view(role_) == "decode" ? ", colocated: prefills its own prompts" : "");
+               engine_->blocks->block_size(), ready_note());
   report_load(true);
   while (!shutdown_ && device_fault_.is_ok())
     // Idle: wait for a message or a transfer that ended (the communication side

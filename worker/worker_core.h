@@ -102,6 +102,8 @@ class WorkerCore {
   // for the transfers still in flight.
   virtual void before_exit() {}
   virtual std::chrono::milliseconds exit_grace() const = 0;
+  // Appended to the "ready" log line (e.g. what mode the rank serves in).
+  virtual const char* ready_note() const { return ""; }
   // Whether the layer hook may act on `m` in the middle of a pass (only
   // workers that call handle_messages(true) from their hook need say).
   virtual bool mid_pass_message(const proto::Message& /*m*/) const { return false; }
