@@ -8,7 +8,7 @@
 namespace pd {
 namespace {
 
-constexpr const char* kWho = "cuda_ipc transport";
+constexpr const char* kCudaIpcWho = "cuda_ipc transport";
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(IpcDescriptor::handle));
 
 std::string region_size(size_t pieces, int64_t piece_bytes) {
@@ -26,20 +26,20 @@ Result<std::unique_ptr<CudaIpcTransport>> CudaIpcTransport::create(std::shared_p
                                                                    void* compute_stream, BackendBuffer& cache) {
   cudaPointerAttributes attr{};
   if (cudaError_t err = cudaPointerGetAttributes(&attr, cache.data()); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaPointerGetAttributes (KV cache)", err);
+    return cuda_call_error(kCudaIpcWho, "cudaPointerGetAttributes (KV cache)", err);
   if (attr.type != cudaMemoryTypeDevice)
     return Status::invalid_argument("cuda_ipc transport: KV cache is not device memory");
   if (cudaError_t err = cudaSetDevice(attr.device); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaSetDevice", err);
+    return cuda_call_error(kCudaIpcWho, "cudaSetDevice", err);
   std::unique_ptr<CudaIpcTransport> t(
       new CudaIpcTransport(std::move(links), static_cast<cudaStream_t>(compute_stream), cache));
   t->device_ = attr.device;
   cudaIpcMemHandle_t h;
   if (cudaError_t err = cudaIpcGetMemHandle(&h, cache.data()); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaIpcGetMemHandle (KV cache)", err);
+    return cuda_call_error(kCudaIpcWho, "cudaIpcGetMemHandle (KV cache)", err);
   std::memcpy(t->cache_handle_.data(), &h, sizeof h);
   if (cudaError_t err = cudaStreamCreateWithFlags(&t->stream_, cudaStreamNonBlocking); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaStreamCreateWithFlags", err);
+    return cuda_call_error(kCudaIpcWho, "cudaStreamCreateWithFlags", err);
   PD_ASSIGN_OR_RETURN(t->order_, t->events_.get());
   return t;
 }
@@ -72,7 +72,7 @@ Result<TransferOp> CudaIpcTransport::post_send(int peer, int tag, const KvRegion
   PD_ASSIGN_OR_RETURN(cudaEvent_t ready, events_.get());
   if (cudaError_t err = cudaEventRecord(ready, compute_); err != cudaSuccess) {
     events_.put(ready);
-    return cuda_call_error(kWho, "cudaEventRecord (compute stream)", err);
+    return cuda_call_error(kCudaIpcWho, "cudaEventRecord (compute stream)", err);
   }
   const int64_t op = ops_.add(true, peer, tag);
   sends_.push_back(Send{op, ready, std::move(offsets), region.piece_bytes});
@@ -109,7 +109,7 @@ Result<std::shared_ptr<CudaIpcTransport::Mapping>> CudaIpcTransport::map_peer(in
   m->handle = d.handle;
   if (cudaError_t err = cudaIpcOpenMemHandle(&m->ptr, h, cudaIpcMemLazyEnablePeerAccess); err != cudaSuccess) {
     m->ptr = nullptr;
-    return cuda_call_error(kWho, "cudaIpcOpenMemHandle (cache of rank " + std::to_string(peer) + ")", err);
+    return cuda_call_error(kCudaIpcWho, "cudaIpcOpenMemHandle (cache of rank " + std::to_string(peer) + ")", err);
   }
   mapped_[peer] = m;
   return m;
@@ -119,9 +119,9 @@ Status CudaIpcTransport::start_copy(int peer, int64_t op, const IpcDescriptor& d
   PD_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> src, map_peer(peer, d));
   // The blocks may still be read by ops already on the compute stream.
   if (cudaError_t err = cudaEventRecord(order_, compute_); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaEventRecord (compute stream)", err);
+    return cuda_call_error(kCudaIpcWho, "cudaEventRecord (compute stream)", err);
   if (cudaError_t err = cudaStreamWaitEvent(stream_, order_, 0); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaStreamWaitEvent", err);
+    return cuda_call_error(kCudaIpcWho, "cudaStreamWaitEvent", err);
   PD_ASSIGN_OR_RETURN(cudaEvent_t done, events_.get());
   void* pinned = nullptr;
   Status s = enqueue_piece_copy(stream_, pinned_, src->ptr, d.offsets, cache_base_, dst.offsets,
@@ -130,7 +130,7 @@ Status CudaIpcTransport::start_copy(int peer, int64_t op, const IpcDescriptor& d
     if (cudaError_t err = cudaEventRecord(done, stream_); err != cudaSuccess) {
       (void)cudaStreamSynchronize(stream_);
       pinned_.put(pinned);
-      s = cuda_call_error(kWho, "cudaEventRecord (copy stream)", err);
+      s = cuda_call_error(kCudaIpcWho, "cudaEventRecord (copy stream)", err);
     }
   }
   if (!s.is_ok()) {
@@ -201,7 +201,7 @@ void CudaIpcTransport::progress() {
     events_.put(s.ready);
     s.ready = nullptr;
     if (q != cudaSuccess) {
-      ops_.fail(s.op, cuda_call_error(kWho, "cudaEventQuery (compute stream)", q));
+      ops_.fail(s.op, cuda_call_error(kCudaIpcWho, "cudaEventQuery (compute stream)", q));
       continue;
     }
     IpcDescriptor d;
@@ -227,7 +227,7 @@ void CudaIpcTransport::progress() {
     if (q == cudaSuccess)
       ops_.finish(it->op);
     else
-      ops_.fail(it->op, cuda_call_error(kWho, "KV copy from rank " + std::to_string(it->peer), q));
+      ops_.fail(it->op, cuda_call_error(kCudaIpcWho, "KV copy from rank " + std::to_string(it->peer), q));
     ack(it->peer, it->ack);
     events_.put(it->done);
     pinned_.put(it->pinned);

@@ -8,11 +8,11 @@
 namespace pd {
 namespace {
 
-constexpr const char* kWho = "nccl transport";
+constexpr const char* kNcclWho = "nccl transport";
 static_assert(sizeof(ncclUniqueId) == sizeof(NcclIdMsg::id));
 
 Status nccl_error(const std::string& call, ncclResult_t r, ncclComm_t comm) {
-  std::string msg = std::string(kWho) + ": " + call + " failed: " + ncclGetErrorString(r);
+  std::string msg = std::string(kNcclWho) + ": " + call + " failed: " + ncclGetErrorString(r);
   if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0')
     msg += std::string(" (") + last + ")";
   return Status::io_error(msg);
@@ -26,11 +26,11 @@ Result<std::unique_ptr<NcclTransport>> NcclTransport::create(std::shared_ptr<Mpi
                                                              BackendBuffer& cache) {
   cudaPointerAttributes attr{};
   if (cudaError_t err = cudaPointerGetAttributes(&attr, cache.data()); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaPointerGetAttributes (KV cache)", err);
+    return cuda_call_error(kNcclWho, "cudaPointerGetAttributes (KV cache)", err);
   if (attr.type != cudaMemoryTypeDevice)
     return Status::invalid_argument("nccl transport: KV cache is not device memory");
   if (cudaError_t err = cudaSetDevice(attr.device); err != cudaSuccess)
-    return cuda_call_error(kWho, "cudaSetDevice", err);
+    return cuda_call_error(kNcclWho, "cudaSetDevice", err);
   std::unique_ptr<NcclTransport> t(
       new NcclTransport(std::move(links), static_cast<cudaStream_t>(compute_stream), cache));
   t->device_ = attr.device;
@@ -83,7 +83,7 @@ Result<NcclTransport::Pair*> NcclTransport::pair(int peer) {
   Pair& p = pairs_[peer];
   Status s;
   if (cudaError_t err = cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking); err != cudaSuccess) {
-    s = cuda_call_error(kWho, "cudaStreamCreateWithFlags", err);
+    s = cuda_call_error(kNcclWho, "cudaStreamCreateWithFlags", err);
   } else {
     const int self = msgs_.self_id();
     if (self <= peer) {
@@ -140,7 +140,7 @@ void NcclTransport::land(int peer, Pair& p, int64_t op, void* pinned, Status pen
   if (ev.is_ok()) events_.put(*ev);
   (void)cudaStreamSynchronize(p.stream);
   if (pinned != nullptr) pinned_.put(pinned);
-  ops_.fail(op, ev.is_ok() ? cuda_call_error(kWho, "cudaEventRecord", err) : ev.status());
+  ops_.fail(op, ev.is_ok() ? cuda_call_error(kNcclWho, "cudaEventRecord", err) : ev.status());
 }
 
 void NcclTransport::enqueued(int peer, Pair& p) {
@@ -153,7 +153,7 @@ void NcclTransport::enqueued(int peer, Pair& p) {
       // The blocks may still be read by ops already on the compute stream.
       cudaError_t err = cudaEventRecord(order_, compute_);
       if (err == cudaSuccess) err = cudaStreamWaitEvent(p.stream, order_, 0);
-      if (err != cudaSuccess) s = cuda_call_error(kWho, "ordering after the compute stream", err);
+      if (err != cudaSuccess) s = cuda_call_error(kNcclWho, "ordering after the compute stream", err);
       if (s.is_ok())
         s = enqueue_piece_copy(p.stream, pinned_, w.staging, {}, cache_base_, w.offsets,
                                static_cast<int64_t>(w.offsets.size()), static_cast<size_t>(w.piece_bytes), &pinned);
@@ -183,7 +183,7 @@ Status NcclTransport::issue(int peer, Pair& p) {
     Work& x = p.issued.back();
     if (cudaError_t err = cudaMallocAsync(&x.staging, x.bytes, p.stream); err != cudaSuccess) {
       x.staging = nullptr;
-      return cuda_call_error(kWho, "cudaMallocAsync (staging)", err);
+      return cuda_call_error(kNcclWho, "cudaMallocAsync (staging)", err);
     }
     if (x.send) {
       void* pinned = nullptr;
@@ -299,7 +299,7 @@ void NcclTransport::progress() {
     if (q == cudaErrorNotReady) break;
     events_.put(s.ready);
     if (q != cudaSuccess) {
-      ops_.fail(s.op, cuda_call_error(kWho, "cudaEventQuery (compute stream)", q));
+      ops_.fail(s.op, cuda_call_error(kNcclWho, "cudaEventQuery (compute stream)", q));
       continue;
     }
     const int peer = op->peer;
@@ -336,7 +336,7 @@ void NcclTransport::progress() {
       continue;
     }
     if (q != cudaSuccess)
-      ops_.fail(it->op, cuda_call_error(kWho, "KV transfer with rank " + std::to_string(it->peer), q));
+      ops_.fail(it->op, cuda_call_error(kNcclWho, "KV transfer with rank " + std::to_string(it->peer), q));
     else if (!it->error.is_ok())
       ops_.fail(it->op, std::move(it->error));
     else
@@ -353,7 +353,7 @@ Result<TransferOp> NcclTransport::post_send(int peer, int tag, const KvRegion& r
   PD_ASSIGN_OR_RETURN(cudaEvent_t ready, events_.get());
   if (cudaError_t err = cudaEventRecord(ready, compute_); err != cudaSuccess) {
     events_.put(ready);
-    return cuda_call_error(kWho, "cudaEventRecord (compute stream)", err);
+    return cuda_call_error(kNcclWho, "cudaEventRecord (compute stream)", err);
   }
   const int64_t op = ops_.add(true, peer, tag);
   sends_.push_back(Send{op, ready, std::move(offsets), region.piece_bytes});

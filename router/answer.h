@@ -5,6 +5,8 @@
 // this file turns them into statuses.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +17,11 @@
 #include "router/openai_api.h"
 
 namespace pd::router {
+
+// The wall clock in whole seconds since the Unix epoch (OpenAI's `created`).
+inline int64_t unix_seconds_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // An OpenAI-style error; 5xx get the type their status implies unless one is given.
 inline ApiError api_error(int status, std::string message, std::string param = "", std::string type = "") {

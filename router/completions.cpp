@@ -16,9 +16,6 @@ uint64_t fresh_seed() {
   thread_local std::mt19937_64 gen{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
   return gen();
 }
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -61,7 +58,7 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
   response->endpoint = ep;
   response->stream = api.stream;
   response->include_usage = api.include_usage;
-  response->created = unix_now();
+  response->created = unix_seconds_now();
   std::vector<std::unique_ptr<Request>> reqs = make_choices(api, prompts.value(), max_tokens.value(), response);
   response->id = make_response_id(ep, response->choices.front());
   response->open = reqs.size();

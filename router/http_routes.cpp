@@ -14,10 +14,6 @@
 namespace pd::router {
 namespace {
 
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 enum class Route { kHealth, kMetrics, kModels, kDrain, kTokenize, kDetokenize, kCompletions, kChatCompletions, kNone };
 
 struct RouteInfo {
@@ -70,7 +66,7 @@ void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   switch (ri.route) {
     case Route::kHealth: return respond_health(*w);
     case Route::kMetrics: w->respond(200, "text/plain; version=0.0.4; charset=utf-8", registry_.render()); return;
-    case Route::kModels: w->respond(200, "application/json", models_body(model_.name, unix_now())); return;
+    case Route::kModels: w->respond(200, "application/json", models_body(model_.name, unix_seconds_now())); return;
     case Route::kDrain: return handle_drain(http, std::move(w));
     case Route::kTokenize: return handle_tokenize(http, *w);
     case Route::kDetokenize: return handle_detokenize(http, *w);

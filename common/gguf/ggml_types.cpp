@@ -1,12 +1,13 @@
 #include "gguf/ggml_types.h"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "util/strings.h"
 
 namespace pd {
 namespace {
@@ -278,8 +279,7 @@ void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
 }
 
 Result<GgmlType> parse_kv_dtype(std::string_view name, std::string_view what) {
-  std::string s(name);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string s = ascii_lower(name);
   if (s == "f32" || s == "fp32" || s == "float32") return GgmlType::kF32;
   if (s == "f16" || s == "fp16" || s == "float16") return GgmlType::kF16;
   if (s == "q8_0" || s == "q8") return GgmlType::kQ8_0;

@@ -1,12 +1,13 @@
 #include "plan/hardware.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <memory>
 #include <new>
 #include <thread>
 #include <vector>
+
+#include "util/strings.h"
 
 namespace pd::plan {
 namespace {
@@ -27,12 +28,6 @@ HardwareSpec make(const char* name, const char* note, double flops, double bw, i
   h.inter_node_bandwidth = inter;
   h.link_latency = latency;
   return h;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -128,7 +123,7 @@ const std::vector<HardwareSpec>& hardware_presets() {
 }
 
 Result<HardwareSpec> hardware_preset(std::string_view name) {
-  const std::string want = lower(name);
+  const std::string want = ascii_lower(name);
   std::string known;
   for (const HardwareSpec& h : hardware_presets()) {
     if (h.name == want) return h;

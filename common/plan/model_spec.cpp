@@ -1,7 +1,6 @@
 #include "plan/model_spec.h"
 
 #include <algorithm>
-#include <cctype>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -9,15 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/gguf_reader.h"
+#include "util/strings.h"
 
 namespace pd::plan {
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
-}
 
 ModelSpec make(const char* name, int layers, int hidden, int heads, int kv_heads, int head_dim, int ffn,
                int vocab, bool tied, bool qkv_bias, int64_t max_context) {
@@ -104,7 +98,7 @@ const std::vector<ModelSpec>& model_presets() {
 }
 
 Result<ModelSpec> model_preset(std::string_view name) {
-  const std::string want = lower(name);
+  const std::string want = ascii_lower(name);
   std::string known;
   for (const ModelSpec& m : model_presets()) {
     if (m.name == want) return m;

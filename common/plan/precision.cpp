@@ -1,7 +1,8 @@
 #include "plan/precision.h"
 
 #include <algorithm>
-#include <cctype>
+
+#include "util/strings.h"
 
 namespace pd::plan {
 
@@ -32,8 +33,7 @@ const char* precision_name(Precision p) {
 }
 
 Result<Precision> parse_precision(std::string_view text, std::string_view what) {
-  std::string s(text);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string s = ascii_lower(text);
   if (s == "fp32" || s == "f32" || s == "float32") return Precision::kFp32;
   if (s == "bf16" || s == "bfloat16") return Precision::kBf16;
   if (s == "fp16" || s == "f16" || s == "float16") return Precision::kFp16;

@@ -12,16 +12,10 @@
 #include "plan_test_presets.h"
 
 using namespace pd::plan;
+using pd::plan::test::fixed;
 using pd::plan::test::run;
 
 namespace {
-
-LengthDist fixed(double n) {
-  LengthDist d;
-  d.kind = LengthDist::Kind::kFixed;
-  d.a = n;
-  return d;
-}
 
 // A workload of exactly these requests (arrival seconds, prompt, output).
 Workload trace_of(const std::vector<DrawnRequest>& reqs) {

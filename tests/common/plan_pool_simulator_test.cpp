@@ -13,16 +13,10 @@
 #include "plan_test_presets.h"
 
 using namespace pd::plan;
+using pd::plan::test::fixed;
 using pd::plan::test::run;
 
 namespace {
-
-LengthDist fixed(double n) {
-  LengthDist d;
-  d.kind = LengthDist::Kind::kFixed;
-  d.a = n;
-  return d;
-}
 
 // Prefill, decode and a link, each with a fixed and a per-unit part.
 LinearCosts mixed_costs() {

@@ -21,6 +21,14 @@ inline HardwareSpec hw(const char* name) {
   return *r;
 }
 
+// Every request the same length.
+inline LengthDist fixed(double n) {
+  LengthDist d;
+  d.kind = LengthDist::Kind::kFixed;
+  d.a = n;
+  return d;
+}
+
 // One simulation that must succeed.
 inline SimResult run(const Workload& w, const ClusterConfig& c, const PhaseCostModel& cost, const Slo& slo = Slo{}) {
   auto r = simulate(w, c, cost, slo);

@@ -12,7 +12,7 @@
 #include "kvtransfer/forwarding_transport.h"
 #include "kvtransfer/loopback_transport.h"
 
-namespace pd::test {
+namespace pd::test::handoff_receiver {
 namespace {
 
 constexpr int kPrefill = 1, kDecode = 2, kLayers = 3, kTag = 41;
@@ -136,4 +136,4 @@ TEST_CASE("handoff receiver: a post the transport refuses leaves it unclean with
 }
 
 }  // namespace
-}  // namespace pd::test
+}  // namespace pd::test::handoff_receiver

@@ -11,7 +11,7 @@
 #include "kvtransfer/handoff_sender.h"
 #include "kvtransfer/loopback_transport.h"
 
-namespace pd::test {
+namespace pd::test::handoff_sender {
 namespace {
 
 constexpr int kPrefill = 1, kDecode = 2, kLayers = 4, kTag = 40;
@@ -192,4 +192,4 @@ TEST_CASE("handoff sender: abandoned with sends in flight, the trailer's bytes s
 }
 
 }  // namespace
-}  // namespace pd::test
+}  // namespace pd::test::handoff_sender

@@ -210,15 +210,15 @@ std::string odd_request(Rng& r) {
 
 enum class Ending { kHalfClose, kReadThenClose, kAbort };
 
-struct Case {
+struct FuzzCase {
   std::string bytes;
   bool dribble = false;  // sent in pieces with small sleeps
   Ending ending = Ending::kHalfClose;
 };
 
-Case make_case(uint64_t index) {
+FuzzCase make_case(uint64_t index) {
   Rng r(kSeed ^ (index * 0x9e3779b97f4a7c15ULL));
-  Case c;
+  FuzzCase c;
   const size_t parts = pick(r, 10) < 3 ? 2 + pick(r, 3) : 1;  // pipelined back to back
   for (size_t i = 0; i < parts; ++i) c.bytes += chance(r, 35) ? valid_request(r) : odd_request(r);
   if (chance(r, 15)) c.bytes.resize(pick(r, c.bytes.size() + 1));  // cut at a random point
@@ -320,7 +320,7 @@ std::string check_answers(const std::string& bytes, std::map<int, int>* statuses
 }
 
 // Runs one case; "" if the server behaved.
-std::string run_case(uint16_t port, const Case& c, std::map<int, int>* statuses) {
+std::string run_case(uint16_t port, const FuzzCase& c, std::map<int, int>* statuses) {
   const int fd = connect_to(port);
   if (fd < 0) return "cannot connect";
   bool open = true;
@@ -408,7 +408,7 @@ TEST_CASE("http_framing_fuzz: odd and malformed framing never crashes the server
   for (int t = 0; t < kWorkers; ++t) {
     workers.emplace_back([&] {
       for (int i = next.fetch_add(1); i < first + n_cases; i = next.fetch_add(1)) {
-        const Case c = make_case(static_cast<uint64_t>(i));
+        const FuzzCase c = make_case(static_cast<uint64_t>(i));
         std::map<int, int> seen;
         const std::string error = run_case(server.port(), c, &seen);
         std::lock_guard lock(mu);
