@@ -352,10 +352,11 @@ void DecodeWorker::finish_transfer(Seq& s) {
   s.tag = 0;
   s.kv_complete = true;
   if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router
+  s.sampler.emplace(s.params);
+  s.sampler->resume(s.tokens);  // the prompt
+  s.sampler->replay(trailer->first_token);
   s.tokens.push_back(trailer->first_token);
   s.n_generated = 1;
-  s.sampler.emplace(s.params);
-  s.sampler->replay(trailer->first_token);
   set_state(s, SeqState::kReady);
   waiting_.push_back(s.id);
 }
@@ -664,6 +665,7 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
     return;
   }
   s.sampler.emplace(s.params);
+  s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
   proto::TokenEvent ev = next_token_event(s, rows.subspan(rows.size() - static_cast<size_t>(vocab)));
   ev.prompt_logprobs = std::move(s.prompt_logprobs);
   ev.queue_s = seconds(s.prefill_started - s.arrived);
@@ -729,6 +731,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
       row += static_cast<size_t>(n) - 1;
     }
     s.sampler.emplace(s.params);
+    s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
     proto::TokenEvent ev = next_token_event(s, row_at(row++));
     ev.prompt_logprobs = std::move(prompt_logprobs);
     ev.queue_s = seconds(t0 - s.arrived);

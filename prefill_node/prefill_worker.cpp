@@ -444,6 +444,7 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span
   }
   std::erase(queue_, job.req.id);
   Sampler sampler(sp);  // the decode rank's own sampler replays this token (Sampler::replay)
+  sampler.resume(job.req.prompt);
   std::vector<float> scratch;
   proto::TokenEvent ev = sample_token_event(sampler, job.req.id, 1, rows.last(static_cast<size_t>(vocab)),
                                             engine_->eos_id, scratch);

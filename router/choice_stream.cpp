@@ -10,10 +10,11 @@ ChoiceStream::ChoiceStream(const Tokenizer& tok, ChoiceFormat format, std::vecto
     : tok_(&tok), format_(format), text_(tok, std::move(stops), std::move(hidden)), echo_text_(std::move(echo_text)) {}
 
 void ChoiceStream::add(const proto::TokenEvent& ev) {
-  if (ev.first_index == 0 && !ev.prompt_logprobs.empty()) prompt_logprobs_ = ev.prompt_logprobs;
+  const int32_t first = attempt_base_ + ev.first_index;
+  if (first == 0 && !ev.prompt_logprobs.empty()) prompt_logprobs_ = ev.prompt_logprobs;
   const bool with_logprobs = format_.with_logprobs && ev.logprobs.size() == ev.tokens.size();
   for (size_t i = 0; i < ev.tokens.size(); ++i) {
-    PendingToken& p = pending_[ev.first_index + static_cast<int32_t>(i)];
+    PendingToken& p = pending_[first + static_cast<int32_t>(i)];
     p.token = ev.tokens[i];
     p.finish = i + 1 == ev.tokens.size() ? ev.finish : proto::Finish::kNone;
     p.logprob.reset();
@@ -30,7 +31,8 @@ std::optional<PendingToken> ChoiceStream::next() {
 
 void ChoiceStream::restart() {
   pending_.clear();
-  prompt_logprobs_.clear();
+  attempt_base_ = next_index_;
+  if (next_index_ == 0) prompt_logprobs_.clear();  // not yet shown: the next attempt's token 0 brings them
 }
 
 bool ChoiceStream::push(const PendingToken& t, const Response& resp, const std::string& model) {

@@ -53,7 +53,9 @@ class ChoiceStream {
   // The choice as it ends (its text and logprobs not yet sent, when streaming).
   ChoiceOut finish(const std::string& finish_reason);
   bool first_chunk_sent() const { return first_chunk_sent_; }
-  // A re-run: what arrived from the old attempt is dropped (no token was delivered).
+  // A re-run or a migration: what arrived from the old attempt and was not
+  // delivered is dropped; the next attempt's token i is this choice's token
+  // next_index() + i (a migrated attempt goes on from the tokens delivered).
   void restart();
 
  private:
@@ -71,6 +73,7 @@ class ChoiceStream {
   std::vector<LogprobEntry> prompt_logprobs_;  // echo with logprobs, from token 0's event
   bool first_chunk_sent_ = false;
   int32_t next_index_ = 0;
+  int32_t attempt_base_ = 0;  // the current attempt's token 0 is this choice's token attempt_base_
   std::map<int32_t, PendingToken> pending_;  // out-of-order tokens
 };
 

@@ -84,7 +84,7 @@ std::vector<std::unique_ptr<Request>> Router::make_choices(const ApiRequest& api
       req->api.sampling.seed = api.seed_given ? api.sampling.seed + static_cast<uint64_t>(j) : fresh_seed();
       req->response = response;
       req->counts_prompt = j == 0;
-      req->arrived = env_->now();
+      req->arrived = req->queued_at = env_->now();
       req->prompt = prompts[i].ids;
       ChoiceFormat format;
       format.index = static_cast<int32_t>(i) * api.n + j;

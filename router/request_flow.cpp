@@ -22,8 +22,10 @@ bool Router::serves(const Request& r, int source) {
 void Router::dispatch_queued() {
   while (Request* found = requests_.front_of_queue()) {
     Request& r = *found;
-    const int64_t n = static_cast<int64_t>(r.prompt.size());
-    auto choice = workers_.pick(n, r.api.sampling.max_tokens, cfg_.router.max_inflight_per_worker);
+    // A migrated request's prompt holds the tokens already generated; it generates the rest.
+    const int64_t n = static_cast<int64_t>(r.prompt.size() + r.generated.size());
+    const int32_t max_tokens = r.api.sampling.max_tokens - static_cast<int32_t>(r.generated.size());
+    auto choice = workers_.pick(n, max_tokens, cfg_.router.max_inflight_per_worker);
     if (!choice) break;
     requests_.pop_queue();
     --queued_;
@@ -31,15 +33,17 @@ void Router::dispatch_queued() {
     ++r.attempts;
     r.where = *choice;
     r.dispatched_at = env_->now();
-    workers_.on_dispatch(*choice, n, r.api.sampling.max_tokens);
+    r.sent_prompt_tokens = n;
+    r.sent_max_tokens = max_tokens;
+    workers_.on_dispatch(*choice, n, max_tokens);
     if (r.attempts == 1) {
       metrics_.stage.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
       metrics_.prompt_tokens_total.inc(static_cast<double>(n));
     }
     if (choice->prefill_rank >= 0) metrics_.rank_requests_total.inc({"prefill", std::to_string(choice->prefill_rank)});
     metrics_.rank_requests_total.inc({"decode", std::to_string(choice->decode_rank)});
-    proto::PrefillRequest m{r.wire_id, r.prompt, r.api.sampling, choice->decode_rank};
-    channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank, m);
+    channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank,
+                   attempt_message(r, choice->decode_rank));
   }
 }
 
@@ -51,7 +55,7 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
     Request& r = *found;
     if (ev.first_index == 0 && !r.prefill_done) {
       r.prefill_done = true;
-      if (!workers_.colocated()) workers_.on_prefill_done(source, static_cast<int64_t>(r.prompt.size()));
+      if (!workers_.colocated()) workers_.on_prefill_done(source, r.sent_prompt_tokens);
       metrics_.stage.observe({"prefill_queue"}, ev.queue_s);
       metrics_.stage.observe({"prefill"}, ev.prefill_s);
     }
@@ -69,16 +73,15 @@ bool Router::on_token(Request& r, int32_t index, const PendingToken& t) {
   if (index == 0) metrics_.ttft.observe(seconds(now - r.arrived));
   else metrics_.itl.observe(seconds(now - r.last_token_at));
   r.last_token_at = now;
-  if (index == 0) {
-    set_state(r, RequestState::kStreaming);
-    if (r.api.echo) r.out->deliver_echo(r.prompt, *r.response, model_.name);
-  }
+  if (r.state == RequestState::kDispatched) set_state(r, RequestState::kStreaming);  // also a migrated attempt's first
+  if (index == 0 && r.api.echo) r.out->deliver_echo(r.prompt, *r.response, model_.name);
   metrics_.generation_tokens_total.inc();
   if (r.api.prompt_only) {  // max_tokens 0: the token sampled anyway is not part of the answer
     finalize(r.wire_id, End::kFinished, "length", {}, t.finish == proto::Finish::kNone);
     return false;
   }
   ++r.n_generated;
+  r.generated.push_back(t.token);
   if (r.out->push(t, *r.response, model_.name)) {  // a stop string matched: end it here, tell the workers
     finalize(r.wire_id, End::kFinished, "stop");
     return false;
@@ -116,16 +119,23 @@ void Router::check_deadlines() {
 }
 
 bool Router::rerun(Request& r, const std::string& why) {
-  if (!may_rerun(r, stopping_.load())) return false;
+  if (!may_rerun(r, {cfg_.router.max_attempts, cfg_.router.migrate}, stopping_.load())) return false;
   const uint64_t old_id = r.wire_id;
+  const bool migrating = r.state == RequestState::kStreaming;
   release_workers(r, true);  // both legs drop the old attempt
   r.prefill_done = false;
   r.where = {};
-  r.out->restart();
+  r.out->restart();  // the next attempt's tokens follow those delivered
   set_state(r, RequestState::kQueued);
-  requests_.requeue(old_id, requests_.new_id());  // the next attempt travels under a new wire id
-  spdlog::info("router: re-running request {} as {} (attempt {}): {}", old_id, r.wire_id, r.attempts + 1, why);
-  metrics_.retried_total.inc();
+  requests_.requeue(old_id, requests_.new_id(), env_->now());  // the next attempt travels under a new wire id
+  if (migrating) {
+    spdlog::info("router: migrating request {} as {} after {} tokens (attempt {}): {}", old_id, r.wire_id,
+                 r.n_generated, r.attempts + 1, why);
+    metrics_.migrated_total.inc();
+  } else {
+    spdlog::info("router: re-running request {} as {} (attempt {}): {}", old_id, r.wire_id, r.attempts + 1, why);
+    metrics_.retried_total.inc();
+  }
   ++queued_;
   return true;
 }
@@ -136,9 +146,8 @@ void Router::release_workers(const Request& r, bool tell_workers) {
     if (r.where.prefill_rank >= 0 && !r.prefill_done) membership_.cancel_on(r.where.prefill_rank, r.wire_id);
     membership_.cancel_on(r.where.decode_rank, r.wire_id);
   }
-  if (!r.prefill_done && r.where.prefill_rank >= 0)
-    workers_.on_prefill_done(r.where.prefill_rank, static_cast<int64_t>(r.prompt.size()));
-  workers_.on_request_done(r.where.decode_rank, static_cast<int64_t>(r.prompt.size()), r.api.sampling.max_tokens);
+  if (!r.prefill_done && r.where.prefill_rank >= 0) workers_.on_prefill_done(r.where.prefill_rank, r.sent_prompt_tokens);
+  workers_.on_request_done(r.where.decode_rank, r.sent_prompt_tokens, r.sent_max_tokens);
 }
 
 void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reason, const ApiError& error,

@@ -26,7 +26,7 @@ bool legal(RequestState from, RequestState to) {
   switch (from) {
     case S::kQueued: return to == S::kDispatched || to == S::kCancelled || to == S::kFailed;
     case S::kDispatched: return to == S::kStreaming || to == S::kQueued || to == S::kCancelled || to == S::kFailed;
-    case S::kStreaming: return is_ended(to);
+    case S::kStreaming: return to == S::kQueued || is_ended(to);
     case S::kFinished:
     case S::kCancelled:
     case S::kFailed: return false;  // ended exactly once
@@ -38,8 +38,21 @@ bool retryable(proto::FailureKind k) {
   return k == proto::FailureKind::kPeerDown || k == proto::FailureKind::kTransfer || k == proto::FailureKind::kLeaving;
 }
 
-bool may_rerun(const Request& r, bool stopping) {
-  return r.state == RequestState::kDispatched && r.attempts < kMaxAttempts && !stopping;
+bool may_rerun(const Request& r, const RerunPolicy& policy, bool stopping) {
+  const bool before_tokens = r.state == RequestState::kDispatched;
+  const bool migrates = r.state == RequestState::kStreaming && policy.migrate &&
+                        r.n_generated < r.api.sampling.max_tokens;  // tokens left to generate
+  return (before_tokens || migrates) && r.attempts < policy.max_attempts && !stopping;
+}
+
+proto::PrefillRequest attempt_message(const Request& r, int32_t decode_rank) {
+  proto::PrefillRequest m{r.wire_id, r.prompt, r.api.sampling, decode_rank};
+  if (r.generated.empty()) return m;
+  m.prompt.insert(m.prompt.end(), r.generated.begin(), r.generated.end());
+  m.sampling.resumed_tokens = static_cast<int32_t>(r.generated.size());
+  m.sampling.max_tokens -= static_cast<int32_t>(r.generated.size());
+  m.sampling.prompt_logprobs = false;
+  return m;
 }
 
 void RequestTable::add(std::unique_ptr<Request> r) {
@@ -77,11 +90,12 @@ std::unique_ptr<Request> RequestTable::take(uint64_t wire_id) {
   return owned;
 }
 
-void RequestTable::requeue(uint64_t wire_id, uint64_t new_wire_id) {
+void RequestTable::requeue(uint64_t wire_id, uint64_t new_wire_id, Request::Clock::time_point now) {
   auto it = requests_.find(wire_id);
   std::unique_ptr<Request> owned = std::move(it->second);
   requests_.erase(it);
   owned->wire_id = new_wire_id;
+  owned->queued_at = now;
   wire_id_of_http_id_[owned->http_id] = new_wire_id;
   queue_.push_front(new_wire_id);
   requests_.emplace(new_wire_id, std::move(owned));
@@ -101,7 +115,7 @@ std::vector<std::pair<uint64_t, ApiError>> RequestTable::expired(Request::Clock:
                                                                  std::chrono::milliseconds request) const {
   std::vector<std::pair<uint64_t, ApiError>> out;
   for (const auto& [id, r] : requests_) {
-    if (r->state == RequestState::kQueued && now - r->arrived > queue)
+    if (r->state == RequestState::kQueued && now - r->queued_at > queue)
       out.push_back({id, api_error(503, "no worker could take the request within " + std::to_string(queue.count()) + " ms")});
     else if (now - r->arrived > request)
       out.push_back({id, api_error(504, "the request did not finish within " + std::to_string(request.count()) + " ms")});

@@ -1,6 +1,6 @@
 // The request table: decides which request a wire id names, the order requests
 // wait for a worker in (the queue; a re-run goes to its front under a new wire
-// id), whether a failed attempt is re-run (retryable kinds, kMaxAttempts), and
+// id), whether a failed attempt is re-run (retryable kinds, RerunPolicy), and
 // when a request is past its deadline (timeouts.queue_ms, timeouts.request_ms).
 //
 // A request's identities:
@@ -17,7 +17,9 @@
 //   token reached the client) -> one of the ended family: kFinished (stop or
 //   length), kCancelled (the client left, or a sibling choice failed and
 //   answered), kFailed (a reason the client sees). kDispatched -> kQueued is a
-//   re-run. A queued request ends cancelled or failed (deadline, shutdown); an
+//   re-run; kStreaming -> kQueued a migration (its next attempt's prompt ends
+//   with the tokens already streamed, and the stream goes on from the next
+//   token). A queued request ends cancelled or failed (deadline, shutdown); an
 //   ended request leaves the table in the same step.
 //
 // Link thread only, except new_id() (any thread).
@@ -57,15 +59,28 @@ struct Request {  // one choice of an answer
   bool prefill_done = false;
   DispatchChoice where;           // the pair serving the current attempt (kDispatched, kStreaming)
   int64_t n_generated = 0;
+  std::vector<TokenId> generated;  // the tokens the client was given (n_generated of them)
+  // The current attempt as sent (a migrated one's prompt ends with `generated`).
+  int64_t sent_prompt_tokens = 0;
+  int32_t sent_max_tokens = 0;
   Clock::time_point arrived, dispatched_at, last_token_at;
+  Clock::time_point queued_at;  // arrived, or went back to the queue (a re-run or migration)
 };
 
 // Worker failure kinds where another pair of ranks may well succeed.
 bool retryable(proto::FailureKind k);
-constexpr int kMaxAttempts = 3;
-// Whether a failed attempt of `r` runs again: no token reached the client yet,
-// it has attempts left, and the router is not stopping.
-bool may_rerun(const Request& r, bool stopping);
+// When a failed attempt runs again (router.max_attempts, router.migrate).
+struct RerunPolicy {
+  int max_attempts = 3;
+  bool migrate = true;  // also after tokens reached the client
+};
+// Whether a failed attempt of `r` runs again: it has attempts left, the router
+// is not stopping, and no token reached the client yet or migration is on.
+bool may_rerun(const Request& r, const RerunPolicy& policy, bool stopping);
+// The current attempt's message to the workers: the prompt, and for a migrated
+// request the tokens generated so far after it (sampling.resumed_tokens), the
+// tokens still to generate (max_tokens) and no prompt logprobs (given already).
+proto::PrefillRequest attempt_message(const Request& r, int32_t decode_rank);
 
 class RequestTable {
  public:
@@ -81,13 +96,15 @@ class RequestTable {
   void pop_queue();
   // Removes the request (it ended) and returns it; null if unknown.
   std::unique_ptr<Request> take(uint64_t wire_id);
-  // A re-run: the request goes back to the front of the queue under `new_wire_id`.
-  void requeue(uint64_t wire_id, uint64_t new_wire_id);
+  // A re-run or migration: the request goes back to the front of the queue
+  // under `new_wire_id` (queued since `now`).
+  void requeue(uint64_t wire_id, uint64_t new_wire_id, Request::Clock::time_point now);
   // Wire ids of the requests a rank that went down held: every one it decodes,
   // and those it prefills whose prefill is not over.
   std::vector<uint64_t> held_by(int rank) const;
-  // Requests past their deadline, with the error each ends with: queued longer
-  // than `queue` (503), or arrived longer than `request` ago (504).
+  // Requests past their deadline, with the error each ends with: in the queue
+  // longer than `queue` since it last went there (503), or arrived longer than
+  // `request` ago (504).
   std::vector<std::pair<uint64_t, ApiError>> expired(Request::Clock::time_point now, std::chrono::milliseconds queue,
                                                      std::chrono::milliseconds request) const;
   std::vector<uint64_t> wire_ids() const;

@@ -45,6 +45,8 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
                                         {"role", "rank"})),
       retried_total(registry.counter("pd_requests_retried_total",
                                       "Requests re-run on other ranks after a rank failure, before any token reached the client")),
+      migrated_total(registry.counter("pd_requests_migrated_total",
+                                       "Requests moved to other ranks after a rank failure, after tokens reached the client (the stream goes on)")),
       quarantined_blocks(registry.gauge("pd_kv_blocks_quarantined",
                                          "KV blocks held back until MPI can no longer write into them (a sender that went down mid-transfer)",
                                          {"role", "rank"})),

@@ -49,6 +49,7 @@ struct RouterMetrics {
   Gauge& rank_up;
   Counter& rank_down_total;
   Counter& retried_total;
+  Counter& migrated_total;
   Gauge& quarantined_blocks;
   Counter& rank_requests_total;
   Counter& joined_total;

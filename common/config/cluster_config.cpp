@@ -159,7 +159,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   PD_RETURN_IF_ERROR(section(root, "router", [&](const json& j, std::string p) {
     return Reader(j, p).get("max_queued", c.router.max_queued)
         .get("max_inflight_per_worker", c.router.max_inflight_per_worker)
-        .get("retry_after_s", c.router.retry_after_s).finish();
+        .get("retry_after_s", c.router.retry_after_s).get("max_attempts", c.router.max_attempts)
+        .get("migrate", c.router.migrate).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "sampling", [&](const json& j, std::string p) {
     return Reader(j, p).get("temperature", c.sampling.temperature).get("top_p", c.sampling.top_p)
@@ -216,6 +217,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("decode.threads", decode.threads, 0, 1024));
   PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 0, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
+  PD_RETURN_IF_ERROR(range("router.max_attempts", router.max_attempts, 1, 10));
   PD_RETURN_IF_ERROR(range("router.retry_after_s", router.retry_after_s, 0, 3600));
   auto real_range = [](const char* key, double v, double lo, double hi, bool open_lo) {
     if (std::isfinite(v) && (open_lo ? v > lo : v >= lo) && v <= hi) return Status::ok();

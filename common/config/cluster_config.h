@@ -81,6 +81,12 @@ struct ClusterConfig {
     int max_queued = 256;          // requests waiting in the router before 503
     int max_inflight_per_worker = 64;  // requests a worker may hold before the router queues
     int retry_after_s = 1;
+    // Attempts per request when ranks fail under it: a re-run before any token
+    // reached the client, a migration after (1 = neither).
+    int max_attempts = 3;
+    // A stream whose rank was lost after tokens went out continues on another
+    // pair from the next token (false: it ends with an error event).
+    bool migrate = true;
   } router;
 
   // Sampling for requests that omit a parameter. Without this section: OpenAI's

@@ -13,7 +13,8 @@ json sampling_json(const SamplingParams& p) {
               {"presence", p.presence_penalty}, {"frequency", p.frequency_penalty},
               {"seed", p.seed},               {"max_tokens", p.max_tokens},
               {"ignore_eos", p.ignore_eos},   {"stop_ids", p.stop_token_ids},
-              {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs}};
+              {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs},
+              {"resumed", p.resumed_tokens}};
 }
 SamplingParams sampling_from(const json& j) {
   SamplingParams p;
@@ -29,6 +30,7 @@ SamplingParams sampling_from(const json& j) {
   p.stop_token_ids = j.at("stop_ids").get<std::vector<int32_t>>();
   p.logprobs = j.at("logprobs").get<int32_t>();
   p.prompt_logprobs = j.at("prompt_logprobs").get<bool>();
+  p.resumed_tokens = j.at("resumed").get<int32_t>();
   return p;
 }
 // A LogprobEntry as [token, logprob, [top ids], [top logprobs]].

@@ -170,6 +170,7 @@ Status SamplingParams::validate() const {
                                     std::to_string(logprobs));
   }
   if (prompt_logprobs && logprobs < 0) return Status::invalid_argument("prompt_logprobs needs logprobs >= 0");
+  if (resumed_tokens < 0) return Status::invalid_argument("resumed_tokens must be >= 0, got " + std::to_string(resumed_tokens));
   return Status::ok();
 }
 
@@ -189,6 +190,11 @@ void Sampler::accept(TokenId id) { ++counts_[id]; }
 void Sampler::replay(TokenId id) {
   if (!(params_.temperature <= 0.0f || params_.top_k == 1)) rng_.discard(1);  // sample()'s one draw
   accept(id);
+}
+
+void Sampler::resume(std::span<const TokenId> prompt) {
+  const size_t n = std::min(prompt.size(), static_cast<size_t>(std::max(params_.resumed_tokens, 0)));
+  for (TokenId id : prompt.last(n)) replay(id);
 }
 
 TokenId Sampler::sample(std::span<float> logits) {

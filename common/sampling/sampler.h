@@ -36,6 +36,11 @@ struct SamplingParams {
   // Also every prompt token's after the first (given the tokens before it),
   // with as many alternatives. Needs logprobs >= 0.
   bool prompt_logprobs = false;
+  // Set by the router, never by a client: a request moved to another pair of
+  // ranks after it had generated tokens (request migration) sends them as the
+  // prompt's last `resumed_tokens` tokens; the sampler replays them (resume()),
+  // so the penalties and a seeded draw go on where they were.
+  int32_t resumed_tokens = 0;
 
   // InvalidArgument naming the field (e.g. "top_p must be in (0, 1]").
   Status validate() const;
@@ -62,6 +67,9 @@ class Sampler {
   // request's next one (the prefill rank samples token 1, the decode rank goes
   // on): advances the RNG exactly as that sample() call did, then accept()s it.
   void replay(TokenId id);
+  // A migrated request: replays the prompt's last params().resumed_tokens
+  // tokens (its output before it moved), as if this sampler had drawn them.
+  void resume(std::span<const TokenId> prompt);
   const SamplingParams& params() const { return params_; }
 
  private:

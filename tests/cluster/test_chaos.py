@@ -5,23 +5,26 @@
 
 Each suite starts 1 router + 2 prefill + 2 decode ranks (default model, one
 thread each, timeouts.heartbeat_ms 4000) and sends 32 concurrent streamed
-requests (ignore_eos, a few dozen tokens each):
+greedy requests (ignore_eos, a few dozen tokens each):
 
-decode_kill:  kill -9 the busiest decode rank once most streams have started.
+decode_kill:  kill -9 the busiest decode rank once most streams have started
+              (the streams it held migrate: they go on from the next token on
+              the other decode rank).
 prefill_kill: kill -9 the prefill rank with prompts still queued once a few
               streams have started (its queued prompts must be re-run elsewhere).
 stop_cont:    kill -STOP the busiest decode rank once most streams have started;
-              it is declared down; new requests are served by the others; every
-              stream ends while it is still stopped; kill -CONT: it is re-admitted
-              (pd_rank_up back to 1) and every KV block of every rank comes back.
+              it is declared down; its streams migrate; new requests are served
+              by the others; every stream ends while it is still stopped;
+              kill -CONT: it is re-admitted (pd_rank_up back to 1) and every KV
+              block of every rank comes back.
 
 What every suite checks after the fault:
   - the MPI job survives it (mpirun runs with orte_enable_recovery);
   - every request ends exactly once: one terminal event (a chunk with
-    finish_reason, or one {"error": ...} chunk), nothing after it but the usage
-    chunk and one [DONE], and the response ends; a finished one has all its
-    tokens; an error only for a request that had already streamed text (one
-    that had not must have been re-run on a healthy rank and finished);
+    finish_reason), nothing after it but the usage chunk and one [DONE], and
+    the response ends; it has all its tokens and pd-generate's greedy text
+    (none ends with an error: one that had streamed nothing was re-run, one
+    that had was migrated);
   - every request ended within BOUND_S of the fault;
   - requests sent afterwards (stream and not, completion and chat) succeed;
   - GET /health is 200 "degraded" naming the faulty rank down (others up);
@@ -42,8 +45,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (Cluster, check, need_default_model, path_of, per_rank, request_body, run_suite,  # noqa: E402
-                     wait_for)
+from cluster import (DEFAULT_MODEL, Cluster, check, need_default_model, path_of, per_rank, reference,  # noqa: E402
+                     request_body, run_suite, wait_for)
 from loadgen import words  # noqa: E402
 
 HEARTBEAT_MS = 4000
@@ -76,6 +79,9 @@ class Stream:
         if self.endpoint == "chat":
             return (choice.get("delta") or {}).get("content") or ""
         return choice.get("text") or ""
+
+    def text(self):
+        return "".join(self.piece(ch) for ev in self.events if isinstance(ev, dict) for ch in ev.get("choices", []))
 
     def read(self, port, on_text, timeout, host="127.0.0.1"):
         self.t_sent = time.time()
@@ -211,6 +217,16 @@ class Load:
 def prompts(n, seed, lo, hi):
     rng = random.Random(seed)
     return [words(rng.randint(lo, hi), rng) for _ in range(n)]
+
+
+def greedy_texts(prompt_list):
+    """pd-generate's greedy text for each prompt, as Load sends it (every 4th one as chat)."""
+    t0 = time.time()
+    cases = [{"prompt": p, "chat": i % 4 == 3, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+             for i, p in enumerate(prompt_list)]
+    want = [r["text"] for r in reference(DEFAULT_MODEL, cases)]
+    print("pd-generate reference for %d prompts: %.1f s" % (len(want), time.time() - t0))
+    return want
 
 
 # ------------------------------------------------------------------ cluster state
@@ -354,10 +370,16 @@ def busiest(c, role, ranks, series):
 
 # ------------------------------------------------------------------ the fault, then the checks
 
-def check_load(c, load, t_fault, what):
-    """Every stream of the load ended exactly once within BOUND_S of the fault."""
+def check_load(c, load, t_fault, what, want):
+    """Every stream of the load ended exactly once within BOUND_S of the fault, finished, with
+    pd-generate's text (`want`, by stream)."""
     load.join(t_fault + BOUND_S + 5)
     counts, bad, latest = load.report(t_fault)
+    for st in load.streams:
+        if st.t_end is not None and st.verdict()[0] == "errored":
+            bad.append((st.i, "ended with an error event (should have migrated): " + st.verdict()[1]))
+        elif st.t_end is not None and st.verdict()[0] == "finished" and st.text() != want[st.i]:
+            bad.append((st.i, "text %r != pd-generate's %r" % (st.text()[:80], want[st.i][:80])))
     print("%s: %d requests: %d finished, %d ended with an error event, %d bad; last ended %.1f s after the fault"
           % (what, N, counts.get("finished", 0), counts.get("errored", 0), counts.get("bad", 0), latest))
     if counts.get("errored"):
@@ -368,7 +390,8 @@ def check_load(c, load, t_fault, what):
               per_rank(m, "pd_waiting_requests"), per_rank(m, "pd_rank_up")))
     check(c.proc.poll() is None, "%s: the MPI job ended after the fault (mpirun exit %s); %d requests bad, e.g. %s"
           % (what, c.proc.returncode, len(bad), bad[:3]))
-    check(not bad, "%s: %d of %d requests did not end exactly once: %s" % (what, len(bad), N, bad[:5]))
+    check(not bad, "%s: %d of %d requests did not end exactly once with pd-generate's text: %s"
+          % (what, len(bad), N, bad[:5]))
     check(latest <= BOUND_S, "%s: a request ended %.1f s after the fault (bound %d s)" % (what, latest, BOUND_S))
     return counts
 
@@ -394,13 +417,16 @@ def check_down(c, rank, ranks, what):
 
 def kill_suite(role, prompt_words, trigger, extra=None):
     need_default_model()
+    load_prompts = prompts(N, seed=len(role), lo=prompt_words[0], hi=prompt_words[1])
+    want = greedy_texts(load_prompts)
     with chaos_cluster(extra) as c:
         ranks = workers(c)
         check(sorted(ranks.values()) == ["decode", "decode", "prefill", "prefill"], "worker ranks: %s" % ranks)
         h0 = health_shows(c, set(), ranks)
         before = outcomes(c)
         retried0 = c.metric("pd_requests_retried_total")
-        load = Load(c.port, prompts(N, seed=len(role), lo=prompt_words[0], hi=prompt_words[1]))
+        migrated0 = c.metric("pd_requests_migrated_total")
+        load = Load(c.port, load_prompts)
         wait_for(lambda: trigger(c, load, ranks) or load.running() == 0, 120, "the load to reach the fault point")
         check(load.running() > 0, "the load ended before the fault point (too fast a machine?): adjust the trigger")
         series = ("pd_running_sequences",) if role == "decode" else ("pd_waiting_requests",)
@@ -410,14 +436,19 @@ def kill_suite(role, prompt_words, trigger, extra=None):
         what = "kill -9 %s rank %d" % (role, victim)
         print("%s (pid %d) with %d of %d streams started, %d running; %s per %s rank: %s"
               % (what, pid, load.started(), N, load.running(), series[0], role, seen))
-        counts = check_load(c, load, t_fault, what)
+        counts = check_load(c, load, t_fault, what, want)
         took = check_down(c, victim, ranks, what)
         print("%s: /health degraded with rank %d down (%.1f s after the load ended)" % (what, victim, took))
         new_requests(c, what + ", afterwards")
         check(h0[0], "before the fault: /health should be 200 'ok' with every rank up: %s" % h0[1])
         retried = c.metric("pd_requests_retried_total", -1)
         check(retried >= 0, "no pd_requests_retried_total in /metrics")
-        print("%s: pd_requests_retried_total %d" % (what, retried - retried0))
+        migrated = c.metric("pd_requests_migrated_total", -1) - migrated0
+        print("%s: pd_requests_retried_total %d, pd_requests_migrated_total %d" % (what, retried - retried0, migrated))
+        if role == "decode" and seen[victim] >= 1:
+            # Sequences running on the killed rank had streamed tokens: they must have migrated.
+            check(migrated >= 1, "%s: it ran %d sequences, pd_requests_migrated_total moved by %d"
+                  % (what, seen[victim], migrated))
         if role == "prefill" and seen[victim] >= 1:
             # Prompts still queued on the killed rank had streamed nothing: they must have been re-run.
             check(retried - retried0 >= 1, "%s: it had %d prompts queued, pd_requests_retried_total moved by %d"
@@ -437,8 +468,8 @@ def kill_suite(role, prompt_words, trigger, extra=None):
 
 
 def suite_decode_kill(tmp):
-    # Most streams have started: the killed rank holds requests mid-stream (they end
-    # with an error event) and maybe some not yet started (re-run).
+    # Most streams have started: the killed rank holds requests mid-stream (they
+    # migrate) and maybe some not yet started (re-run).
     kill_suite("decode", (20, 40), lambda c, load, ranks: load.started() >= N * 3 // 4)
 
 
@@ -456,11 +487,13 @@ def suite_prefill_kill(tmp):
 
 def suite_stop_cont(tmp):
     need_default_model()
+    load_prompts = prompts(N, seed=3, lo=20, hi=40)
+    want = greedy_texts(load_prompts)
     with chaos_cluster() as c:
         ranks = workers(c)
         h0 = health_shows(c, set(), ranks)
         before = outcomes(c)
-        load = Load(c.port, prompts(N, seed=3, lo=20, hi=40))
+        load = Load(c.port, load_prompts)
         wait_for(lambda: load.started() >= N * 3 // 4 or load.running() == 0, 120, "most streams to start")
         check(load.running() > 0, "the load ended before the fault point (too fast a machine?)")
         victim, seen = busiest(c, "decode", ranks, ("pd_running_sequences",))
@@ -475,7 +508,7 @@ def suite_stop_cont(tmp):
               % (what, took, HEARTBEAT_MS))
         new_requests(c, what + ", while stopped")
         # Every request of the load ends while the rank is still stopped.
-        counts = check_load(c, load, t_fault, what)
+        counts = check_load(c, load, t_fault, what, want)
         check(h0[0], "before the fault: /health should be 200 'ok' with every rank up: %s" % h0[1])
         signal_rank(c, victim, signal.SIGCONT)
         t_cont = time.time()

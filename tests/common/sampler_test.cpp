@@ -332,6 +332,7 @@ TEST_CASE("sampler: validate names the field", "[sampler]") {
       {[](SamplingParams& p) { p.presence_penalty = 2.5f; }, "presence_penalty must be in [-2, 2], got 2.5"},
       {[](SamplingParams& p) { p.frequency_penalty = -3.0f; }, "frequency_penalty must be in [-2, 2], got -3"},
       {[](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens must be >= 1, got 0"},
+      {[](SamplingParams& p) { p.resumed_tokens = -1; }, "resumed_tokens must be >= 0, got -1"},
   };
   for (const Row& r : rows) {
     SamplingParams p;
@@ -382,19 +383,31 @@ namespace pd {
 // The prefill rank samples a request's first token and the decode rank goes
 // on from there with its own Sampler: after replay() the continuation must be
 // exactly what one sampler would have drawn.
+// top_p 0.95 with presence and frequency penalties.
+SamplingParams penalized(float temperature, uint64_t seed, float presence, float frequency) {
+  SamplingParams p = params_with(temperature, 0, 0.95f, 0.0f, seed);
+  p.presence_penalty = presence;
+  p.frequency_penalty = frequency;
+  return p;
+}
+
+// What one sampler draws for `n` tokens, token i from random_logits(64, seed0 + i).
+std::vector<TokenId> one_sampler_draws(const SamplingParams& p, int n, uint64_t seed0) {
+  Sampler one(p);
+  std::vector<TokenId> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = random_logits(64, seed0 + static_cast<uint64_t>(i));
+    const TokenId t = one.sample(l);
+    one.accept(t);
+    out.push_back(t);
+  }
+  return out;
+}
+
 TEST_CASE("sampler: replay continues another sampler's stream exactly", "[sampler]") {
   for (float temperature : {0.0f, 0.8f}) {
-    SamplingParams p = params_with(temperature, 0, 0.95f, 0.0f, 1234);
-    p.presence_penalty = 0.3f;
-    p.frequency_penalty = 0.2f;
-    Sampler one(p);
-    std::vector<TokenId> expected;
-    for (int i = 0; i < 20; ++i) {
-      std::vector<float> l = random_logits(64, 100 + i);
-      const TokenId t = one.sample(l);
-      one.accept(t);
-      expected.push_back(t);
-    }
+    const SamplingParams p = penalized(temperature, 1234, 0.3f, 0.2f);
+    const std::vector<TokenId> expected = one_sampler_draws(p, 20, 100);
     Sampler first(p), rest(p);
     std::vector<float> l0 = random_logits(64, 100);
     const TokenId t0 = first.sample(l0);
@@ -406,6 +419,28 @@ TEST_CASE("sampler: replay continues another sampler's stream exactly", "[sample
       rest.accept(t);
       INFO("temperature " << temperature << ", token " << i);
       CHECK(t == expected[static_cast<size_t>(i)]);
+    }
+  }
+}
+
+TEST_CASE("sampler: resume replays a migrated request's tokens from the prompt's end", "[sampler]") {
+  for (float temperature : {0.0f, 0.8f}) {
+    const SamplingParams p = penalized(temperature, 99, 0.5f, 0.4f);
+    const std::vector<TokenId> expected = one_sampler_draws(p, 12, 300);
+    for (int k : {0, 1, 5, 11}) {
+      SamplingParams q = p;
+      q.resumed_tokens = k;
+      std::vector<TokenId> prompt = {7, 8, 9};  // the prompt's own tokens are not replayed
+      prompt.insert(prompt.end(), expected.begin(), expected.begin() + k);
+      Sampler moved(q);
+      moved.resume(prompt);
+      for (int i = k; i < 12; ++i) {
+        std::vector<float> l = random_logits(64, 300 + i);
+        const TokenId t = moved.sample(l);
+        moved.accept(t);
+        INFO("temperature " << temperature << ", resumed after " << k << ", token " << i);
+        CHECK(t == expected[static_cast<size_t>(i)]);
+      }
     }
   }
 }

@@ -281,14 +281,15 @@ struct Harness {
     CHECK(w->out_of_turn() == 0);
     return w->answer();
   }
-  // As a worker: tokens [first, first + n) of request `id`, the last one ending it when `finish`.
-  void tokens(int from, proto::RequestId id, int first, int n, bool finish) {
+  // As a worker: tokens [first, first + n) of request `id`, the last one ending it when `finish`;
+  // each is `token` (byte token 'a' + 3 shows as "a").
+  void tokens(int from, proto::RequestId id, int first, int n, bool finish, TokenId token = 'a' + 3) {
     proto::TokenEvents te;
     for (int i = 0; i < n; ++i) {
       proto::TokenEvent ev;
       ev.id = id;
       ev.first_index = first + i;
-      ev.tokens = {'a' + 3};  // a printable byte token of the tiny vocabulary
+      ev.tokens = {token};  // a printable byte token of the tiny vocabulary
       ev.finish = finish && i + 1 == n ? proto::Finish::kLength : proto::Finish::kNone;
       te.events.push_back(ev);
     }

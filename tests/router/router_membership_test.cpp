@@ -187,16 +187,23 @@ TEST_CASE("router: a rank that does not finish draining within drain_ms is ended
   auto f = h.post(kStreamBody);
   auto d = h.dispatched();
   REQUIRE(d);
-  h.tokens(d->first, d->second.id, 0, 1, false);  // streaming: cannot be re-run
+  h.tokens(d->first, d->second.id, 0, 1, false);  // streaming: it will migrate
   const int decode = d->second.decode_rank;
   auto drain = h.post("{\"rank\": " + std::to_string(decode) + "}", "/admin/drain");
   CHECK(h.finish(drain).status == 200);
   REQUIRE(h.expect<proto::Drain>(decode));
-  // It keeps beating but never says Drained: after drain_ms its request ends with
-  // one error, the others are told it left, and it is told to shut down.
+  // It keeps beating but never says Drained: after drain_ms it is ended as down:
+  // its stream goes on on the other pair, the others are told it left, and it
+  // is told to shut down.
+  auto again = h.dispatched(2000ms, [&] { return f->done(); });
+  REQUIRE(again);
+  CHECK(again->second.decode_rank != decode);
+  CHECK(again->second.sampling.resumed_tokens == 1);
+  h.serve(again->first, again->second, 1);  // the 2 tokens left of 3
   const Answer r = h.finish(f);
-  CHECK(count(r.raw(), "\"error\"") == 1);
+  CHECK(count(r.raw(), "\"error\"") == 0);
   CHECK(count(r.raw(), "data: [DONE]") == 1);
+  CHECK(count(r.raw(), "finish_reason\":\"length") == 1);
   REQUIRE(h.expect<proto::Shutdown>(decode));
   bool left = false;
   for (auto& m : h.inbox[kP1])

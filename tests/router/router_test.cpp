@@ -42,8 +42,9 @@ TEST_CASE("router: a streamed answer sends its chunks in token order, then [DONE
   CHECK(illegal_transitions() == 0);
 }
 
-TEST_CASE("router: a decode rank lost after the first token ends the stream with one error", "[router]") {
-  Harness h;
+TEST_CASE("router: with router.migrate off, a decode rank lost after the first token ends the stream with one error",
+          "[router]") {
+  Harness h(150, 30000, false, [](ClusterConfig& c) { c.router.migrate = false; });
   auto f = h.post(kStreamBody);
   auto d = h.dispatched();
   REQUIRE(d);
@@ -58,6 +59,108 @@ TEST_CASE("router: a decode rank lost after the first token ends the stream with
   CHECK(count(r.raw(), "finish_reason\":\"length") == 0);
   CHECK(r.raw().find("went down") != std::string::npos);
   CHECK(r.stream_finished);
+}
+
+// Byte tokens of the tiny vocabulary: token_of('x') shows as "x".
+constexpr TokenId token_of(char c) { return static_cast<TokenId>(c) + 3; }
+
+// The decode rank of attempt `d` goes silent (declared down after heartbeat_ms);
+// returns the next attempt of the request `f` waits on.
+std::optional<std::pair<int, proto::PrefillRequest>> lose_decode_rank(
+    Harness& h, const std::shared_ptr<RecordingWriter>& f, const std::pair<int, proto::PrefillRequest>& d) {
+  h.pump_for(20ms);
+  h.silent.insert(d.second.decode_rank);
+  return h.dispatched(2000ms, [&] { return f->done(); });
+}
+
+TEST_CASE("router: a decode rank lost mid-stream: the stream goes on from the next token on another pair", "[router]") {
+  for (bool stream : {true, false}) {
+    INFO((stream ? "streamed" : "not streamed"));
+    Harness h;
+    auto f = h.post(stream ? R"({"model": "tiny", "prompt": "hello", "max_tokens": 5, "stream": true,
+                                 "stream_options": {"include_usage": true}})"
+                           : R"({"model": "tiny", "prompt": "hello", "max_tokens": 5})");
+    auto d = h.dispatched();
+    REQUIRE(d);
+    const auto& [prefill, pr] = *d;
+    h.tokens(prefill, pr.id, 0, 1, false, token_of('a'));
+    h.tokens(pr.decode_rank, pr.id, 1, 1, false, token_of('b'));
+    auto again = lose_decode_rank(h, f, *d);
+    REQUIRE(again);
+    const proto::PrefillRequest& m = again->second;
+    CHECK(m.id != pr.id);
+    CHECK(m.decode_rank != pr.decode_rank);
+    std::vector<TokenId> want_prompt = pr.prompt;
+    want_prompt.push_back(token_of('a'));
+    want_prompt.push_back(token_of('b'));
+    CHECK(m.prompt == want_prompt);  // the prompt, then the tokens the client has
+    CHECK(m.sampling.resumed_tokens == 2);
+    CHECK(m.sampling.max_tokens == 3);
+    CHECK(m.sampling.seed == pr.sampling.seed);  // the same draw stream, replayed by the workers
+    h.tokens(pr.decode_rank, pr.id, 2, 1, false, token_of('z'));  // the old attempt's late token: ignored
+    h.tokens(again->first, m.id, 0, 1, false, token_of('c'));
+    h.tokens(m.decode_rank, m.id, 1, 2, true, token_of('d'));
+    const Answer r = h.finish(f);
+    CHECK(r.status == 200);
+    CHECK(count(r.raw(), "\"error\"") == 0);
+    nlohmann::json usage;
+    std::string text;
+    if (stream) {
+      CHECK(r.stream_finished);
+      CHECK(count(r.raw(), "data: [DONE]") == 1);
+      for (const nlohmann::json& e : r.stream_events()) {
+        if (!e["choices"].empty()) text += e["choices"][0]["text"].get<std::string>();
+        if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+      }
+    } else {
+      text = r.json()["choices"][0]["text"].get<std::string>();
+      usage = r.json()["usage"];
+    }
+    CHECK(text == "abcdd");  // every token once, in order
+    CHECK(count(r.raw(), "finish_reason\":\"length") == 1);
+    CHECK(usage["completion_tokens"] == 5);
+    CHECK(usage["prompt_tokens"] == pr.prompt.size());  // the client's prompt, not the migrated one
+    CHECK(h.get("/metrics").body.find("pd_requests_migrated_total 1") != std::string::npos);
+    CHECK(illegal_transitions() == 0);
+  }
+}
+
+TEST_CASE("router: a stop string split across a migration still stops the choice", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 8, "stop": ["bc"]})");
+  auto d = h.dispatched();
+  REQUIRE(d);
+  h.tokens(d->first, d->second.id, 0, 1, false, token_of('a'));
+  h.tokens(d->second.decode_rank, d->second.id, 1, 1, false, token_of('b'));  // held back: it may start "bc"
+  auto again = lose_decode_rank(h, f, *d);
+  REQUIRE(again);
+  h.tokens(again->first, again->second.id, 0, 1, false, token_of('c'));
+  const Answer r = h.finish(f);
+  REQUIRE(r.status == 200);
+  CHECK(r.json()["choices"][0]["text"] == "a");
+  CHECK(r.json()["choices"][0]["finish_reason"] == "stop");
+  CHECK(h.cancelled().count(again->second.id) == 1);  // the new attempt's ranks are told it ended
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router: a migration asks for no prompt logprobs again and the echo is not repeated", "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 3, "echo": true, "logprobs": 1})");
+  auto d = h.dispatched();
+  REQUIRE(d);
+  CHECK(d->second.sampling.prompt_logprobs);
+  h.tokens(d->first, d->second.id, 0, 1, false, token_of('a'));
+  auto again = lose_decode_rank(h, f, *d);
+  REQUIRE(again);
+  CHECK_FALSE(again->second.sampling.prompt_logprobs);
+  CHECK(again->second.sampling.logprobs == 1);
+  h.tokens(again->first, again->second.id, 0, 1, false, token_of('b'));
+  h.tokens(again->second.decode_rank, again->second.id, 1, 1, true, token_of('c'));
+  const Answer r = h.finish(f);
+  REQUIRE(r.status == 200);
+  CHECK(r.json()["choices"][0]["text"] == "helloabc");  // the prompt once, then every token once
+  CHECK(r.json()["choices"][0]["logprobs"]["tokens"].size() == r.json()["choices"][0]["logprobs"]["token_logprobs"].size());
+  CHECK(illegal_transitions() == 0);
 }
 
 TEST_CASE("router: workers report failure kinds; the router picks the status and re-runs the retryable ones",
@@ -86,11 +189,12 @@ TEST_CASE("router: workers report failure kinds; the router picks the status and
   CHECK(h.get("/metrics").body.find("pd_requests_retried_total 2") != std::string::npos);
 }
 
-TEST_CASE("router: a request re-run kMaxAttempts times fails with the last attempt's status", "[router]") {
+TEST_CASE("router: a request re-run router.max_attempts times fails with the last attempt's status", "[router]") {
   Harness h;
+  const int max_attempts = h.cfg.router.max_attempts;
   auto f = h.post(kBody);
   std::set<proto::RequestId> ids;
-  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+  for (int attempt = 0; attempt < max_attempts; ++attempt) {
     auto d = h.dispatched(2000ms, [&] { return f->done(); });
     REQUIRE(d);
     ids.insert(d->second.id);
@@ -99,7 +203,7 @@ TEST_CASE("router: a request re-run kMaxAttempts times fails with the last attem
   const Answer r = h.finish(f);
   CHECK(r.status == 500);
   CHECK(r.json()["error"]["message"] == "link broke");
-  CHECK(ids.size() == static_cast<size_t>(kMaxAttempts));  // each attempt under its own wire id
+  CHECK(ids.size() == static_cast<size_t>(max_attempts));  // each attempt under its own wire id
 }
 
 TEST_CASE("router: a client that leaves cancels its request on both legs; late tokens change nothing", "[router]") {

@@ -380,6 +380,45 @@ TEST_CASE("workers: a request goes end to end through prefill, handoff and decod
   CHECK(c.net.bytes_moved() >= c.transfers[0].bytes);
 }
 
+// A request run whole, then again as a migrated one would be (its first k
+// tokens after the prompt, resumed_tokens = k, the rest to generate): the
+// tokens after k are the same, greedy or seeded with penalties, on either pool.
+TEST_CASE("workers: a migrated request goes on with the tokens the whole run gives, greedy and seeded", "[workers]") {
+  constexpr int kTokens = 10;
+  for (bool colocated : {false, true})
+    for (float temperature : {0.0f, 0.9f}) {
+      INFO((colocated ? "colocated" : "prefill rank") << ", temperature " << temperature);
+      MiniCluster c(small_config());
+      auto send = [&](const proto::PrefillRequest& r) {
+        if (colocated) c.hub.send(kRouter, kDecode, r);
+        else c.submit(r);
+      };
+      proto::PrefillRequest whole = MiniCluster::request(1, 30, kTokens);
+      whole.sampling.temperature = temperature;
+      whole.sampling.seed = 1234;
+      whole.sampling.presence_penalty = 0.5f;
+      whole.sampling.frequency_penalty = 0.3f;
+      send(whole);
+      REQUIRE(c.run_until([&] { return c.finished(1); }));
+      const std::vector<int32_t> reference = c.token_ids(1);
+      REQUIRE(reference.size() == static_cast<size_t>(kTokens));
+      for (int k : {1, 4, kTokens - 1}) {
+        INFO("resumed after " << k << " tokens");
+        proto::PrefillRequest rest = whole;
+        rest.id = static_cast<proto::RequestId>(10 + k);
+        rest.prompt.insert(rest.prompt.end(), reference.begin(), reference.begin() + k);
+        rest.sampling.resumed_tokens = k;
+        rest.sampling.max_tokens = kTokens - k;
+        send(rest);
+        REQUIRE(c.run_until([&] { return c.finished(rest.id); }));
+        c.check_stream(rest.id, kTokens - k);
+        CHECK(c.token_ids(rest.id) == std::vector<int32_t>(reference.begin() + k, reference.end()));
+      }
+      CHECK(c.failed.empty());
+      REQUIRE(c.settle());
+    }
+}
+
 TEST_CASE("workers: a host-staged end (a device-memory cache's path) talks to a plain one unchanged", "[workers]") {
   // The staged end sends and receives one contiguous buffer where the plain
   // end uses the region's pieces: the same bytes in wire order, so either
