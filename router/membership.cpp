@@ -139,6 +139,13 @@ void Membership::check_drains() {
 }
 
 void Membership::check_liveness() {
+  const auto now = env_->now();
+  if (!last_beat_ || now - *last_beat_ >= std::chrono::seconds(1)) {
+    for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
+      for (const WorkerView& w : *pool)
+        if (w.state != RankState::kDown) channel_.send(w.rank, proto::RouterBeat{});  // a down rank hears Rejoin
+    last_beat_ = now;
+  }
   check_drains();
   for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
                                   std::chrono::milliseconds(cfg_.timeouts.startup_ms)))

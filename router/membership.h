@@ -18,7 +18,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,7 +50,9 @@ class Membership {
   void on_drained(int rank);
   void on_report(int source, const proto::LoadReport& m);
   // Drains past timeouts.drain_ms, and ranks silent past timeouts.heartbeat_ms
-  // (or not ready within timeouts.startup_ms): ended as down.
+  // (or not ready within timeouts.startup_ms): ended as down. The other way
+  // round, every worker hears that the router is alive (RouterBeat, once a
+  // second; a worker stops after timeouts.router_ms without it).
   void check_liveness();
   // `rank` is declared down: fenced, the others told, then on_down.
   void on_rank_down(int rank, const std::string& why);
@@ -70,6 +74,7 @@ class Membership {
   const std::atomic<bool>& stopping_;
   OnDown on_down_;
   const Env* env_ = &system_env();
+  std::optional<std::chrono::steady_clock::time_point> last_beat_;
 };
 
 }  // namespace pd::router

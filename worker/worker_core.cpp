@@ -32,10 +32,16 @@ Status WorkerCore::run() {
   spdlog::info("{} rank {} ready ({} KV blocks of {} tokens{})", role_, roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size(), ready_note());
   report_load(true);
-  while (!shutdown_ && device_fault_.is_ok())
+  while (!shutdown_ && device_fault_.is_ok() && router_lost_.is_ok())
     // Idle: wait for a message or a transfer that ended (the communication side
     // wakes us), at most 5 ms — deadlines and load reports need no finer step.
     if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
+  if (!router_lost_.is_ok()) {
+    // Nobody can reach this rank's requests any more: stop rather than linger.
+    spdlog::critical("{} rank {}: {}; stopping ({} requests dropped)", role_, roles_.self, router_lost_.message(),
+                     held());
+    return router_lost_;
+  }
   if (!device_fault_.is_ok()) {
     // The device is gone: nothing more can run here. Leave like a crashed rank
     // (the cluster's heartbeats fence it and re-run or fail what it held).
@@ -56,6 +62,7 @@ Status WorkerCore::run() {
 bool WorkerCore::run_once() {
   transport_->progress();
   bool busy = handle_messages();
+  watch_router();
   busy |= progress_transfers();
   check_deadlines();
   busy |= work();
@@ -68,10 +75,28 @@ bool WorkerCore::run_once() {
 bool WorkerCore::handle_messages(bool in_pass) {
   const auto fn = [this](int source, proto::Message& m) { handle(source, m); };
   if (!in_pass) return channel_->receive(fn) > 0;
-  return channel_->receive_while([this](int, const proto::Message& m) { return mid_pass_message(m); }, fn) > 0;
+  const auto now_ok = [this](int, const proto::Message& m) {
+    return std::holds_alternative<proto::RouterBeat>(m) || mid_pass_message(m);
+  };
+  return channel_->receive_while(now_ok, fn) > 0;
+}
+
+void WorkerCore::watch_router() {
+  const auto now = env_->now();
+  if (last_iteration_) router_silence_ += std::min<Clock::duration>(now - *last_iteration_, std::chrono::seconds(1));
+  last_iteration_ = now;
+  // Until the router is first heard, it may still be starting: startup_ms.
+  const int limit_ms = heard_router_ ? cfg_.timeouts.router_ms : std::max(cfg_.timeouts.router_ms, cfg_.timeouts.startup_ms);
+  if (router_lost_.is_ok() && router_silence_ > std::chrono::milliseconds(limit_ms))
+    router_lost_ = Status::timeout("the router (rank " + std::to_string(roles_.router) + ") sent nothing for " +
+                                       std::to_string(limit_ms) + " ms (timeouts.router_ms): it is gone");
 }
 
 void WorkerCore::handle(int source, proto::Message& msg) {
+  if (source == roles_.router) {  // any message says the router is alive
+    heard_router_ = true;
+    router_silence_ = {};
+  }
   // One bad message must not end the rank (and, with it, every request on it).
   try {
     std::visit(
@@ -83,6 +108,7 @@ void WorkerCore::handle(int source, proto::Message& msg) {
           else if constexpr (std::is_same_v<T, proto::Rejoin>) rejoin(m.epoch);
           else if constexpr (std::is_same_v<T, proto::Drain>) drain();
           else if constexpr (std::is_same_v<T, proto::PeerLeft>) peer_left(m.rank);
+          else if constexpr (std::is_same_v<T, proto::RouterBeat>) return;  // heard: that is all
           else if constexpr (std::is_same_v<T, proto::Shutdown>) {
             shutdown_ = true;
             if (drained_sent_) note_left();

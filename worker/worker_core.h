@@ -23,8 +23,12 @@
 //   router (Drained); the router then sends Shutdown. A joined rank that got
 //   SIGTERM asks for it first (Leave).
 // - Load reports (LoadReport), at most every few ms unless forced.
-// - run()'s end: shutdown, or a device failure (the rank leaves like a crashed
-//   one: the router's heartbeat fences it).
+// - The router's liveness: it beats once a second (RouterBeat); after
+//   timeouts.router_ms without any message from it the router is gone and
+//   run() stops (pools do not linger). Only time this loop runs counts: a long
+//   pass or the process being stopped is not the router's silence.
+// - run()'s end: shutdown, the router gone, or a device failure (the rank
+//   leaves like a crashed one: the router's heartbeat fences it).
 //
 // Threading: one thread (the engine loop, a compute thread) calls everything;
 // it never calls MPI: `channel` and `transport` are the communication side's
@@ -33,6 +37,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "config/cluster_config.h"
@@ -54,7 +59,8 @@ class WorkerCore {
   WorkerCore(const WorkerCore&) = delete;
   WorkerCore& operator=(const WorkerCore&) = delete;
 
-  // Serves until the router sends Shutdown (OK) or the device fails (its error).
+  // Serves until the router sends Shutdown (OK), the router is gone or the
+  // device fails (why, as an error).
   Status run();
   // One iteration of run()'s loop (for tests and run()): handles the messages
   // that arrived, progresses transfers, applies deadlines, does at most one
@@ -65,6 +71,8 @@ class WorkerCore {
   bool shutting_down() const { return shutdown_; }
   // Why this rank stops serving because its device failed (OK while none).
   const Status& device_fault() const { return device_fault_; }
+  // Why this rank stops because the router fell silent (OK while it is heard).
+  const Status& router_lost() const { return router_lost_; }
   // Time and other processes as this worker sees them (default: ClusterEnv
   // over its role table: a rank is gone when its pid on this host ended).
   // Tests step a FakeEnv instead of sleeping and declare processes gone.
@@ -141,11 +149,18 @@ class WorkerCore {
   void peer_left(int rank);
   void drain();
   void leave_or_report_drained();
+  // Counts the router's silence since the last iteration (at most 1 s of it:
+  // a long pass or a stopped process is not silence) and gives up past its limit.
+  void watch_router();
 
   const char* role_;
   bool shutdown_ = false;
   bool drained_sent_ = false, leave_sent_ = false;
   LoadReporter load_reporter_;
+  bool heard_router_ = false;  // any message from the router yet
+  Clock::duration router_silence_{};
+  std::optional<Clock::time_point> last_iteration_;
+  Status router_lost_;
 };
 
 }  // namespace pd

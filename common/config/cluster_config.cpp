@@ -171,7 +171,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("prefill_queue_ms", c.timeouts.prefill_queue_ms).get("request_ms", c.timeouts.request_ms)
         .get("queue_ms", c.timeouts.queue_ms)
         .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms)
-        .get("heartbeat_ms", c.timeouts.heartbeat_ms).finish();
+        .get("heartbeat_ms", c.timeouts.heartbeat_ms).get("router_ms", c.timeouts.router_ms).finish();
   }));
   PD_RETURN_IF_ERROR(c.validate());
   return c;
@@ -235,6 +235,8 @@ Status ClusterConfig::validate() const {
     PD_RETURN_IF_ERROR(range(k, v, 1, 86400000));
   // Workers report at least once a second: a shorter deadline would take healthy ranks for dead.
   PD_RETURN_IF_ERROR(range("timeouts.heartbeat_ms", timeouts.heartbeat_ms, 1500, 86400000));
+  // The router beats once a second: the same floor.
+  PD_RETURN_IF_ERROR(range("timeouts.router_ms", timeouts.router_ms, 1500, 86400000));
   return Status::ok();
 }
 

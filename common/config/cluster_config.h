@@ -108,6 +108,7 @@ struct ClusterConfig {
     int drain_ms = 30000;      // SIGTERM: in-flight requests get this long to finish
     int startup_ms = 120000;   // workers to report ready
     int heartbeat_ms = 5000;   // a rank silent this long is declared down (its requests re-run or fail)
+    int router_ms = 15000;     // a worker that hears nothing from the router this long stops (it is gone)
   } timeouts;
 
   // Reads a JSON file. IoError naming the path; InvalidArgument naming the key.

@@ -134,6 +134,7 @@ struct ToJson {
   json operator()(const Drain&) const { return {{"t", "drain"}}; }
   json operator()(const Drained&) const { return {{"t", "drained"}}; }
   json operator()(const PeerLeft& m) const { return {{"t", "left"}, {"rank", m.rank}}; }
+  json operator()(const RouterBeat&) const { return {{"t", "beat"}}; }
   json operator()(const TokenEvents& m) const {
     json events = json::array();
     for (const TokenEvent& e : m.events) {
@@ -198,6 +199,7 @@ Message from_json(const json& j) {
   if (t == "drain") return Drain{};
   if (t == "drained") return Drained{};
   if (t == "left") return PeerLeft{j.at("rank").get<int32_t>()};
+  if (t == "beat") return RouterBeat{};
   if (t == "tokens") {
     TokenEvents m;
     for (const json& e : j.at("events")) {
@@ -260,7 +262,7 @@ const char* message_name(const Message& m) {
                                            "TransferStats",  "RequestFailed", "LoadReport",   "PeerDown",
                                            "PeerUp",         "Rejoin",        "Listening",    "Join",
                                            "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
-                                           "Drain",          "Drained",       "PeerLeft"};
+                                           "Drain",          "Drained",       "PeerLeft",     "RouterBeat"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }

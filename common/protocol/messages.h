@@ -140,6 +140,9 @@ struct Leave {};
 struct Drain {};
 struct Drained {};
 struct PeerLeft { int32_t rank = -1; };
+// The router is alive: sent to every worker once a second. A worker that hears
+// nothing from the router for timeouts.router_ms stops (the router is gone).
+struct RouterBeat {};
 
 enum class Finish : int32_t { kNone = 0, kStop = 1, kLength = 2 };
 struct TokenEvent {
@@ -195,7 +198,8 @@ struct LoadReport {
 
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
-                             Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft>;
+                             Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft,
+                             RouterBeat>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

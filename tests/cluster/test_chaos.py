@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chaos tests: a rank dies, or stops and comes back, while the cluster is under load.
 
-    tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont}
+    tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont,router_kill}
 
 Each suite starts 1 router + 2 prefill + 2 decode ranks (default model, one
 thread each, timeouts.heartbeat_ms 4000) and sends 32 concurrent streamed
@@ -17,6 +17,10 @@ stop_cont:    kill -STOP the busiest decode rank once most streams have started;
               by the others; every stream ends while it is still stopped;
               kill -CONT: it is re-admitted (pd_rank_up back to 1) and every KV
               block of every rank comes back.
+router_kill:  kill -9 the router under load (timeouts.router_ms 3000): every
+              stream's connection ends (none hangs), every worker rank stops
+              within router_ms plus MPI's bounded finalize, saying why, and
+              mpirun exits: the pools do not linger.
 
 What every suite checks after the fault:
   - the MPI job survives it (mpirun runs with orte_enable_recovery);
@@ -534,7 +538,53 @@ def suite_stop_cont(tmp):
         check(c.stop() == 0, "clean exit after re-admission:\n" + c.logs())
 
 
-SUITES = {"decode_kill": suite_decode_kill, "prefill_kill": suite_prefill_kill, "stop_cont": suite_stop_cont}
+ROUTER_MS = 3000
+
+
+def suite_router_kill(tmp):
+    need_default_model()
+    with chaos_cluster({"timeouts": {"router_ms": ROUTER_MS}}) as c:
+        pids = c.rank_pids()
+        router = [pid for role, pid in pids.values() if role == "router"]
+        workers_pids = {r: pid for r, (role, pid) in pids.items() if role != "router"}
+        check(len(router) == 1 and len(workers_pids) == 4, "ranks: %s" % pids)
+        load = Load(c.port, prompts(8, seed=4, lo=20, hi=40))
+        wait_for(lambda: load.started() >= 4 or load.running() == 0, 120, "4 streams to start")
+        check(load.running() > 0, "the load ended before the fault point (too fast a machine?)")
+        os.kill(router[0], signal.SIGKILL)
+        t_fault = time.time()
+        what = "kill -9 the router (pid %d)" % router[0]
+        print("%s with %d of 8 streams started" % (what, load.started()))
+        check(load.join(t_fault + 10), "%s: %d streams still open 10 s later" % (what, load.running()))
+        print("%s: every stream's connection ended within %.1f s" % (what, time.time() - t_fault))
+
+        def alive(pid):
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+            with open("/proc/%d/stat" % pid) as f:
+                return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+        bound = ROUTER_MS / 1000.0 + 15  # router_ms, then at most 5 s in MPI_Finalize, and margin
+        try:
+            wait_for(lambda: not any(alive(p) for p in workers_pids.values()), bound, "the workers to stop")
+        except AssertionError:
+            raise AssertionError("%s: worker ranks still running %.0f s later: %s" % (
+                what, bound, {r: p for r, p in workers_pids.items() if alive(p)}))
+        print("%s: every worker rank stopped %.1f s after it" % (what, time.time() - t_fault))
+        try:
+            c.proc.wait(timeout=15)
+        except Exception:
+            raise AssertionError("%s: mpirun still running after every rank ended" % what)
+        log = c.logs()
+        check("(timeouts.router_ms): it is gone" in log,
+              "%s: no worker said why it stopped:\n%s" % (what, log[-3000:]))
+        print("%s: mpirun exited (%s) %.1f s after it; the workers said why" % (
+            what, c.proc.returncode, time.time() - t_fault))
+
+
+SUITES = {"decode_kill": suite_decode_kill, "prefill_kill": suite_prefill_kill, "stop_cont": suite_stop_cont,
+          "router_kill": suite_router_kill}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_chaos.py")

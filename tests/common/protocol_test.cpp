@@ -38,6 +38,7 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   sp.stop_token_ids = {2, 5};
   sp.logprobs = 5;
   sp.prompt_logprobs = true;
+  sp.resumed_tokens = 2;
   PrefillRequest pr{123456789012345ULL, {1, 2, 3}, sp, 4};
   const PrefillRequest pr2 = round_trip(pr);
   CHECK(pr2.id == pr.id);
@@ -52,6 +53,7 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(pr2.sampling.frequency_penalty == sp.frequency_penalty);
   CHECK(pr2.sampling.logprobs == 5);
   CHECK(pr2.sampling.prompt_logprobs);
+  CHECK(pr2.sampling.resumed_tokens == 2);
 
   KvWireHeader h;
   h.request_id = 9;
@@ -102,6 +104,7 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   round_trip(Drain{});
   round_trip(Drained{});
   CHECK(round_trip(PeerLeft{6}).rank == 6);
+  round_trip(RouterBeat{});
   CHECK(round_trip(RequestFailed{4, "leaving", FailureKind::kLeaving}).kind == FailureKind::kLeaving);
   TokenEvent ev;
   ev.id = 3;

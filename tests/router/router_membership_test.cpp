@@ -44,6 +44,25 @@ TEST_CASE("router: a prefill rank that goes silent is declared down; its request
         std::string::npos);
 }
 
+TEST_CASE("router: every worker hears the router beat once a second, but not a rank declared down", "[router]") {
+  Harness h;  // heartbeat_ms 150
+  h.silent.insert(kD2);
+  h.pump_for(400ms);  // kD2 declared down
+  for (int r : {kP1, kP2, kD1, kD2}) h.hub.take_all(r);
+  h.pump_for(2100ms);
+  auto beats = [&](int rank) {
+    int n = 0;
+    for (auto& [src, m] : h.hub.take_all(rank)) n += std::holds_alternative<proto::RouterBeat>(m) && src == kRouterRank;
+    return n;
+  };
+  for (int r : {kP1, kP2, kD1}) {
+    INFO("rank " << r);
+    const int n = beats(r);
+    CHECK((n >= 2 && n <= 3));  // 2.1 s of beats a second apart
+  }
+  CHECK(beats(kD2) == 0);
+}
+
 TEST_CASE("router: a fenced rank that comes back is told to rejoin and re-admitted under a new epoch", "[router]") {
   Harness h;
   h.silent.insert(kD2);

@@ -419,6 +419,38 @@ TEST_CASE("workers: a migrated request goes on with the tokens the whole run giv
     }
 }
 
+TEST_CASE("workers: a worker that hears nothing from the router for router_ms stops, its own pauses not counted",
+          "[workers]") {
+  using namespace std::chrono_literals;
+  ClusterConfig cfg = small_config();
+  cfg.timeouts.router_ms = 2000;
+  cfg.timeouts.startup_ms = 3000;
+  MiniCluster c(cfg);
+  c.use_fake_clock();
+  auto idle_for = [&](int steps, bool beat_each_second) {
+    for (int i = 0; i < steps; ++i) {
+      if (beat_each_second && i % 100 == 0) c.hub.send(kRouter, kDecode, proto::RouterBeat{});
+      c.step_decode();
+      c.pass(10ms);
+    }
+  };
+  idle_for(250, false);  // 2.5 s: past router_ms, but the router was never heard (startup_ms)
+  CHECK(c.decode->router_lost().is_ok());
+  idle_for(300, true);  // heard, and beating
+  CHECK(c.decode->router_lost().is_ok());
+  c.hub.send(kRouter, kDecode, proto::RouterBeat{});
+  c.step_decode();
+  c.pass(60s);  // the process was stopped (or in one long pass): counts as 1 s at most
+  c.step_decode();
+  CHECK(c.decode->router_lost().is_ok());
+  idle_for(150, false);  // then 1.5 s more of silence while it runs: 2.5 s > router_ms
+  REQUIRE_FALSE(c.decode->router_lost().is_ok());
+  CHECK_THAT(c.decode->router_lost().message(), Catch::Contains("timeouts.router_ms"));
+  const Status ran = c.decode->run();  // stops at once, saying why
+  CHECK(ran.is_timeout());
+  CHECK(c.prefill->router_lost().is_ok());  // the prefill rank was not stepped meanwhile
+}
+
 TEST_CASE("workers: a host-staged end (a device-memory cache's path) talks to a plain one unchanged", "[workers]") {
   // The staged end sends and receives one contiguous buffer where the plain
   // end uses the region's pieces: the same bytes in wire order, so either
