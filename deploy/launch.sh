@@ -10,15 +10,23 @@
 #   deploy/launch.sh --prefill 1 --decode 1 --join-file /tmp/pd.join   # accept pools that join later
 #   deploy/launch.sh --join /tmp/pd.join --decode 2         # a pool joining that cluster (Ctrl-C: it leaves)
 #   deploy/launch.sh --prefill 0 --decode 0 --join-file F   # the router alone; every host's ranks join as pools
+#   deploy/launch.sh --supervise --prefill 1 --decode 2     # keep the pools at size: replace dead ranks, restart a dead router
 #
 # Waits for GET /health, prints the URL and a curl to try, then stays in the
 # foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# --supervise: deploy/supervise.py runs this script (without the flag) and keeps the pools at size.
+for a in "$@"; do
+  if [[ "$a" == --supervise ]]; then
+    rest=(); for b in "$@"; do [[ "$b" == --supervise ]] || rest+=("$b"); done
+    exec python3 "$ROOT/deploy/supervise.py" "${rest[@]}"
+  fi
+done
 
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
 BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
 while [[ $# -gt 0 ]]; do

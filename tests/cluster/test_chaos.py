@@ -68,12 +68,17 @@ SETTLE_S = 30       # KV blocks back, re-admission
 
 # ------------------------------------------------------------------ streams
 
+def sampling_of(i):
+    """Every 8th stream of a load samples (seeded: the text is still known in advance)."""
+    return {"temperature": 0.8, "top_p": 1.0, "seed": 1000 + i} if i % 8 == 5 else {}
+
+
 class Stream:
     """One streamed request, read line by line with the times that matter."""
 
-    def __init__(self, i, endpoint, prompt, max_tokens):
+    def __init__(self, i, endpoint, prompt, max_tokens, sampling=None):
         self.i, self.endpoint, self.max_tokens = i, endpoint, max_tokens
-        self.body = request_body(endpoint, prompt, max_tokens, stream=True, ignore_eos=True)
+        self.body = request_body(endpoint, prompt, max_tokens, stream=True, ignore_eos=True, **(sampling or {}))
         self.status, self.http_body, self.problem = None, "", ""
         self.events = []                     # parsed data payloads ('[DONE]' or dicts), in order
         self.t_sent = self.t_text = self.t_end = None   # sent, first non-empty text, response over
@@ -179,7 +184,8 @@ class Load:
     """N streamed requests sent at once, each on its own thread."""
 
     def __init__(self, port, prompts, max_tokens=MAX_TOKENS):
-        self.streams = [Stream(i, "chat" if i % 4 == 3 else "completion", p, max_tokens) for i, p in enumerate(prompts)]
+        self.streams = [Stream(i, "chat" if i % 4 == 3 else "completion", p, max_tokens, sampling_of(i))
+                        for i, p in enumerate(prompts)]
         self.lock = threading.Lock()
         self.texting = 0
         self.threads = [threading.Thread(target=s.read, args=(port, self.on_text, BOUND_S + 60), daemon=True)
@@ -224,9 +230,11 @@ def prompts(n, seed, lo, hi):
 
 
 def greedy_texts(prompt_list):
-    """pd-generate's greedy text for each prompt, as Load sends it (every 4th one as chat)."""
+    """pd-generate's text for each prompt, as Load sends it (every 4th one as chat; greedy, or
+    sampled with the same seed: sampling_of)."""
     t0 = time.time()
-    cases = [{"prompt": p, "chat": i % 4 == 3, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    cases = [dict({"prompt": p, "chat": i % 4 == 3, "max_tokens": MAX_TOKENS, "ignore_eos": True,
+                   "temperature": 0.0}, **{k: v for k, v in sampling_of(i).items() if k != "top_p"})
              for i, p in enumerate(prompt_list)]
     want = [r["text"] for r in reference(DEFAULT_MODEL, cases)]
     print("pd-generate reference for %d prompts: %.1f s" % (len(want), time.time() - t0))

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Keeps a pdcluster at its configured size (deploy/launch.sh --supervise runs this).
+
+    deploy/supervise.py --prefill 2 --decode 2 [other launch.sh options]
+    deploy/supervise.py --colocated 2 [...]
+
+Starts the cluster with deploy/launch.sh (accepting pools that join: --join-file), then
+every second reads the router's GET /health:
+  - a pool one rank short (a rank died, or was fenced and is down) gets a replacement: a
+    one-rank pool started with `launch.sh --join` that joins through the cluster's join
+    path. One replacement per pool at a time; one that does not come up within
+    --start-timeout, or ends within a minute, counts as a failure, and the next waits
+    twice as long (1 s, 2 s, 4 s ... up to 60 s). After --max-failures failures in a row
+    the pool is given up on, with a message saying so; a minute up resets the count.
+  - the router gone (its process ended, or /health unanswered for --router-timeout
+    seconds while no pd-router runs): the whole job is stopped and started again, so a
+    new router serves with fresh pools (the workers cannot yet move to a new router; they
+    stop by themselves after timeouts.router_ms). At most --max-restarts restarts in a row
+    that do not reach a healthy cluster.
+SIGTERM / Ctrl-C: the replacement pools leave, the cluster drains (launch.sh), everything
+started here ends; the exit code is the cluster's."""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "deploy", "launch.sh")
+# A replacement that ends sooner than this after it started counts as a failed one.
+STABLE_S = 60.0
+# launch.sh options a replacement pool repeats (the rest concern the router and the job).
+POOL_OPTIONS = ("--model", "--config", "--build", "--threads", "--kv-dtype", "--mca")
+
+
+def log(msg):
+    print("supervise: " + msg, file=sys.stderr, flush=True)
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=True)
+    ap.add_argument("--prefill", type=int, default=None)
+    ap.add_argument("--decode", type=int, default=None)
+    ap.add_argument("--colocated", type=int, default=None)
+    ap.add_argument("--start-timeout", type=float, default=180.0, help="seconds for a replacement to come up")
+    ap.add_argument("--max-failures", type=int, default=5, help="failed replacements in a row before giving up")
+    ap.add_argument("--router-timeout", type=float, default=3.0, help="seconds of unanswered /health (no pd-router)")
+    ap.add_argument("--max-restarts", type=int, default=5, help="restarts in a row without a healthy cluster")
+    args, rest = ap.parse_known_args(argv)
+    for flag in ("--join", "--join-file", "--dry-run", "--no-wait"):
+        if flag in rest:
+            ap.error("%s is not taken with --supervise (it runs its own join file and stays in the foreground)" % flag)
+    if args.colocated is not None:
+        if args.prefill is not None:
+            ap.error("--colocated takes no --prefill")
+        targets = {"decode": args.colocated}
+        job = ["--colocated", str(args.colocated)]
+    else:
+        targets = {"prefill": 1 if args.prefill is None else args.prefill, "decode": 1 if args.decode is None else args.decode}
+        job = ["--prefill", str(targets["prefill"]), "--decode", str(targets["decode"])]
+    if min(targets.values()) < 1:
+        ap.error("every pool needs at least 1 rank to be kept")
+    pool_args, i = [], 0
+    while i < len(rest):
+        n = (3 if rest[i] == "--mca" else 2) if rest[i] in POOL_OPTIONS else 1
+        if n > 1:
+            pool_args += rest[i:i + n]
+        i += n
+    return args, targets, job + rest, pool_args
+
+
+class Job:
+    """One launch.sh process (the cluster, or a pool) in its own process group."""
+
+    def __init__(self, argv, name):
+        self.name, self.started = name, time.time()
+        self.proc = subprocess.Popen([LAUNCH] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.url = None
+        threading.Thread(target=self._relay, daemon=True).start()
+
+    def _relay(self):
+        for line in self.proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            m = re.search(r"pdcluster is up: (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        """SIGTERM: launch.sh drains the cluster, or the pool leaves it (a second one kills the job)."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout):
+        """Waits `timeout` s after stop(); then a second SIGTERM (launch.sh kills its mpirun), then SIGKILL."""
+        for sig, grace in ((None, timeout), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            if sig == signal.SIGKILL:
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except OSError:
+                    pass
+            elif sig is not None and self.alive():
+                self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                continue
+        return self.proc.wait()
+
+
+def health(url, timeout=2.0):
+    """(status, body) of GET /health, or (None, None) when unanswered."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read())
+        except ValueError:
+            return e.code, {}
+    except (OSError, ValueError):
+        return None, None
+
+
+def live_counts(body):
+    """Ranks per pool that are up, starting or draining (not down)."""
+    out = {"prefill": 0, "decode": 0}
+    for r in (body or {}).get("ranks") or []:
+        if r.get("state") != "down":
+            out["prefill" if r.get("role") == "prefill" else "decode"] += 1
+    return out
+
+
+def router_running(join_file):
+    """Whether this cluster's pd-router runs (launch.sh passes it the join file)."""
+    return subprocess.run(["pgrep", "-f", "pd-router .*--join-file " + re.escape(join_file)],
+                          capture_output=True).returncode == 0
+
+
+class Pool:
+    """Replacements for one pool: one at a time, with back-off, given up on after failing too often."""
+
+    def __init__(self, role, target, sup):
+        self.role, self.target, self.sup = role, target, sup
+        self.pending, self.live = None, []
+        self.failures, self.next_try, self.given_up = 0, 0.0, False
+
+    def step(self, counts, join_file):
+        now = time.time()
+        for j in [j for j in self.live if not j.alive()]:
+            self.live.remove(j)
+            if now - j.started < STABLE_S:
+                self.failed("a replacement ended %.0f s after it started" % (now - j.started))
+        if self.failures and self.live and all(now - j.started >= STABLE_S for j in self.live):
+            self.failures = 0  # it stayed up: the pool is healthy again
+        if self.pending is not None:
+            if counts[self.role] >= self.target and self.pending.alive():
+                log("%s replacement joined after %.1f s" % (self.role, now - self.pending.started))
+                self.live.append(self.pending)
+                self.pending = None
+            elif not self.pending.alive() or now - self.pending.started > self.sup.start_timeout:
+                why = "the replacement ended" if not self.pending.alive() else "the replacement did not come up"
+                self.pending.stop()
+                self.pending.wait(10)
+                self.pending = None
+                self.failed(why)
+            return
+        if counts[self.role] >= self.target or self.given_up or now < self.next_try:
+            return
+        log("%s pool has %d of %d ranks: starting a replacement" % (self.role, counts[self.role], self.target))
+        self.pending = Job(["--join", join_file, "--" + self.role, "1"] + self.sup.pool_args, self.role)
+
+    def failed(self, why):
+        self.failures += 1
+        if self.failures >= self.sup.max_failures:
+            self.given_up = True
+            log("%s: %s; %d replacements in a row failed: not replacing %s ranks any more (see the log above)"
+                % (self.role, why, self.failures, self.role))
+            return
+        delay = min(60.0, 2.0 ** (self.failures - 1))
+        self.next_try = time.time() + delay
+        log("%s: %s (failure %d of %d); next try in %.0f s" % (self.role, why, self.failures, self.sup.max_failures, delay))
+
+    def jobs(self):
+        return self.live + ([self.pending] if self.pending else [])
+
+
+class Supervisor:
+    def __init__(self, args, targets, job_argv, pool_args):
+        self.start_timeout, self.max_failures = args.start_timeout, args.max_failures
+        self.router_timeout, self.max_restarts = args.router_timeout, args.max_restarts
+        self.targets, self.job_argv, self.pool_args = targets, job_argv, pool_args
+        self.join_file = os.path.join(tempfile.mkdtemp(prefix="pd-supervise-"), "cluster.join")
+        self.stopping = False
+
+    def start_cluster(self):
+        self.cluster = Job(self.job_argv + ["--join-file", self.join_file], "cluster")
+        self.pools = {role: Pool(role, n, self) for role, n in self.targets.items()}
+        self.unanswered_since = None
+
+    def router_lost(self, status):
+        """The router is gone: its job ended, or /health unanswered with no pd-router running."""
+        if not self.cluster.alive():
+            return "the cluster's mpirun ended (exit %s)" % self.cluster.proc.returncode
+        if self.cluster.url is None or status is not None:
+            self.unanswered_since = None
+            return None
+        self.unanswered_since = self.unanswered_since or time.time()
+        if time.time() - self.unanswered_since > self.router_timeout and not router_running(self.join_file):
+            return "GET /health unanswered for %.0f s and no pd-router running" % self.router_timeout
+        return None
+
+    def restart(self, why, restarts):
+        log("the router is gone (%s): restarting the cluster (restart %d of %d)" % (why, restarts, self.max_restarts))
+        self.end_all(timeout=5)
+        time.sleep(min(30.0, 2.0 ** (restarts - 1)))
+        self.start_cluster()
+
+    def end_all(self, timeout=60):
+        """Every job started here ends: asked to (drain, leave), then made to after `timeout` s."""
+        jobs = [j for p in self.pools.values() for j in p.jobs()] + [self.cluster]
+        for j in jobs:
+            j.stop()
+        for j in jobs:
+            j.wait(timeout)
+
+    def run(self):
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        self.start_cluster()
+        restarts = 0
+        while not self.stopping:
+            time.sleep(1.0)
+            if self.stopping:
+                break
+            status, body = health(self.cluster.url) if self.cluster.url else (None, None)
+            why = self.router_lost(status)
+            if why:
+                restarts += 1
+                if restarts > self.max_restarts:
+                    log("the router keeps failing (%d restarts in a row): giving up" % (restarts - 1))
+                    self.end_all(timeout=5)
+                    return 1
+                self.restart(why, restarts)
+                continue
+            if status == 200 and body.get("status") == "ok":
+                restarts = 0
+            if body is not None:
+                counts = live_counts(body)
+                for pool in self.pools.values():
+                    pool.step(counts, self.join_file)
+        log("stopping: replacement pools leave, the cluster drains")
+        self.end_all()
+        return self.cluster.proc.returncode or 0
+
+    def on_signal(self, signum, frame):
+        self.stopping = True
+
+
+def main(argv):
+    args, targets, job_argv, pool_args = parse(argv)
+    return Supervisor(args, targets, job_argv, pool_args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

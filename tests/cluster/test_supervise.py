@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The supervised cluster keeps its size (deploy/launch.sh --supervise).
+
+    tests/cluster/test_supervise.py pools
+
+Starts `launch.sh --supervise --prefill 1 --decode 1` on the default model (one thread a
+rank, timeouts.heartbeat_ms 2000, timeouts.router_ms 3000), then:
+  1. kill -9 the decode rank: within 30 s a replacement has joined and is up, /health
+     counts one decode rank up again, and a request is served by the new rank;
+  2. kill -9 the router: within 60 s a new router answers and serves a request with the
+     pools at their size;
+  3. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
+     supervisor exits.
+
+Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import BUILD, DEFAULT_MODEL, ROOT, check, need_default_model, run_suite, wait_for  # noqa: E402
+
+CONFIG = {"model": DEFAULT_MODEL, "http": {"port": 0},
+          "timeouts": {"heartbeat_ms": 2000, "router_ms": 3000, "drain_ms": 10000}}
+
+
+class Supervised:
+    """launch.sh --supervise in its own session, its output in a log file."""
+
+    def __init__(self, tmp):
+        self.config = os.path.join(tmp, "cluster.json")
+        with open(self.config, "w") as f:
+            json.dump(CONFIG, f)
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [os.path.join(ROOT, "deploy", "launch.sh"), "--supervise", "--prefill", "1", "--decode", "1",
+               "--config", self.config, "--build", BUILD, "--threads", "1"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def url(self):
+        """The URL of the newest cluster it started (a restart binds a new port)."""
+        found = re.findall(r"pdcluster is up: (http://\S+)", self.output())
+        return found[-1] if found else None
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(self.url() + path, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (OSError, TypeError):
+            return None, ""
+
+    def health(self):
+        status, body = self.get("/health")
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, {}
+
+    def complete(self):
+        req = urllib.request.Request(self.url() + "/v1/completions", method="POST",
+                                     data=json.dumps({"prompt": "The capital of France is", "max_tokens": 8,
+                                                      "temperature": 0}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["choices"][0]["text"]
+
+    def processes(self):
+        """{pid: exe} of the pd-* processes using this test's config."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            exe = os.path.basename(argv[0].decode(errors="replace"))
+            if exe.startswith("pd-") and self.config.encode() in argv:
+                out[int(pid)] = exe
+        return out
+
+    def kill_all(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def ranks_up(h):
+    """{role: ranks up} from a /health body."""
+    out = {}
+    for r in h.get("ranks") or []:
+        if r.get("state") == "up":
+            out[r["role"]] = out.get(r["role"], 0) + 1
+    return out
+
+
+def healthy(s):
+    status, h = s.health()
+    return status == 200 and h.get("status") in ("ok", "degraded") and ranks_up(h) == {"prefill": 1, "decode": 1}
+
+
+def suite_pools(tmp):
+    need_default_model()
+    s = Supervised(tmp)
+    try:
+        wait_for(lambda: s.url() and healthy(s), 180, "the supervised cluster to come up")
+        want = s.complete()
+        print("up at %s; a request: %r" % (s.url(), want))
+
+        # 1. a decode rank dies: replaced within 30 s
+        decode = [pid for pid, exe in s.processes().items() if exe == "pd-decode"]
+        check(len(decode) == 1, "decode processes: %s" % decode)
+        os.kill(decode[0], signal.SIGKILL)
+        t0 = time.time()
+
+        def replaced():
+            status, h = s.health()
+            new = [r for r in h.get("ranks") or [] if r.get("role") == "decode" and r.get("state") == "up"]
+            return status == 200 and len(new) == 1 and any(pid not in decode for pid, exe in s.processes().items()
+                                                          if exe == "pd-decode")
+        try:
+            wait_for(replaced, 30, "a replacement decode rank up")
+        except AssertionError:
+            raise AssertionError("kill -9 the decode rank: no replacement up within 30 s: /health %s\n%s"
+                                 % (s.health(), s.output()[-4000:]))
+        print("kill -9 decode rank (pid %d): replaced, up %.1f s later" % (decode[0], time.time() - t0))
+        got = s.complete()
+        check(got == want, "after the replacement: %r != %r" % (got, want))
+        print("the replacement serves: %r" % got)
+
+        # 2. the router dies: a new one serves within 60 s
+        router = [pid for pid, exe in s.processes().items() if exe == "pd-router"]
+        check(len(router) == 1, "router processes: %s" % router)
+        old_url = s.url()
+        os.kill(router[0], signal.SIGKILL)
+        t0 = time.time()
+        try:
+            wait_for(lambda: s.url() != old_url and healthy(s), 60, "a new router")
+        except AssertionError:
+            raise AssertionError("kill -9 the router: no new router serving within 60 s: /health %s\n%s"
+                                 % (s.health(), s.output()[-4000:]))
+        got = s.complete()
+        check(got == want, "after the router restart: %r != %r" % (got, want))
+        print("kill -9 router (pid %d): a new router serves at %s %.1f s later" % (router[0], s.url(), time.time() - t0))
+
+        # 3. SIGTERM: everything ends
+        os.kill(s.proc.pid, signal.SIGTERM)
+        t0 = time.time()
+        try:
+            rc = s.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("SIGTERM: the supervisor still runs 90 s later\n" + s.output()[-4000:])
+        wait_for(lambda: not s.processes(), 15, "every pd-* process to end")
+        print("SIGTERM: the supervisor exited %s and every process ended %.1f s later" % (rc, time.time() - t0))
+    except AssertionError:
+        print("---- supervisor output (tail)\n" + s.output()[-6000:])
+        raise
+    finally:
+        s.kill_all()
+
+
+if __name__ == "__main__":
+    run_suite({"pools": suite_pools}, "test_supervise.py")
