@@ -666,6 +666,7 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
   }
   s.sampler.emplace(s.params);
   s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
+  count_prompt(0, static_cast<int64_t>(s.tokens.size()));  // no prefix sharing on decode ranks
   proto::TokenEvent ev = next_token_event(s, rows.subspan(rows.size() - static_cast<size_t>(vocab)));
   ev.prompt_logprobs = std::move(s.prompt_logprobs);
   ev.queue_s = seconds(s.prefill_started - s.arrived);
@@ -732,6 +733,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     }
     s.sampler.emplace(s.params);
     s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
+    count_prompt(0, static_cast<int64_t>(s.tokens.size()));  // no prefix sharing on decode ranks
     proto::TokenEvent ev = next_token_event(s, row_at(row++));
     ev.prompt_logprobs = std::move(prompt_logprobs);
     ev.queue_s = seconds(t0 - s.arrived);

@@ -294,7 +294,7 @@ Status PrefillWorker::place_chunk(Job& job, int64_t end) {
                                  : blocks.allocate(seq, prompt.first(static_cast<size_t>(end)));
     PD_RETURN_IF_ERROR(cached.status());
     job.has_seq = true;
-    job.done = *cached;
+    job.done = job.cached = *cached;
   } else {
     std::vector<BlockCopy> copies;  // a prompt's last block is its own: nothing to copy
     PD_RETURN_IF_ERROR(blocks.append(seq, prompt.subspan(static_cast<size_t>(job.done),
@@ -443,6 +443,7 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span
     return std::nullopt;
   }
   std::erase(queue_, job.req.id);
+  count_prompt(job.cached, static_cast<int64_t>(job.req.prompt.size()) - job.cached);
   Sampler sampler(sp);  // the decode rank's own sampler replays this token (Sampler::replay)
   sampler.resume(job.req.prompt);
   std::vector<float> scratch;

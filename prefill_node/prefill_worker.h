@@ -63,6 +63,7 @@ class PrefillWorker final : public WorkerCore {
     Clock::time_point arrived, offered, started, computed;  // started: its first chunk's pass began
     bool has_seq = false;
     int64_t done = 0;                    // leading prompt tokens whose KV is in the cache (cached ones included)
+    int64_t cached = 0;                  // of them, found in the prefix cache at its first chunk
     int64_t chunk_end = 0;               // end of the chunk placed for the running (or last) pass
     std::vector<LogprobEntry> prompt_logprobs;  // gathered chunk by chunk
     bool last_chunk() const { return chunk_end == static_cast<int64_t>(req.prompt.size()); }

@@ -28,14 +28,18 @@ std::vector<int> Membership::worker_ranks(int except) const {
 void Membership::on_report(int source, const proto::LoadReport& m) {
   WorkerView* w = workers_.find(source);
   if (w->state != RankState::kDown) {
+    const proto::LoadReport before = w->load;
     workers_.on_report(source, m);
+    metrics_.count_prompt_tokens(*w, before, m);
     return;
   }
   const proto::Epoch next = w->epoch + 1;
   if (m.epoch == next) {
     // It dropped everything of its old incarnation (Rejoin): admit it again.
+    const proto::LoadReport before = w->load;
     workers_.mark_up(source, next);
     workers_.on_report(source, m);
+    metrics_.count_prompt_tokens(*w, before, m);
     spdlog::info("router: {} rank {} is back (epoch {})", role_label(*w), source, next);
     for (int r : worker_ranks(source)) channel_.send(r, proto::PeerUp{source, next});
     return;

@@ -31,6 +31,10 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
                                           {0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0})),
       prompt_tokens_total(registry.counter("pd_prompt_tokens_total", "Prompt tokens of dispatched requests")),
       generation_tokens_total(registry.counter("pd_generation_tokens_total", "Tokens generated")),
+      rank_prompt_tokens_total(registry.counter(
+          "pd_rank_prompt_tokens_total",
+          "Prompt tokens whose KV the rank built, by source: cache (its prefix cache held them) or computed",
+          {"role", "rank", "source"})),
       running(registry.gauge("pd_running_sequences", "Sequences in a worker's batch (last report)", {"role", "rank"})),
       waiting(registry.gauge("pd_waiting_requests", "Requests queued on a worker (last report)", {"role", "rank"})),
       free_blocks(registry.gauge("pd_free_kv_blocks", "Free KV blocks of a worker (last report)", {"role", "rank"})),
@@ -84,6 +88,16 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
       quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));
     }
   }
+}
+
+void RouterMetrics::count_prompt_tokens(const WorkerView& w, const proto::LoadReport& before,
+                                        const proto::LoadReport& now) {
+  // Totals since the rank started: a smaller one is a new process's (count it whole).
+  auto grew = [](int64_t was, int64_t is) { return static_cast<double>(is >= was ? is - was : is); };
+  const std::string role = role_label(w), rank = std::to_string(w.rank);
+  rank_prompt_tokens_total.inc({role, rank, "cache"}, grew(before.prompt_tokens_cached, now.prompt_tokens_cached));
+  rank_prompt_tokens_total.inc({role, rank, "computed"},
+                               grew(before.prompt_tokens_computed, now.prompt_tokens_computed));
 }
 
 void RouterMetrics::rank_left(const WorkerView& w) {

@@ -22,6 +22,8 @@ struct RouterMetrics {
   void observe_transfer(const proto::TransferStats& m);
   // The per-rank gauges, from the worker table's last reports and states.
   void update_ranks(const WorkerTable& workers, int block_size);
+  // A rank's load report `now` after `before`: what its prompt-token totals grew by.
+  void count_prompt_tokens(const WorkerView& w, const proto::LoadReport& before, const proto::LoadReport& now);
   // A rank left: its series stay (a metric's children live as long as the
   // registry), as it left, holding nothing.
   void rank_left(const WorkerView& w);
@@ -38,6 +40,7 @@ struct RouterMetrics {
   Histogram& transfer_hidden;
   Counter& prompt_tokens_total;
   Counter& generation_tokens_total;
+  Counter& rank_prompt_tokens_total;
   Gauge& running;
   Gauge& waiting;
   Gauge& free_blocks;

@@ -193,6 +193,8 @@ void WorkerCore::report_load(bool force) {
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;
   r.epoch = epoch_;
+  r.prompt_tokens_cached = prompt_tokens_cached_;
+  r.prompt_tokens_computed = prompt_tokens_computed_;
   load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
 }
 

@@ -127,6 +127,12 @@ class WorkerCore {
   // a request's blocks; `has_blocks` is cleared.
   void release_blocks(proto::RequestId id, bool& has_blocks, bool kv_written);
   int64_t blocks_for_tokens(int64_t n) const;
+  // A prompt's KV is complete: `cached` of its tokens came from the prefix
+  // cache, `computed` were computed (load reports carry the totals).
+  void count_prompt(int64_t cached, int64_t computed) {
+    prompt_tokens_cached_ += cached;
+    prompt_tokens_computed_ += computed;
+  }
   const char* role() const { return role_; }
 
   const ClusterConfig cfg_;
@@ -157,6 +163,7 @@ class WorkerCore {
   bool shutdown_ = false;
   bool drained_sent_ = false, leave_sent_ = false;
   LoadReporter load_reporter_;
+  int64_t prompt_tokens_cached_ = 0, prompt_tokens_computed_ = 0;
   bool heard_router_ = false;  // any message from the router yet
   Clock::duration router_silence_{};
   std::optional<Clock::time_point> last_iteration_;

@@ -157,7 +157,8 @@ struct ToJson {
   json operator()(const LoadReport& m) const {
     return {{"t", "load"},           {"waiting", m.waiting},         {"running", m.running},
             {"free", m.free_blocks}, {"total", m.total_blocks}, {"preemptions", m.preemptions},
-            {"ready", m.ready},        {"epoch", m.epoch},             {"quarantined", m.quarantined_blocks}};
+            {"ready", m.ready},        {"epoch", m.epoch},             {"quarantined", m.quarantined_blocks},
+            {"cached", m.prompt_tokens_cached}, {"computed", m.prompt_tokens_computed}};
   }
 };
 
@@ -239,6 +240,8 @@ Message from_json(const json& j) {
     m.ready = j.at("ready").get<bool>();
     m.epoch = j.at("epoch").get<Epoch>();
     m.quarantined_blocks = j.at("quarantined").get<int64_t>();
+    m.prompt_tokens_cached = j.at("cached").get<int64_t>();
+    m.prompt_tokens_computed = j.at("computed").get<int64_t>();
     return m;
   }
   throw std::out_of_range("unknown message type '" + t + "'");

@@ -194,6 +194,10 @@ struct LoadReport {
   bool ready = false;         // model loaded, serving
   Epoch epoch = 0;            // the rank's incarnation (see Rejoin)
   int64_t quarantined_blocks = 0;  // KV blocks held back until MPI can no longer write into them
+  // Prompt tokens of the prompts this rank computed, since it started: their KV
+  // found in its prefix cache, or computed.
+  int64_t prompt_tokens_cached = 0;
+  int64_t prompt_tokens_computed = 0;
 };
 
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,

@@ -204,6 +204,25 @@ def suite_identity(tmp):
                       "stop %r on %r: got %r (%s), want %r" % (stop, case, got[0], got[2], want))
             break
         wait_for(lambda: blocks_all_free(c), 30, "blocks of stop-string requests to be freed")
+        # Every prompt's KV was built once on a prefill rank, from its prefix cache or computed;
+        # the same prompts sent again found some of it cached.
+        said = {}
+
+        def prompt_tokens_add_up():
+            m = c.metrics()
+            said["cache"] = sum(v for k, v in m.items() if k.startswith("pd_rank_prompt_tokens_total{")
+                                and 'role="prefill"' in k and 'source="cache"' in k)
+            said["computed"] = sum(v for k, v in m.items() if k.startswith("pd_rank_prompt_tokens_total{")
+                                   and 'role="prefill"' in k and 'source="computed"' in k)
+            said["dispatched"] = m.get("pd_prompt_tokens_total", 0)
+            return said["cache"] + said["computed"] == said["dispatched"]
+        try:
+            wait_for(prompt_tokens_add_up, 10, "prompt token counts")
+        except AssertionError:
+            raise AssertionError("pd_rank_prompt_tokens_total (prefill) %s does not add up to pd_prompt_tokens_total"
+                                 % said)
+        check(said["cache"] > 0, "the prompts sent again found nothing in a prefix cache: %s" % said)
+        print("prompt tokens: %d from prefix caches, %d computed" % (said["cache"], said["computed"]))
         concurrent_identity(c, DEFAULT_MODEL, mixed_prompts(64), 64)
         check(c.stop() == 0, "clean exit after SIGTERM")
 

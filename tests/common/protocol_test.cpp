@@ -148,9 +148,12 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   lr.ready = true;
   lr.epoch = 2;
   lr.quarantined_blocks = 5;
+  lr.prompt_tokens_cached = 640;
+  lr.prompt_tokens_computed = 1234;
   const LoadReport lr2 = round_trip(lr);
   CHECK((lr2.waiting == 2 && lr2.running == 3 && lr2.free_blocks == 100 && lr2.preemptions == 7 && lr2.ready));
   CHECK((lr2.epoch == 2 && lr2.quarantined_blocks == 5));
+  CHECK((lr2.prompt_tokens_cached == 640 && lr2.prompt_tokens_computed == 1234));
 }
 
 TEST_CASE("protocol: malformed bytes are a Corruption value", "[protocol]") {

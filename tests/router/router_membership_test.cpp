@@ -63,6 +63,28 @@ TEST_CASE("router: every worker hears the router beat once a second, but not a r
   CHECK(beats(kD2) == 0);
 }
 
+TEST_CASE("router: prompt tokens from each rank's cache and computed, from its load reports", "[router]") {
+  Harness h;
+  h.live = {kD1, kD2};  // the prefill ranks report only what the test sends (well within heartbeat_ms)
+  auto report = [&](int rank, int64_t cached, int64_t computed) {
+    proto::LoadReport lr;
+    lr.ready = true;
+    lr.free_blocks = lr.total_blocks = 1000;
+    lr.prompt_tokens_cached = cached;
+    lr.prompt_tokens_computed = computed;
+    h.hub.send(rank, kRouterRank, lr);
+    h.pump_for(1ms);
+  };
+  report(kP1, 0, 100);
+  report(kP1, 64, 130);   // a prompt of 94 tokens, 64 of them cached
+  report(kP1, 64, 130);   // nothing new
+  report(kP2, 16, 20);
+  const std::string m = h.get("/metrics").body;
+  CHECK(m.find("pd_rank_prompt_tokens_total{role=\"prefill\",rank=\"1\",source=\"cache\"} 64") != std::string::npos);
+  CHECK(m.find("pd_rank_prompt_tokens_total{role=\"prefill\",rank=\"1\",source=\"computed\"} 130") != std::string::npos);
+  CHECK(m.find("pd_rank_prompt_tokens_total{role=\"prefill\",rank=\"2\",source=\"cache\"} 16") != std::string::npos);
+}
+
 TEST_CASE("router: a fenced rank that comes back is told to rejoin and re-admitted under a new epoch", "[router]") {
   Harness h;
   h.silent.insert(kD2);

@@ -451,6 +451,24 @@ TEST_CASE("workers: a worker that hears nothing from the router for router_ms st
   CHECK(c.prefill->router_lost().is_ok());  // the prefill rank was not stepped meanwhile
 }
 
+TEST_CASE("workers: load reports count prompt tokens found in the prefix cache and computed", "[workers]") {
+  MiniCluster c(small_config());
+  const proto::PrefillRequest first = MiniCluster::request(1, 40, 2);
+  proto::PrefillRequest again = first;  // the same 40 tokens: two whole 16-token blocks are cached
+  again.id = 2;
+  c.submit(first);
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  c.submit(again);
+  REQUIRE(c.run_until([&] { return c.finished(2); }));
+  REQUIRE(c.run_until([&] {
+    return c.loads[kPrefill].prompt_tokens_cached + c.loads[kPrefill].prompt_tokens_computed == 80;
+  }));
+  CHECK(c.loads[kPrefill].prompt_tokens_cached == 32);
+  CHECK(c.loads[kPrefill].prompt_tokens_computed == 48);
+  CHECK(c.loads[kDecode].prompt_tokens_computed == 0);  // it computes no prompt here (not colocated)
+  REQUIRE(c.settle());
+}
+
 TEST_CASE("workers: a host-staged end (a device-memory cache's path) talks to a plain one unchanged", "[workers]") {
   // The staged end sends and receives one contiguous buffer where the plain
   // end uses the region's pieces: the same bytes in wire order, so either
