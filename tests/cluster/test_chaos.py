@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chaos tests: a rank dies, or stops and comes back, while the cluster is under load.
 
-    tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont,router_kill}
+    tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont,router_kill,colocated_kill}
 
 Each suite starts 1 router + 2 prefill + 2 decode ranks (default model, one
 thread each, timeouts.heartbeat_ms 4000) and sends 32 concurrent streamed
@@ -17,6 +17,8 @@ stop_cont:    kill -STOP the busiest decode rank once most streams have started;
               by the others; every stream ends while it is still stopped;
               kill -CONT: it is re-admitted (pd_rank_up back to 1) and every KV
               block of every rank comes back.
+colocated_kill: decode_kill on 1 router + 2 colocated ranks (each prefills and
+              decodes): the streams of the killed rank migrate to the other.
 router_kill:  kill -9 the router under load (timeouts.router_ms 3000): every
               stream's connection ends (none hangs), every worker rank stops
               within router_ms plus MPI's bounded finalize, saying why, and
@@ -329,14 +331,14 @@ def new_requests(c, what):
 
 
 @contextlib.contextmanager
-def chaos_cluster(extra=None):
-    """A 2P+2D cluster (CONFIG plus `extra`); on the way out every STOPped rank is continued, the job is
-    stopped (SIGTERM to the router, SIGKILL after 60 s), and anything left of it killed."""
+def chaos_cluster(extra=None, colocated=False):
+    """A 2P+2D cluster, or colocated x2 (CONFIG plus `extra`); on the way out every STOPped rank is
+    continued, the job is stopped (SIGTERM to the router, SIGKILL after 60 s), and anything left of it killed."""
     stopped = set()
     cfg = json.loads(json.dumps(CONFIG))
     for k, v in (extra or {}).items():
         cfg.setdefault(k, {}).update(v)
-    c = Cluster(prefill=2, decode=2, config=cfg, threads=1)
+    c = Cluster(colocated=2, config=cfg, threads=1) if colocated else Cluster(prefill=2, decode=2, config=cfg, threads=1)
     c.stopped = stopped
     try:
         with c:
@@ -427,13 +429,14 @@ def check_down(c, rank, ranks, what):
     return time.time() - t0
 
 
-def kill_suite(role, prompt_words, trigger, extra=None):
+def kill_suite(role, prompt_words, trigger, extra=None, colocated=False):
     need_default_model()
-    load_prompts = prompts(N, seed=len(role), lo=prompt_words[0], hi=prompt_words[1])
+    load_prompts = prompts(N, seed=len(role) + colocated, lo=prompt_words[0], hi=prompt_words[1])
     want = greedy_texts(load_prompts)
-    with chaos_cluster(extra) as c:
+    with chaos_cluster(extra, colocated) as c:
         ranks = workers(c)
-        check(sorted(ranks.values()) == ["decode", "decode", "prefill", "prefill"], "worker ranks: %s" % ranks)
+        layout = ["decode", "decode"] if colocated else ["decode", "decode", "prefill", "prefill"]
+        check(sorted(ranks.values()) == layout, "worker ranks: %s" % ranks)
         h0 = health_shows(c, set(), ranks)
         before = outcomes(c)
         retried0 = c.metric("pd_requests_retried_total")
@@ -483,6 +486,12 @@ def suite_decode_kill(tmp):
     # Most streams have started: the killed rank holds requests mid-stream (they
     # migrate) and maybe some not yet started (re-run).
     kill_suite("decode", (20, 40), lambda c, load, ranks: load.started() >= N * 3 // 4)
+
+
+def suite_colocated_kill(tmp):
+    # Colocated x2: the killed rank's streams migrate to the other rank, which prefills
+    # prompt + tokens so far itself.
+    kill_suite("decode", (20, 40), lambda c, load, ranks: load.started() >= N * 3 // 4, colocated=True)
 
 
 def suite_prefill_kill(tmp):
@@ -592,7 +601,7 @@ def suite_router_kill(tmp):
 
 
 SUITES = {"decode_kill": suite_decode_kill, "prefill_kill": suite_prefill_kill, "stop_cont": suite_stop_cont,
-          "router_kill": suite_router_kill}
+          "router_kill": suite_router_kill, "colocated_kill": suite_colocated_kill}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_chaos.py")
