@@ -57,8 +57,8 @@ def parse(argv):
         if flag in rest:
             ap.error("%s is not taken with --supervise (it runs its own join file and stays in the foreground)" % flag)
     if args.colocated is not None:
-        if args.prefill is not None:
-            ap.error("--colocated takes no --prefill")
+        if args.prefill is not None or args.decode is not None:
+            ap.error("--colocated takes no --prefill or --decode")
         targets = {"decode": args.colocated}
         job = ["--colocated", str(args.colocated)]
     else:
@@ -245,6 +245,10 @@ class Supervisor:
                 break
             status, body = health(self.cluster.url) if self.cluster.url else (None, None)
             why = self.router_lost(status)
+            if why and self.cluster.url is None and self.cluster.proc.returncode == 2:
+                log("launch.sh refused its options (above): nothing to supervise")
+                self.end_all(timeout=5)
+                return 2
             if why:
                 restarts += 1
                 if restarts > self.max_restarts:

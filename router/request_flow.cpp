@@ -22,9 +22,8 @@ bool Router::serves(const Request& r, int source) {
 void Router::dispatch_queued() {
   while (Request* found = requests_.front_of_queue()) {
     Request& r = *found;
-    // A migrated request's prompt holds the tokens already generated; it generates the rest.
-    const int64_t n = static_cast<int64_t>(r.prompt.size() + r.generated.size());
-    const int32_t max_tokens = r.api.sampling.max_tokens - static_cast<int32_t>(r.generated.size());
+    const int64_t n = attempt_prompt_tokens(r);
+    const int32_t max_tokens = attempt_max_tokens(r);
     auto choice = workers_.pick(n, max_tokens, cfg_.router.max_inflight_per_worker);
     if (!choice) break;
     requests_.pop_queue();
@@ -80,7 +79,6 @@ bool Router::on_token(Request& r, int32_t index, const PendingToken& t) {
     finalize(r.wire_id, End::kFinished, "length", {}, t.finish == proto::Finish::kNone);
     return false;
   }
-  ++r.n_generated;
   r.generated.push_back(t.token);
   if (r.out->push(t, *r.response, model_.name)) {  // a stop string matched: end it here, tell the workers
     finalize(r.wire_id, End::kFinished, "stop");
@@ -130,7 +128,7 @@ bool Router::rerun(Request& r, const std::string& why) {
   requests_.requeue(old_id, requests_.new_id(), env_->now());  // the next attempt travels under a new wire id
   if (migrating) {
     spdlog::info("router: migrating request {} as {} after {} tokens (attempt {}): {}", old_id, r.wire_id,
-                 r.n_generated, r.attempts + 1, why);
+                 r.n_generated(), r.attempts + 1, why);
     metrics_.migrated_total.inc();
   } else {
     spdlog::info("router: re-running request {} as {} (attempt {}): {}", old_id, r.wire_id, r.attempts + 1, why);
@@ -169,7 +167,7 @@ void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reaso
     case End::kFinished: {
       metrics_.requests_total.inc({"finished"});
       if (resp.ended) break;
-      const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated};
+      const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated()};
       const bool first_chunk = !r.out->first_chunk_sent();
       answer_finished_choice(resp, r.out->finish(finish_reason), usage, first_chunk, model_.name);
       break;

@@ -41,16 +41,20 @@ bool retryable(proto::FailureKind k) {
 bool may_rerun(const Request& r, const RerunPolicy& policy, bool stopping) {
   const bool before_tokens = r.state == RequestState::kDispatched;
   const bool migrates = r.state == RequestState::kStreaming && policy.migrate &&
-                        r.n_generated < r.api.sampling.max_tokens;  // tokens left to generate
+                        attempt_max_tokens(r) > 0;  // tokens left to generate
   return (before_tokens || migrates) && r.attempts < policy.max_attempts && !stopping;
 }
+
+int64_t attempt_prompt_tokens(const Request& r) { return static_cast<int64_t>(r.prompt.size()) + r.n_generated(); }
+
+int32_t attempt_max_tokens(const Request& r) { return r.api.sampling.max_tokens - static_cast<int32_t>(r.n_generated()); }
 
 proto::PrefillRequest attempt_message(const Request& r, int32_t decode_rank) {
   proto::PrefillRequest m{r.wire_id, r.prompt, r.api.sampling, decode_rank};
   if (r.generated.empty()) return m;
   m.prompt.insert(m.prompt.end(), r.generated.begin(), r.generated.end());
-  m.sampling.resumed_tokens = static_cast<int32_t>(r.generated.size());
-  m.sampling.max_tokens -= static_cast<int32_t>(r.generated.size());
+  m.sampling.resumed_tokens = static_cast<int32_t>(r.n_generated());
+  m.sampling.max_tokens = attempt_max_tokens(r);
   m.sampling.prompt_logprobs = false;
   return m;
 }

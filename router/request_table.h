@@ -58,8 +58,8 @@ struct Request {  // one choice of an answer
   std::unique_ptr<ChoiceStream> out;
   bool prefill_done = false;
   DispatchChoice where;           // the pair serving the current attempt (kDispatched, kStreaming)
-  int64_t n_generated = 0;
-  std::vector<TokenId> generated;  // the tokens the client was given (n_generated of them)
+  std::vector<TokenId> generated;  // the tokens the client was given
+  int64_t n_generated() const { return static_cast<int64_t>(generated.size()); }
   // The current attempt as sent (a migrated one's prompt ends with `generated`).
   int64_t sent_prompt_tokens = 0;
   int32_t sent_max_tokens = 0;
@@ -77,6 +77,10 @@ struct RerunPolicy {
 // Whether a failed attempt of `r` runs again: it has attempts left, the router
 // is not stopping, and no token reached the client yet or migration is on.
 bool may_rerun(const Request& r, const RerunPolicy& policy, bool stopping);
+// The next attempt's prompt length and max_tokens: a migrated request's prompt
+// ends with the tokens generated so far, and it generates the rest.
+int64_t attempt_prompt_tokens(const Request& r);
+int32_t attempt_max_tokens(const Request& r);
 // The current attempt's message to the workers: the prompt, and for a migrated
 // request the tokens generated so far after it (sampling.resumed_tokens), the
 // tokens still to generate (max_tokens) and no prompt logprobs (given already).

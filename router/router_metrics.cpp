@@ -92,12 +92,13 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
 
 void RouterMetrics::count_prompt_tokens(const WorkerView& w, const proto::LoadReport& before,
                                         const proto::LoadReport& now) {
-  // Totals since the rank started: a smaller one is a new process's (count it whole).
-  auto grew = [](int64_t was, int64_t is) { return static_cast<double>(is >= was ? is - was : is); };
+  // Totals since the rank started (they only grow): most reports add nothing.
+  const int64_t cached = now.prompt_tokens_cached - before.prompt_tokens_cached;
+  const int64_t computed = now.prompt_tokens_computed - before.prompt_tokens_computed;
+  if (cached <= 0 && computed <= 0) return;
   const std::string role = role_label(w), rank = std::to_string(w.rank);
-  rank_prompt_tokens_total.inc({role, rank, "cache"}, grew(before.prompt_tokens_cached, now.prompt_tokens_cached));
-  rank_prompt_tokens_total.inc({role, rank, "computed"},
-                               grew(before.prompt_tokens_computed, now.prompt_tokens_computed));
+  rank_prompt_tokens_total.inc({role, rank, "cache"}, static_cast<double>(cached));  // both series from the first prompt
+  rank_prompt_tokens_total.inc({role, rank, "computed"}, static_cast<double>(computed));
 }
 
 void RouterMetrics::rank_left(const WorkerView& w) {

@@ -11,6 +11,8 @@ rank, timeouts.heartbeat_ms 2000, timeouts.router_ms 3000), then:
      pools at their size;
   3. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
      supervisor exits.
+First, a flag launch.sh refuses (--model of a missing file) ends the supervisor at once
+with exit 2 and launch.sh's message, instead of restarting.
 
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
 import json
@@ -118,8 +120,20 @@ def healthy(s):
     return status == 200 and h.get("status") in ("ok", "degraded") and ranks_up(h) == {"prefill": 1, "decode": 1}
 
 
+def bad_options():
+    """A flag launch.sh refuses ends the supervisor at once with launch.sh's message (no restarts)."""
+    t0 = time.time()
+    r = subprocess.run([os.path.join(ROOT, "deploy", "launch.sh"), "--supervise", "--model", "/nonexistent.gguf",
+                        "--build", BUILD], capture_output=True, text=True, timeout=60)
+    out = r.stdout + r.stderr
+    check(r.returncode == 2 and "--model: no such file" in out and "refused its options" in out,
+          "a bad --model under --supervise: exit %s, output:\n%s" % (r.returncode, out[-2000:]))
+    print("a bad --model: exit 2 in %.1f s, naming the flag" % (time.time() - t0))
+
+
 def suite_pools(tmp):
     need_default_model()
+    bad_options()
     s = Supervised(tmp)
     try:
         wait_for(lambda: s.url() and healthy(s), 180, "the supervised cluster to come up")

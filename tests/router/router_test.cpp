@@ -125,6 +125,62 @@ TEST_CASE("router: a decode rank lost mid-stream: the stream goes on from the ne
   }
 }
 
+TEST_CASE("router: which failed attempts run again, and what a migrated attempt sends", "[router]") {
+  Request r;
+  r.wire_id = 9;
+  r.prompt = {5, 6, 7};
+  r.api.sampling.max_tokens = 4;
+  r.api.sampling.prompt_logprobs = true;
+  r.api.sampling.logprobs = 0;
+  const RerunPolicy on{3, true}, off{3, false};
+  r.state = RequestState::kDispatched;
+  r.attempts = 1;
+  CHECK(may_rerun(r, off, false));  // no token out: a re-run, migration or not
+  CHECK_FALSE(may_rerun(r, on, true));  // stopping
+  r.attempts = 3;
+  CHECK_FALSE(may_rerun(r, on, false));  // attempts used up
+  r.attempts = 1;
+  r.state = RequestState::kStreaming;
+  r.generated = {40, 41};
+  CHECK(may_rerun(r, on, false));
+  CHECK_FALSE(may_rerun(r, off, false));
+  const proto::PrefillRequest m = attempt_message(r, 4);
+  CHECK(m.id == 9);
+  CHECK(m.decode_rank == 4);
+  CHECK(m.prompt == std::vector<TokenId>{5, 6, 7, 40, 41});
+  CHECK(m.sampling.resumed_tokens == 2);
+  CHECK(m.sampling.max_tokens == 2);
+  CHECK_FALSE(m.sampling.prompt_logprobs);
+  CHECK(attempt_prompt_tokens(r) == 5);
+  r.generated = {40, 41, 42, 43};  // every token out: nothing left to migrate
+  CHECK_FALSE(may_rerun(r, on, false));
+  r.state = RequestState::kFinished;
+  r.generated.clear();
+  CHECK_FALSE(may_rerun(r, on, false));
+}
+
+TEST_CASE("router: a re-run request's queue deadline counts from when it went back to the queue", "[router]") {
+  Harness h(150, 30000, false, [](ClusterConfig& c) {
+    c.router.max_inflight_per_worker = 1;  // two pairs, each busy with one request
+    c.timeouts.queue_ms = 300;
+  });
+  auto a = h.post(kBody);
+  auto b = h.post(kBody);
+  auto ds = h.dispatched_n(2, 50ms);
+  REQUIRE(ds.size() == 2);
+  if (ds[0].second.id > ds[1].second.id) std::swap(ds[0], ds[1]);  // a's first
+  h.pump_for(400ms);  // both arrived longer than queue_ms ago
+  h.silent.insert(ds[0].second.decode_rank);
+  h.pump_for(250ms);  // declared down after 150 ms: a is back in the queue, no pair free
+  CHECK_FALSE(a->done());  // waiting, not 503 at once
+  h.serve(ds[1].first, ds[1].second);  // b ends: its pair takes a
+  CHECK(h.finish(b).status == 200);
+  auto again = h.dispatched(500ms, [&] { return a->done(); });
+  REQUIRE(again);
+  h.serve(again->first, again->second);
+  CHECK(h.finish(a).status == 200);
+}
+
 TEST_CASE("router: a stop string split across a migration still stops the choice", "[router]") {
   Harness h;
   auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 8, "stop": ["bc"]})");
