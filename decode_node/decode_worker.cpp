@@ -41,7 +41,7 @@ bool legal(DecodeWorker::SeqState from, DecodeWorker::SeqState to) {
 
 void DecodeWorker::set_state(Seq& s, SeqState to) { transition(s.state, to, s.id, "decode"); }
 
-DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                            std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
     : WorkerCore("decode", cfg, roles, std::move(engine), std::move(transport), std::move(channel)) {
   // Between layers of a long forward pass (a colocated prefill, a recompute):

@@ -54,7 +54,7 @@ class DecodeWorker final : public WorkerCore {
   // `channel` carries the control messages (MpiControlChannel in the cluster),
   // `transport` the KV bytes. run() / run_once(): WorkerCore; each iteration's
   // work accepts the offers that fit, then runs at most one step.
-  DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+  DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
   // Tests: a small tag space per prefill rank, so reuse shows within a few handoffs.
   void set_kv_tag_span(int span) { tag_span_ = span; }

@@ -11,7 +11,7 @@
 
 int main(int argc, char** argv) {
   return pd::worker_main(argc, argv, pd::Role::kDecode, [](const pd::ClusterConfig& cfg, const pd::RoleTable& roles,
-                                                            std::unique_ptr<pd::Engine> engine,
+                                                            std::shared_ptr<pd::Engine> engine,
                                                             std::shared_ptr<pd::MpiLinks> links) {
     auto transport = pd::make_kv_transport(links, *engine->backend, *engine->cache.buffer);
     pd::CommSideOptions opts;

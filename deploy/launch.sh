@@ -10,7 +10,8 @@
 #   deploy/launch.sh --prefill 1 --decode 1 --join-file /tmp/pd.join   # accept pools that join later
 #   deploy/launch.sh --join /tmp/pd.join --decode 2         # a pool joining that cluster (Ctrl-C: it leaves)
 #   deploy/launch.sh --prefill 0 --decode 0 --join-file F   # the router alone; every host's ranks join as pools
-#   deploy/launch.sh --supervise --prefill 1 --decode 2     # keep the pools at size: replace dead ranks, restart a dead router
+#   deploy/launch.sh --new-router F                         # a router for the pools of F's cluster, whose router died
+#   deploy/launch.sh --supervise --prefill 1 --decode 2     # keep the pools at size: replace dead ranks and a dead router
 #
 # Waits for GET /health, prints the URL and a curl to try, then stays in the
 # foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly.
@@ -25,8 +26,8 @@ for a in "$@"; do
 done
 
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
-BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0 NEW_ROUTER=""
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
 while [[ $# -gt 0 ]]; do
@@ -35,6 +36,7 @@ while [[ $# -gt 0 ]]; do
     --decode) need_int "$1" "${2:-}"; D="$2"; D_SET=1; shift 2 ;;
     --join-file) JOIN_FILE="${2:-}"; [[ -n "$JOIN_FILE" ]] || die "--join-file needs a path"; shift 2 ;;
     --join) JOIN="${2:-}"; [[ -f "$JOIN" ]] || die "--join: no such file '$JOIN' (the running cluster's --join-file)"; shift 2 ;;
+    --new-router) NEW_ROUTER="${2:-}"; [[ -n "$NEW_ROUTER" ]] || die "--new-router needs the cluster's join file"; shift 2 ;;
     --colocated) need_int "$1" "${2:-}"; COLOCATED="$2"; shift 2 ;;
     --hostfile) HOSTFILE="${2:-}"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
     --port) need_int "$1" "${2:-}"; PORT="$2"; shift 2 ;;
@@ -51,7 +53,15 @@ while [[ $# -gt 0 ]]; do
     *) echo "launch.sh: unknown option '$1'" >&2; usage 2 ;;
   esac
 done
-if [[ -n "$JOIN" ]]; then
+if [[ -n "$NEW_ROUTER" ]]; then
+  # The pools of a cluster whose router died wait (timeouts.rejoin_ms) for a
+  # router named in its join file: this one, through the same ompi-server.
+  [[ -z "$COLOCATED$JOIN$JOIN_FILE" && "$P_SET$D_SET" == 00 ]] ||
+    die "--new-router takes no --prefill, --decode, --colocated, --join or --join-file (the pools are running)"
+  [[ -f "$NEW_ROUTER.ompi-server" ]] ||
+    die "--new-router: no '$NEW_ROUTER.ompi-server' beside the join file (was the cluster started with --join-file?)"
+  JOIN_FILE="$NEW_ROUTER" P=0 D=0
+elif [[ -n "$JOIN" ]]; then
   [[ -z "$COLOCATED" && -z "$JOIN_FILE" ]] || die "--join takes --prefill/--decode counts (not --colocated or --join-file)"
   [[ "$P_SET" == 1 ]] || P=0
   [[ "$D_SET" == 1 ]] || D=0
@@ -126,7 +136,7 @@ if [[ -n "$JOIN_FILE" ]]; then
   # Elastic pools: an ompi-server lets separate mpiruns connect (MPI_Comm_connect/accept);
   # the router writes its port to JOIN_FILE, the server's address goes beside it.
   command -v ompi-server >/dev/null || die "--join-file needs OpenMPI's ompi-server"
-  if [[ "$DRY" == 0 ]]; then
+  if [[ "$DRY" == 0 && -z "$NEW_ROUTER" ]]; then  # (a new router uses the running cluster's server)
     rm -f "$JOIN_FILE" "$JOIN_FILE.ompi-server"
     ompi-server --no-daemonize -r "$JOIN_FILE.ompi-server" &
     OMPI_SERVER_PID=$!
@@ -135,7 +145,8 @@ if [[ -n "$JOIN_FILE" ]]; then
   fi
   MPIRUN+=(--ompi-server "file:$JOIN_FILE.ompi-server")
   RARGS+=(--join-file "$JOIN_FILE")
-  ARGS+=(--elastic)
+  # Workers accept pools, and join the next router named in the file if this one dies.
+  ARGS+=(--elastic --join-file "$JOIN_FILE")
 fi
 MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
 [[ "$P" -gt 0 ]] && MPIRUN+=(: -np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}")
@@ -196,8 +207,12 @@ if [[ -n "$API_KEY" ]]; then
   AUTH=(-H "Authorization: Bearer $API_KEY")
   AUTH_HINT=" -H 'Authorization: Bearer <http.api_key>'"
 fi
+ANNOUNCED=0
 for _ in $(seq 1 600); do
   if [[ -n "$PORT_FILE" && "$PORT" == 0 && -s "$PORT_FILE" ]]; then PORT=$(cat "$PORT_FILE"); rm -rf "$PORT_DIR"; fi
+  if [[ "$PORT" != 0 && "$ANNOUNCED" == 0 ]]; then
+    echo "launch.sh: the router answers at http://$CHOST:$PORT (waiting for GET /health to say ok)"; ANNOUNCED=1
+  fi
   if [[ "$PORT" != 0 ]] && curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
     MODEL_NAME=$(curl -s "${AUTH[@]}" "http://$CHOST:$PORT/v1/models" |
                  python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' 2>/dev/null)

@@ -13,9 +13,12 @@ every second reads the router's GET /health:
     twice as long (1 s, 2 s, 4 s ... up to 60 s). After --max-failures failures in a row
     the pool is given up on, with a message saying so; a minute up resets the count.
   - the router gone (its process ended, or /health unanswered for --router-timeout
-    seconds while no pd-router runs): the whole job is stopped and started again, so a
-    new router serves with fresh pools (the workers cannot yet move to a new router; they
-    stop by themselves after timeouts.router_ms). At most --max-restarts restarts in a row
+    seconds while no pd-router runs): a new router is started alone (`launch.sh
+    --new-router`); the workers notice the silence after timeouts.router_ms, drop what
+    they held and join it, keeping their models and caches. Replacements wait until they
+    have had the time to (timeouts.router_ms + 30 s). When that cannot work — a colocated
+    cluster, the pools' job ended too, or a new router that never got healthy — the whole
+    job is stopped and started again instead. At most --max-restarts restarts in a row
     that do not reach a healthy cluster.
 SIGTERM / Ctrl-C: the replacement pools leave, the cluster drains (launch.sh), everything
 started here ends; the exit code is the cluster's."""
@@ -37,6 +40,10 @@ LAUNCH = os.path.join(ROOT, "deploy", "launch.sh")
 STABLE_S = 60.0
 # launch.sh options a replacement pool repeats (the rest concern the router and the job).
 POOL_OPTIONS = ("--model", "--config", "--build", "--threads", "--kv-dtype", "--mca")
+# ... and those a new router repeats.
+ROUTER_OPTIONS = ("--model", "--config", "--build", "--kv-dtype", "--mca", "--port", "--host")
+# Time the workers get, past timeouts.router_ms, to join a new router before pools are replaced.
+REJOIN_MARGIN_S = 30.0
 
 
 def log(msg):
@@ -66,13 +73,32 @@ def parse(argv):
         job = ["--prefill", str(targets["prefill"]), "--decode", str(targets["decode"])]
     if min(targets.values()) < 1:
         ap.error("every pool needs at least 1 rank to be kept")
-    pool_args, i = [], 0
-    while i < len(rest):
-        n = (3 if rest[i] == "--mca" else 2) if rest[i] in POOL_OPTIONS else 1
-        if n > 1:
-            pool_args += rest[i:i + n]
+    args.colocated_job = args.colocated is not None
+    return args, targets, job + rest, options(rest, POOL_OPTIONS), options(rest, ROUTER_OPTIONS)
+
+
+def options(argv, names):
+    """The options of `names` in a launch.sh command line, with their values."""
+    out, i = [], 0
+    while i < len(argv):
+        n = (3 if argv[i] == "--mca" else 2) if argv[i] in POOL_OPTIONS + ROUTER_OPTIONS else 1
+        if argv[i] in names:
+            out += argv[i:i + n]
         i += n
-    return args, targets, job + rest, pool_args
+    return out
+
+
+def router_ms(argv):
+    """timeouts.router_ms of the config launch.sh will use (its // comments allowed)."""
+    path = os.path.join(ROOT, "deploy", "cluster.json")
+    if "--config" in argv and argv.index("--config") + 1 < len(argv):
+        path = argv[argv.index("--config") + 1]
+    try:
+        with open(path) as f:
+            text = re.sub(r"//[^\n]*", "", f.read())
+        return int(json.loads(text).get("timeouts", {}).get("router_ms", 15000))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 15000
 
 
 class Job:
@@ -89,7 +115,7 @@ class Job:
         for line in self.proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            m = re.search(r"pdcluster is up: (http://\S+)", line)
+            m = re.search(r"(?:pdcluster is up:|the router answers at) (http://\S+)", line)
             if m:
                 self.url = m.group(1)
 
@@ -143,7 +169,8 @@ def live_counts(body):
 
 def router_running(join_file):
     """Whether this cluster's pd-router runs (launch.sh passes it the join file)."""
-    return subprocess.run(["pgrep", "-f", "pd-router .*--join-file " + re.escape(join_file)],
+    # Anchored: mpirun's own command line names pd-router too.
+    return subprocess.run(["pgrep", "-f", "^[^ ]*pd-router .*--join-file " + re.escape(join_file)],
                           capture_output=True).returncode == 0
 
 
@@ -196,23 +223,32 @@ class Pool:
 
 
 class Supervisor:
-    def __init__(self, args, targets, job_argv, pool_args):
+    def __init__(self, args, targets, job_argv, pool_args, router_args):
         self.start_timeout, self.max_failures = args.start_timeout, args.max_failures
         self.router_timeout, self.max_restarts = args.router_timeout, args.max_restarts
-        self.targets, self.job_argv, self.pool_args = targets, job_argv, pool_args
+        self.targets, self.job_argv, self.pool_args, self.router_args = targets, job_argv, pool_args, router_args
+        self.colocated = args.colocated_job
+        self.rejoin_s = router_ms(job_argv) / 1000.0 + REJOIN_MARGIN_S
         self.join_file = os.path.join(tempfile.mkdtemp(prefix="pd-supervise-"), "cluster.join")
         self.stopping = False
 
     def start_cluster(self):
         self.cluster = Job(self.job_argv + ["--join-file", self.join_file], "cluster")
+        self.router = None  # a router started alone for the cluster's pools (the first one died)
+        self.router_healthy = False  # whether the newest router has served
         self.pools = {role: Pool(role, n, self) for role, n in self.targets.items()}
         self.unanswered_since = None
+        self.replace_after = 0.0  # no replacement pools before (the workers may be joining a new router)
+
+    def router_job(self):
+        return self.router or self.cluster
 
     def router_lost(self, status):
         """The router is gone: its job ended, or /health unanswered with no pd-router running."""
-        if not self.cluster.alive():
-            return "the cluster's mpirun ended (exit %s)" % self.cluster.proc.returncode
-        if self.cluster.url is None or status is not None:
+        job = self.router_job()
+        if not job.alive():
+            return "the %s's mpirun ended (exit %s)" % (job.name, job.proc.returncode)
+        if job.url is None or status is not None:
             self.unanswered_since = None
             return None
         self.unanswered_since = self.unanswered_since or time.time()
@@ -221,18 +257,35 @@ class Supervisor:
         return None
 
     def restart(self, why, restarts):
+        pools_kept = not self.colocated and self.cluster.alive() and (self.router is None or self.router_healthy)
+        if restarts > 1:
+            time.sleep(min(30.0, 2.0 ** (restarts - 2)))
+        if pools_kept:
+            log("the router is gone (%s): starting a new router for the running pools (restart %d of %d)"
+                % (why, restarts, self.max_restarts))
+            if self.router is not None:
+                self.router.stop()
+                self.router.wait(5)
+            self.router = Job(["--new-router", self.join_file] + self.router_args, "router")
+            self.router_healthy = False
+            self.unanswered_since = None
+            self.replace_after = time.time() + self.rejoin_s
+            return
         log("the router is gone (%s): restarting the cluster (restart %d of %d)" % (why, restarts, self.max_restarts))
         self.end_all(timeout=5)
-        time.sleep(min(30.0, 2.0 ** (restarts - 1)))
         self.start_cluster()
 
     def end_all(self, timeout=60):
         """Every job started here ends: asked to (drain, leave), then made to after `timeout` s."""
-        jobs = [j for p in self.pools.values() for j in p.jobs()] + [self.cluster]
+        jobs = [j for p in self.pools.values() for j in p.jobs()] + [self.router_job()]
         for j in jobs:
             j.stop()
         for j in jobs:
             j.wait(timeout)
+        if self.router is not None:
+            # The first job's workers drained through the new router and exit;
+            # its mpirun ends with them (or is made to).
+            self.cluster.wait(15)
 
     def run(self):
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -243,9 +296,10 @@ class Supervisor:
             time.sleep(1.0)
             if self.stopping:
                 break
-            status, body = health(self.cluster.url) if self.cluster.url else (None, None)
+            url = self.router_job().url
+            status, body = health(url) if url else (None, None)
             why = self.router_lost(status)
-            if why and self.cluster.url is None and self.cluster.proc.returncode == 2:
+            if why and self.router is None and self.cluster.url is None and self.cluster.proc.returncode == 2:
                 log("launch.sh refused its options (above): nothing to supervise")
                 self.end_all(timeout=5)
                 return 2
@@ -259,21 +313,21 @@ class Supervisor:
                 continue
             if status == 200 and body.get("status") == "ok":
                 restarts = 0
-            if body is not None:
+                self.router_healthy = True
+            if body is not None and time.time() >= self.replace_after:
                 counts = live_counts(body)
                 for pool in self.pools.values():
                     pool.step(counts, self.join_file)
         log("stopping: replacement pools leave, the cluster drains")
         self.end_all()
-        return self.cluster.proc.returncode or 0
+        return self.router_job().proc.returncode or 0
 
     def on_signal(self, signum, frame):
         self.stopping = True
 
 
 def main(argv):
-    args, targets, job_argv, pool_args = parse(argv)
-    return Supervisor(args, targets, job_argv, pool_args).run()
+    return Supervisor(*parse(argv)).run()
 
 
 if __name__ == "__main__":

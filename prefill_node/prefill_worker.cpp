@@ -56,7 +56,7 @@ bool legal(PrefillWorker::JobState from, PrefillWorker::JobState to) {
 
 void PrefillWorker::set_state(Job& job, JobState to) { transition(job.state, to, job.req.id, "prefill"); }
 
-PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                              std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
     : WorkerCore("prefill", cfg, roles, std::move(engine), std::move(transport), std::move(channel)) {
   // Layer hook: runs on this thread inside forward(), right after a layer's KV

@@ -50,7 +50,7 @@ class PrefillWorker final : public WorkerCore {
  public:
   // `channel` carries the control messages (MpiControlChannel in the cluster),
   // `transport` the KV bytes. run() / run_once(): WorkerCore.
-  PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+  PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                 std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
 
  private:

@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
     int world = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (pd::Status st = links->listen(world); !st.is_ok()) return abort_job(st.to_string());
-    if (pd::Status st = pd::write_join_file(flags.join_file, links->port(), roles->self); !st.is_ok())
+    if (pd::Status st = pd::write_join_file(
+            flags.join_file, {links->port(), roles->self, roles->hosts[roles->self], roles->pids[roles->self]}); !st.is_ok())
       return abort_job(st.to_string() + " (--join-file)");
     spdlog::info("router: accepting joining pools (join file {})", flags.join_file);
   }

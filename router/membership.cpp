@@ -81,7 +81,11 @@ void Membership::on_join(int source, const proto::Join& m) {
   a.colocated = workers_.colocated();
   std::vector<int> linked;
   for (const WorkerView& w : prefill ? workers_.decode() : workers_.prefill()) {
-    if (w.state != RankState::kUp || w.port.empty()) continue;
+    // Up, or joined a moment ago and not ready yet (ranks that join together
+    // — a pool's ranks after a new router started — must link to each other);
+    // a rank of the joiner's own pool is reached through their MPI job.
+    const bool live = w.state == RankState::kUp || w.state == RankState::kStarting;
+    if (!live || w.port.empty() || (!m.pool.empty() && w.pool == m.pool)) continue;
     a.peers.push_back({w.rank, static_cast<int32_t>(w.is_prefill ? Role::kPrefill : Role::kDecode), w.port});
     linked.push_back(w.rank);
   }

@@ -12,7 +12,7 @@
 namespace pd {
 
 WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTable& roles,
-                       std::unique_ptr<Engine> engine, std::unique_ptr<Transport> transport,
+                       std::shared_ptr<Engine> engine, std::unique_ptr<Transport> transport,
                        std::unique_ptr<ControlChannel> channel)
     : cfg_(cfg),
       roles_(roles),
@@ -20,7 +20,8 @@ WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTab
       transport_(std::move(transport)),
       channel_(std::move(channel)),
       env_(std::make_shared<ClusterEnv>(roles)),
-      role_(role) {
+      role_(role),
+      heard_router_(roles.joined) {
   header_ = engine_->wire_header();
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
 }
@@ -36,12 +37,7 @@ Status WorkerCore::run() {
     // Idle: wait for a message or a transfer that ended (the communication side
     // wakes us), at most 5 ms — deadlines and load reports need no finer step.
     if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
-  if (!router_lost_.is_ok()) {
-    // Nobody can reach this rank's requests any more: stop rather than linger.
-    spdlog::critical("{} rank {}: {}; stopping ({} requests dropped)", role_, roles_.self, router_lost_.message(),
-                     held());
-    return router_lost_;
-  }
+  if (!router_lost_.is_ok()) return end_without_router();
   if (!device_fault_.is_ok()) {
     // The device is gone: nothing more can run here. Leave like a crashed rank
     // (the cluster's heartbeats fence it and re-run or fail what it held).
@@ -79,6 +75,29 @@ bool WorkerCore::handle_messages(bool in_pass) {
     return std::holds_alternative<proto::RouterBeat>(m) || mid_pass_message(m);
   };
   return channel_->receive_while(now_ok, fn) > 0;
+}
+
+Status WorkerCore::end_without_router() {
+  // Nobody can reach this rank's requests any more: drop them, and let the
+  // transfers they began end (cancelled receives, sends the peer gives up).
+  const size_t dropped = held();
+  drop_all();
+  const auto end = Clock::now() + exit_grace();
+  while ((held() > 0 || transport_->pending() > 0) && Clock::now() < end) {
+    progress_transfers();
+    check_deadlines();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (held() > 0 || transport_->pending() > 0) {
+    // A transfer still in flight may yet write into this rank's KV memory:
+    // it must not serve again in this process.
+    spdlog::critical("{} rank {}: {}; stopping ({} requests dropped; {} KV transfers did not end)", role_, roles_.self,
+                     router_lost_.message(), dropped, transport_->pending());
+    return router_lost_;
+  }
+  spdlog::warn("{} rank {}: {}; {} requests dropped, nothing in flight", role_, roles_.self, router_lost_.message(),
+               dropped);
+  return Status::unavailable(router_lost_.message());
 }
 
 void WorkerCore::watch_router() {

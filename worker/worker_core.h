@@ -25,8 +25,10 @@
 // - Load reports (LoadReport), at most every few ms unless forced.
 // - The router's liveness: it beats once a second (RouterBeat); after
 //   timeouts.router_ms without any message from it the router is gone and
-//   run() stops (pools do not linger). Only time this loop runs counts: a long
-//   pass or the process being stopped is not the router's silence.
+//   run() stops: the rank drops what it held, then joins a new router
+//   (worker_main, timeouts.rejoin_ms) or exits (pools do not linger). Only
+//   time this loop runs counts: a long pass or the process being stopped is
+//   not the router's silence.
 // - run()'s end: shutdown, the router gone, or a device failure (the rank
 //   leaves like a crashed one: the router's heartbeat fences it).
 //
@@ -60,7 +62,10 @@ class WorkerCore {
   WorkerCore& operator=(const WorkerCore&) = delete;
 
   // Serves until the router sends Shutdown (OK), the router is gone or the
-  // device fails (why, as an error).
+  // device fails (why, as an error). The router gone: what this rank held is
+  // dropped; Unavailable when nothing is left in flight (the rank may serve a
+  // new router with the same engine), Timeout when a KV transfer did not end
+  // within exit_grace() (it must not: its memory may still be written).
   Status run();
   // One iteration of run()'s loop (for tests and run()): handles the messages
   // that arrived, progresses transfers, applies deadlines, does at most one
@@ -81,7 +86,7 @@ class WorkerCore {
  protected:
   using Clock = std::chrono::steady_clock;
   // `role`: "prefill" or "decode" (log lines say "<role> rank N").
-  WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTable& roles, std::unique_ptr<Engine> engine,
+  WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
              std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
 
   // --- What each worker supplies ---
@@ -137,7 +142,7 @@ class WorkerCore {
 
   const ClusterConfig cfg_;
   const RoleTable roles_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Engine> engine_;  // shared with worker_main: it outlives a router (see run())
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ControlChannel> channel_;
   std::shared_ptr<const Env> env_;
@@ -158,13 +163,15 @@ class WorkerCore {
   // Counts the router's silence since the last iteration (at most 1 s of it:
   // a long pass or a stopped process is not silence) and gives up past its limit.
   void watch_router();
+  // run()'s end when the router fell silent (see run()).
+  Status end_without_router();
 
   const char* role_;
   bool shutdown_ = false;
   bool drained_sent_ = false, leave_sent_ = false;
   LoadReporter load_reporter_;
   int64_t prompt_tokens_cached_ = 0, prompt_tokens_computed_ = 0;
-  bool heard_router_ = false;  // any message from the router yet
+  bool heard_router_;  // any message from the router yet (a joined rank has had its answer)
   Clock::duration router_silence_{};
   std::optional<Clock::time_point> last_iteration_;
   Status router_lost_;

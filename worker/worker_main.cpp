@@ -38,6 +38,23 @@ static int node_local_rank() {
 
 namespace {
 
+void set_rank_in_log(Role role, int id) {
+  spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(id) + "] [%l] %v");
+}
+
+// A rank whose router is gone: waits for the join file to name a new router
+// (timeouts.rejoin_ms) and joins it alone. Its new table, or why not.
+Result<RoleTable> wait_and_rejoin(const ClusterConfig& cfg, const RoleTable& lost, const std::string& join_file,
+                                  MpiLinks& links, const std::string& kv_dtype) {
+  spdlog::info("waiting up to {} ms for a new router in '{}' (timeouts.rejoin_ms)", cfg.timeouts.rejoin_ms, join_file);
+  PD_ASSIGN_OR_RETURN(JoinTarget target, wait_for_new_router(join_file, lost.hosts[lost.router], lost.pids[lost.router],
+                                                             std::chrono::milliseconds(cfg.timeouts.rejoin_ms)));
+  auto table = rejoin_cluster(links, target, lost, cfg.kv.block_size, kv_dtype);
+  if (!table.is_ok()) return Status::unavailable("joining the new router of '" + join_file + "': " + table.status().message());
+  spdlog::info("joined the new router ({}:{}) as rank {}", target.host, target.pid, table->self);
+  return table;
+}
+
 // The engine a rank of `role` runs, from the cluster config.
 EngineConfig engine_config(const ClusterConfig& cfg, Role role) {
   EngineConfig ec;
@@ -78,7 +95,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(rank) + "] [%l] %v");
+  set_rank_in_log(role, rank);
   auto abort_job = [&](const std::string& what) {
     spdlog::critical("{}", what);
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -106,6 +123,7 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   if ((*engine)->backend->device_memory())
     spdlog::info("model and KV cache on {} device {} ({})", ec.backend, ec.device, (*engine)->backend->device_id());
 
+  std::shared_ptr<Engine> shared_engine = std::move(engine).value();
   auto links = std::make_shared<MpiLinks>();
   RoleTable table = *roles;
   if (flags.elastic || joining) {
@@ -115,16 +133,34 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
     auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size, kv_dtype_name(ec.kv_dtype));
     if (!joined.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + joined.status().message());
     table = std::move(joined).value();
-    spdlog::set_pattern(std::string("[%H:%M:%S.%e] [") + role_name(role) + " " + std::to_string(table.self) +
-                        "] [%l] %v");
+    set_rank_in_log(role, table.self);
     // SIGTERM to a joined rank: leave (drain, then exit); see leave_requested().
     std::signal(SIGTERM, on_leave_signal);
   } else if (flags.elastic) {
     if (Status st = send_now(*links, table.router, proto::Listening{links->port()}); !st.is_ok())
       return abort_job("telling the router this rank's MPI port: " + st.to_string());
   }
-  Status st = body(*cfg, table, std::move(engine).value(), links);
-  if (!st.is_ok()) spdlog::error("{}", st.to_string());
+  // Where a new router is named if this one goes (joined: the file joined by).
+  // Not for a colocated rank: a new router (launch.sh --new-router) starts
+  // disaggregated.
+  const std::string rejoin_file =
+      table.colocated() ? std::string() : joining ? flags.join : (flags.elastic ? flags.join_file : std::string());
+  Status st = body(*cfg, table, shared_engine, links);
+  // The router is gone and this rank holds nothing: serve the next one (same
+  // engine: model and prefix cache stay) if one takes the cluster in time.
+  while (st.is_unavailable() && !rejoin_file.empty() && cfg->timeouts.rejoin_ms > 0) {
+    auto rejoined = wait_and_rejoin(*cfg, table, rejoin_file, *links, kv_dtype_name(ec.kv_dtype));
+    if (!rejoined.is_ok()) {
+      st = rejoined.status();
+      break;
+    }
+    table = std::move(rejoined).value();
+    set_rank_in_log(role, table.self);
+    std::signal(SIGTERM, on_leave_signal);  // like a joined rank now: SIGTERM asks to leave
+    st = body(*cfg, table, shared_engine, links);
+  }
+  if (st.is_unavailable()) spdlog::critical("{}; stopping", st.message());
+  else if (!st.is_ok()) spdlog::error("{}", st.to_string());
   const int code = st.is_ok() ? 0 : 1;
   if (g_left && !joining) {
     // Drained out of the cluster; the rest of the job serves on. MPI_Finalize

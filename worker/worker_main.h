@@ -14,12 +14,17 @@
 namespace pd {
 
 // The body gets the rank's links (shared by its control channel and KV transport).
-using WorkerBody = std::function<Status(const ClusterConfig&, const RoleTable&, std::unique_ptr<Engine>,
+// It is called again, with the same engine, each time the rank joins a new
+// router after its own was lost (run() ended Unavailable).
+using WorkerBody = std::function<Status(const ClusterConfig&, const RoleTable&, std::shared_ptr<Engine>,
                                         std::shared_ptr<MpiLinks>)>;
 
-// Usage: pd-<role> [CONFIG.json] [--model PATH] [--threads N] [--elastic | --join FILE].
+// Usage: pd-<role> [CONFIG.json] [--model PATH] [--threads N] [--elastic [--join-file FILE] | --join FILE].
 // A joining rank (--join) links to the running cluster before its loop starts
-// and, on SIGTERM, asks the router to drain and remove it. A start-up
+// and, on SIGTERM, asks the router to drain and remove it. When the router is
+// gone, a rank with a join file (--join, or --elastic --join-file) waits up
+// to timeouts.rejoin_ms for a new router to be named there and joins it
+// alone, keeping its engine; otherwise, or past that, it exits. A start-up
 // error (bad flag, unreadable config, model that does not load) is printed
 // naming the flag or file and aborts the whole MPI job, so a cluster never
 // half-starts. Returns the process exit code.

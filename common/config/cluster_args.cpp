@@ -37,7 +37,9 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   app.add_option("--port-file", port_file, "file the router writes its bound port to (overrides http.port_file)");
   app.add_flag("--elastic", launch.elastic, "worker: accept ranks that join the cluster later (launch.sh --join-file)");
   app.add_option("--join", launch.join, "worker: join the running cluster this file (the router's --join-file) names");
-  app.add_option("--join-file", launch.join_file, "router: accept joining ranks; write where to join to this file");
+  app.add_option("--join-file", launch.join_file,
+                 "router: accept joining ranks; write where to join to this file. Worker (with --elastic): the file "
+                 "to find a new router in when this one is gone");
   *help = false;
   try {
     app.parse(argc, argv);

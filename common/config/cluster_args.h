@@ -15,7 +15,8 @@ namespace pd {
 struct LaunchFlags {
   bool elastic = false;   // --elastic: a worker of the launching job that accepts ranks joining later
   std::string join;       // --join FILE: a worker joining the running cluster FILE describes
-  std::string join_file;  // --join-file FILE: the router accepts joins and writes FILE
+  std::string join_file;  // --join-file FILE: the router accepts joins and writes FILE; an --elastic worker
+                          // joins the router FILE names next if its own is gone
 };
 // Whether the command line asks for an elastic rank (read before MPI_Init: it
 // decides the MPI thread level).

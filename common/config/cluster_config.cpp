@@ -171,7 +171,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("prefill_queue_ms", c.timeouts.prefill_queue_ms).get("request_ms", c.timeouts.request_ms)
         .get("queue_ms", c.timeouts.queue_ms)
         .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms)
-        .get("heartbeat_ms", c.timeouts.heartbeat_ms).get("router_ms", c.timeouts.router_ms).finish();
+        .get("heartbeat_ms", c.timeouts.heartbeat_ms).get("router_ms", c.timeouts.router_ms)
+        .get("rejoin_ms", c.timeouts.rejoin_ms).finish();
   }));
   PD_RETURN_IF_ERROR(c.validate());
   return c;
@@ -237,6 +238,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("timeouts.heartbeat_ms", timeouts.heartbeat_ms, 1500, 86400000));
   // The router beats once a second: the same floor.
   PD_RETURN_IF_ERROR(range("timeouts.router_ms", timeouts.router_ms, 1500, 86400000));
+  PD_RETURN_IF_ERROR(range("timeouts.rejoin_ms", timeouts.rejoin_ms, 0, 86400000));
   return Status::ok();
 }
 

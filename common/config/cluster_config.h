@@ -109,6 +109,7 @@ struct ClusterConfig {
     int startup_ms = 120000;   // workers to report ready
     int heartbeat_ms = 5000;   // a rank silent this long is declared down (its requests re-run or fail)
     int router_ms = 15000;     // a worker that hears nothing from the router this long stops (it is gone)
+    int rejoin_ms = 60000;     // then waits this long for a new router to take it back (join file); 0 = exits
   } timeouts;
 
   // Reads a JSON file. IoError naming the path; InvalidArgument naming the key.

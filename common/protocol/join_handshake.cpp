@@ -55,36 +55,24 @@ Result<proto::Message> receive_now(MpiLinks& links, int from, std::chrono::milli
   }
 }
 
-struct JoinTarget {
-  std::string port;
-  int router = -1;
-};
-
-Result<JoinTarget> read_join_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return Status::not_found("cannot read join file '" + path + "' (the router's --join-file)");
-  try {
-    const nlohmann::json j = nlohmann::json::parse(f);
-    return JoinTarget{j.at("port").get<std::string>(), j.at("router").get<int>()};
-  } catch (const std::exception& e) {
-    return Status::invalid_argument("join file '" + path + "': " + e.what());
-  }
-}
-
 // MPI_Comm_connect has no deadline of its own: a cluster that is gone (a
 // stale join file) would leave a joining pool waiting for ever. While this
-// object lives, a detached thread ends the pool's job (MPI_Abort), saying why,
-// once `grace` has passed; destroying it (the handshake finished, however it
-// ended) disarms the thread.
+// object lives, a detached thread ends the pool's job (MPI_Abort) — or, for a
+// rank joining alone (rejoin_cluster), only this process — saying why, once
+// `grace` has passed; destroying it (the handshake finished, however it ended)
+// disarms the thread.
 class JoinWatchdog {
  public:
-  JoinWatchdog(const std::string& join_file, std::chrono::milliseconds grace) : state_(std::make_shared<State>()) {
-    std::thread([state = state_, grace, join_file] {
+  enum class OnExpiry { kAbortJob, kExitProcess };
+  JoinWatchdog(const std::string& join_file, std::chrono::milliseconds grace, OnExpiry action = OnExpiry::kAbortJob)
+      : state_(std::make_shared<State>()) {
+    std::thread([state = state_, grace, join_file, action] {
       std::unique_lock lock(state->mu);
       if (state->cv.wait_for(lock, grace, [&] { return state->done; })) return;
       spdlog::critical("could not join the cluster of '{}' within {} s: is it running (launch.sh --join-file)?",
                        join_file, std::chrono::duration_cast<std::chrono::seconds>(grace).count());
       spdlog::default_logger()->flush();
+      if (action == OnExpiry::kExitProcess) std::_Exit(2);
       MPI_Abort(MPI_COMM_WORLD, 2);
     }).detach();
   }
@@ -119,7 +107,7 @@ struct JoinRequest {
 // to every worker it names and say Hello. Fills `accepted` on success.
 Status join_one_rank(MpiLinks& links, const JoinRequest& req, proto::JoinAccepted& accepted) {
   const RoleTable& world = req.world;
-  PD_ASSIGN_OR_RETURN(int router, links.connect(req.target.port, req.target.router));
+  PD_ASSIGN_OR_RETURN(int router, links.connect(req.target.port, req.target.rank));
   PD_RETURN_IF_ERROR(send_now(links, router,
                               proto::Join{static_cast<int32_t>(world.roles[world.self]), world.hosts[world.self],
                                           world.pids[world.self], req.block_size, links.port(), req.pool,
@@ -139,19 +127,21 @@ Status join_one_rank(MpiLinks& links, const JoinRequest& req, proto::JoinAccepte
 
 // This rank's table in the cluster's ids, from the pool's world table, the
 // ids its ranks were given (`ids`, by world rank) and this rank's JoinAccepted.
-RoleTable joined_table(const RoleTable& world, const std::vector<int>& ids, int router,
+RoleTable joined_table(const RoleTable& world, const std::vector<int>& ids, const JoinTarget& router,
                        const proto::JoinAccepted& accepted) {
   RoleTable t;
   const int size = static_cast<int>(ids.size());
-  const int max_id = std::max(*std::max_element(ids.begin(), ids.end()), router);
+  const int max_id = std::max(*std::max_element(ids.begin(), ids.end()), router.rank);
   int top = max_id;
   for (const proto::JoinPeer& p : accepted.peers) top = std::max(top, p.rank);
   t.roles.assign(static_cast<size_t>(top) + 1, Role::kDecode);
   t.hosts.assign(static_cast<size_t>(top) + 1, std::string());
   t.pids.assign(static_cast<size_t>(top) + 1, 0);
   t.self = accepted.rank;
-  t.router = router;
+  t.router = router.rank;
   t.roles[t.router] = Role::kRouter;
+  t.hosts[t.router] = router.host;  // who the router is (rejoin_cluster tells a new one from it)
+  t.pids[t.router] = router.pid;
   for (int r = 0; r < size; ++r) {
     t.roles[ids[r]] = world.roles[r];
     t.hosts[ids[r]] = world.hosts[r];
@@ -167,14 +157,27 @@ RoleTable joined_table(const RoleTable& world, const std::vector<int>& ids, int 
   // A decode rank of a disaggregated cluster must not think it is colocated
   // (it would prefill prompts itself): it learns the mode from the router.
   t.joined_disaggregated = !accepted.colocated;
+  t.joined = true;
   return t;
 }
 
 }  // namespace
 
-Status write_join_file(const std::string& path, const std::string& port, int router_rank) {
-  return write_file_atomically(path, nlohmann::json{{"port", port}, {"router", router_rank}}.dump() + "\n",
-                               "join file");
+Result<JoinTarget> read_join_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return Status::not_found("cannot read join file '" + path + "' (the router's --join-file)");
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    return JoinTarget{j.at("port").get<std::string>(), j.at("router").get<int>(), j.value("host", std::string()),
+                      j.value("pid", 0)};
+  } catch (const std::exception& e) {
+    return Status::invalid_argument("join file '" + path + "': " + e.what());
+  }
+}
+
+Status write_join_file(const std::string& path, const JoinTarget& router) {
+  const nlohmann::json j{{"port", router.port}, {"router", router.rank}, {"host", router.host}, {"pid", router.pid}};
+  return write_file_atomically(path, j.dump() + "\n", "join file");
 }
 
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
@@ -204,7 +207,44 @@ Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, co
   std::vector<int> ids(static_cast<size_t>(size));
   MPI_Allgather(&accepted.rank, 1, MPI_INT, ids.data(), 1, MPI_INT, MPI_COMM_WORLD);
   links.set_world_ids(ids);
-  return joined_table(world, ids, target->router, accepted);
+  return joined_table(world, ids, *target, accepted);
+}
+
+Result<JoinTarget> wait_for_new_router(const std::string& join_file, const std::string& lost_host, int lost_pid,
+                                       std::chrono::milliseconds wait) {
+  const auto end = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    auto target = read_join_file(join_file);
+    if (target.is_ok() && target->pid != 0 && (target->pid != lost_pid || target->host != lost_host)) return target;
+    if (std::chrono::steady_clock::now() >= end)
+      return Status::timeout("no new router took the cluster of '" + join_file + "' within " +
+                             std::to_string(wait.count()) + " ms (timeouts.rejoin_ms)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, const RoleTable& lost, int32_t block_size,
+                                 const std::string& kv_dtype, std::chrono::milliseconds timeout) {
+  // Every old link goes: the dead router's, and those to peers (each is linked
+  // again, under its new id, through the new router). The world-mates too are
+  // reached through new links: their old ids mean nothing to the new router.
+  links.close_all();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  links.set_world_ids(std::vector<int>(static_cast<size_t>(size), -1));
+  RoleTable alone;  // this rank as a pool of one
+  alone.roles = {lost.roles[lost.self]};
+  alone.hosts = {lost.hosts[lost.self]};
+  alone.pids = {lost.pids[lost.self]};
+  alone.self = 0;
+  const std::string pool = alone.hosts[0] + ":" + std::to_string(alone.pids[0]);
+  proto::JoinAccepted accepted;
+  {
+    const JoinWatchdog watchdog(target.port, timeout + std::chrono::seconds(5), JoinWatchdog::OnExpiry::kExitProcess);
+    PD_RETURN_IF_ERROR(
+        join_one_rank(links, JoinRequest{target, alone, pool, block_size, kv_dtype, timeout}, accepted));
+  }
+  return joined_table(alone, {accepted.rank}, target, accepted);
 }
 
 }  // namespace pd

@@ -70,6 +70,7 @@ std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
       MPI_Recv(recv_buf_.data(), count, MPI_BYTE, st.MPI_SOURCE, proto::kTagControl, link.comm, MPI_STATUS_IGNORE);
       next_link_ = i + 1;
       const int source = link.id == -1 ? links_->world_id(st.MPI_SOURCE) : link.id;
+      if (source == -1) continue;  // a world-mate with no id here (this rank joined a new router alone)
       got = Received{source, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
     }
     if (!got) return std::nullopt;

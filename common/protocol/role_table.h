@@ -26,6 +26,7 @@ struct RoleTable {
   std::vector<int> prefill;        // ranks, ascending
   std::vector<int> decode;
   bool joined_disaggregated = false;  // a joined rank of a cluster with prefill ranks (maybe none it links to)
+  bool joined = false;                // this rank joined a running router (which answered it: it is up)
   bool colocated() const { return prefill.empty() && !joined_disaggregated; }
 };
 

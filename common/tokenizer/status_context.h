@@ -20,6 +20,7 @@ inline Status with_context(const Status& s, std::string_view context) {
     case StatusCode::kIoError: return Status::io_error(msg);
     case StatusCode::kTimeout: return Status::timeout(msg);
     case StatusCode::kCancelled: return Status::cancelled(msg);
+    case StatusCode::kUnavailable: return Status::unavailable(msg);
     case StatusCode::kOk:
     case StatusCode::kInternal: break;
   }

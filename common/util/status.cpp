@@ -13,6 +13,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kIoError: return "IoError";
     case StatusCode::kTimeout: return "Timeout";
     case StatusCode::kCancelled: return "Cancelled";
+    case StatusCode::kUnavailable: return "Unavailable";
     case StatusCode::kInternal: return "Internal";
   }
   return "Unknown";

@@ -25,6 +25,7 @@ enum class StatusCode : int {
   kIoError,
   kTimeout,
   kCancelled,
+  kUnavailable,  // the other side is gone (nothing was lost on this side)
   kInternal,
 };
 
@@ -42,6 +43,7 @@ class [[nodiscard]] Status {
   static Status io_error(std::string_view msg) { return Status(StatusCode::kIoError, msg); }
   static Status timeout(std::string_view msg) { return Status(StatusCode::kTimeout, msg); }
   static Status cancelled(std::string_view msg) { return Status(StatusCode::kCancelled, msg); }
+  static Status unavailable(std::string_view msg) { return Status(StatusCode::kUnavailable, msg); }
   static Status internal(std::string_view msg) { return Status(StatusCode::kInternal, msg); }
 
   Status(const Status& o) : rep_(o.rep_ ? std::make_unique<Rep>(*o.rep_) : nullptr) {}
@@ -64,6 +66,7 @@ class [[nodiscard]] Status {
   bool is_io_error() const { return code() == StatusCode::kIoError; }
   bool is_timeout() const { return code() == StatusCode::kTimeout; }
   bool is_cancelled() const { return code() == StatusCode::kCancelled; }
+  bool is_unavailable() const { return code() == StatusCode::kUnavailable; }
 
   // "InvalidArgument: <message>", or "OK".
   std::string to_string() const;

@@ -7,8 +7,10 @@ Starts `launch.sh --supervise --prefill 1 --decode 1` on the default model (one 
 rank, timeouts.heartbeat_ms 2000, timeouts.router_ms 3000), then:
   1. kill -9 the decode rank: within 30 s a replacement has joined and is up, /health
      counts one decode rank up again, and a request is served by the new rank;
-  2. kill -9 the router: within 60 s a new router answers and serves a request with the
-     pools at their size;
+  2. kill -9 the router while 4 streams run: each stream's connection ends within 10 s
+     (the HTTP side died with the router; nothing hangs), and within 60 s a new router
+     answers and serves a request with the same pools (the same worker processes: they
+     dropped what they held and joined the new router, models loaded);
   3. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
      supervisor exits.
 First, a flag launch.sh refuses (--model of a missing file) ends the supervisor at once
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -75,8 +78,30 @@ class Supervised:
                                      data=json.dumps({"prompt": "The capital of France is", "max_tokens": 8,
                                                       "temperature": 0}).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())["choices"][0]["text"]
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.loads(r.read())["choices"][0]["text"]
+        except urllib.error.HTTPError as e:
+            raise AssertionError("POST /v1/completions: HTTP %d %s" % (e.code, e.read().decode(errors="replace")))
+
+    def stream(self, i):
+        """A long greedy stream; records its tokens so far and how it ended (stream_tokens, stream_ends)."""
+        self.__dict__.setdefault("stream_tokens", {})
+        self.__dict__.setdefault("stream_ends", {})
+        req = urllib.request.Request(self.url() + "/v1/completions", method="POST",
+                                     data=json.dumps({"prompt": "Once upon a time %d" % i, "max_tokens": 400,
+                                                      "temperature": 0, "ignore_eos": True,
+                                                      "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        self.stream_tokens[i] = 0
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                for line in r:
+                    if line.startswith(b"data: {"):
+                        self.stream_tokens[i] += 1
+            self.stream_ends[i] = "closed after %d events" % self.stream_tokens[i]
+        except Exception as e:  # noqa: BLE001 - how it ended is what is recorded
+            self.stream_ends[i] = "%s after %d events" % (type(e).__name__, self.stream_tokens[i])
 
     def processes(self):
         """{pid: exe} of the pd-* processes using this test's config."""
@@ -161,20 +186,35 @@ def suite_pools(tmp):
         check(got == want, "after the replacement: %r != %r" % (got, want))
         print("the replacement serves: %r" % got)
 
-        # 2. the router dies: a new one serves within 60 s
+        # 2. the router dies: a new one serves within 60 s, with the same pools
         router = [pid for pid, exe in s.processes().items() if exe == "pd-router"]
         check(len(router) == 1, "router processes: %s" % router)
+        workers = sorted(pid for pid, exe in s.processes().items() if exe != "pd-router")
         old_url = s.url()
+        streams = [threading.Thread(target=s.stream, args=(i,), daemon=True) for i in range(4)]
+        for t in streams:
+            t.start()
+        wait_for(lambda: len(s.stream_tokens) == 4 and min(s.stream_tokens.values()) >= 2, 60,
+                 "4 streams to be under way")
         os.kill(router[0], signal.SIGKILL)
         t0 = time.time()
+        for t in streams:  # the HTTP side died with the router: each client sees its connection end
+            t.join(timeout=max(0.1, t0 + 10 - time.time()))
+        check(not any(t.is_alive() for t in streams), "a stream in flight when the router died still hangs 10 s later")
+        print("streams in flight when the router died: %s" % sorted(s.stream_ends.values()))
         try:
             wait_for(lambda: s.url() != old_url and healthy(s), 60, "a new router")
         except AssertionError:
             raise AssertionError("kill -9 the router: no new router serving within 60 s: /health %s\n%s"
                                  % (s.health(), s.output()[-4000:]))
+        took = time.time() - t0
+        now = sorted(pid for pid, exe in s.processes().items() if exe != "pd-router")
+        check(now == workers, "the pools after the router restart: worker pids %s, before %s" % (now, workers))
         got = s.complete()
         check(got == want, "after the router restart: %r != %r" % (got, want))
-        print("kill -9 router (pid %d): a new router serves at %s %.1f s later" % (router[0], s.url(), time.time() - t0))
+        check("joined the new router" in s.output(), "no worker says it joined the new router")
+        print("kill -9 router (pid %d): a new router serves at %s %.1f s later, with the same %d workers"
+              % (router[0], s.url(), took, len(workers)))
 
         # 3. SIGTERM: everything ends
         os.kill(s.proc.pid, signal.SIGTERM)

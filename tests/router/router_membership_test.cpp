@@ -158,6 +158,29 @@ TEST_CASE("router: a rank joins, is linked to the up workers of the other role, 
   CHECK(h.get("/metrics").raw().find("pd_ranks_joined_total{role=\"decode\"} 1") != std::string::npos);
 }
 
+TEST_CASE("router: ranks that join together link to each other before either is ready, not to their own pool",
+          "[router]") {
+  Harness h;  // the launching job's decode ranks never said Listening: no port, never linked
+  h.hub.send(7, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 41, h.cfg.kv.block_size, "port-7", "node-c:41"});
+  auto first = h.expect<proto::JoinAccepted>(7);
+  REQUIRE(first);
+  CHECK(first->peers.empty());
+  // Rank 7 has not reported ready yet when a prefill rank of another pool joins.
+  h.hub.send(8, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kPrefill), "node-d", 42, h.cfg.kv.block_size, "port-8", "node-d:42"});
+  auto second = h.expect<proto::JoinAccepted>(8);
+  REQUIRE(second);
+  REQUIRE(second->peers.size() == 1);
+  CHECK((second->peers[0].rank == 7 && second->peers[0].port == "port-7"));
+  // A prefill rank of rank 7's own pool reaches it through their MPI job.
+  h.hub.send(9, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kPrefill), "node-c", 43, h.cfg.kv.block_size, "port-9", "node-c:41"});
+  auto third = h.expect<proto::JoinAccepted>(9);
+  REQUIRE(third);
+  CHECK(third->peers.empty());
+}
+
 TEST_CASE("router: a join is refused naming what differs", "[router]") {
   Harness h;
   h.hub.send(8, kRouterRank, proto::Join{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size * 2, "p", "x:1"});

@@ -447,8 +447,33 @@ TEST_CASE("workers: a worker that hears nothing from the router for router_ms st
   REQUIRE_FALSE(c.decode->router_lost().is_ok());
   CHECK_THAT(c.decode->router_lost().message(), Catch::Contains("timeouts.router_ms"));
   const Status ran = c.decode->run();  // stops at once, saying why
-  CHECK(ran.is_timeout());
+  CHECK(ran.is_unavailable());             // holding nothing: it may serve a new router
+  CHECK_THAT(ran.message(), Catch::Contains("timeouts.router_ms"));
   CHECK(c.prefill->router_lost().is_ok());  // the prefill rank was not stepped meanwhile
+}
+
+TEST_CASE("workers: when the router is gone, both workers drop what they held and free every block",
+          "[workers]") {
+  using namespace std::chrono_literals;
+  ClusterConfig cfg = small_config();
+  cfg.timeouts.router_ms = 2000;
+  cfg.timeouts.startup_ms = 3000;
+  MiniCluster c(cfg);
+  c.use_fake_clock();
+  c.submit(MiniCluster::request(1, 40, 500));
+  c.submit(MiniCluster::request(2, 30, 500));
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 3 && c.tokens(2) >= 3; }));
+  for (int i = 0; i < 400 && (c.prefill->router_lost().is_ok() || c.decode->router_lost().is_ok()); ++i) {
+    c.step_both();
+    c.pass(10ms);
+  }
+  REQUIRE_FALSE(c.prefill->router_lost().is_ok());
+  REQUIRE_FALSE(c.decode->router_lost().is_ok());
+  CHECK_FALSE(c.finished(1));
+  CHECK(c.decode->run().is_unavailable());
+  CHECK(c.prefill->run().is_unavailable());
+  CHECK(c.decode_free());
+  CHECK(c.prefill_free());
 }
 
 TEST_CASE("workers: load reports count prompt tokens found in the prefix cache and computed", "[workers]") {
