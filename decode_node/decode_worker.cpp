@@ -391,7 +391,7 @@ void DecodeWorker::check_deadlines() {
     if (s.state == SeqState::kReceiving && now - s.handoff.last_progress() > backstop) {
       stalled.push_back(id);
     } else if (s.state == SeqState::kCancelling && !s.handoff.all_ended()) {
-      if (peers_.is_down(s.source) && env_->rank_gone(s.source)) gone.push_back(id);
+      if (peers_.is_down(s.source) && peer_gone(s.source)) gone.push_back(id);
       else if (now - s.handoff.last_progress() > backstop)
         s.handoff.cancel(*transport_);  // a cancelled handoff whose data never came
     }

@@ -13,7 +13,8 @@ every second reads the router's GET /health:
     twice as long (1 s, 2 s, 4 s ... up to 60 s). After --max-failures failures in a row
     the pool is given up on, with a message saying so; a minute up resets the count.
   - the router gone (its process ended, or /health unanswered for --router-timeout
-    seconds while no pd-router runs): a new router is started alone (`launch.sh
+    seconds while no pd-router runs, or for longer than timeouts.router_ms while one runs
+    stopped or hung: it is killed): a new router is started alone (`launch.sh
     --new-router`); the workers notice the silence after timeouts.router_ms, drop what
     they held and join it, keeping their models and caches. Replacements wait until they
     have had the time to (timeouts.router_ms + 30 s). When that cannot work — a colocated
@@ -42,6 +43,8 @@ STABLE_S = 60.0
 POOL_OPTIONS = ("--model", "--config", "--build", "--threads", "--kv-dtype", "--mca")
 # ... and those a new router repeats.
 ROUTER_OPTIONS = ("--model", "--config", "--build", "--kv-dtype", "--mca", "--port", "--host")
+# This cluster's pd-router process, by its command line (anchored: mpirun's names pd-router too).
+ROUTER_PATTERN = "^[^ ]*pd-router .*--join-file "
 # Time the workers get, past timeouts.router_ms, to join a new router before pools are replaced.
 REJOIN_MARGIN_S = 30.0
 
@@ -109,6 +112,7 @@ class Job:
         self.proc = subprocess.Popen([LAUNCH] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.url = None
+        self.answered = False  # its router has answered GET /health (it is past starting)
         threading.Thread(target=self._relay, daemon=True).start()
 
     def _relay(self):
@@ -169,8 +173,7 @@ def live_counts(body):
 
 def router_running(join_file):
     """Whether this cluster's pd-router runs (launch.sh passes it the join file)."""
-    # Anchored: mpirun's own command line names pd-router too.
-    return subprocess.run(["pgrep", "-f", "^[^ ]*pd-router .*--join-file " + re.escape(join_file)],
+    return subprocess.run(["pgrep", "-f", ROUTER_PATTERN + re.escape(join_file)],
                           capture_output=True).returncode == 0
 
 
@@ -228,7 +231,8 @@ class Supervisor:
         self.router_timeout, self.max_restarts = args.router_timeout, args.max_restarts
         self.targets, self.job_argv, self.pool_args, self.router_args = targets, job_argv, pool_args, router_args
         self.colocated = args.colocated_job
-        self.rejoin_s = router_ms(job_argv) / 1000.0 + REJOIN_MARGIN_S
+        self.router_ms_s = router_ms(job_argv) / 1000.0
+        self.rejoin_s = self.router_ms_s + REJOIN_MARGIN_S
         self.join_file = os.path.join(tempfile.mkdtemp(prefix="pd-supervise-"), "cluster.join")
         self.stopping = False
 
@@ -250,10 +254,16 @@ class Supervisor:
             return "the %s's mpirun ended (exit %s)" % (job.name, job.proc.returncode)
         if job.url is None or status is not None:
             self.unanswered_since = None
+            job.answered = job.answered or status is not None
             return None
         self.unanswered_since = self.unanswered_since or time.time()
-        if time.time() - self.unanswered_since > self.router_timeout and not router_running(self.join_file):
+        silent = time.time() - self.unanswered_since
+        if silent > self.router_timeout and not router_running(self.join_file):
             return "GET /health unanswered for %.0f s and no pd-router running" % self.router_timeout
+        if silent > self.router_ms_s and job.answered:
+            # Stopped or hung: its workers have given up on it by now (timeouts.router_ms).
+            subprocess.run(["pkill", "-KILL", "-f", ROUTER_PATTERN + re.escape(self.join_file)])
+            return "GET /health unanswered for %.0f s, longer than timeouts.router_ms: killed it" % silent
         return None
 
     def restart(self, why, restarts):

@@ -6,6 +6,7 @@
 
 #include "gguf/gguf_reader.h"
 #include "model/llama_config.h"
+#include "protocol/job_processes.h"
 #include "protocol/join_handshake.h"
 #include "protocol/mpi_channel.h"
 #include "protocol/mpi_runtime.h"
@@ -68,7 +69,10 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   {
+    // A down rank's end is confirmed from mpirun's process table, on any host.
+    const pd::JobProcessEnv processes;
     pd::router::Router router(*cfg, *roles, std::move(info), std::make_unique<pd::MpiControlChannel>(links));
+    router.set_env(&processes);
     pd::Status st = router.run();
     if (!st.is_ok()) return abort_job(st.to_string());
   }

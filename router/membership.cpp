@@ -155,9 +155,24 @@ void Membership::check_liveness() {
     last_beat_ = now;
   }
   check_drains();
+  confirm_deaths();
   for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
                                   std::chrono::milliseconds(cfg_.timeouts.startup_ms)))
     on_rank_down(rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)");
+}
+
+void Membership::confirm_deaths() {
+  const auto now = env_->now();
+  if (last_death_check_ && now - *last_death_check_ < std::chrono::seconds(1)) return;
+  last_death_check_ = now;
+  for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
+    for (const WorkerView& w : *pool) {
+      if (w.state != RankState::kDown || gone_.count(w.rank) > 0 || !env_->rank_gone(w.rank)) continue;
+      gone_.insert(w.rank);
+      spdlog::info("router: {} rank {} has ended (mpirun's process table): nothing it began can complete",
+                   role_label(w), w.rank);
+      for (int r : worker_ranks(w.rank)) channel_.send(r, proto::PeerGone{w.rank, w.epoch});
+    }
 }
 
 void Membership::on_rank_down(int rank, const std::string& why) {

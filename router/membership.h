@@ -12,7 +12,9 @@
 //    timeouts.heartbeat_ms is declared down and fenced (the others get
 //    PeerDown; what it held re-runs or fails, through the on-down callback),
 //    told to Rejoin when it speaks again, and re-admitted under a new epoch
-//    once it reports under that epoch.
+//    once it reports under that epoch. A down rank whose process has ended
+//    (env's rank_gone: mpirun's process table, any host) is reported to the
+//    others once (PeerGone): blocks under its unfinished transfers can be freed.
 // The worker table (dispatch.h) holds the states; this class moves them and
 // tells the ranks. Link thread only.
 #pragma once
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,8 @@ class Membership {
   // Why a Join is refused, or "".
   std::string join_refusal(const proto::Join& m) const;
   void check_drains();
+  // Down ranks whose process has ended: the others are told (PeerGone), once a rank, at most once a second.
+  void confirm_deaths();
 
   const ClusterConfig& cfg_;
   const std::string kv_dtype_;
@@ -74,7 +79,8 @@ class Membership {
   const std::atomic<bool>& stopping_;
   OnDown on_down_;
   const Env* env_ = &system_env();
-  std::optional<std::chrono::steady_clock::time_point> last_beat_;
+  std::optional<std::chrono::steady_clock::time_point> last_beat_, last_death_check_;
+  std::set<int> gone_;  // ranks confirmed ended (PeerGone sent)
 };
 
 }  // namespace pd::router

@@ -128,6 +128,9 @@ void WorkerCore::handle(int source, proto::Message& msg) {
           else if constexpr (std::is_same_v<T, proto::Drain>) drain();
           else if constexpr (std::is_same_v<T, proto::PeerLeft>) peer_left(m.rank);
           else if constexpr (std::is_same_v<T, proto::RouterBeat>) return;  // heard: that is all
+          else if constexpr (std::is_same_v<T, proto::PeerGone>) {
+            if (peers_.is_down(m.rank)) gone_.insert(m.rank);  // a process that ended does not come back
+          }
           else if constexpr (std::is_same_v<T, proto::Shutdown>) {
             shutdown_ = true;
             if (drained_sent_) note_left();

@@ -40,6 +40,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "config/cluster_config.h"
@@ -125,6 +126,9 @@ class WorkerCore {
   // Handles the messages that arrived; in a pass, only those mid_pass_message
   // allows (the rest, and every later one, wait: order per source holds).
   bool handle_messages(bool in_pass = false);
+  // Whether peer `rank`'s process is known to have ended: the router said so
+  // (PeerGone: mpirun's process table, any host), or it ran on this host and its pid is gone.
+  bool peer_gone(int rank) const { return gone_.count(rank) > 0 || env_->rank_gone(rank); }
   // Whether a message from worker `source` under `epoch` is from a live incarnation.
   bool current(int source, proto::Epoch epoch);
   void report_load(bool force);
@@ -150,6 +154,7 @@ class WorkerCore {
   proto::KvEndpoint endpoint_;  // where this rank's KV lives and its device paths (offers and accepts carry it)
   proto::Epoch epoch_ = 0;      // this rank's incarnation (Rejoin)
   PeerEpochs peers_;            // the other workers' epochs, which are down
+  std::set<int> gone_;          // peers whose process has ended (PeerGone)
   Status device_fault_;         // set when a failed pass finds the device itself gone: run() stops
   bool leaving_ = false;        // Drain received: no new work, finishing the rest
 

@@ -135,6 +135,7 @@ struct ToJson {
   json operator()(const Drained&) const { return {{"t", "drained"}}; }
   json operator()(const PeerLeft& m) const { return {{"t", "left"}, {"rank", m.rank}}; }
   json operator()(const RouterBeat&) const { return {{"t", "beat"}}; }
+  json operator()(const PeerGone& m) const { return {{"t", "gone"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
   json operator()(const TokenEvents& m) const {
     json events = json::array();
     for (const TokenEvent& e : m.events) {
@@ -201,6 +202,7 @@ Message from_json(const json& j) {
   if (t == "drained") return Drained{};
   if (t == "left") return PeerLeft{j.at("rank").get<int32_t>()};
   if (t == "beat") return RouterBeat{};
+  if (t == "gone") return PeerGone{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "tokens") {
     TokenEvents m;
     for (const json& e : j.at("events")) {
@@ -265,7 +267,8 @@ const char* message_name(const Message& m) {
                                            "TransferStats",  "RequestFailed", "LoadReport",   "PeerDown",
                                            "PeerUp",         "Rejoin",        "Listening",    "Join",
                                            "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
-                                           "Drain",          "Drained",       "PeerLeft",     "RouterBeat"};
+                                           "Drain",          "Drained",       "PeerLeft",     "RouterBeat",
+                                           "PeerGone"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }

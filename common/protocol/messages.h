@@ -9,6 +9,8 @@
 //   R -> all Shutdown         the router is stopping (or a drained rank may go); exit
 //   R -> P,D PeerDown         a rank (one incarnation of it) was declared down: drop work shared with it
 //   R -> P,D PeerUp           a rank that was down is back under a new epoch
+//   R -> P,D PeerGone         a rank that is down has ended (its process is gone, on any host): nothing
+//                             it began can complete any more (blocks under its transfers can be freed)
 //   R -> X   Rejoin           to a rank the router had declared down: drop all request state, come
 //                             back under `epoch` (fencing: nothing of the old incarnation is trusted)
 //   P -> D   HandoffOffer     "I hold (or will hold) this request's KV": wire header + request
@@ -116,6 +118,7 @@ struct HandoffReject { RequestId id = 0; std::string reason; bool cancelled = fa
 struct HandoffAbort { RequestId id = 0; std::string reason; Epoch epoch = 0; };
 struct PeerDown { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that is over
 struct PeerUp { int32_t rank = -1; Epoch epoch = 0; };    // `epoch`: the new incarnation
+struct PeerGone { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that was down
 struct Rejoin { Epoch epoch = 0; };
 struct Listening { std::string port; };
 struct Join {
@@ -203,7 +206,7 @@ struct LoadReport {
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
                              Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft,
-                             RouterBeat>;
+                             RouterBeat, PeerGone>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

@@ -105,6 +105,8 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   round_trip(Drained{});
   CHECK(round_trip(PeerLeft{6}).rank == 6);
   round_trip(RouterBeat{});
+  const PeerGone gone = round_trip(PeerGone{5, 2});
+  CHECK((gone.rank == 5 && gone.epoch == 2));
   CHECK(round_trip(RequestFailed{4, "leaving", FailureKind::kLeaving}).kind == FailureKind::kLeaving);
   TokenEvent ev;
   ev.id = 3;

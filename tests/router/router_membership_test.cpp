@@ -85,6 +85,26 @@ TEST_CASE("router: prompt tokens from each rank's cache and computed, from its l
   CHECK(m.find("pd_rank_prompt_tokens_total{role=\"prefill\",rank=\"2\",source=\"cache\"} 16") != std::string::npos);
 }
 
+TEST_CASE("router: a down rank whose process ended is reported to the others once (PeerGone), a stopped one never",
+          "[router]") {
+  Harness h;
+  h.silent.insert(kP1);  // kill -STOP: down, but its process runs
+  auto down = h.expect<proto::PeerDown>(kD1, 2s);
+  REQUIRE(down);
+  REQUIRE(down->rank == kP1);
+  CHECK_FALSE(h.expect<proto::PeerGone>(kD1, 3s));  // never ended: never reported gone
+  h.env.set_gone(kP1);  // kill -9: mpirun's table says it ended
+  auto gone = h.expect<proto::PeerGone>(kD1, 2s);
+  REQUIRE(gone);
+  CHECK((gone->rank == kP1 && gone->epoch == 0));
+  auto gone2 = h.expect<proto::PeerGone>(kD2, 2s);
+  REQUIRE(gone2);
+  CHECK(gone2->rank == kP1);
+  CHECK_FALSE(h.expect<proto::PeerGone>(kD1, 3s));  // once
+  h.env.set_gone(kD2);  // a rank that is up is not reported, whatever the table says
+  CHECK_FALSE(h.expect<proto::PeerGone>(kD1, 2s));
+}
+
 TEST_CASE("router: a fenced rank that comes back is told to rejoin and re-admitted under a new epoch", "[router]") {
   Harness h;
   h.silent.insert(kD2);

@@ -870,6 +870,24 @@ TEST_CASE("workers: blocks under receives from a down prefill rank are quarantin
   CHECK(c.loads[kDecode].quarantined_blocks == 0);
 }
 
+TEST_CASE("workers: quarantined blocks come back when the router says the prefill rank's process ended (another host)",
+          "[workers]") {
+  MiniCluster c(small_config());
+  c.use_fake_clock();  // no process is ever gone as this rank can see (another host)
+  stop_prefill_mid_transfer(c);
+  c.step_decode_for(std::chrono::milliseconds(30));
+  CHECK(!c.decode_free());
+  c.hub.send(kRouter, kDecode, proto::PeerGone{kDecode, 0});  // another rank than the sender: nothing changes
+  c.step_decode_for(std::chrono::milliseconds(30));
+  CHECK(!c.decode_free());
+  c.net.kill(kPrefill);
+  c.hub.send(kRouter, kDecode, proto::PeerGone{kPrefill, 0});  // mpirun's process table: it ended
+  c.step_decode();
+  CHECK(c.decode_free());
+  c.step_decode_for(std::chrono::milliseconds(30));
+  CHECK(c.loads[kDecode].quarantined_blocks == 0);
+}
+
 TEST_CASE("workers: a stopped prefill rank that resumes writes only into its own quarantined blocks, then rejoins",
           "[workers]") {
   MiniCluster c(small_config());
