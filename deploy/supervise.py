@@ -12,6 +12,8 @@ every second reads the router's GET /health:
     --start-timeout, or ends within a minute, counts as a failure, and the next waits
     twice as long (1 s, 2 s, 4 s ... up to 60 s). After --max-failures failures in a row
     the pool is given up on, with a message saying so; a minute up resets the count.
+  - a pool larger than asked for 5 s (a rank that was only stopped came back after its
+    replacement joined): the newest replacement leaves the cluster (it drains first).
   - the router gone (its process ended, or /health unanswered for --router-timeout
     seconds while no pd-router runs, or for longer than timeouts.router_ms while one runs
     stopped or hung: it is killed): a new router is started alone (`launch.sh
@@ -39,6 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "deploy", "launch.sh")
 # A replacement that ends sooner than this after it started counts as a failed one.
 STABLE_S = 60.0
+# A pool larger than asked for this long (a stopped rank came back) gives back its newest replacement.
+SURPLUS_S = 5.0
 # launch.sh options a replacement pool repeats (the rest concern the router and the job).
 POOL_OPTIONS = ("--model", "--config", "--build", "--threads", "--kv-dtype", "--mca")
 # ... and those a new router repeats.
@@ -182,11 +186,13 @@ class Pool:
 
     def __init__(self, role, target, sup):
         self.role, self.target, self.sup = role, target, sup
-        self.pending, self.live = None, []
+        self.pending, self.live, self.leaving = None, [], []
         self.failures, self.next_try, self.given_up = 0, 0.0, False
+        self.surplus_since = None
 
     def step(self, counts, join_file):
         now = time.time()
+        self.leaving = [j for j in self.leaving if j.alive()]
         for j in [j for j in self.live if not j.alive()]:
             self.live.remove(j)
             if now - j.started < STABLE_S:
@@ -205,10 +211,29 @@ class Pool:
                 self.pending = None
                 self.failed(why)
             return
-        if counts[self.role] >= self.target or self.given_up or now < self.next_try:
+        if self.trim(counts, now) or counts[self.role] >= self.target or self.given_up or now < self.next_try:
             return
         log("%s pool has %d of %d ranks: starting a replacement" % (self.role, counts[self.role], self.target))
         self.pending = Job(["--join", join_file, "--" + self.role, "1"] + self.sup.pool_args, self.role)
+
+    def trim(self, counts, now):
+        """A rank that was only stopped came back after its replacement joined: the pool is larger than
+        asked. Once that has lasted SURPLUS_S, the newest replacement leaves (it drains first)."""
+        if counts[self.role] <= self.target or not self.live:
+            self.surplus_since = None
+            return False
+        if self.leaving:
+            return True  # one is leaving already (a draining rank still counts)
+        self.surplus_since = self.surplus_since or now
+        if now - self.surplus_since >= SURPLUS_S:
+            newest = max(self.live, key=lambda j: j.started)
+            log("%s pool has %d of %d ranks (a rank came back): the newest replacement leaves"
+                % (self.role, counts[self.role], self.target))
+            self.live.remove(newest)
+            newest.stop()
+            self.leaving.append(newest)
+            self.surplus_since = None
+        return True
 
     def failed(self, why):
         self.failures += 1
@@ -222,7 +247,7 @@ class Pool:
         log("%s: %s (failure %d of %d); next try in %.0f s" % (self.role, why, self.failures, self.sup.max_failures, delay))
 
     def jobs(self):
-        return self.live + ([self.pending] if self.pending else [])
+        return self.live + self.leaving + ([self.pending] if self.pending else [])
 
 
 class Supervisor:

@@ -55,6 +55,31 @@ Result<RoleTable> wait_and_rejoin(const ClusterConfig& cfg, const RoleTable& los
   return table;
 }
 
+// Runs `body` under `table`. When the router is gone and this rank holds
+// nothing (Unavailable), serves the next router named in `rejoin_file` (same
+// engine: the model and the prefix cache stay) if one takes the cluster
+// within timeouts.rejoin_ms. Returns the last body's status (or why no new
+// router was joined); the links are closed.
+Status serve_routers(const ClusterConfig& cfg, RoleTable table, const std::string& rejoin_file,
+                     const std::string& kv_dtype, std::shared_ptr<Engine> engine, std::shared_ptr<MpiLinks> links,
+                     const WorkerBody& body) {
+  const Role role = table.roles[table.self];
+  Status st = body(cfg, table, engine, links);
+  while (st.is_unavailable() && !rejoin_file.empty() && cfg.timeouts.rejoin_ms > 0) {
+    auto rejoined = wait_and_rejoin(cfg, table, rejoin_file, *links, kv_dtype);
+    if (!rejoined.is_ok()) {
+      st = rejoined.status();
+      break;
+    }
+    table = std::move(rejoined).value();
+    set_rank_in_log(role, table.self);
+    std::signal(SIGTERM, on_leave_signal);  // like a joined rank now: SIGTERM asks to leave
+    st = body(cfg, table, engine, links);
+  }
+  links->close_all();
+  return st;
+}
+
 // The engine a rank of `role` runs, from the cluster config.
 EngineConfig engine_config(const ClusterConfig& cfg, Role role) {
   EngineConfig ec;
@@ -145,20 +170,8 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   // disaggregated.
   const std::string rejoin_file =
       table.colocated() ? std::string() : joining ? flags.join : (flags.elastic ? flags.join_file : std::string());
-  Status st = body(*cfg, table, shared_engine, links);
-  // The router is gone and this rank holds nothing: serve the next one (same
-  // engine: model and prefix cache stay) if one takes the cluster in time.
-  while (st.is_unavailable() && !rejoin_file.empty() && cfg->timeouts.rejoin_ms > 0) {
-    auto rejoined = wait_and_rejoin(*cfg, table, rejoin_file, *links, kv_dtype_name(ec.kv_dtype));
-    if (!rejoined.is_ok()) {
-      st = rejoined.status();
-      break;
-    }
-    table = std::move(rejoined).value();
-    set_rank_in_log(role, table.self);
-    std::signal(SIGTERM, on_leave_signal);  // like a joined rank now: SIGTERM asks to leave
-    st = body(*cfg, table, shared_engine, links);
-  }
+  const Status st = serve_routers(*cfg, std::move(table), rejoin_file, kv_dtype_name(ec.kv_dtype),
+                                  std::move(shared_engine), std::move(links), body);
   if (st.is_unavailable()) spdlog::critical("{}; stopping", st.message());
   else if (!st.is_ok()) spdlog::error("{}", st.to_string());
   const int code = st.is_ok() ? 0 : 1;
@@ -170,7 +183,6 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
     spdlog::default_logger()->flush();
     std::_Exit(code);
   }
-  links->close_all();
   mpi_finalize_bounded(code);
   return code;
 }

@@ -7,13 +7,17 @@ Starts `launch.sh --supervise --prefill 1 --decode 1` on the default model (one 
 rank, timeouts.heartbeat_ms 2000, timeouts.router_ms 3000), then:
   1. kill -9 the decode rank: within 30 s a replacement has joined and is up, /health
      counts one decode rank up again, and a request is served by the new rank;
-  2. kill -9 the router while 4 streams run: each stream's connection ends within 10 s
+  2. kill -STOP the decode rank past the heartbeat: a replacement joins; kill -CONT: the
+     resumed rank is re-admitted, the pool is one too large, and the newest replacement
+     leaves again (within 40 s), the resumed rank serving;
+  3. kill -9 the router while 4 streams run: each stream's connection ends within 10 s
      (the HTTP side died with the router; nothing hangs), and within 60 s a new router
      answers and serves a request with the same pools (the same worker processes: they
-     dropped what they held and joined the new router, models loaded);
-  3. kill -STOP that new router: past timeouts.router_ms the supervisor kills it and
+     dropped what they held and joined the new router, models loaded); a long prompt sent
+     before the kill is found in the prefill rank's prefix cache after it;
+  4. kill -STOP that new router: past timeouts.router_ms the supervisor kills it and
      starts another, which the same workers join (within 60 s);
-  4. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
+  5. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
      supervisor exits.
 First, a flag launch.sh refuses (--model of a missing file) ends the supervisor at once
 with exit 2 and launch.sh's message, instead of restarting.
@@ -75,9 +79,9 @@ class Supervised:
         except ValueError:
             return status, {}
 
-    def complete(self):
+    def complete(self, prompt="The capital of France is"):
         req = urllib.request.Request(self.url() + "/v1/completions", method="POST",
-                                     data=json.dumps({"prompt": "The capital of France is", "max_tokens": 8,
+                                     data=json.dumps({"prompt": prompt, "max_tokens": 8,
                                                       "temperature": 0}).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
@@ -131,6 +135,19 @@ class Supervised:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+LONG_PROMPT = " ".join(["The history of the river towns is long and full of trade."] * 6)  # ~75 tokens
+
+
+def cached_prompt_tokens(s):
+    """Prompt tokens the ranks found in their prefix caches, as the current router counts them."""
+    status, body = s.get("/metrics")
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith("pd_rank_prompt_tokens_total{") and 'source="cache"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def ranks_up(h):
@@ -188,10 +205,36 @@ def suite_pools(tmp):
         check(got == want, "after the replacement: %r != %r" % (got, want))
         print("the replacement serves: %r" % got)
 
-        # 2. the router dies: a new one serves within 60 s, with the same pools
+        # 2. the decode rank is stopped past heartbeat_ms (replaced), then resumes: the pool is
+        # one too large, and the newest replacement leaves again
+        first = [pid for pid, exe in s.processes().items() if exe == "pd-decode"]
+        check(len(first) == 1, "decode processes: %s" % first)
+        os.kill(first[0], signal.SIGSTOP)
+        t0 = time.time()
+        try:
+            wait_for(lambda: len([p for p, e in s.processes().items() if e == "pd-decode"]) == 2 and healthy(s), 30,
+                     "a replacement for the stopped decode rank")
+        except AssertionError:
+            raise AssertionError("kill -STOP the decode rank: no replacement within 30 s: /health %s\n%s"
+                                 % (s.health(), s.output()[-4000:]))
+        os.kill(first[0], signal.SIGCONT)
+        print("kill -STOP decode rank (pid %d): replaced %.1f s later; kill -CONT" % (first[0], time.time() - t0))
+        t0 = time.time()
+        try:
+            wait_for(lambda: [p for p, e in s.processes().items() if e == "pd-decode"] == first and healthy(s), 40,
+                     "the pool back to 1 decode rank, the resumed one")
+        except AssertionError:
+            raise AssertionError("after kill -CONT: the pool did not shrink back within 40 s: /health %s\n%s"
+                                 % (s.health(), s.output()[-4000:]))
+        got = s.complete()
+        check(got == want, "after the surplus replacement left: %r != %r" % (got, want))
+        print("the resumed rank was re-admitted and the surplus replacement left %.1f s later" % (time.time() - t0))
+
+        # 3. the router dies: a new one serves within 60 s, with the same pools
         router = [pid for pid, exe in s.processes().items() if exe == "pd-router"]
         check(len(router) == 1, "router processes: %s" % router)
         workers = sorted(pid for pid, exe in s.processes().items() if exe != "pd-router")
+        long_answer = s.complete(LONG_PROMPT)  # its KV blocks stay in the prefill rank's prefix cache
         old_url = s.url()
         streams = [threading.Thread(target=s.stream, args=(i,), daemon=True) for i in range(4)]
         for t in streams:
@@ -215,10 +258,15 @@ def suite_pools(tmp):
         got = s.complete()
         check(got == want, "after the router restart: %r != %r" % (got, want))
         check("joined the new router" in s.output(), "no worker says it joined the new router")
+        check(s.complete(LONG_PROMPT) == long_answer, "the long prompt's answer changed after the router restart")
+        wait_for(lambda: cached_prompt_tokens(s) >= 32, 10,
+                 "the new router to count prompt tokens the prefill rank found in its prefix cache")
+        print("the prefill rank kept its prefix cache: %d prompt tokens of the repeated prompt came from it"
+              % cached_prompt_tokens(s))
         print("kill -9 router (pid %d): a new router serves at %s %.1f s later, with the same %d workers"
               % (router[0], s.url(), took, len(workers)))
 
-        # 3. the new router is stopped (kill -STOP), not dead: past router_ms the supervisor
+        # 4. the new router is stopped (kill -STOP), not dead: past router_ms the supervisor
         # kills it and starts another, which the same workers join
         router = [pid for pid, exe in s.processes().items() if exe == "pd-router"]
         check(len(router) == 1, "router processes: %s" % router)
@@ -238,7 +286,7 @@ def suite_pools(tmp):
         check(got == want, "after the stopped router was replaced: %r != %r" % (got, want))
         print("kill -STOP router (pid %d): killed and replaced, a new router serves %.1f s later" % (router[0], took))
 
-        # 4. SIGTERM: everything ends
+        # 5. SIGTERM: everything ends
         os.kill(s.proc.pid, signal.SIGTERM)
         t0 = time.time()
         try:
