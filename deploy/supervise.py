@@ -15,8 +15,7 @@ every second reads the router's GET /health:
   - a pool larger than asked for 5 s (a rank that was only stopped came back after its
     replacement joined): the newest replacement leaves the cluster (it drains first).
   - the router gone (its process ended, or /health unanswered for --router-timeout
-    seconds while no pd-router runs, or for longer than timeouts.router_ms while one runs
-    stopped or hung: it is killed): a new router is started alone (`launch.sh
+    seconds while no pd-router runs): a new router is started alone (`launch.sh
     --new-router`); the workers notice the silence after timeouts.router_ms, drop what
     they held and join it, keeping their models and caches. Replacements wait until they
     have had the time to (timeouts.router_ms + 30 s). When that cannot work — a colocated
@@ -116,7 +115,6 @@ class Job:
         self.proc = subprocess.Popen([LAUNCH] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.url = None
-        self.answered = False  # its router has answered GET /health (it is past starting)
         threading.Thread(target=self._relay, daemon=True).start()
 
     def _relay(self):
@@ -256,8 +254,7 @@ class Supervisor:
         self.router_timeout, self.max_restarts = args.router_timeout, args.max_restarts
         self.targets, self.job_argv, self.pool_args, self.router_args = targets, job_argv, pool_args, router_args
         self.colocated = args.colocated_job
-        self.router_ms_s = router_ms(job_argv) / 1000.0
-        self.rejoin_s = self.router_ms_s + REJOIN_MARGIN_S
+        self.rejoin_s = router_ms(job_argv) / 1000.0 + REJOIN_MARGIN_S
         self.join_file = os.path.join(tempfile.mkdtemp(prefix="pd-supervise-"), "cluster.join")
         self.stopping = False
 
@@ -279,16 +276,10 @@ class Supervisor:
             return "the %s's mpirun ended (exit %s)" % (job.name, job.proc.returncode)
         if job.url is None or status is not None:
             self.unanswered_since = None
-            job.answered = job.answered or status is not None
             return None
         self.unanswered_since = self.unanswered_since or time.time()
-        silent = time.time() - self.unanswered_since
-        if silent > self.router_timeout and not router_running(self.join_file):
+        if time.time() - self.unanswered_since > self.router_timeout and not router_running(self.join_file):
             return "GET /health unanswered for %.0f s and no pd-router running" % self.router_timeout
-        if silent > self.router_ms_s and job.answered:
-            # Stopped or hung: its workers have given up on it by now (timeouts.router_ms).
-            subprocess.run(["pkill", "-KILL", "-f", ROUTER_PATTERN + re.escape(self.join_file)])
-            return "GET /health unanswered for %.0f s, longer than timeouts.router_ms: killed it" % silent
         return None
 
     def restart(self, why, restarts):
