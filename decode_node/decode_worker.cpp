@@ -258,9 +258,11 @@ bool DecodeWorker::accept_offers() {
       continue;
     }
     Seq& s = *offered;
-    const int64_t need = blocks.blocks_needed_for_prompt(s.tokens);
+    // The whole prompt's KV arrives into fresh blocks, registered for reuse once it has.
+    const AllocateOptions received{.reuse = false, .publish = false};
+    const int64_t need = blocks.blocks_needed_for_prompt(s.tokens, received);
     if (need + reserved > blocks.num_free_blocks()) break;
-    auto alloc = blocks.allocate(seq_of(s.id), s.tokens);
+    auto alloc = blocks.allocate(seq_of(s.id), s.tokens, received);
     if (!alloc.is_ok()) break;
     s.has_blocks = true;
     s.kv_complete = false;
@@ -351,6 +353,8 @@ void DecodeWorker::finish_transfer(Seq& s) {
   tags_of(s.source).release(s.tag);
   s.tag = 0;
   s.kv_complete = true;
+  if (Status st = engine_->blocks->publish(seq_of(s.id)); !st.is_ok())
+    spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
   if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router
   s.sampler.emplace(s.params);
   s.sampler->resume(s.tokens);  // the prompt
@@ -470,8 +474,13 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
       const Seq& s = seqs_.at(id);
       candidates.push_back({id, compute_target(s) - s.computed, s.computed});
     }
-    for (proto::RequestId id : order)
-      if (seqs_.at(id).needs_compute) candidates.push_back({id, compute_target(seqs_.at(id)), 0});
+    for (proto::RequestId id : order) {
+      const Seq& s = seqs_.at(id);
+      if (!s.needs_compute) continue;
+      const auto toks = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(compute_target(s)));
+      const int64_t cached = reuses_cache(s) ? blocks.cached_prefix_tokens(toks) : 0;
+      candidates.push_back({id, compute_target(s) - cached, cached});
+    }
     const ChunkPolicy policy{colocated_prompt_budget(cfg_.decode.step_tokens, static_cast<int64_t>(running_.size())),
                              cfg_.prefill.chunk_tokens, cfg_.decode.max_running, cfg_.prefill.context_cost_tokens};
     chunks = plan_prefill_chunks(candidates, policy);
@@ -538,12 +547,18 @@ std::vector<proto::RequestId> DecodeWorker::commit(const SchedulerPlan& plan) {
   return whole;
 }
 
-Status DecodeWorker::start_prefill(Seq& s) {
+Status DecodeWorker::allocate_local(Seq& s) {
   const auto toks = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(compute_target(s)));
-  PD_RETURN_IF_ERROR(engine_->blocks->allocate(seq_of(s.id), toks).status());  // no prefix sharing on decode ranks
+  PD_ASSIGN_OR_RETURN(s.cached,
+                      engine_->blocks->allocate(seq_of(s.id), toks, {.reuse = reuses_cache(s), .publish = false}));
   s.has_blocks = true;
-  s.kv_complete = false;  // until its last chunk is written
-  s.computed = 0;
+  s.kv_complete = false;  // until the pass that computes the rest has written it
+  return Status::ok();
+}
+
+Status DecodeWorker::start_prefill(Seq& s) {
+  PD_RETURN_IF_ERROR(allocate_local(s));
+  s.computed = s.cached;
   s.prefill_started = env_->now();
   set_state(s, SeqState::kPrefilling);
   prefilling_.push_back(s.id);
@@ -569,11 +584,17 @@ bool DecodeWorker::step() {
         if (seqs_.count(id)) fail(seqs_.at(id), "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
     }
   }
-  // Chunks of sequences still being prefilled (a preempted one dropped out).
+  // Chunks of sequences still being prefilled (a preempted one dropped out);
+  // none past its sequence's end (its cached prefix can only have shrunk
+  // since the plan: then it is simply not the last chunk).
   std::erase_if(chunks, [&](const PrefillChunk& c) {
     const Seq* s = find_seq(c.id);
     return s == nullptr || s->state != SeqState::kPrefilling;
   });
+  for (PrefillChunk& c : chunks) {
+    const Seq& s = seqs_.at(c.id);
+    c.tokens = std::min(c.tokens, compute_target(s) - s.computed);
+  }
   if (!running_.empty() || !chunks.empty()) run_step(chunks, events);
   if (!events.events.empty()) channel_->send(roles_.router, events);
   return progressed;
@@ -659,6 +680,8 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
   std::erase(prefilling_, s.id);
   s.needs_compute = false;
   s.kv_complete = true;
+  if (Status st = engine_->blocks->publish(seq_of(s.id)); !st.is_ok())
+    spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
   if (s.n_generated > 0) {  // resumed after preemption
     set_state(s, SeqState::kRunning);
     running_.push_back(s.id);
@@ -666,9 +689,10 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
   }
   s.sampler.emplace(s.params);
   s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
-  count_prompt(0, static_cast<int64_t>(s.tokens.size()));  // no prefix sharing on decode ranks
+  count_prompt(s.cached, static_cast<int64_t>(s.tokens.size()) - s.cached);
   proto::TokenEvent ev = next_token_event(s, rows.subspan(rows.size() - static_cast<size_t>(vocab)));
   ev.prompt_logprobs = std::move(s.prompt_logprobs);
+  ev.cached_tokens = static_cast<int32_t>(s.cached);
   ev.queue_s = seconds(s.prefill_started - s.arrived);
   ev.prefill_s = seconds(env_->now() - s.prefill_started);
   s.timing_sent = true;
@@ -698,19 +722,21 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     Seq& s = seqs_.at(ids[i]);
     const bool fresh = s.n_generated == 0;
     const std::span<const int32_t> toks(s.tokens.data(), static_cast<size_t>(compute_target(s)));
-    PD_ASSIGN_OR_RETURN(int64_t cached, blocks.allocate(seq_of(s.id), toks));
-    (void)cached;  // no prefix sharing on decode ranks
-    s.has_blocks = true;
-    s.kv_complete = false;  // until the pass below has written it
+    PD_RETURN_IF_ERROR(allocate_local(s));
     for (BlockId b : blocks.block_table(seq_of(s.id))) tables[i].push_back(b.value);
-    batch[i] = SequenceBatch{toks, 0, tables[i], fresh, fresh && s.params.prompt_logprobs};
+    batch[i] = SequenceBatch{toks.subspan(static_cast<size_t>(s.cached)), static_cast<int32_t>(s.cached), tables[i],
+                             fresh, fresh && s.params.prompt_logprobs};
   }
   const auto t0 = env_->now();
   std::vector<float> logits;
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
   if (!st.is_ok()) device_fault_ = engine_->backend->device_health();
   if (!st.is_ok()) return st;
-  for (proto::RequestId id : ids) seqs_.at(id).kv_complete = true;
+  for (proto::RequestId id : ids) {
+    seqs_.at(id).kv_complete = true;
+    if (Status pst = blocks.publish(seq_of(id)); !pst.is_ok())
+      spdlog::error("decode rank {}: request {}: {}", roles_.self, id, pst.to_string());
+  }
   const double prefill_s = seconds(env_->now() - t0);
   const int64_t vocab = engine_->config().vocab;
   size_t row = 0;  // the next logits row: one per fresh prompt, one per token of an all_logits one
@@ -733,9 +759,10 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
     }
     s.sampler.emplace(s.params);
     s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
-    count_prompt(0, static_cast<int64_t>(s.tokens.size()));  // no prefix sharing on decode ranks
+    count_prompt(s.cached, static_cast<int64_t>(s.tokens.size()) - s.cached);
     proto::TokenEvent ev = next_token_event(s, row_at(row++));
     ev.prompt_logprobs = std::move(prompt_logprobs);
+    ev.cached_tokens = static_cast<int32_t>(s.cached);
     ev.queue_s = seconds(t0 - s.arrived);
     ev.prefill_s = prefill_s;
     s.timing_sent = true;

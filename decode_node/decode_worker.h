@@ -12,6 +12,11 @@
 //   freed only when MPI can no longer write into them (below).
 //   kReady/kPreempted -> kPrefilling (KV computed here chunk by chunk, each
 //   chunk in a step beside the running decodes) -> kRunning | kPreempted.
+// Prefix cache (kv.prefix_cache): a finished sequence's KV stays resident,
+// evictable, and a prompt computed here reuses the leading blocks it shares
+// with it (a follow-up turn the router sent back to this rank). Blocks filled
+// by a KV transfer or a local prefill register for reuse only once their KV
+// is written (AllocateOptions::publish), so nothing reads a block in flight.
 // In colocated mode the router sends prompts here directly (kReady, KV to
 // compute) and this rank prefills them itself before they join the batch:
 // chunked (prefill.chunk_tokens > 0; each step holds decode.step_tokens
@@ -76,6 +81,7 @@ class DecodeWorker final : public WorkerCore {
     bool kv_complete = false;          // every block it holds has its KV written
     bool needs_compute = false;        // colocated prompt or preempted: KV to (re)compute locally
     int64_t computed = 0;              // kPrefilling: leading tokens whose KV this rank has computed
+    int64_t cached = 0;                // of those, found in this rank's prefix cache
     Clock::time_point prefill_started; // its first chunk's step
     std::vector<LogprobEntry> prompt_logprobs;  // gathered chunk by chunk
     uint64_t order = 0;                // arrival order (preempted sequences resume oldest first)
@@ -118,6 +124,11 @@ class DecodeWorker final : public WorkerCore {
   SchedulerInput plan_input(std::vector<PrefillChunk>& chunks);
   std::vector<proto::RequestId> commit(const SchedulerPlan& plan);
   Status start_prefill(Seq& s);
+  // Places the tokens whose KV this rank computes itself, reusing its prefix
+  // cache; the new blocks register once written (publish). Sets s.cached.
+  Status allocate_local(Seq& s);
+  // Prompt logprobs need every prompt row computed: no cache reuse then.
+  static bool reuses_cache(const Seq& s) { return !(s.n_generated == 0 && s.params.prompt_logprobs); }
   void run_step(const std::vector<PrefillChunk>& chunks, proto::TokenEvents& events);
   void finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, proto::TokenEvents& events);
   proto::TokenEvent next_token_event(Seq& s, std::span<float> row);

@@ -450,6 +450,7 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span
   proto::TokenEvent ev = sample_token_event(sampler, job.req.id, 1, rows.last(static_cast<size_t>(vocab)),
                                             engine_->eos_id, scratch);
   ev.prompt_logprobs = std::move(job.prompt_logprobs);
+  ev.cached_tokens = static_cast<int32_t>(job.cached);
   const int32_t first_token = ev.tokens[0];
   const bool stop = ev.finish != proto::Finish::kNone;
   job.computed = env_->now();

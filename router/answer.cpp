@@ -31,6 +31,7 @@ void answer_finished_choice(Response& resp, ChoiceOut c, Usage usage, bool first
   ResponseWriter& w = *resp.writer;
   resp.usage.prompt_tokens += usage.prompt_tokens;
   resp.usage.completion_tokens += usage.completion_tokens;
+  resp.usage.cached_tokens += usage.cached_tokens;
   if (!resp.stream) resp.done.push_back(std::move(c));
   else w.send_event(stream_chunk(resp.endpoint, resp.id, model, resp.created, c, first_chunk));
   if (resp.open > 0) return;

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "util/env.h"
 
 #include "protocol/messages.h"
+#include "router/prefix_index.h"
 
 namespace pd::router {
 
@@ -34,6 +36,7 @@ struct WorkerView {
   std::chrono::steady_clock::time_point last_rejoin_sent{};
   int64_t times_down = 0;
   int outstanding = 0;             // requests the router sent it that are not finished there
+  int64_t dispatched = 0;          // requests ever sent to it (ties go to the rank sent fewer)
   int64_t outstanding_tokens = 0;  // prompt tokens (prefill) / prompt + max_tokens (decode) of those
   proto::LoadReport load;          // last report
   std::chrono::steady_clock::time_point last_report{};
@@ -48,9 +51,44 @@ struct WorkerView {
   std::chrono::steady_clock::time_point drain_started{};  // kDraining since
 };
 
+// Why a request went where it did (pd_router_routing_decisions_total{reason}).
+enum class RouteReason {
+  kLeastWork,    // no rank's cache held any of the prompt (or the policy is least_work)
+  kCacheAware,   // the chosen rank's prefix cache holds part of the prompt
+  kBalance,      // a rank's cache held part of it, but that rank was over the imbalance bound
+  kDecodeReuse,  // a decode rank holds all but a short suffix: it computes that itself
+};
+const char* route_reason_name(RouteReason r);
+
+// How the table picks ranks (router.* in cluster.json; docs/ROUTING.md).
+struct RoutingPolicy {
+  bool cache_aware = true;
+  double queue_weight = 1.0;
+  double balance_ratio = 1.5;
+  int64_t balance_tokens = 1024;
+  int64_t decode_reuse_tokens = 256;
+  // A rank's cache counts only when it holds at least this fraction of the
+  // prompt: a short common head (a chat template's default system prompt)
+  // must not draw every prompt to the first rank that computed it.
+  double min_cached_fraction = 0.3;
+};
+
+// A request to place: its prompt's length, the chained hashes of its full
+// blocks (prompt_block_hashes; empty: the caches are not consulted) and its
+// max_tokens.
+struct DispatchRequest {
+  int64_t prompt_tokens = 0;
+  int64_t max_tokens = 0;
+  std::span<const uint64_t> block_hashes;
+};
+
 struct DispatchChoice {
-  int prefill_rank = -1;  // -1 in colocated mode
+  int prefill_rank = -1;  // -1 in colocated mode, and for a decode-rank reuse
   int decode_rank = -1;
+  int64_t cached_tokens = 0;  // of the prompt, in the computing rank's cache (as last reported)
+  // Prompt tokens the prefill rank computes (counted against it until its leg ends).
+  int64_t prefill_work = 0;
+  RouteReason reason = RouteReason::kLeastWork;
 };
 
 class WorkerTable {
@@ -64,26 +102,45 @@ class WorkerTable {
   void set_env(const Env* env);
   // Picks ranks for a request among those up, or nullopt when every candidate
   // is down or at max_inflight (the request waits in the router's queue).
-  //  - prefill: fewest outstanding prompt tokens, then fewest queued (reported);
+  //  - decode-rank reuse (cache_aware, not colocated): a decode rank whose
+  //    cache holds all but at most decode_reuse_tokens of the prompt, and at
+  //    least as much of it as any prefill rank, with room for the request and
+  //    within the imbalance bound, gets it alone (it computes the rest);
+  //  - prefill, cache_aware: the least (uncached prompt tokens + queue_weight x
+  //    outstanding prompt tokens), a rank's cache counting only while its
+  //    outstanding tokens are within balance_ratio x the least loaded rank's
+  //    + balance_tokens and when it holds at least min_cached_fraction of the
+  //    prompt; least_work: fewest outstanding prompt tokens; then fewest
+  //    queued (reported), then the rank sent fewer requests, then the lower rank;
+  //  - colocated, cache_aware: among decode ranks with room and within the
+  //    bound, the one holding the most of the prompt, then as below;
   //  - decode: among ranks whose free KV blocks (reported, minus what the router
-  //    sent since) hold the whole request, the fewest outstanding requests;
+  //    sent since) hold the whole request, the fewest outstanding requests
+  //    (then the one sent fewer);
   //    if none has room, the one with the most free blocks (it will queue the handoff);
   //  - the pair must be linked (ranks that joined later reach only some ranks):
   //    prefill ranks are tried in order of preference until one has a decode rank.
-  std::optional<DispatchChoice> pick(int64_t prompt_tokens, int64_t max_tokens, int max_inflight) const;
+  std::optional<DispatchChoice> pick(const DispatchRequest& q, int max_inflight) const;
+  void set_policy(const RoutingPolicy& p) { policy_ = p; }
+  const RoutingPolicy& policy() const { return policy_; }
   void on_dispatch(const DispatchChoice& c, int64_t prompt_tokens, int64_t max_tokens);
-  // The prefill leg is over (first token or failure) / the whole request is over.
-  void on_prefill_done(int rank, int64_t prompt_tokens);
+  // The prefill leg is over (first token or failure): `prefill_work` as chosen / the whole request is over.
+  void on_prefill_done(int rank, int64_t prefill_work);
   void on_request_done(int rank, int64_t prompt_tokens, int64_t max_tokens);
   void on_report(int rank, const proto::LoadReport& r);
+  // A rank's KV events: applied to the prefix index when they are of its
+  // current epoch and it is not down (else dropped: a rejoining rank sends its
+  // whole set again).
+  void on_kv_events(int rank, const proto::KvEvents& e);
+  const PrefixIndex& index() const { return index_; }
   // Any message from `rank` (its heartbeat, while it is up).
   void heard(int rank);
   // Up ranks silent for longer than `heartbeat`, and starting ranks not ready
   // after `startup`: marked down; returned.
   std::vector<int> expire(std::chrono::milliseconds heartbeat, std::chrono::milliseconds startup);
-  // Marks `rank` down (its current epoch is the one that ended).
+  // Marks `rank` down (its current epoch is the one that ended); its prefix index entry is purged.
   void mark_down(int rank);
-  // Marks a down rank up again under `epoch`.
+  // Marks a down rank up again under `epoch` (its cache is learnt anew from its events).
   void mark_up(int rank, proto::Epoch epoch);
   // A rank that joined the running cluster (kStarting until it reports ready).
   WorkerView& add(int rank, bool is_prefill, const std::string& pool);
@@ -111,6 +168,8 @@ class WorkerTable {
   std::vector<WorkerView> prefill_, decode_;
   bool colocated_ = false;
   int block_size_;
+  RoutingPolicy policy_;
+  PrefixIndex index_;
   const Env* env_ = &system_env();
   std::chrono::steady_clock::time_point start_ = env_->now();  // startup deadline from here
 };

@@ -696,6 +696,9 @@ ojson usage_json(Usage u) {
   j["prompt_tokens"] = u.prompt_tokens;
   j["completion_tokens"] = u.completion_tokens;
   j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  ojson details = ojson::object();
+  details["cached_tokens"] = u.cached_tokens;
+  j["prompt_tokens_details"] = std::move(details);
   return j;
 }
 

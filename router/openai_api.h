@@ -140,6 +140,9 @@ ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const Re
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Of prompt_tokens, those whose KV came from a prefix cache (OpenAI's
+  // usage.prompt_tokens_details.cached_tokens).
+  int64_t cached_tokens = 0;
 };
 
 // "cmpl-<n>" or "chatcmpl-<n>".

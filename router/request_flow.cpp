@@ -24,7 +24,16 @@ void Router::dispatch_queued() {
     Request& r = *found;
     const int64_t n = attempt_prompt_tokens(r);
     const int32_t max_tokens = attempt_max_tokens(r);
-    auto choice = workers_.pick(n, max_tokens, cfg_.router.max_inflight_per_worker);
+    // Prompt logprobs need every prompt row computed: no cache helps such a prompt.
+    const bool cacheable = workers_.policy().cache_aware && !(r.generated.empty() && r.api.sampling.prompt_logprobs);
+    if (cacheable && r.hashed_tokens != n) {
+      std::vector<TokenId> tokens = r.prompt;
+      tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+      r.block_hashes = prompt_block_hashes(tokens, cfg_.kv.block_size);
+      r.hashed_tokens = n;
+    }
+    const DispatchRequest q{n, max_tokens, cacheable ? std::span<const uint64_t>(r.block_hashes) : std::span<const uint64_t>()};
+    auto choice = workers_.pick(q, cfg_.router.max_inflight_per_worker);
     if (!choice) break;
     requests_.pop_queue();
     --queued_;
@@ -41,7 +50,9 @@ void Router::dispatch_queued() {
     }
     if (choice->prefill_rank >= 0) metrics_.rank_requests_total.inc({"prefill", std::to_string(choice->prefill_rank)});
     metrics_.rank_requests_total.inc({"decode", std::to_string(choice->decode_rank)});
-    channel_->send(workers_.colocated() ? choice->decode_rank : choice->prefill_rank,
+    metrics_.routing_decisions_total.inc({route_reason_name(choice->reason)});
+    // Colocated, or a decode rank that holds most of the prompt: it computes the prompt itself.
+    channel_->send(choice->prefill_rank >= 0 ? choice->prefill_rank : choice->decode_rank,
                    attempt_message(r, choice->decode_rank));
   }
 }
@@ -54,11 +65,12 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
     Request& r = *found;
     if (ev.first_index == 0 && !r.prefill_done) {
       r.prefill_done = true;
-      if (!workers_.colocated()) workers_.on_prefill_done(source, r.sent_prompt_tokens);
+      r.cached_tokens = ev.cached_tokens;
+      if (r.where.prefill_rank >= 0) workers_.on_prefill_done(source, r.where.prefill_work);
       metrics_.stage.observe({"prefill_queue"}, ev.queue_s);
       metrics_.stage.observe({"prefill"}, ev.prefill_s);
     }
-    if (ev.first_index == 1 && !workers_.colocated()) metrics_.stage.observe({"decode_queue"}, ev.queue_s);
+    if (ev.first_index == 1 && r.where.prefill_rank >= 0) metrics_.stage.observe({"decode_queue"}, ev.queue_s);
     r.out->add(ev);
     // Deliver in order; the prefill rank's token 0 and the decode rank's
     // later tokens come from different ranks and may arrive in either order.
@@ -144,7 +156,7 @@ void Router::release_workers(const Request& r, bool tell_workers) {
     if (r.where.prefill_rank >= 0 && !r.prefill_done) membership_.cancel_on(r.where.prefill_rank, r.wire_id);
     membership_.cancel_on(r.where.decode_rank, r.wire_id);
   }
-  if (!r.prefill_done && r.where.prefill_rank >= 0) workers_.on_prefill_done(r.where.prefill_rank, r.sent_prompt_tokens);
+  if (!r.prefill_done && r.where.prefill_rank >= 0) workers_.on_prefill_done(r.where.prefill_rank, r.where.prefill_work);
   workers_.on_request_done(r.where.decode_rank, r.sent_prompt_tokens, r.sent_max_tokens);
 }
 
@@ -167,7 +179,8 @@ void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reaso
     case End::kFinished: {
       metrics_.requests_total.inc({"finished"});
       if (resp.ended) break;
-      const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated()};
+      const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated(),
+                        r.counts_prompt ? std::min<int64_t>(r.cached_tokens, static_cast<int64_t>(r.prompt.size())) : 0};
       const bool first_chunk = !r.out->first_chunk_sent();
       answer_finished_choice(resp, r.out->finish(finish_reason), usage, first_chunk, model_.name);
       break;

@@ -63,6 +63,11 @@ struct Request {  // one choice of an answer
   // The current attempt as sent (a migrated one's prompt ends with `generated`).
   int64_t sent_prompt_tokens = 0;
   int32_t sent_max_tokens = 0;
+  // The chained hashes of the next attempt's prompt blocks (prefix-aware
+  // dispatch), for `hashed_tokens` tokens of it; recomputed when that changes.
+  std::vector<uint64_t> block_hashes;
+  int64_t hashed_tokens = -1;
+  int64_t cached_tokens = 0;  // usage: prompt tokens the computing rank had cached
   Clock::time_point arrived, dispatched_at, last_token_at;
   Clock::time_point queued_at;  // arrived, or went back to the queue (a re-run or migration)
 };

@@ -44,6 +44,9 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
       workers_(roles.prefill, roles.decode, cfg.kv.block_size),
       membership_(cfg_, model_.kv_dtype, workers_, *channel_, metrics_, stopping_,
                   [this](int rank, const std::string& name, const std::string& why) { on_rank_down(rank, name, why); }) {
+  workers_.set_policy(RoutingPolicy{cfg_.router.policy == "cache_aware", cfg_.router.queue_weight,
+                                    cfg_.router.balance_ratio, cfg_.router.balance_tokens,
+                                    cfg_.router.decode_reuse_tokens, cfg_.router.min_cached_fraction});
   sampling_defaults_.temperature = static_cast<float>(cfg_.sampling.temperature);
   sampling_defaults_.top_p = static_cast<float>(cfg_.sampling.top_p);
   sampling_defaults_.top_k = cfg_.sampling.top_k;
@@ -180,6 +183,7 @@ void Router::handle_messages() {
               else if constexpr (std::is_same_v<T, proto::Leave>) membership_.begin_drain(source, "the rank asked to leave");
               else if constexpr (std::is_same_v<T, proto::Drained>) membership_.on_drained(source);
               else if constexpr (std::is_same_v<T, proto::TransferStats>) metrics_.observe_transfer(m);
+              else if constexpr (std::is_same_v<T, proto::KvEvents>) workers_.on_kv_events(source, m);
               else spdlog::warn("router: unexpected {} from rank {}", proto::message_name(m), source);
             },
             msg);

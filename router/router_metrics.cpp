@@ -56,6 +56,15 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
                                          {"role", "rank"})),
       rank_requests_total(registry.counter("pd_rank_requests_total",
                                             "Requests dispatched to the rank (each attempt counts)", {"role", "rank"})),
+      routing_decisions_total(registry.counter(
+          "pd_router_routing_decisions_total",
+          "Dispatch decisions by reason: least_work (no cache held any of the prompt), cache_aware (the chosen "
+          "rank's prefix cache held part of it), balance (a cache held part, its rank was over the imbalance "
+          "bound), decode_reuse (a decode rank held all but a short suffix and computed it)",
+          {"reason"})),
+      prefix_index_blocks(registry.gauge("pd_router_prefix_index_blocks",
+                                          "Prefix blocks the router's index holds for the rank (from its KV events)",
+                                          {"role", "rank"})),
       joined_total(registry.counter("pd_ranks_joined_total", "Ranks that joined the running cluster (elastic pools)",
                                      {"role"})),
       left_total(registry.counter("pd_ranks_left_total", "Ranks drained out of the cluster and removed", {"role"})) {
@@ -86,6 +95,7 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
       if (!wv.is_prefill) preemptions.set({std::to_string(wv.rank)}, static_cast<double>(wv.load.preemptions));
       rank_up.set(labels, wv.state == RankState::kUp ? 1 : 0);
       quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));
+      prefix_index_blocks.set(labels, static_cast<double>(workers.index().blocks(wv.rank)));
     }
   }
 }
@@ -109,6 +119,7 @@ void RouterMetrics::rank_left(const WorkerView& w) {
   waiting.set(labels, 0);
   free_blocks.set(labels, static_cast<double>(w.load.total_blocks));
   quarantined_blocks.set(labels, 0);
+  prefix_index_blocks.set(labels, 0);
 }
 
 }  // namespace pd::router

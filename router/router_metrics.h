@@ -55,6 +55,8 @@ struct RouterMetrics {
   Counter& migrated_total;
   Gauge& quarantined_blocks;
   Counter& rank_requests_total;
+  Counter& routing_decisions_total;
+  Gauge& prefix_index_blocks;
   Counter& joined_total;
   Counter& left_total;
 };

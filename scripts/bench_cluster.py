@@ -35,6 +35,43 @@ What it does (everything from outside the repository goes under --work, default
 --quick runs tiny traces (a smoke test of the whole pipeline, minutes); --configs,
 --workloads and --skip pick parts. Needs a Release build in --build (default build/)
 and the default model (scripts/fetch_model.sh).
+
+Multi-turn chat, cache-aware vs least-work routing (a separate mode: the standard library
+only, no AIPerf; it runs in the bench venv where that exists, for matplotlib's plot):
+
+    scripts/bench_cluster.py --multiturn --mt-shapes 2p1d,2p2d --mt-reps 3 --out bench-results
+
+ - The workload (seeded): --mt-conversations x --mt-turns (6 x 5; --quick 4 x 3)
+   conversations sharing one system prompt (~440 tokens); user turns of ~60-120 tokens,
+   distinct per conversation; greedy answers of max_tokens 48-64 (--quick 24-32). Each
+   turn sends the whole history (system, the earlier user messages and the answers as
+   the server gave them) plus the new user message, streamed with usage; a conversation
+   sends its next turn 0.5-1 s after the previous answer ends, and the conversations
+   start ~1 s apart, so their turns interleave. A thread per conversation records per
+   request its arrival, TTFT (first content token), latency, prompt/completion tokens,
+   usage.prompt_tokens_details.cached_tokens (n/a where the server does not report it)
+   and the answer.
+ - Per shape (P prefill + D decode ranks, 1 thread each), runs alternate between
+   router.policy least_work and cache_aware (ABAB..., --mt-reps each), each on a fresh
+   cluster (caches empty) after one warm-up request per prefill rank that is not
+   counted; /metrics before and after give each run's prefill requests per rank
+   (pd_rank_requests_total), prompt tokens by source (pd_rank_prompt_tokens_total) and
+   routing decisions (pd_router_routing_decisions_total, where the router has them).
+ - The oracle, per request through POST /tokenize: the longest prefix its prompt shares
+   with an earlier request's prompt or an earlier finished request's messages plus its
+   answer, in whole 16-token KV blocks and never the whole prompt; the measured cached
+   fraction is reported against it (and against earlier prompts alone: all a prefill
+   rank's cache can hold).
+ - Then the uniform check: distinct single-turn prompts (no system prompt) at the same
+   concurrency, under --mt-uniform-policies (least_work and cache_aware): the largest
+   prefill rank's share of the requests over the fair share.
+ - multiturn.json, multiturn.md (TTFT p50/p90 of first and later turns per policy, the
+   median over reps and per rep; least_work / cache_aware for later turns; cached
+   fractions vs the oracle; rank shares) and multiturn_ttft_later.png (later turns' TTFT
+   CDFs) in --out; --multiturn --report-only redoes the tables and plot from the JSON.
+   --quick --mt-reps 1 is a smoke test (about a minute per shape); --mt-no-policy-key
+   leaves router.policy out of the config, for a build that does not know the key (both
+   policies then run the default one: a test of the pipeline only).
 """
 from __future__ import annotations
 
@@ -189,13 +226,19 @@ def proc_cpu_seconds(pids):
 class PdServer:
     """A pdcluster job through tests/cluster's harness (deploy/launch.sh)."""
 
-    def __init__(self, name, model, build):
-        from cluster import Cluster
+    def __init__(self, name, model, build, config=None):
         os.environ["PD_BUILD_DIR"] = build
+        import cluster
+        cluster.BUILD = build  # read at import: a build given after a first import still counts
         m = re.fullmatch(r"(\d+)p(\d+)d", name)
         spec = {"prefill": int(m.group(1)), "decode": int(m.group(2))} if m else \
             {"colocated": int(re.fullmatch(r"colocated(\d+)", name).group(1))}
-        self.c = Cluster(model=model, threads=1, **spec).__enter__()
+        self.c = cluster.Cluster(model=model, threads=1, config=config, **spec)
+        try:
+            self.c.__enter__()
+        except BaseException:
+            self.c.stop()  # its temporary config and port files
+            raise
         self.port = self.c.port
         self.model_name = json.loads(self.c.get("/v1/models").body)["data"][0]["id"]
 
@@ -723,6 +766,578 @@ def tables(results, workloads, preds, client, textbook_text):
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- multi-turn chat (cache-aware routing)
+
+MT_POLICIES = ("least_work", "cache_aware")
+MT_BLOCK = 16  # kv.block_size (the default; the clusters here do not change it)
+MT_HTTP_TIMEOUT_S = 300  # any one HTTP call: connect, send, or one read of the stream
+MT_WORDS = (
+    "the a an this that each every some any other same new old first last next early late small large long short "
+    "quick slow simple careful clear exact plain useful common rare public private local remote steady sudden "
+    "river garden market station library kitchen harbor village forest mountain valley island bridge tower "
+    "letter report budget schedule recipe journey lesson project meeting contract ticket invoice manual "
+    "engine battery sensor window ladder bicycle camera printer kettle lantern compass blanket basket "
+    "teacher farmer driver pilot doctor painter student neighbor captain baker writer sailor builder "
+    "water bread coffee paper metal stone glass cotton timber copper silver honey salt pepper flour "
+    "morning evening winter summer weekend season century minute moment decade "
+    "is was has had will would can could should must may might does did "
+    "make take give keep find send bring carry build check write read count measure compare explain "
+    "describe choose follow repair clean open close plan share store move turn hold print order "
+    "and or but so because while when before after until unless although since if then "
+    "in on at by for with from into over under between through around near behind across along "
+    "quickly slowly carefully often rarely usually always never almost nearly exactly only also still").split()
+
+
+def mt_sentences(rng, n_words):
+    """Deterministic English-like text of about n_words words: sentences of 6 to 16 words."""
+    out, left = [], n_words
+    while left > 0:
+        k = min(left, rng.randint(6, 16))
+        words = [rng.choice(MT_WORDS) for _ in range(k)]
+        out.append(" ".join([words[0].capitalize()] + words[1:]) + rng.choice(".....?!"))
+        left -= k
+    return " ".join(out)
+
+
+def make_multiturn(conversations, turns, seed, quick):
+    """The multi-turn chat workload, deterministic for the seed: a shared system prompt
+    (~400 tokens) and `conversations` conversations of `turns` user messages (~60-120
+    tokens each, distinct text per conversation), each turn's max_tokens, the think time
+    after each answer (0.5-1 s) and each conversation's start (staggered ~1 s apart)."""
+    rng = random.Random(seed * 7919 + 1)
+    system = ("You are the help desk assistant of a small town. Answer in two or three short sentences, "
+              "plainly and politely. The notes below describe the town; use them when they help.\n\n" +
+              "\n".join("Note %d: %s" % (i + 1, mt_sentences(rng, 40)) for i in range(8)))
+    convs, t = [], 0.0
+    for i in range(conversations):
+        crng = random.Random(seed * 7919 + 1000 + i)
+        topic = " ".join(crng.choice(MT_WORDS[20:120]) for _ in range(2))
+        user = ["(Visitor %d) About the %s: %s" % (i + 1, topic, mt_sentences(crng, crng.randint(50, 95)))
+                for k in range(turns)]
+        lo, hi = (24, 32) if quick else (48, 64)
+        convs.append({"id": i, "start_s": round(t, 3), "user": user,
+                      "max_tokens": [crng.randint(lo, hi) for _ in range(turns)],
+                      "think_s": [round(crng.uniform(0.5, 1.0), 3) for _ in range(turns)]})
+        t += rng.uniform(0.7, 1.3)
+    return {"kind": "multiturn", "system": system, "conversations": convs, "history": True}
+
+
+def make_uniform(lanes, per_lane, seed, quick):
+    """Requests that share nothing (the uniform check): `lanes` closed-loop clients, each
+    sending `per_lane` distinct single-turn prompts (no system prompt, no history) with the
+    multi-turn workload's think times and staggered starts, so the concurrency matches."""
+    w = make_multiturn(lanes, per_lane, seed + 104729, quick)
+    for c in w["conversations"]:
+        crng = random.Random(seed * 7919 + 5000 + c["id"])
+        c["user"] = ["Request %d.%d: %s" % (c["id"] + 1, k + 1, mt_sentences(crng, crng.randint(50, 95)))
+                     for k in range(per_lane)]
+    return dict(w, kind="uniform", system="", history=False)
+
+
+def mt_chat(port, model_name, messages, max_tokens, deadline):
+    """One streamed chat completion (temperature 0, usage requested): {"ttft", "e2e",
+    "text", "prompt_tokens", "completion_tokens", "cached_tokens" (None = not reported),
+    "finish_reason"}. Raises RuntimeError on any HTTP or stream error, or at the deadline
+    (time.monotonic())."""
+    body = {"model": model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.monotonic()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=max(1.0, min(MT_HTTP_TIMEOUT_S, deadline - t0)))
+    try:
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError("HTTP %d: %s" % (r.status, r.read(2000).decode("utf-8", "replace")))
+        text, ttft, usage, finish, done = [], None, None, None, False
+        while True:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no complete answer before the run's deadline")
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            e = json.loads(payload)
+            if "error" in e:
+                raise RuntimeError("stream error: %s" % json.dumps(e["error"])[:500])
+            if e.get("usage"):
+                usage = e["usage"]
+            for ch in e.get("choices") or []:
+                piece = (ch.get("delta") or {}).get("content") or ""
+                if piece and ttft is None:
+                    ttft = time.monotonic() - t0
+                text.append(piece)
+                finish = ch.get("finish_reason") or finish
+        if not done:
+            raise RuntimeError("the stream ended without data: [DONE]")
+        if usage is None:
+            raise RuntimeError("no usage chunk (stream_options.include_usage was asked for)")
+    finally:
+        c.close()
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return {"ttft": ttft, "e2e": time.monotonic() - t0, "text": "".join(text), "finish_reason": finish,
+            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+            "cached_tokens": cached if isinstance(cached, int) else None}
+
+
+def mt_drive(port, model_name, workload, timeout_s):
+    """Runs the workload: a thread per conversation, each turn sent when the previous
+    answer is complete plus the think time. Returns the records in arrival order; raises
+    SystemExit on the first failed request or at timeout_s."""
+    import threading
+    convs, records, errors = workload["conversations"], [], []
+    lock, stop = threading.Lock(), threading.Event()
+    t_start = time.monotonic()
+    deadline = t_start + timeout_s
+    system = [{"role": "system", "content": workload["system"]}] if workload["system"] else []
+
+    def conversation(conv):
+        try:
+            if stop.wait(conv["start_s"]):
+                return
+            history = list(system)
+            for k, user in enumerate(conv["user"]):
+                messages = history + [{"role": "user", "content": user}]
+                arrival = time.monotonic() - t_start
+                rec = mt_chat(port, model_name, messages, conv["max_tokens"][k], deadline)
+                rec.update(conversation=conv["id"], turn=k + 1, arrival_s=arrival, messages=messages)
+                with lock:
+                    records.append(rec)
+                if workload["history"]:
+                    history = messages + [{"role": "assistant", "content": rec["text"]}]
+                if stop.wait(conv["think_s"][k]):
+                    return
+        except Exception as e:  # noqa: BLE001 -- any failure ends the run
+            with lock:
+                errors.append("conversation %d turn %d: %s: %s" % (conv["id"], k + 1, type(e).__name__, e))
+            stop.set()
+
+    threads = [threading.Thread(target=conversation, args=(c,), daemon=True) for c in convs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()) + 5)
+    if any(th.is_alive() for th in threads):
+        stop.set()
+        raise SystemExit("bench_cluster.py: --multiturn: the run did not finish in %d s (--mt-timeout)" % timeout_s)
+    if errors:
+        raise SystemExit("bench_cluster.py: --multiturn: request failed: " + errors[0])
+    return sorted(records, key=lambda r: r["arrival_s"])
+
+
+def mt_http_json(port, method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None else None,
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read().decode("utf-8", "replace")
+    finally:
+        c.close()
+    if r.status != 200:
+        raise SystemExit("bench_cluster.py: --multiturn: %s %s: HTTP %d: %s" % (method, path, r.status, data[:500]))
+    return data
+
+
+def mt_metrics(port):
+    """{(name, ((label, value), ...)): value} of GET /metrics, for the series the
+    multi-turn mode reads (per-rank requests, per-rank prompt tokens by source, routing
+    decisions); absent series are simply missing."""
+    out = {}
+    for line in mt_http_json(port, "GET", "/metrics").splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, value = line.rsplit(" ", 1)
+        name, labels = (key.split("{", 1) + [""])[:2]
+        if name not in ("pd_rank_requests_total", "pd_rank_prompt_tokens_total", "pd_router_routing_decisions_total"):
+            continue
+        out[(name, tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels))))] = float(value)
+    return out
+
+
+def mt_metric_delta(m0, m1, name):
+    """[(labels dict, after - before)] of one series between two mt_metrics() snapshots."""
+    return [(dict(labels), v - m0.get((n, labels), 0.0)) for (n, labels), v in sorted(m1.items()) if n == name]
+
+
+def mt_settled_metrics(port, base, want):
+    """mt_metrics() once the ranks' pd_rank_prompt_tokens_total has grown by `want`
+    tokens since the snapshot `base` (the counters follow the workers' periodic load
+    reports), or after 5 s, or at once where the series does not exist."""
+    deadline = time.monotonic() + 5
+    while True:
+        m = mt_metrics(port)
+        got = sum(v for _, v in mt_metric_delta(base, m, "pd_rank_prompt_tokens_total"))
+        if got >= want or time.monotonic() > deadline or not any(n == "pd_rank_prompt_tokens_total" for n, _ in m):
+            return m
+        time.sleep(0.25)
+
+
+def mt_tokenize(port, messages, add_generation_prompt):
+    return json.loads(mt_http_json(port, "POST", "/tokenize", {"messages": messages,
+                                                                "add_generation_prompt": add_generation_prompt}))["tokens"]
+
+
+def common_prefix(a, b):
+    n, i = min(len(a), len(b)), 0
+    while i + 64 <= n and a[i:i + 64] == b[i:i + 64]:
+        i += 64
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def mt_oracle(port, records, block):
+    """Per record (in arrival order): "prompt_ids" (its prompt through /tokenize), and
+    "oracle_cached" -- the longest common prefix with anything a prefix cache could hold
+    when it arrived (an earlier request's prompt, or an earlier *completed* request's
+    messages plus its answer), in whole blocks, at most floor((n-1)/block) blocks of an
+    n-token prompt -- and "oracle_cached_prompts" (the same against earlier prompts only:
+    what a prefill rank's cache can hold, as the answer's KV is built on the decode rank)."""
+    full = []
+    for r in records:
+        r["prompt_ids"] = mt_tokenize(port, r["messages"], True)
+        full.append(mt_tokenize(port, r["messages"] + [{"role": "assistant", "content": r["text"]}], False))
+    for j, r in enumerate(records):
+        ids, n = r["prompt_ids"], len(r["prompt_ids"])
+        cap = (n - 1) // block * block if n else 0
+        prompts = max((common_prefix(ids, records[i]["prompt_ids"]) for i in range(j)), default=0)
+        answered = max((common_prefix(ids, full[i]) for i in range(j)
+                        if records[i]["arrival_s"] + records[i]["e2e"] <= r["arrival_s"]), default=0)
+        r["oracle_cached"] = min(cap, max(prompts, answered) // block * block)
+        r["oracle_cached_prompts"] = min(cap, prompts // block * block)
+
+
+def mt_run(args, build, shape, policy, workload, label):
+    """One run on a fresh cluster (its caches empty): warm-up (P requests, not counted),
+    metrics before, the workload, metrics after, the oracle. The run's figures."""
+    config = {} if args.mt_no_policy_key else {"router": {"policy": policy}}
+    P = int(re.fullmatch(r"(\d+)p(\d+)d", shape).group(1))
+    log("# %s: %s, router.policy %s" % (label, shape, "(key omitted)" if args.mt_no_policy_key else policy))
+    t0 = time.monotonic()
+    try:
+        server = PdServer(shape, args.model, build, config)
+    except RuntimeError as e:
+        hint = "" if args.mt_no_policy_key else \
+            " (a build whose config loader refuses router.policy? --mt-no-policy-key leaves it out)"
+        raise SystemExit("bench_cluster.py: --multiturn: the %s cluster did not start%s:\n%s" % (shape, hint, e))
+    try:
+        start_s = time.monotonic() - t0
+        # Its own system prompt: the warm-up shares no whole block with the workload
+        # (not even the chat template's default system prompt).
+        warm = {"kind": "warm-up", "system": "Warm-up.", "history": False,
+                "conversations": [{"id": i, "start_s": 0.0, "user": ["Say hello %d." % i],
+                                   "max_tokens": [4], "think_s": [0.0]} for i in range(P)]}
+        warm_recs = mt_drive(server.port, server.model_name, warm, 300)
+        m0 = mt_settled_metrics(server.port, {}, sum(r["prompt_tokens"] or 0 for r in warm_recs))
+        t1 = time.monotonic()
+        recs = mt_drive(server.port, server.model_name, workload, args.mt_timeout)
+        wall = time.monotonic() - t1
+        m1 = mt_settled_metrics(server.port, m0, sum(r["prompt_tokens"] or 0 for r in recs))
+        mt_oracle(server.port, recs, MT_BLOCK)
+        sys_tokens = len(mt_tokenize(server.port, [{"role": "system", "content": workload["system"]}], False)) \
+            if workload["system"] else 0
+    except BaseException:
+        try:
+            log("# cluster log (tail):\n" + server.c.logs())
+        finally:
+            server.stop()
+        raise
+    server.stop()
+    for r in recs:
+        r["prompt_ids_len"] = len(r.pop("prompt_ids"))
+        del r["messages"]
+    per_rank, decode_rank = {}, {}
+    for l, v in mt_metric_delta(m0, m1, "pd_rank_requests_total"):
+        (per_rank if l.get("role") == "prefill" else decode_rank)[l["rank"]] = v
+    tokens = {}
+    for l, v in mt_metric_delta(m0, m1, "pd_rank_prompt_tokens_total"):
+        tokens.setdefault("%s %s" % (l.get("role"), l.get("rank")), {})[l.get("source", "?")] = v
+    decisions = {l.get("reason", "?"): v for l, v in mt_metric_delta(m0, m1, "pd_router_routing_decisions_total")}
+    run = {"shape": shape, "policy": policy, "label": label, "prefill_ranks": P, "startup_s": start_s, "wall_s": wall,
+           "system_tokens": sys_tokens, "records": recs, "rank_requests": per_rank, "decode_rank_requests": decode_rank,
+           "rank_prompt_tokens": tokens, "routing_decisions": decisions}
+    run["summary"] = mt_summary(run)
+    s = run["summary"]
+    ttft = "TTFT turn 1 p50 %s, turns>=2 p50 %s p90 %s s" % (
+        fmt(s["ttft_first"]["p50"]), fmt(s["ttft_later"]["p50"]), fmt(s["ttft_later"]["p90"])) if workload["history"] \
+        else "TTFT p50 %s p90 %s s" % (fmt(s["ttft_all"]["p50"]), fmt(s["ttft_all"]["p90"]))
+    log("  %d requests in %.0f s | %s | cached %s (metrics %s), oracle %s | prefill ranks %s (max share / fair %s)" % (
+            len(recs), wall, ttft,
+            fmt_frac(s["cached_frac"]), fmt_frac(s["metrics_cached_frac"]), fmt_frac(s["oracle_frac"]),
+            ",".join("%s:%d" % kv for kv in sorted(per_rank.items())), fmt(s["max_share_over_fair"])))
+    return run
+
+
+def fmt_frac(x):
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else "%.1f%%" % (100 * x)
+
+
+def mt_summary(run):
+    """TTFT p50/p90 of first turns and of later turns (>= 2), cached fractions (measured from
+    usage, from the ranks' metrics, the oracles), the per-rank request share."""
+    recs = run["records"]
+    def q(xs):
+        return {"p50": pct(xs, 50), "p90": pct(xs, 90), "n": len(xs)}
+    prompt = sum(r["prompt_tokens"] or 0 for r in recs)
+    known = [r for r in recs if r["cached_tokens"] is not None]
+    s = {"requests": len(recs), "prompt_tokens": prompt,
+         "ttft_all": q([r["ttft"] for r in recs if r["ttft"] is not None]),
+         "ttft_first": q([r["ttft"] for r in recs if r["turn"] == 1 and r["ttft"] is not None]),
+         "ttft_later": q([r["ttft"] for r in recs if r["turn"] >= 2 and r["ttft"] is not None]),
+         "no_content": sum(1 for r in recs if r["ttft"] is None),
+         "cached_known": len(known),
+         "oracle_frac": sum(r["oracle_cached"] for r in recs) / prompt if prompt else None,
+         "oracle_prompts_frac": sum(r["oracle_cached_prompts"] for r in recs) / prompt if prompt else None,
+         "prompt_len_mismatch": sum(1 for r in recs if r["prompt_tokens"] != r["prompt_ids_len"])}
+    if known:  # measured, and the oracle over the same requests
+        kp = sum(r["prompt_tokens"] or 0 for r in known)
+        s["cached_frac"] = sum(r["cached_tokens"] for r in known) / kp if kp else None
+        for key, field in (("cached_over_oracle", "oracle_cached"), ("cached_over_oracle_prompts", "oracle_cached_prompts")):
+            ko = sum(r[field] for r in known) / kp if kp else None
+            s[key] = s["cached_frac"] / ko if ko and s["cached_frac"] is not None else None
+    else:
+        s["cached_frac"] = s["cached_over_oracle"] = s["cached_over_oracle_prompts"] = None
+    by_source = {}  # every rank that built prompt KV: prefill ranks, and decode ranks that extended a cached prompt
+    for per in run["rank_prompt_tokens"].values():
+        for src, v in per.items():
+            by_source[src] = by_source.get(src, 0.0) + v
+    cached = by_source.get("cached", by_source.get("cache"))
+    total = sum(by_source.values())
+    s["metrics_cached_frac"] = cached / total if cached is not None and total else None
+    counts = list(run["rank_requests"].values())  # a rank never dispatched to has no series: share 0
+    n = sum(counts)
+    s["max_share_over_fair"] = max(counts) * run["prefill_ranks"] / n if n and counts else None
+    return s
+
+
+def mt_median(xs):
+    xs = sorted(x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x)))
+    if not xs:
+        return None
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def mt_check_shape(shape):
+    m = re.fullmatch(r"(\d+)p(\d+)d", shape)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise SystemExit("bench_cluster.py: --mt-shapes: expected shapes like 2p1d (prefill ranks p, decode "
+                         "ranks d, at least 1 each), got '%s'" % shape)
+    return shape
+
+
+def multiturn_main(args, command):
+    """--multiturn: per shape, the multi-turn workload under each policy, alternated
+    (least_work, cache_aware, least_work, ...) for --mt-reps reps, a fresh cluster per run,
+    then the uniform check under --mt-uniform-policies; multiturn.json, multiturn.md and a plot."""
+    if args.report_only:
+        path = os.path.join(args.out, "multiturn.json")
+        if not os.path.exists(path):
+            raise SystemExit("bench_cluster.py: --multiturn --report-only: no %s (run --multiturn first)" % path)
+        with open(path) as f:
+            return mt_report(json.load(f), args.out)
+    shapes = [mt_check_shape(s) for s in args.mt_shapes.split(",") if s]
+    if not shapes:
+        raise SystemExit("bench_cluster.py: --mt-shapes: no shape given")
+    reps = args.mt_reps if args.mt_reps is not None else (1 if args.quick else 3)
+    convs = args.mt_conversations or (4 if args.quick else 6)
+    turns = args.mt_turns or (3 if args.quick else 5)
+    uniform_policies = [p for p in args.mt_uniform_policies.split(",") if p]
+    for p in uniform_policies:
+        if p not in MT_POLICIES:
+            raise SystemExit("bench_cluster.py: --mt-uniform-policies: unknown policy '%s' (have %s, or '' for "
+                             "no uniform check)" % (p, ", ".join(MT_POLICIES)))
+    if reps < 1 or convs < 1 or turns < 2:
+        raise SystemExit("bench_cluster.py: --multiturn: need --mt-reps >= 1, --mt-conversations >= 1, --mt-turns >= 2")
+    if not os.path.exists(args.model):
+        raise SystemExit("bench_cluster.py: --model: no such file '%s' (scripts/fetch_model.sh)" % args.model)
+    build = os.path.abspath(args.build)
+    for exe in ("router/pd-router", "prefill_node/pd-prefill", "decode_node/pd-decode"):
+        if not os.access(os.path.join(build, exe), os.X_OK):
+            raise SystemExit("bench_cluster.py: --build: no %s under '%s' (build first, see README)" % (exe, build))
+    if not shutil.which("mpirun"):
+        raise SystemExit("bench_cluster.py: --multiturn: mpirun not found (apt-get install openmpi-bin)")
+    os.makedirs(args.out, exist_ok=True)
+    log("# " + command)
+    workload = make_multiturn(convs, turns, args.seed, args.quick)
+    uniform = make_uniform(convs, turns, args.seed, args.quick)
+    results = {"command": command, "policy_key": not args.mt_no_policy_key, "block_size": MT_BLOCK,
+               "workload": {"conversations": convs, "turns": turns, "seed": args.seed, "quick": args.quick,
+                            "system_words": len(workload["system"].split()),
+                            "max_tokens": [c["max_tokens"] for c in workload["conversations"]],
+                            "start_s": [c["start_s"] for c in workload["conversations"]]},
+               "shapes": shapes, "reps": reps, "runs": [], "uniform": []}
+    path = os.path.join(args.out, "multiturn.json")
+
+    def save_json():  # after every run: a failure later keeps what was measured
+        with open(path, "w") as f:
+            json.dump(results, f)
+    for shape in shapes:
+        for rep in range(reps):
+            for policy in MT_POLICIES:
+                run = mt_run(args, build, shape, policy, workload, "rep %d/%d" % (rep + 1, reps))
+                run["rep"] = rep
+                results["runs"].append(run)
+                save_json()
+        for policy in uniform_policies:
+            results["uniform"].append(mt_run(args, build, shape, policy, uniform, "uniform check"))
+            save_json()
+    return mt_report(results, args.out)
+
+
+def mt_report(results, out_dir):
+    md = "Command: `%s`\n\n" % results["command"] + mt_tables(results)
+    with open(os.path.join(out_dir, "multiturn.md"), "w") as f:
+        f.write(md)
+    print(md)
+    written = ["multiturn.json", "multiturn.md"]
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:  # optional: the bench venv has it
+        log("# matplotlib not available: no plot (the bench venv has it: scripts/requirements-bench.txt)")
+    else:
+        written.append(os.path.basename(mt_plot(results, out_dir)))
+    log("# wrote %s: %s" % (out_dir, ", ".join(written)))
+    return 0
+
+
+def mt_tables(results):
+    runs, shapes = results["runs"], results["shapes"]
+    w = results["workload"]
+    lines = ["### Multi-turn chat: cache-aware vs least-work routing\n"]
+    first = runs[0] if runs else None
+    sys_tok = first.get("system_tokens") if first else None
+    recs = first["records"] if first else []
+    turn_len = lambda k: mt_median([r["prompt_tokens"] for r in recs if r["turn"] == k])  # noqa: E731
+    lines.append("%d conversations x %d turns (seed %d), run concurrently with staggered starts; each turn sends the "
+                 "whole history (a shared system prompt of %s tokens, the earlier user and assistant messages as "
+                 "the server answered them) plus a new user message; greedy, max_tokens %d-%d; prompt tokens "
+                 "median: turn 1 %s, turn %d %s. A fresh cluster per run (caches empty), one warm-up request per "
+                 "prefill rank not counted; the policies alternate run by run. TTFT: first content token.\n" % (
+                     w["conversations"], w["turns"], w["seed"], sys_tok if sys_tok is not None else "?",
+                     min(min(m) for m in w["max_tokens"]), max(max(m) for m in w["max_tokens"]),
+                     fmt_int(turn_len(1)), w["turns"], fmt_int(turn_len(w["turns"]))))
+    if not results["policy_key"]:
+        lines.append("**router.policy was left out of the config (--mt-no-policy-key): both columns ran the "
+                     "build's default dispatch policy.**\n")
+    lines.append("Cached = prompt tokens served from a prefix cache over all prompt tokens: measured from "
+                 "`usage.prompt_tokens_details.cached_tokens` (n/a: not reported) and from the prefill ranks' "
+                 "`pd_rank_prompt_tokens_total` (all ranks); oracle = per request the longest prefix (whole %d-token "
+                 "blocks, never the whole prompt) shared with an earlier prompt or an earlier finished request's "
+                 "messages plus its answer; `prompts only` = shared with earlier prompts alone (what prefill ranks' "
+                 "caches can hold: an answer's KV exists only on the decode rank that generated it). Median over "
+                 "reps; per-rep values in brackets.\n" % results["block_size"])
+    lines.append("| shape | policy | TTFT turn 1 p50 / p90 (s) | TTFT turns >= 2 p50 (s) [per rep] | "
+                 "TTFT turns >= 2 p90 (s) [per rep] | cached: usage | cached: rank metrics | oracle | "
+                 "oracle, prompts only | usage / oracle, / prompts only | prefill requests per rank (all reps) | max share / fair |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def med(rs, f):
+        return mt_median([f(r["summary"]) for r in rs])
+    for shape in shapes:
+        for policy in MT_POLICIES:
+            rs = [r for r in runs if r["shape"] == shape and r["policy"] == policy]
+            if not rs:
+                continue
+            ranks = {}
+            for r in rs:
+                for k, v in r["rank_requests"].items():
+                    ranks[k] = ranks.get(k, 0) + v
+            lines.append("| %s | %s | %s / %s | %s [%s] | %s [%s] | %s | %s | %s | %s | %s | %s | %s |" % (
+                shape, policy, fmt(med(rs, lambda s: s["ttft_first"]["p50"])), fmt(med(rs, lambda s: s["ttft_first"]["p90"])),
+                fmt(med(rs, lambda s: s["ttft_later"]["p50"])), ", ".join(fmt(r["summary"]["ttft_later"]["p50"]) for r in rs),
+                fmt(med(rs, lambda s: s["ttft_later"]["p90"])), ", ".join(fmt(r["summary"]["ttft_later"]["p90"]) for r in rs),
+                fmt_frac(med(rs, lambda s: s["cached_frac"])), fmt_frac(med(rs, lambda s: s["metrics_cached_frac"])),
+                fmt_frac(med(rs, lambda s: s["oracle_frac"])), fmt_frac(med(rs, lambda s: s["oracle_prompts_frac"])),
+                "%s / %s" % (fmt_ratio(med(rs, lambda s: s["cached_over_oracle"])),
+                             fmt_ratio(med(rs, lambda s: s.get("cached_over_oracle_prompts")))),
+                " ".join("r%s:%d" % (k, v) for k, v in sorted(ranks.items(), key=lambda kv: int(kv[0]))) or "-",
+                fmt(med(rs, lambda s: s["max_share_over_fair"]))))
+    lines.append("\n#### least_work / cache_aware, later turns (> 1 = cache-aware faster)\n")
+    lines.append("| shape | TTFT p50 ratio (of medians) | TTFT p90 ratio (of medians) | p50 ratio per rep | p90 ratio per rep |")
+    lines.append("|---|---|---|---|---|")
+    for shape in shapes:
+        a = [r for r in runs if r["shape"] == shape and r["policy"] == "least_work"]
+        b = [r for r in runs if r["shape"] == shape and r["policy"] == "cache_aware"]
+        if not a or not b:
+            continue
+
+        def ratio(x, y):
+            return x / y if x is not None and y and not math.isnan(x) and not math.isnan(y) else None
+        cells = []
+        for q in ("p50", "p90"):
+            cells.append(fmt(ratio(mt_median([r["summary"]["ttft_later"][q] for r in a]),
+                                   mt_median([r["summary"]["ttft_later"][q] for r in b]))))
+        for q in ("p50", "p90"):
+            cells.append(", ".join(fmt(ratio(x["summary"]["ttft_later"][q], y["summary"]["ttft_later"][q]))
+                                   for x, y in zip(a, b)))
+        lines.append("| %s | %s |" % (shape, " | ".join(cells)))
+    if results["uniform"]:
+        lines.append("\n#### Uniform check: requests that share nothing (distinct single-turn prompts, no system "
+                     "prompt; the chat template's default system prompt is still common to all), same concurrency\n")
+        lines.append("| shape | policy | requests | TTFT p50 / p90 (s) | oracle cached | prefill requests per rank | "
+                     "max share / fair |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for r in results["uniform"]:
+            s = r["summary"]
+            lines.append("| %s | %s | %d | %s / %s | %s | %s | %s |" % (
+                r["shape"], r["policy"], s["requests"], fmt(s["ttft_all"]["p50"]), fmt(s["ttft_all"]["p90"]),
+                fmt_frac(s["oracle_frac"]),
+                " ".join("r%s:%d" % (k, v) for k, v in sorted(r["rank_requests"].items(), key=lambda kv: int(kv[0]))),
+                fmt(s["max_share_over_fair"])))
+    decided = [r for r in runs + results["uniform"] if r["routing_decisions"]]
+    if decided:
+        lines.append("\n#### The router's routing decisions (pd_router_routing_decisions_total, per run)\n")
+        lines.append("| shape | policy | run | decisions by reason |")
+        lines.append("|---|---|---|---|")
+        for r in decided:
+            lines.append("| %s | %s | %s | %s |" % (r["shape"], r["policy"], r["label"], ", ".join(
+                "%s %d" % kv for kv in sorted(r["routing_decisions"].items()))))
+    issues = [(r, r["summary"]) for r in runs + results["uniform"]
+              if r["summary"]["no_content"] or r["summary"]["prompt_len_mismatch"]]
+    for r, s in issues:
+        lines.append("\nNote (%s, %s, %s): %d answers without content (no TTFT), %d requests whose usage.prompt_tokens "
+                     "differs from /tokenize's count." % (r["shape"], r["policy"], r["label"], s["no_content"],
+                                                          s["prompt_len_mismatch"]))
+    return "\n".join(lines) + "\n"
+
+
+def fmt_ratio(x):
+    return "n/a" if x is None else "%.2f" % x
+
+
+def fmt_int(x):
+    return "-" if x is None else "%d" % round(x)
+
+
+def mt_plot(results, out_dir):
+    """CDFs of later-turn TTFT (turns >= 2, all reps pooled) per policy, a panel per shape."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"font.size": 8})
+    shapes = results["shapes"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.6 * len(shapes), 3.0), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        for policy, color in zip(MT_POLICIES, ("tab:blue", "tab:orange")):
+            xs = sorted(rec["ttft"] for r in results["runs"] if r["shape"] == shape and r["policy"] == policy
+                        for rec in r["records"] if rec["turn"] >= 2 and rec["ttft"] is not None)
+            if xs:
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label="%s (%d)" % (policy, len(xs)), color=color)
+        ax.set(title="%s: TTFT of turns >= 2" % shape, xlabel="TTFT (s)", ylabel="fraction of requests")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    if not results["policy_key"]:
+        fig.suptitle("router.policy omitted: both ran the default policy")
+    fig.tight_layout()
+    return save(fig, out_dir, "multiturn_ttft_later.png")
+
+
 # --------------------------------------------------------------------------- main
 
 def main():
@@ -748,7 +1363,29 @@ def main():
     ap.add_argument("--llamacpp-args", default="-fa --poll 0",
                     help="more llama-server flags (default: flash attention, no busy-polling threads)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="build jobs for llama.cpp")
+    mt = ap.add_argument_group("multi-turn chat: cache-aware vs least-work routing (--multiturn)")
+    mt.add_argument("--multiturn", action="store_true",
+                    help="only the multi-turn comparison (standard library; matplotlib for the plot if present)")
+    mt.add_argument("--mt-shapes", default="2p1d", help="comma-separated cluster shapes, e.g. 2p1d,2p2d")
+    mt.add_argument("--mt-reps", type=int, default=None, help="runs per policy and shape (default 3; --quick 1)")
+    mt.add_argument("--mt-conversations", type=int, default=0, help="concurrent conversations (default 6; --quick 4)")
+    mt.add_argument("--mt-turns", type=int, default=0, help="turns per conversation (default 5; --quick 3)")
+    mt.add_argument("--mt-timeout", type=int, default=900, help="seconds a run may take before it fails")
+    mt.add_argument("--mt-no-policy-key", action="store_true",
+                    help="leave router.policy out of the config (a build that does not know the key; both "
+                         "'policies' then run the default one: tests the pipeline only)")
+    mt.add_argument("--mt-uniform-policies", default="least_work,cache_aware",
+                    help="policies the uniform check (requests sharing nothing) runs under, per shape; "
+                         "'' skips it (least_work is the reference for cache_aware's rank shares)")
     args = ap.parse_args()
+
+    if args.multiturn:
+        # No AIPerf needed: the bench venv only for matplotlib, where it already exists.
+        venv = os.path.realpath(args.venv)
+        py = os.path.join(venv, "bin", "python")
+        if os.path.realpath(sys.prefix) != venv and os.access(py, os.X_OK):
+            os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+        return multiturn_main(args, " ".join(["scripts/bench_cluster.py"] + sys.argv[1:]))
 
     venv = os.path.realpath(args.venv)
     if os.path.realpath(sys.prefix) != venv:

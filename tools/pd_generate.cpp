@@ -8,7 +8,9 @@
 //
 // Batch mode: one JSON object per input line, {"prompt": str, "chat": bool,
 // "max_tokens": int, "ignore_eos": bool, "temperature": float, "seed": int}
-// (all but "prompt" optional; the command-line values are the defaults), run
+// (all but "prompt" optional; the command-line values are the defaults; instead
+// of "prompt", "messages": [{"role", "content"}, ...] is a whole conversation
+// through the chat template, as /v1/chat/completions renders it), run
 // together through one batched generate(); prints one JSON line per prompt:
 // {"index", "prompt_tokens", "completion_tokens", "tokens", "text",
 // "finish_reason"} — the reference the cluster tests compare against. Text
@@ -150,13 +152,26 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
   } catch (const std::exception& ex) {
     return ToolError{where + ex.what(), kExitUsage};
   }
-  if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
-    return ToolError{where + "needs a string \"prompt\"", kExitUsage};
-  const bool is_chat = j.value("chat", f.chat);
-  std::string t = j["prompt"].get<std::string>();
+  const bool has_messages = j.is_object() && j.contains("messages") && j["messages"].is_array();
+  if (!j.is_object() || (!has_messages && (!j.contains("prompt") || !j["prompt"].is_string())))
+    return ToolError{where + "needs a string \"prompt\" or a \"messages\" array", kExitUsage};
+  const bool is_chat = has_messages || j.value("chat", f.chat);
+  std::vector<pd::ChatMessage> messages;
+  std::string t;
+  if (has_messages) {
+    for (const auto& m : j["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+          !m["content"].is_string())
+        return ToolError{where + "each message needs a string \"role\" and \"content\"", kExitUsage};
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+  } else {
+    t = j["prompt"].get<std::string>();
+    messages.push_back({"user", t});
+  }
   if (is_chat) {
     if (!tmpl.is_ok()) return ToolError{tmpl.status().to_string()};
-    auto r = tmpl->apply({{"user", t}}, true);
+    auto r = tmpl->apply(messages, true);
     if (!r.is_ok()) return ToolError{r.status().to_string()};
     t = *r;
   }

@@ -23,6 +23,7 @@ WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTab
       role_(role),
       heard_router_(roles.joined) {
   header_ = engine_->wire_header();
+  engine_->blocks->enable_events(true);
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
 }
 
@@ -33,6 +34,7 @@ Status WorkerCore::run() {
   spdlog::info("{} rank {} ready ({} KV blocks of {} tokens{})", role_, roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size(), ready_note());
   report_load(true);
+  send_kv_events(true);
   while (!shutdown_ && device_fault_.is_ok() && router_lost_.is_ok())
     // Idle: wait for a message or a transfer that ended (the communication side
     // wakes us), at most 5 ms — deadlines and load reports need no finer step.
@@ -63,6 +65,7 @@ bool WorkerCore::run_once() {
   check_deadlines();
   busy |= work();
   leave_or_report_drained();
+  send_kv_events(false);
   channel_->progress();
   report_load(false);
   return busy;
@@ -187,6 +190,7 @@ void WorkerCore::rejoin(proto::Epoch epoch) {
   drop_all();
   epoch_ = epoch;
   report_load(true);
+  send_kv_events(true);
 }
 
 void WorkerCore::drain() {
@@ -218,6 +222,27 @@ void WorkerCore::report_load(bool force) {
   r.prompt_tokens_cached = prompt_tokens_cached_;
   r.prompt_tokens_computed = prompt_tokens_computed_;
   load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
+}
+
+void WorkerCore::send_kv_events(bool snapshot) {
+  KvBlockManager& blocks = *engine_->blocks;
+  KvCacheEvents e = blocks.take_events();
+  if (snapshot) e = KvCacheEvents{true, blocks.cached_hashes(), {}};
+  if (e.empty()) return;
+  // In order, each message at most kKvEventsMaxHashes: removals first, the reset on the first.
+  proto::KvEvents m{epoch_, e.reset, {}, {}};
+  auto send = [&] {
+    channel_->send(roles_.router, m);
+    m.reset = false;
+    m.stored.clear();
+    m.removed.clear();
+  };
+  for (auto* list : {&e.removed, &e.stored})
+    for (uint64_t h : *list) {
+      (list == &e.removed ? m.removed : m.stored).push_back(h);
+      if (m.removed.size() + m.stored.size() == proto::kKvEventsMaxHashes) send();
+    }
+  if (m.reset || !m.removed.empty() || !m.stored.empty()) send();
 }
 
 void WorkerCore::release_blocks(proto::RequestId id, bool& has_blocks, bool kv_written) {

@@ -23,6 +23,9 @@
 //   router (Drained); the router then sends Shutdown. A joined rank that got
 //   SIGTERM asks for it first (Leave).
 // - Load reports (LoadReport), at most every few ms unless forced.
+// - KV events (KvEvents): what the prefix cache stored and evicted since the
+//   last iteration, for the router's prefix index; the whole set (reset) when
+//   run() starts and after a Rejoin.
 // - The router's liveness: it beats once a second (RouterBeat); after
 //   timeouts.router_ms without any message from it the router is gone and
 //   run() stops: the rank drops what it held, then joins a new router
@@ -165,6 +168,8 @@ class WorkerCore {
   void peer_left(int rank);
   void drain();
   void leave_or_report_drained();
+  // Tells the router what the prefix cache stored and evicted (snapshot: all it holds).
+  void send_kv_events(bool snapshot);
   // Counts the router's silence since the last iteration (at most 1 s of it:
   // a long pass or a stopped process is not silence) and gives up past its limit.
   void watch_router();

@@ -95,14 +95,14 @@ EngineConfig engine_config(const ClusterConfig& cfg, Role role) {
     ec.threads = cfg.prefill.threads;
     ec.kv_budget_bytes = cfg.kv.prefill_budget_mb << 20;
     ec.kv_fit_context = true;  // any prompt the router admits (< context) fits one prefill rank
-    ec.prefix_sharing = true;
+    ec.prefix_sharing = cfg.kv.prefix_cache;
   } else {
     ec.threads = cfg.decode.threads;
     ec.kv_budget_bytes = cfg.kv.decode_budget_mb << 20;
-    // Decode blocks are only ever filled by transfers and this rank's own
-    // steps; sharing them would let a sequence read a block still in flight.
-    // (Colocated mode prefills locally and could share; kept uniform.)
-    ec.prefix_sharing = false;
+    // A finished sequence's KV stays for a follow-up that extends it (the
+    // router sends it back here). Blocks under a KV transfer register only
+    // once their KV has arrived (decode_worker.cpp).
+    ec.prefix_sharing = cfg.kv.prefix_cache;
   }
   return ec;
 }

@@ -145,7 +145,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   PD_RETURN_IF_ERROR(section(root, "kv", [&](const json& j, std::string p) {
     return Reader(j, p).get("block_size", c.kv.block_size).get("decode_budget_mb", c.kv.decode_budget_mb)
         .get("prefill_budget_mb", c.kv.prefill_budget_mb).get("checksum", c.kv.checksum).get("dtype", c.kv.dtype)
-        .finish();
+        .get("prefix_cache", c.kv.prefix_cache).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "prefill", [&](const json& j, std::string p) {
     return Reader(j, p).get("token_budget", c.prefill.token_budget).get("max_batch", c.prefill.max_batch)
@@ -160,7 +160,10 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
     return Reader(j, p).get("max_queued", c.router.max_queued)
         .get("max_inflight_per_worker", c.router.max_inflight_per_worker)
         .get("retry_after_s", c.router.retry_after_s).get("max_attempts", c.router.max_attempts)
-        .get("migrate", c.router.migrate).finish();
+        .get("migrate", c.router.migrate).get("policy", c.router.policy).get("queue_weight", c.router.queue_weight)
+        .get("balance_ratio", c.router.balance_ratio).get("balance_tokens", c.router.balance_tokens)
+        .get("decode_reuse_tokens", c.router.decode_reuse_tokens)
+        .get("min_cached_fraction", c.router.min_cached_fraction).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "sampling", [&](const json& j, std::string p) {
     return Reader(j, p).get("temperature", c.sampling.temperature).get("top_p", c.sampling.top_p)
@@ -220,11 +223,19 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_attempts", router.max_attempts, 1, 10));
   PD_RETURN_IF_ERROR(range("router.retry_after_s", router.retry_after_s, 0, 3600));
+  if (router.policy != "cache_aware" && router.policy != "least_work")
+    return Status::invalid_argument("config: 'router.policy' = \"" + router.policy +
+                                    "\" (expected \"cache_aware\" or \"least_work\")");
+  PD_RETURN_IF_ERROR(range("router.balance_tokens", router.balance_tokens, 0, int64_t{1} << 40));
+  PD_RETURN_IF_ERROR(range("router.decode_reuse_tokens", router.decode_reuse_tokens, 0, 1 << 24));
   auto real_range = [](const char* key, double v, double lo, double hi, bool open_lo) {
     if (std::isfinite(v) && (open_lo ? v > lo : v >= lo) && v <= hi) return Status::ok();
     return Status::invalid_argument(std::string("config: '") + key + "' = " + std::to_string(v) + " is out of range " +
                                     (open_lo ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   };
+  PD_RETURN_IF_ERROR(real_range("router.queue_weight", router.queue_weight, 0.0, 1000.0, false));
+  PD_RETURN_IF_ERROR(real_range("router.balance_ratio", router.balance_ratio, 1.0, 1000.0, false));
+  PD_RETURN_IF_ERROR(real_range("router.min_cached_fraction", router.min_cached_fraction, 0.0, 1.0, false));
   PD_RETURN_IF_ERROR(real_range("sampling.temperature", sampling.temperature, 0.0, 2.0, false));
   PD_RETURN_IF_ERROR(real_range("sampling.top_p", sampling.top_p, 0.0, 1.0, true));
   PD_RETURN_IF_ERROR(real_range("sampling.min_p", sampling.min_p, 0.0, 1.0, false));

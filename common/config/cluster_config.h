@@ -50,6 +50,10 @@ struct ClusterConfig {
     int64_t prefill_budget_mb = 256;     // KV pool per prefill rank (holds KV until handed off)
     bool checksum = true;                // XXH3-64 per layer on every transfer
     std::string dtype = "f16";           // KV cache elements: f16, q8_0 or f32 (prefill and decode must agree)
+    // Prefix caching on every rank: KV of finished prompts (and, on decode
+    // ranks, of finished sequences) stays resident, evictable, for later
+    // prompts that start the same way; the router routes by it.
+    bool prefix_cache = true;
   } kv;
 
   struct Prefill {
@@ -87,6 +91,26 @@ struct ClusterConfig {
     // A stream whose rank was lost after tokens went out continues on another
     // pair from the next token (false: it ends with an error event).
     bool migrate = true;
+    // Dispatch (docs/ROUTING.md). "cache_aware": the prefill rank with the
+    // least expected cost, (prompt tokens not in its prefix cache) +
+    // queue_weight x (prompt tokens it has outstanding), among ranks within the
+    // imbalance bound; and a follow-up whose KV a decode rank still holds goes
+    // back to it (decode_reuse_tokens). "least_work": fewest outstanding prompt
+    // tokens, the caches not consulted.
+    std::string policy = "cache_aware";
+    double queue_weight = 1.0;
+    // Imbalance bound: a rank whose outstanding prompt tokens exceed
+    // balance_ratio x the least loaded rank's + balance_tokens is not chosen
+    // for its cache (only for being least loaded).
+    double balance_ratio = 1.5;
+    int64_t balance_tokens = 1024;
+    // A prompt a decode rank holds all but at most this many tokens of goes
+    // to that decode rank, which computes the rest itself (0 = never).
+    int decode_reuse_tokens = 256;
+    // A rank's cache draws a prompt only when it holds at least this fraction
+    // of it (a short common head, e.g. a template's default system prompt, must
+    // not pile prompts onto the first rank that computed it).
+    double min_cached_fraction = 0.3;
   } router;
 
   // Sampling for requests that omit a parameter. Without this section: OpenAI's

@@ -44,6 +44,8 @@ struct KvBlockManager::Impl {
     uint64_t last_full_hash = kKvRootBlockHash;  // chained hash of the last full block
     std::vector<TokenId> tail;                   // tokens of the partial last block
     size_t n_reused = 0;                         // leading blocks allocate() took from the cache
+    bool published = true;                       // its full blocks register (AllocateOptions::publish)
+    std::vector<TokenId> tokens;                 // all its tokens while unpublished (publish() registers them)
   };
   // What allocate() would do for a prompt, computed without side effects.
   struct PromptPlan {
@@ -64,6 +66,21 @@ struct KvBlockManager::Impl {
   std::list<int32_t> lru;          // ref 0, registered; front = released longest ago
   std::unordered_map<uint64_t, int32_t> cached;  // chained hash -> registered block
   std::unordered_map<SeqId, Seq> seqs;
+  // KV events (enable_events): pending changes, a hash in at most one set.
+  // Bounded without a cap: ev_stored holds registered hashes (<= num_blocks),
+  // ev_removed only hashes registered when events were last taken (<= num_blocks).
+  bool events_on = false;
+  std::unordered_set<uint64_t> ev_stored, ev_removed;
+
+  void note(uint64_t hash, bool stored) {
+    if (!events_on) return;
+    if (stored) {
+      ev_removed.erase(hash);
+      ev_stored.insert(hash);
+    } else if (ev_stored.erase(hash) == 0) {  // reported before: the receiver must drop it
+      ev_removed.insert(hash);
+    }
+  }
 
   explicit Impl(KvBlockManagerConfig c) : cfg(c) {
     assert(cfg.block_size >= 1 && cfg.num_blocks >= 0);
@@ -74,7 +91,7 @@ struct KvBlockManager::Impl {
 
   int64_t num_free() const { return static_cast<int64_t>(free_list.size() + lru.size()); }
 
-  PromptPlan plan_prompt(std::span<const TokenId> tokens) const {
+  PromptPlan plan_prompt(std::span<const TokenId> tokens, bool reuse = true) const {
     const int64_t bs = cfg.block_size;
     const int64_t n = static_cast<int64_t>(tokens.size());
     PromptPlan plan;
@@ -88,7 +105,7 @@ struct KvBlockManager::Impl {
       plan.hashes.push_back(parent);
     }
     // Cap rule: at least the last token is computed, so at most (n-1)/bs blocks are shared.
-    const int64_t max_reuse = n > 0 ? (n - 1) / bs : 0;
+    const int64_t max_reuse = !reuse ? 0 : n > 0 ? (n - 1) / bs : 0;
     for (int64_t k = 0; k < max_reuse; ++k) {
       auto it = cached.find(plan.hashes[k]);
       if (it == cached.end()) break;
@@ -127,7 +144,10 @@ struct KvBlockManager::Impl {
   void unregister(int32_t b) {
     Block& blk = blocks[b];
     auto it = cached.find(blk.hash);
-    if (it != cached.end() && it->second == b) cached.erase(it);
+    if (it != cached.end() && it->second == b) {
+      cached.erase(it);
+      note(blk.hash, false);
+    }
     blk.registered = false;
     blk.tokens.clear();
     blk.tokens.shrink_to_fit();
@@ -137,6 +157,7 @@ struct KvBlockManager::Impl {
   void try_register(int32_t b, uint64_t hash, uint64_t parent_hash, std::span<const TokenId> tokens) {
     if (!cfg.enable_prefix_sharing) return;
     if (!cached.emplace(hash, b).second) return;
+    note(hash, true);
     Block& blk = blocks[b];
     blk.registered = true;
     blk.hash = hash;
@@ -186,20 +207,20 @@ int64_t KvBlockManager::num_blocks() const { return impl_->cfg.num_blocks; }
 int64_t KvBlockManager::num_free_blocks() const { return impl_->num_free(); }
 int64_t KvBlockManager::num_cached_blocks() const { return static_cast<int64_t>(impl_->cached.size()); }
 
-int64_t KvBlockManager::blocks_needed_for_prompt(std::span<const TokenId> tokens) const {
-  return impl_->plan_prompt(tokens).free_blocks_consumed();
+int64_t KvBlockManager::blocks_needed_for_prompt(std::span<const TokenId> tokens, AllocateOptions opts) const {
+  return impl_->plan_prompt(tokens, opts.reuse).free_blocks_consumed();
 }
 
 int64_t KvBlockManager::cached_prefix_tokens(std::span<const TokenId> tokens) const {
   return static_cast<int64_t>(impl_->plan_prompt(tokens).reused.size()) * impl_->cfg.block_size;
 }
 
-Result<int64_t> KvBlockManager::allocate(SeqId seq, std::span<const TokenId> tokens) {
+Result<int64_t> KvBlockManager::allocate(SeqId seq, std::span<const TokenId> tokens, AllocateOptions opts) {
   Impl& m = *impl_;
   if (m.seqs.count(seq)) {
     return Status::invalid_argument("allocate: seq " + std::to_string(seq.value) + " already exists");
   }
-  Impl::PromptPlan plan = m.plan_prompt(tokens);
+  Impl::PromptPlan plan = m.plan_prompt(tokens, opts.reuse);
   const int64_t need = plan.free_blocks_consumed();
   if (need > m.num_free()) {
     return Status::resource_exhausted("allocate seq " + std::to_string(seq.value) + " (" +
@@ -220,13 +241,15 @@ Result<int64_t> KvBlockManager::allocate(SeqId seq, std::span<const TokenId> tok
   for (int64_t k = static_cast<int64_t>(plan.reused.size()); k < plan.total_blocks; ++k) {
     const int32_t b = m.take_fresh();
     s.table.push_back(BlockId{b});
-    if (k < n_full && m.cfg.enable_prefix_sharing) {
+    if (k < n_full && m.cfg.enable_prefix_sharing && opts.publish) {
       m.try_register(b, plan.hashes[k], k == 0 ? kKvRootBlockHash : plan.hashes[k - 1],
                      tokens.subspan(k * bs, bs));
     }
   }
   s.n_tokens = n;
   s.n_reused = plan.reused.size();
+  s.published = opts.publish;
+  if (!opts.publish && m.cfg.enable_prefix_sharing) s.tokens.assign(tokens.begin(), tokens.end());
   if (n_full > 0 && m.cfg.enable_prefix_sharing) s.last_full_hash = plan.hashes[n_full - 1];
   s.tail.assign(tokens.begin() + n_full * bs, tokens.end());
   m.seqs.emplace(seq, std::move(s));
@@ -266,6 +289,7 @@ Status KvBlockManager::append(SeqId seq, std::span<const TokenId> tokens, std::v
     s.table.back() = BlockId{dst};
     m.release(src);  // still referenced by another table
   }
+  if (!s.published && m.cfg.enable_prefix_sharing) s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   for (TokenId t : tokens) {
     if (s.n_tokens % bs == 0) s.table.push_back(BlockId{m.take_fresh()});
     s.tail.push_back(t);
@@ -276,7 +300,7 @@ Status KvBlockManager::append(SeqId seq, std::span<const TokenId> tokens, std::v
         continue;
       }
       const uint64_t h = kv_block_hash(s.last_full_hash, s.tail);
-      m.try_register(s.table.back().value, h, s.last_full_hash, s.tail);
+      if (s.published) m.try_register(s.table.back().value, h, s.last_full_hash, s.tail);
       s.last_full_hash = h;
       s.tail.clear();
     }
@@ -320,6 +344,52 @@ Status KvBlockManager::discard(SeqId seq) {
   }
   m.seqs.erase(it);
   return Status::ok();
+}
+
+Status KvBlockManager::publish(SeqId seq) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(seq);
+  if (it == m.seqs.end()) return Status::not_found("publish: unknown seq " + std::to_string(seq.value));
+  Impl::Seq& s = it->second;
+  s.published = true;
+  if (!m.cfg.enable_prefix_sharing) return Status::ok();
+  const int64_t bs = m.cfg.block_size;
+  const int64_t n_full = s.n_tokens / bs;
+  uint64_t parent = kKvRootBlockHash;
+  for (int64_t k = 0; k < n_full; ++k) {
+    const int32_t b = s.table[static_cast<size_t>(k)].value;
+    const std::span<const TokenId> toks(s.tokens.data() + k * bs, static_cast<size_t>(bs));
+    const uint64_t h = kv_block_hash(parent, toks);
+    if (!m.blocks[b].registered) m.try_register(b, h, parent, toks);
+    parent = h;
+  }
+  s.tokens.clear();
+  s.tokens.shrink_to_fit();
+  return Status::ok();
+}
+
+std::vector<uint64_t> KvBlockManager::cached_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(impl_->cached.size());
+  for (const auto& [h, b] : impl_->cached) out.push_back(h);
+  return out;
+}
+
+void KvBlockManager::enable_events(bool on) {
+  Impl& m = *impl_;
+  m.events_on = on;
+  m.ev_stored.clear();
+  m.ev_removed.clear();
+}
+
+KvCacheEvents KvBlockManager::take_events() {
+  Impl& m = *impl_;
+  KvCacheEvents e;
+  e.stored.assign(m.ev_stored.begin(), m.ev_stored.end());
+  e.removed.assign(m.ev_removed.begin(), m.ev_removed.end());
+  m.ev_stored.clear();
+  m.ev_removed.clear();
+  return e;
 }
 
 bool KvBlockManager::has(SeqId seq) const { return impl_->seqs.count(seq) != 0; }

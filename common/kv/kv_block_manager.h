@@ -98,6 +98,29 @@ struct KvBlockManagerConfig {
   bool enable_prefix_sharing = true;
 };
 
+// How allocate() places a prompt.
+struct AllocateOptions {
+  // Share resident full blocks with the same chained hash (the cache rule
+  // above). False: every block is fresh (the prompt's KV all arrives or is
+  // computed here, e.g. a KV handoff, or prompt logprobs that need every row).
+  bool reuse = true;
+  // Register the fresh full blocks for later prompts now. False: they stay
+  // private until publish(), for KV written later than the next pass (a KV
+  // transfer, a prompt computed chunk by chunk over several steps).
+  bool publish = true;
+};
+
+// What changed in the set of blocks registered for prefix sharing, by chained
+// hash, since the last take_events(): `stored` became reusable, `removed` no
+// longer are (evicted, discarded). A hash is in at most one of the two; apply
+// `removed` first. `reset` (a snapshot, cached_hashes()): replace the
+// receiver's view by `stored`.
+struct KvCacheEvents {
+  bool reset = false;
+  std::vector<uint64_t> stored, removed;
+  bool empty() const { return !reset && stored.empty() && removed.empty(); }
+};
+
 // A copy the caller must perform on the KV storage before writing (copy-on-write).
 struct BlockCopy {
   BlockId src;
@@ -124,7 +147,7 @@ class KvBlockManager {
   // tokens were allocated now: fresh blocks plus reused cached blocks that are
   // currently unreferenced (those leave the evictable pool). allocate() succeeds
   // iff this is <= num_free_blocks() (and the seq id is new).
-  int64_t blocks_needed_for_prompt(std::span<const TokenId> tokens) const;
+  int64_t blocks_needed_for_prompt(std::span<const TokenId> tokens, AllocateOptions opts = {}) const;
   // How many leading tokens allocate(seq, tokens) would report cached now (a
   // multiple of block_size, < tokens.size(); 0 with prefix sharing off).
   // Allocating only a leading part [0, k) with k > this count reports the same
@@ -137,7 +160,13 @@ class KvBlockManager {
   // always < tokens.size() for a non-empty prompt. InvalidArgument if seq
   // exists; ResourceExhausted ("need N blocks, M free"; nothing changed) if the
   // pool cannot hold it.
-  Result<int64_t> allocate(SeqId seq, std::span<const TokenId> tokens);
+  // `opts`: see AllocateOptions (a sequence allocated with publish = false
+  // registers nothing, its appends included, until publish()).
+  Result<int64_t> allocate(SeqId seq, std::span<const TokenId> tokens, AllocateOptions opts = {});
+  // The KV of `seq`'s tokens is written: registers its full blocks not yet
+  // registered (a hash another block holds already keeps that one), and its
+  // later appends register as usual. NotFound for an unknown seq.
+  Status publish(SeqId seq);
   // Blocks `seq` needs to append `n` more tokens (0 or more; counts a CoW copy).
   // An unknown seq reads as an empty sequence.
   int64_t blocks_needed_to_append(SeqId seq, int n) const;
@@ -173,6 +202,15 @@ class KvBlockManager {
   int32_t ref_count(BlockId b) const;  // 0 for a block id outside the pool
   // Number of full blocks currently registered for prefix sharing.
   int64_t num_cached_blocks() const;
+  // The chained hashes of every registered block (what a snapshot reports).
+  std::vector<uint64_t> cached_hashes() const;
+
+  // KV events (for the router's prefix index). Off until enabled; while on,
+  // every registration and unregistration is recorded, coalesced per hash:
+  // what piles up between two take_events() is at most twice the pool's
+  // blocks, however long nobody takes it. take_events() returns and clears it.
+  void enable_events(bool on);
+  KvCacheEvents take_events();
 
   // Checks every invariant (no block both free and owned, refcounts equal the
   // number of tables holding each block, total conserved, hash map entries

@@ -141,12 +141,16 @@ struct ToJson {
     for (const TokenEvent& e : m.events) {
       json ev = {{"id", e.id}, {"first", e.first_index}, {"tokens", e.tokens},
                  {"finish", static_cast<int32_t>(e.finish)}, {"queue_s", e.queue_s}, {"prefill_s", e.prefill_s}};
+      if (e.cached_tokens != 0) ev["cached"] = e.cached_tokens;
       // Only requests that asked carry logprobs: the common event stays small.
       if (!e.logprobs.empty()) ev["lp"] = logprobs_json(e.logprobs);
       if (!e.prompt_logprobs.empty()) ev["prompt_lp"] = logprobs_json(e.prompt_logprobs);
       events.push_back(std::move(ev));
     }
     return {{"t", "tokens"}, {"events", std::move(events)}};
+  }
+  json operator()(const KvEvents& m) const {
+    return {{"t", "kv"}, {"epoch", m.epoch}, {"reset", m.reset}, {"stored", m.stored}, {"removed", m.removed}};
   }
   json operator()(const TransferStats& m) const {
     return {{"t", "xfer"},         {"id", m.id},         {"bytes", m.bytes},
@@ -215,6 +219,7 @@ Message from_json(const json& j) {
       ev.finish = static_cast<Finish>(f);
       ev.queue_s = e.at("queue_s").get<double>();
       ev.prefill_s = e.at("prefill_s").get<double>();
+      ev.cached_tokens = e.value("cached", int32_t{0});
       if (auto lp = e.find("lp"); lp != e.end()) ev.logprobs = logprobs_from(*lp);
       if (auto lp = e.find("prompt_lp"); lp != e.end()) ev.prompt_logprobs = logprobs_from(*lp);
       if (!ev.logprobs.empty() && ev.logprobs.size() != ev.tokens.size())
@@ -224,6 +229,9 @@ Message from_json(const json& j) {
     }
     return m;
   }
+  if (t == "kv")
+    return KvEvents{j.at("epoch").get<Epoch>(), j.at("reset").get<bool>(), j.at("stored").get<std::vector<uint64_t>>(),
+                    j.at("removed").get<std::vector<uint64_t>>()};
   if (t == "xfer")
     return TransferStats{j.at("id").get<RequestId>(), j.at("bytes").get<int64_t>(), j.at("exposed_s").get<double>(),
                          j.at("wire_s").get<double>(), j.value("hidden", int64_t{0})};
@@ -268,7 +276,7 @@ const char* message_name(const Message& m) {
                                            "PeerUp",         "Rejoin",        "Listening",    "Join",
                                            "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
                                            "Drain",          "Drained",       "PeerLeft",     "RouterBeat",
-                                           "PeerGone"};
+                                           "PeerGone",       "KvEvents"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }

@@ -20,6 +20,9 @@
 //   P,D -> R TokenEvents      generated tokens (and the finish reason) of some requests
 //   P,D -> R RequestFailed    a request ended with an error on that rank
 //   P,D -> R LoadReport       the rank's queue lengths and KV pool occupancy (also its heartbeat)
+//   P,D -> R KvEvents         which prefix blocks (chained hashes) its cache stored and evicted: the
+//                             router's prefix index (router/prefix_index.h); `reset` replaces the
+//                             rank's whole entry (sent on start, after a Rejoin, and on overflow)
 //
 // Elastic pools (docs/CLUSTER.md, "Growing and shrinking pools"): ranks of a later mpirun join a
 // running cluster through MPI ports, and any worker can be drained and removed.
@@ -163,6 +166,9 @@ struct TokenEvent {
   // decode rank = the wait from "KV received" (or arrival, colocated) to its
   // first step. 0 = not measured here.
   double queue_s = 0, prefill_s = 0;
+  // On the event of token 0: prompt tokens whose KV came from the computing
+  // rank's prefix cache (the rest it computed).
+  int32_t cached_tokens = 0;
 };
 struct TokenEvents { std::vector<TokenEvent> events; };
 struct TransferStats {
@@ -203,10 +209,19 @@ struct LoadReport {
   int64_t prompt_tokens_computed = 0;
 };
 
+// At most this many hashes travel in one KvEvents message (a larger change is
+// sent as several, in order).
+inline constexpr size_t kKvEventsMaxHashes = 4096;
+struct KvEvents {
+  Epoch epoch = 0;  // the sender's
+  bool reset = false;
+  std::vector<uint64_t> stored, removed;  // apply `removed`, then `stored`
+};
+
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
                              Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft,
-                             RouterBeat, PeerGone>;
+                             RouterBeat, PeerGone, KvEvents>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

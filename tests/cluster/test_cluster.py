@@ -210,16 +210,17 @@ def suite_identity(tmp):
 
         def prompt_tokens_add_up():
             m = c.metrics()
+            # Prefill ranks, and decode ranks for the follow-ups they computed themselves.
             said["cache"] = sum(v for k, v in m.items() if k.startswith("pd_rank_prompt_tokens_total{")
-                                and 'role="prefill"' in k and 'source="cache"' in k)
+                                and 'source="cache"' in k)
             said["computed"] = sum(v for k, v in m.items() if k.startswith("pd_rank_prompt_tokens_total{")
-                                   and 'role="prefill"' in k and 'source="computed"' in k)
+                                   and 'source="computed"' in k)
             said["dispatched"] = m.get("pd_prompt_tokens_total", 0)
             return said["cache"] + said["computed"] == said["dispatched"]
         try:
             wait_for(prompt_tokens_add_up, 10, "prompt token counts")
         except AssertionError:
-            raise AssertionError("pd_rank_prompt_tokens_total (prefill) %s does not add up to pd_prompt_tokens_total"
+            raise AssertionError("pd_rank_prompt_tokens_total %s does not add up to pd_prompt_tokens_total"
                                  % said)
         check(said["cache"] > 0, "the prompts sent again found nothing in a prefix cache: %s" % said)
         print("prompt tokens: %d from prefix caches, %d computed" % (said["cache"], said["computed"]))
@@ -278,6 +279,83 @@ def suite_chunked(tmp):
     for layout in ({"prefill": 1, "decode": 1}, {"colocated": 2}):
         with Cluster(config=cfg, **layout) as c:
             concurrent_identity(c, DEFAULT_MODEL, cases, len(cases))
+            check(c.stop() == 0, "clean exit")
+
+
+def routing(c):
+    """{reason: count} of pd_router_routing_decisions_total."""
+    return {k.split('reason="')[1].split('"')[0]: v for k, v in c.metrics().items()
+            if k.startswith("pd_router_routing_decisions_total{")}
+
+
+def completion(c, prompt, max_tokens):
+    """-> (text, usage) of a greedy completion."""
+    r = c.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    check(r.status == 200, "HTTP %d: %s" % (r.status, r.body))
+    return r.json()["choices"][0]["text"], r.json()["usage"]
+
+
+def reused_turn(c, prompt, max_tokens, reason, min_cached):
+    """One completion expected to be routed for `reason` with at least min_cached prompt tokens from a
+    cache; its text against pd-generate's."""
+    # The KV events of the turn before travel after its last token: let them land.
+    time.sleep(0.3)
+    before = routing(c)
+    text, usage = completion(c, prompt, max_tokens)
+    after = routing(c)
+    grew = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    check(grew == {reason: 1}, "routing decisions grew by %s, want {%r: 1}" % (grew, reason))
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    check(cached >= min_cached, "usage says %d prompt tokens cached, want >= %d (%s)" % (cached, min_cached, usage))
+    ref = reference(DEFAULT_MODEL, [{"prompt": prompt, "chat": False, "max_tokens": max_tokens, "ignore_eos": False}])[0]
+    check(text == ref["text"], "%s: cluster %r != pd-generate %r" % (reason, text, ref["text"]))
+    return text
+
+
+def conversations(c, n, turns, max_tokens):
+    """n conversations of `turns` chat turns each, run concurrently (each turn sends the whole history);
+    every answer against pd-generate's for the same history."""
+    system = " ".join(SENTENCES)
+    hist = [[{"role": "system", "content": system}] for _ in range(n)]
+    for turn in range(turns):
+        for i in range(n):
+            hist[i].append({"role": "user", "content": QUESTIONS[(i + turn) % len(QUESTIONS)]})
+
+        def ask(i):
+            body = {"messages": hist[i], "max_tokens": max_tokens, "temperature": 0}
+            r = c.post("/v1/chat/completions", body)
+            check(r.status == 200, "HTTP %d: %s" % (r.status, r.body))
+            return r.json()["choices"][0]["message"]["content"]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+            answers = list(pool.map(ask, range(n)))
+        # pd-generate renders one message list per prompt with the model's template.
+        refs = reference(DEFAULT_MODEL, [{"messages": h, "max_tokens": max_tokens, "ignore_eos": False} for h in hist])
+        for i, (got, ref) in enumerate(zip(answers, refs)):
+            check(got == ref["text"], "conversation %d turn %d: cluster %r != pd-generate %r" % (i, turn, got, ref["text"]))
+            hist[i].append({"role": "assistant", "content": got})
+
+
+def suite_kv_reuse(tmp):
+    """Default model: a follow-up that extends what a decode rank just generated goes back to that decode
+    rank, which computes only the new suffix (decode_reuse); a prompt sharing a long head with one a prefill
+    rank computed goes to that prefill rank (cache_aware). Each gives pd-generate's text, and usage counts
+    the cached tokens. Then concurrent multi-turn conversations, every answer against pd-generate's. On
+    2 prefill + 1 decode (chunked prefill) and on 1 + 1 with whole-prompt prefill."""
+    need_default_model()
+    head = " ".join(["The history of the printing press begins in the fifteenth century, when movable type "
+                     "changed how books were made and shared across Europe."] * 8)  # 200 tokens
+    rest = " ".join("Another continuation sentence, number %d, says something new." % i for i in range(28))
+    for layout, cfg in (({"prefill": 2, "decode": 1}, {}),
+                        ({"prefill": 1, "decode": 1}, {"prefill": {"chunk_tokens": 0}})):
+        with Cluster(config=cfg, **layout) as c:
+            first, usage = completion(c, head, 32)
+            check(usage["prompt_tokens_details"]["cached_tokens"] == 0, "a first prompt found a cache: %s" % usage)
+            follow = head + first + " Tell me more about it."
+            reused_turn(c, follow, 16, "decode_reuse", 192 + 16)
+            reused_turn(c, head + " " + rest, 16, "cache_aware", 192)
+            conversations(c, 3, 3, 24)
+            print("%s: routing decisions %s" % (layout, routing(c)))
+            wait_for(lambda: blocks_all_free(c), 30, "every KV block to return to its pool")
             check(c.stop() == 0, "clean exit")
 
 
@@ -396,7 +474,7 @@ def suite_limits(tmp):
 
 SUITES = {"limits": suite_limits, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
           "kv_types": suite_kv_types,
-          "colocated": suite_colocated, "chunked": suite_chunked, "lifecycle": suite_lifecycle}
+          "colocated": suite_colocated, "chunked": suite_chunked, "kv_reuse": suite_kv_reuse, "lifecycle": suite_lifecycle}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_cluster.py")

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 namespace pd {
@@ -426,6 +427,8 @@ TEST_CASE("kv: randomized operations keep every invariant", "[kv]") {
       CAPTURE(seed, shape.block_size, shape.num_blocks);
       const int bs = shape.block_size;
       KvBlockManager m(config(bs, shape.num_blocks));
+      m.enable_events(true);
+      std::set<uint64_t> reported;  // what a receiver of the KV events believes is cached
       std::mt19937_64 rng(seed * 7919 + static_cast<uint64_t>(bs));
       auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
 
@@ -449,7 +452,7 @@ TEST_CASE("kv: randomized operations keep every invariant", "[kv]") {
         }
       };
       int64_t next_id = 0;
-      int ok_allocs = 0, exhausted = 0, cached_hits = 0, cow_copies = 0, discarded = 0;
+      int ok_allocs = 0, exhausted = 0, cached_hits = 0, cow_copies = 0, discarded = 0, published = 0;
 
       for (int op = 0; op < 800; ++op) {
         const int kind = uniform(0, 10);
@@ -513,6 +516,29 @@ TEST_CASE("kv: randomized operations keep every invariant", "[kv]") {
           auto it = std::next(shadow.begin(), uniform(0, static_cast<int>(shadow.size()) - 1));
           REQUIRE(m.free(SeqId{it->first}).is_ok());
           shadow.erase(it);
+        } else if (uniform(0, 1) == 0) {  // a KV transfer: fresh blocks, registered once written
+          std::vector<TokenId> prompt = prefixes[static_cast<size_t>(uniform(0, 2))];
+          prompt.resize(static_cast<size_t>(uniform(0, static_cast<int>(prompt.size()))));
+          for (int i = uniform(1, bs); i > 0; --i) prompt.push_back(uniform(0, 3));
+          const SeqId id{next_id++};
+          const AllocateOptions received{.reuse = false, .publish = false};
+          const int64_t need = m.blocks_needed_for_prompt(prompt, received);
+          CHECK(need == static_cast<int64_t>((prompt.size() + bs - 1) / bs));
+          const int64_t cached_before = m.num_cached_blocks();
+          auto r = m.allocate(id, prompt, received);
+          if (r.is_ok()) {
+            CHECK(*r == 0);
+            CHECK(m.num_cached_blocks() <= cached_before);  // nothing registered (evictions may drop some)
+            shadow[id.value] = prompt;
+            if (uniform(0, 3) == 0) {  // the transfer failed: discarded unwritten
+              REQUIRE(m.discard(id).is_ok());
+              shadow.erase(id.value);
+            } else {
+              write(id, 0);
+              REQUIRE(m.publish(id).is_ok());
+              ++published;
+            }
+          }
         } else {  // a prefill cancelled before it ran: allocate, write nothing, discard
           std::vector<TokenId> prompt = prefixes[static_cast<size_t>(uniform(0, 2))];
           for (int i = uniform(0, 2 * bs); i > 0; --i) prompt.push_back(uniform(0, 3));
@@ -533,6 +559,16 @@ TEST_CASE("kv: randomized operations keep every invariant", "[kv]") {
         Status inv = m.check_invariants();
         INFO("op " << op << ": " << inv.to_string());
         REQUIRE(inv.is_ok());
+        if (uniform(0, 2) > 0) {  // the KV events replay to exactly the registered set
+          const KvCacheEvents e = m.take_events();
+          for (uint64_t h : e.removed) {
+            CHECK(std::find(e.stored.begin(), e.stored.end(), h) == e.stored.end());
+            reported.erase(h);
+          }
+          reported.insert(e.stored.begin(), e.stored.end());
+          const std::vector<uint64_t> now = m.cached_hashes();
+          REQUIRE(reported == std::set<uint64_t>(now.begin(), now.end()));
+        }
         for (const auto& [sid, toks] : shadow) {
           const auto& table = m.block_table(SeqId{sid});
           REQUIRE(m.num_tokens(SeqId{sid}) == static_cast<int64_t>(toks.size()));
@@ -550,6 +586,7 @@ TEST_CASE("kv: randomized operations keep every invariant", "[kv]") {
       CHECK(exhausted > 0);
       CHECK(cached_hits > 0);
       CHECK(discarded > 0);
+      CHECK(published > 0);
       if (bs > 1) CHECK(cow_copies > 0);  // with block_size 1 no block is ever partial
 
       for (const auto& [sid, toks] : shadow) REQUIRE(m.free(SeqId{sid}).is_ok());
@@ -594,6 +631,70 @@ TEST_CASE("kv: chained block hash depends on the parent and the tokens", "[kv]")
   auto u = t;
   u[15] += 1;
   CHECK(h != kv_block_hash(kKvRootBlockHash, u));
+}
+
+}  // namespace
+}  // namespace pd
+
+namespace pd {
+namespace {
+
+TEST_CASE("kv: an unpublished sequence shares nothing until its KV is written; publish registers it", "[kv]") {
+  KvBlockManager m(config(4, 16));
+  const auto p = iota_tokens(10);  // 2 full blocks + 2 tokens
+  REQUIRE(m.allocate(SeqId{1}, p, {.reuse = false, .publish = false}).is_ok());
+  CHECK(m.num_cached_blocks() == 0);
+  CHECK(m.cached_prefix_tokens(p) == 0);  // a later prompt cannot read the blocks in flight
+  REQUIRE(m.append(SeqId{1}, iota_tokens(2, 1010), nullptr).is_ok());  // fills block 2: still private
+  CHECK(m.num_cached_blocks() == 0);
+  REQUIRE(m.publish(SeqId{1}).is_ok());
+  CHECK(m.num_cached_blocks() == 3);
+  CHECK(m.cached_prefix_tokens(iota_tokens(13)) == 12);
+  REQUIRE(m.append(SeqId{1}, iota_tokens(4, 1012), nullptr).is_ok());  // published: appends register again
+  CHECK(m.num_cached_blocks() == 4);
+  CHECK(m.publish(SeqId{9}).is_not_found());
+  // reuse = false places a resident prefix in fresh blocks; the cached copy stays the registered one.
+  auto r = m.allocate(SeqId{2}, iota_tokens(9), {.reuse = false, .publish = true});
+  REQUIRE(r.is_ok());
+  CHECK(*r == 0);
+  CHECK(m.block_table(SeqId{2})[0] != m.block_table(SeqId{1})[0]);
+  CHECK(m.num_cached_blocks() == 4);
+  REQUIRE(m.check_invariants().is_ok());
+  // Discarded before publish: its blocks go back free, not to the cache.
+  REQUIRE(m.allocate(SeqId{3}, iota_tokens(8, 5000), {.reuse = false, .publish = false}).is_ok());
+  REQUIRE(m.discard(SeqId{3}).is_ok());
+  CHECK(m.cached_prefix_tokens(iota_tokens(9, 5000)) == 0);
+  REQUIRE(m.check_invariants().is_ok());
+}
+
+TEST_CASE("kv: KV events coalesce per hash and stay bounded by the pool", "[kv]") {
+  KvBlockManager m(config(4, 4));
+  CHECK(m.take_events().empty());  // off until enabled
+  m.enable_events(true);
+  REQUIRE(m.allocate(SeqId{1}, iota_tokens(8), {}).is_ok());
+  KvCacheEvents e = m.take_events();
+  CHECK(!e.reset);
+  CHECK(e.stored.size() == 2);
+  CHECK(e.removed.empty());
+  CHECK(m.take_events().empty());
+  // Registered then evicted before anyone took the events: reported as removed only.
+  REQUIRE(m.free(SeqId{1}).is_ok());
+  REQUIRE(m.allocate(SeqId{2}, iota_tokens(16, 7000), {}).is_ok());  // needs all 4 blocks: evicts both
+  e = m.take_events();
+  CHECK(e.removed.size() == 2);
+  CHECK(e.stored.size() == 4);
+  REQUIRE(m.free(SeqId{2}).is_ok());
+  // Churn nobody takes: what is pending stays within twice the pool, and is exact.
+  for (int i = 0; i < 40; ++i) {
+    REQUIRE(m.allocate(SeqId{10 + i}, iota_tokens(16, 100 * i), {}).is_ok());
+    REQUIRE(m.free(SeqId{10 + i}).is_ok());
+  }
+  e = m.take_events();
+  CHECK(!e.reset);
+  CHECK(e.removed.size() == 4);  // the blocks reported last time
+  const auto now = m.cached_hashes();
+  CHECK(std::set<uint64_t>(e.stored.begin(), e.stored.end()) == std::set<uint64_t>(now.begin(), now.end()));
+  CHECK(m.take_events().empty());
 }
 
 }  // namespace

@@ -121,6 +121,15 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(te.events[1].queue_s == 0.25);
   CHECK(te.events[1].logprobs.empty());
   CHECK(te.events[1].prompt_logprobs.empty());
+  CHECK(te.events[1].cached_tokens == 0);
+  TokenEvent cached = ev;
+  cached.cached_tokens = 384;
+  CHECK(round_trip(TokenEvents{{cached}}).events[0].cached_tokens == 384);
+  // KV events: 64-bit hashes exactly (the top bit set too).
+  const KvEvents kv = round_trip(KvEvents{3, true, {0xfedcba9876543210ULL, 1}, {42}});
+  CHECK((kv.epoch == 3 && kv.reset));
+  CHECK(kv.stored == std::vector<uint64_t>{0xfedcba9876543210ULL, 1});
+  CHECK(kv.removed == std::vector<uint64_t>{42});
   // Logprobs, bit-exact (-inf included), for each token and for the prompt.
   const float inf = std::numeric_limits<float>::infinity();
   TokenEvent lp = ev;
