@@ -87,7 +87,9 @@ DECODE = 2
 KV_BYTES_PER_TOKEN = {"f16": 23040, "f32": 46080}  # SmolLM2-135M, K and V, 30 layers (f16: kv.dtype's default)
 BLOCK = 16                       # kv.block_size (default)
 LINK_RATE, LINK_DELAY = "1gbit", "1ms"
-CONFIG = {"timeouts": {"request_ms": 120000, "drain_ms": 30000}}
+# Every request is handed off over the link: a prompt sent again would otherwise go back to the
+# decode rank that holds it and be computed there from its cache (docs/ROUTING.md).
+CONFIG = {"timeouts": {"request_ms": 120000, "drain_ms": 30000}, "router": {"decode_reuse_tokens": 0}}
 HOSTS = 4                        # multihost_elastic: pdh1-3 for the cluster, pdh4 for the pool that joins later
 
 

@@ -309,3 +309,60 @@ TEST_CASE("router: a request no worker takes within queue_ms fails 503; one past
 
 }  // namespace
 }  // namespace pd::router::test_router
+
+namespace pd::router::test_router {
+namespace {
+
+// A prompt of 80 byte tokens: 4 full blocks of 16 are cacheable (never the last token).
+const std::string kLongBody = R"({"model": "tiny", "prompt": ")" + std::string(80, 'x') + R"(", "max_tokens": 3})";
+
+TEST_CASE("router: a prompt a decode rank holds goes to that decode rank; usage counts its cached tokens",
+          "[router]") {
+  for (const char* policy : {"cache_aware", "least_work"}) {
+    CAPTURE(policy);
+    Harness h(150, 30000, false, [&](ClusterConfig& c) { c.router.policy = policy; });
+    auto f = h.post(kLongBody);
+    auto d = h.dispatched();
+    REQUIRE(d);
+    const auto [prefill, pr] = *d;
+    h.serve(prefill, pr);
+    CHECK(h.finish(f).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    // The decode rank's cache now holds the prompt's blocks (its KV events say so).
+    const int decode = pr.decode_rank;
+    h.hub.send(decode, kRouterRank, proto::KvEvents{0, false, prompt_block_hashes(pr.prompt, 16), {}});
+    auto again = h.post(kLongBody);
+    if (std::string(policy) == "least_work") {  // the index is not consulted
+      auto d2 = h.dispatched();
+      REQUIRE(d2);
+      h.serve(d2->first, d2->second);
+      h.finish(again);
+      continue;
+    }
+    auto m = h.expect<proto::PrefillRequest>(decode);
+    REQUIRE(m);
+    CHECK(m->decode_rank == decode);  // it computes the rest itself and decodes
+    CHECK(m->prompt == pr.prompt);
+    proto::TokenEvent first;
+    first.id = m->id;
+    first.tokens = {'a' + 3};
+    first.cached_tokens = 64;
+    h.hub.send(decode, kRouterRank, proto::TokenEvents{{first}});
+    h.tokens(decode, m->id, 1, 2, true);
+    const Answer a = h.finish(again);
+    CHECK(a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 64);
+    CHECK(a.json()["usage"]["prompt_tokens"] == 81);  // BOS + 80
+    // Declared down, the decode rank's entry is gone: the next one goes to a prefill rank.
+    h.silent.insert(decode);
+    h.pump_for(400ms);
+    auto third = h.post(kLongBody);
+    auto d3 = h.dispatched();
+    REQUIRE(d3);
+    CHECK(d3->second.decode_rank != decode);
+    h.serve(d3->first, d3->second);
+    h.finish(third);
+    CHECK(illegal_transitions() == 0);
+  }
+}
+
+}  // namespace
+}  // namespace pd::router::test_router

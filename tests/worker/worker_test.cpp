@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "decode_node/decode_worker.h"
@@ -79,7 +80,7 @@ std::unique_ptr<Engine> make_engine(bool prefill_side) {
   ec.block_size = 16;
   ec.kv_budget_bytes = 256 << 10;  // a few dozen blocks of the tiny model
   ec.kv_fit_context = prefill_side;
-  ec.prefix_sharing = prefill_side;
+  ec.prefix_sharing = true;  // both pools keep a prefix cache, as worker_main sets them up
   auto e = Engine::create(ec);
   INFO(e.status().to_string());
   REQUIRE(e.is_ok());
@@ -206,6 +207,8 @@ struct MiniCluster {
 
   // Last LoadReport each rank sent the router.
   std::map<int, proto::LoadReport> loads;
+  // Each rank's prefix cache as its KV events describe it (the router's index).
+  std::map<int, std::set<uint64_t>> cached;
   std::vector<int> drained;  // ranks that said Drained, in order
 
   using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
@@ -254,6 +257,12 @@ struct MiniCluster {
       else if (auto* t = std::get_if<proto::TransferStats>(&m)) transfers.push_back(*t);
       else if (auto* l = std::get_if<proto::LoadReport>(&m)) loads[source] = *l;
       else if (std::holds_alternative<proto::Drained>(m)) drained.push_back(source);
+      else if (auto* kv = std::get_if<proto::KvEvents>(&m)) {
+        std::set<uint64_t>& held = cached[source];
+        if (kv->reset) held.clear();
+        for (uint64_t h : kv->removed) held.erase(h);
+        held.insert(kv->stored.begin(), kv->stored.end());
+      }
     }
   }
   // As the router: `rank` (incarnation `epoch`) is down / back under `epoch`.
@@ -490,11 +499,71 @@ TEST_CASE("workers: load reports count prompt tokens found in the prefix cache a
   }));
   CHECK(c.loads[kPrefill].prompt_tokens_cached == 32);
   CHECK(c.loads[kPrefill].prompt_tokens_computed == 48);
-  CHECK(c.loads[kDecode].prompt_tokens_computed == 0);  // it computes no prompt here (not colocated)
+  CHECK(c.loads[kDecode].prompt_tokens_computed == 0);  // it computes no prompt here (its KV arrives)
+  REQUIRE(c.settle());
+}
+
+// The chained hashes of the first `blocks` full blocks of `tokens` (16 per block).
+std::vector<uint64_t> block_hashes(const std::vector<int32_t>& tokens, size_t blocks) {
+  std::vector<uint64_t> out;
+  uint64_t parent = kKvRootBlockHash;
+  for (size_t k = 0; k < blocks; ++k) {
+    parent = kv_block_hash(parent, std::span<const int32_t>(tokens).subspan(k * 16, 16));
+    out.push_back(parent);
+  }
+  return out;
+}
+
+TEST_CASE("workers: a follow-up computed by the decode rank from its cache gives the prefill path's tokens",
+          "[workers]") {
+  for (int chunk_tokens : {0, 8}) {
+    CAPTURE(chunk_tokens);
+    ClusterConfig cfg = small_config();
+    cfg.prefill.chunk_tokens = chunk_tokens;
+    MiniCluster c(cfg);
+    const proto::PrefillRequest turn1 = MiniCluster::request(1, 40, 12);
+    c.submit(turn1);
+    REQUIRE(c.run_until([&] { return c.finished(1); }));
+    // The decode rank holds the prompt and 11 of the 12 answer tokens (the last is never fed):
+    // 51 tokens, 3 full blocks, and its KV events said so.
+    std::vector<int32_t> history = turn1.prompt;
+    for (int32_t t : c.token_ids(1)) history.push_back(t);
+    REQUIRE(c.run_until([&] { return c.cached[kDecode].size() >= 3; }));
+    for (uint64_t h : block_hashes(history, 3)) CHECK(c.cached[kDecode].count(h) == 1);
+    CHECK(c.cached[kPrefill].size() == 2);  // the prompt's two full blocks
+    // The next turn: the history and 5 new tokens, once computed on the decode rank from its
+    // cache (as the router sends it there), once through the prefill rank.
+    proto::PrefillRequest turn2 = MiniCluster::request(2, 0, 8);
+    turn2.prompt = history;
+    for (int i = 0; i < 5; ++i) turn2.prompt.push_back(200 + i);
+    c.hub.send(kRouter, kDecode, turn2);
+    REQUIRE(c.run_until([&] { return c.finished(2); }));
+    proto::PrefillRequest via_prefill = turn2;
+    via_prefill.id = 3;
+    c.submit(via_prefill);
+    REQUIRE(c.run_until([&] { return c.finished(3); }));
+    CHECK(c.token_ids(2) == c.token_ids(3));
+    CHECK(c.events.at(2).front().cached_tokens == 48);
+    CHECK(c.events.at(3).front().cached_tokens == 32);  // the prefill rank holds only turn 1's prompt
+    REQUIRE(c.run_until([&] { return c.loads[kDecode].prompt_tokens_cached == 48; }));
+    CHECK(c.loads[kDecode].prompt_tokens_computed == static_cast<int64_t>(turn2.prompt.size()) - 48);
+    CHECK(c.failed.empty());
+    REQUIRE(c.settle());
+  }
+}
+
+TEST_CASE("workers: a decode rank's KV events report a handed-off prompt's blocks once its KV landed", "[workers]") {
+  MiniCluster c(small_config());
+  const proto::PrefillRequest r = MiniCluster::request(1, 48, 4);
+  c.submit(r);
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  REQUIRE(c.run_until([&] { return c.cached[kDecode].size() >= 3; }));
+  for (uint64_t h : block_hashes(r.prompt, 3)) CHECK(c.cached[kDecode].count(h) == 1);
   REQUIRE(c.settle());
 }
 
 TEST_CASE("workers: a host-staged end (a device-memory cache's path) talks to a plain one unchanged", "[workers]") {
+
   // The staged end sends and receives one contiguous buffer where the plain
   // end uses the region's pieces: the same bytes in wire order, so either
   // pairing must hand off the KV intact (checksummed) and decode the same tokens.
@@ -1397,7 +1466,7 @@ TEST_CASE("chunked prefill: a long prompt's completed KV segments move behind it
     ec.block_size = 4;
     ec.kv_budget_bytes = 256 << 10;
     ec.kv_fit_context = prefill_side;
-    ec.prefix_sharing = prefill_side;
+    ec.prefix_sharing = true;
     auto e = Engine::create(ec);
     REQUIRE(e.is_ok());
     return std::move(e).value();
