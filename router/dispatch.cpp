@@ -38,16 +38,150 @@ WorkerTable::WorkerTable(const std::vector<int>& prefill_ranks, const std::vecto
 
 namespace {
 
-// A rank's outstanding prompt tokens within the imbalance bound of the least loaded candidate's.
-struct Bound {
-  double limit = 0;
-  bool within(const WorkerView& w) const { return static_cast<double>(w.outstanding_tokens) <= limit; }
+// One pick(): the request against the ranks that can take it now.
+class Picker {
+ public:
+  Picker(const WorkerTable& t, const PrefixIndex& index, int block_size, const DispatchRequest& q, int max_inflight)
+      : t_(t), p_(t.policy()), index_(index), bs_(block_size), q_(q), n_(q.prompt_tokens),
+        need_((q.prompt_tokens + q.max_tokens + block_size - 1) / block_size),
+        use_cache_(p_.cache_aware && !q.block_hashes.empty()) {
+    for (const WorkerView& w : t.prefill())
+      if (w.state == RankState::kUp && w.outstanding < max_inflight) open_prefill_.push_back(&w);
+    for (const WorkerView& w : t.decode())
+      if (w.state == RankState::kUp && w.outstanding < max_inflight) open_decode_.push_back(&w);
+    prefill_limit_ = limit_of(open_prefill_);
+    decode_limit_ = limit_of(open_decode_);
+  }
+
+  std::optional<DispatchChoice> run() {
+    if (!t_.colocated() && open_prefill_.empty()) return std::nullopt;
+    rank_prefills();
+    if (!t_.colocated())
+      if (auto reuse = decode_reuse()) return reuse;
+    if (t_.colocated()) prefills_.push_back({nullptr, 0, 0});
+    for (const Candidate& p : prefills_) {
+      int64_t cached = 0;
+      const WorkerView* d = decode_for(p.w, &cached);
+      if (!d) continue;
+      DispatchChoice c;
+      c.prefill_rank = p.w ? p.w->rank : -1;
+      c.decode_rank = d->rank;
+      c.cached_tokens = p.w ? p.cached : cached;
+      c.prefill_work = p.w ? n_ - p.cached : 0;
+      c.reason = c.cached_tokens > 0 ? RouteReason::kCacheAware
+                 : over_bound_       ? RouteReason::kBalance
+                                     : RouteReason::kLeastWork;
+      return c;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Candidate {
+    const WorkerView* w;
+    int64_t cached;  // counted for it (0 over the bound)
+    double cost;
+  };
+
+  // The imbalance bound over `ranks`: balance_ratio x the least outstanding tokens + balance_tokens.
+  double limit_of(const std::vector<const WorkerView*>& ranks) const {
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (const WorkerView* w : ranks) least = std::min(least, w->outstanding_tokens);
+    return p_.balance_ratio * static_cast<double>(least) + static_cast<double>(p_.balance_tokens);
+  }
+  static bool within(const WorkerView& w, double limit) { return static_cast<double>(w.outstanding_tokens) <= limit; }
+  // Tokens of the prompt in `w`'s cache (never the last one: it is computed for its logits),
+  // 0 below min_cached_fraction of the prompt.
+  int64_t cached_on(const WorkerView& w) const {
+    if (!use_cache_) return 0;
+    const int64_t cap = n_ > 0 ? (n_ - 1) / bs_ : 0;
+    const int64_t cached = std::min(index_.matched_blocks(w.rank, q_.block_hashes), cap) * bs_;
+    return static_cast<double>(cached) >= p_.min_cached_fraction * static_cast<double>(n_) ? cached : 0;
+  }
+  // Free blocks as reported, less what the router committed to the rank since (not in the report yet).
+  int64_t free_of(const WorkerView& w) const { return w.load.free_blocks - (w.outstanding_tokens + bs_ - 1) / bs_; }
+  // Fewer outstanding requests, then fewer ever sent (ties rotate over idle ranks).
+  static bool less_busy(const WorkerView& a, const WorkerView& b) {
+    return a.outstanding != b.outstanding ? a.outstanding < b.outstanding : a.dispatched < b.dispatched;
+  }
+
+  // The prefill candidates, least expected cost first.
+  void rank_prefills() {
+    for (const WorkerView* w : open_prefill_) {
+      int64_t cached = cached_on(*w);
+      if (cached > 0 && !within(*w, prefill_limit_)) {
+        over_bound_ = true;
+        cached = 0;
+      }
+      most_cached_ = std::max(most_cached_, cached);
+      const double cost =
+          static_cast<double>(n_ - cached) + p_.queue_weight * static_cast<double>(w->outstanding_tokens);
+      prefills_.push_back({w, cached, cost});
+    }
+    std::sort(prefills_.begin(), prefills_.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.cost != b.cost) return a.cost < b.cost;
+      if (a.w->outstanding_tokens != b.w->outstanding_tokens) return a.w->outstanding_tokens < b.w->outstanding_tokens;
+      if (a.w->load.waiting != b.w->load.waiting) return a.w->load.waiting < b.w->load.waiting;
+      if (a.w->dispatched != b.w->dispatched) return a.w->dispatched < b.w->dispatched;
+      return a.w->rank < b.w->rank;
+    });
+  }
+
+  // A decode rank that holds all but a short suffix of the prompt, and more of it than any
+  // prefill rank (what only it holds: the answer it generated), with room and within the
+  // bound: it computes the suffix itself. With no more than a prefill rank holds, the prefill
+  // pool computes it (a decode rank's steps are its running sequences' time).
+  std::optional<DispatchChoice> decode_reuse() const {
+    if (!use_cache_ || p_.decode_reuse_tokens <= 0) return std::nullopt;
+    const WorkerView* best = nullptr;
+    int64_t best_cached = 0;
+    for (const WorkerView* w : open_decode_) {
+      if (free_of(*w) < need_ || !within(*w, decode_limit_)) continue;
+      const int64_t cached = cached_on(*w);
+      if (cached == 0 || n_ - cached > p_.decode_reuse_tokens || cached <= most_cached_) continue;
+      if (!best || cached > best_cached || (cached == best_cached && less_busy(*w, *best))) {
+        best = w;
+        best_cached = cached;
+      }
+    }
+    if (!best) return std::nullopt;
+    return DispatchChoice{-1, best->rank, best_cached, 0, RouteReason::kDecodeReuse};
+  }
+
+  // The decode rank for `prefill` (nullptr: colocated, the decode rank computes the
+  // prompt, so its cache counts): among those linked to it with room for the whole
+  // request, the least busy; none with room: the one with the most free blocks.
+  const WorkerView* decode_for(const WorkerView* prefill, int64_t* cached_out) const {
+    const WorkerView* best_fit = nullptr;
+    const WorkerView* most_free = nullptr;
+    int64_t best_cached = 0;
+    for (const WorkerView* w : open_decode_) {
+      if (prefill != nullptr && !t_.linked(*prefill, *w)) continue;
+      const int64_t cached = prefill == nullptr && within(*w, decode_limit_) ? cached_on(*w) : 0;
+      if (free_of(*w) >= need_ &&
+          (!best_fit || cached > best_cached || (cached == best_cached && less_busy(*w, *best_fit)))) {
+        best_fit = w;
+        best_cached = cached;
+      }
+      if (!most_free || free_of(*w) > free_of(*most_free)) most_free = w;
+    }
+    *cached_out = best_fit ? best_cached : 0;
+    return best_fit ? best_fit : most_free;
+  }
+
+  const WorkerTable& t_;
+  const RoutingPolicy& p_;
+  const PrefixIndex& index_;
+  const int64_t bs_;
+  const DispatchRequest& q_;
+  const int64_t n_, need_;
+  const bool use_cache_;
+  std::vector<const WorkerView*> open_prefill_, open_decode_;
+  double prefill_limit_ = 0, decode_limit_ = 0;
+  std::vector<Candidate> prefills_;
+  int64_t most_cached_ = 0;  // by any prefill rank within the bound
+  bool over_bound_ = false;  // a prefill rank's cache was passed over for the bound
 };
-Bound bound_of(const std::vector<const WorkerView*>& candidates, const RoutingPolicy& p) {
-  int64_t least = std::numeric_limits<int64_t>::max();
-  for (const WorkerView* w : candidates) least = std::min(least, w->outstanding_tokens);
-  return {p.balance_ratio * static_cast<double>(least) + static_cast<double>(p.balance_tokens)};
-}
 
 }  // namespace
 
@@ -62,103 +196,7 @@ const char* route_reason_name(RouteReason r) {
 }
 
 std::optional<DispatchChoice> WorkerTable::pick(const DispatchRequest& q, int max_inflight) const {
-  const int64_t n = q.prompt_tokens;
-  const bool use_cache = policy_.cache_aware && !q.block_hashes.empty();
-  // Tokens of the prompt in `w`'s cache (never the last one: it is computed for its logits).
-  auto cached_on = [&](const WorkerView& w) -> int64_t {
-    if (!use_cache) return 0;
-    const int64_t cap = n > 0 ? (n - 1) / block_size_ : 0;
-    const int64_t cached = std::min(index_.matched_blocks(w.rank, q.block_hashes), cap) * block_size_;
-    return static_cast<double>(cached) >= policy_.min_cached_fraction * static_cast<double>(n) ? cached : 0;
-  };
-  // Fewer outstanding requests, then fewer ever sent (ties rotate over idle ranks).
-  auto less_busy = [](const WorkerView& a, const WorkerView& b) {
-    return a.outstanding != b.outstanding ? a.outstanding < b.outstanding : a.dispatched < b.dispatched;
-  };
-  auto open = [&](const WorkerView& w) { return w.state == RankState::kUp && w.outstanding < max_inflight; };
-  const int64_t need = (n + q.max_tokens + block_size_ - 1) / block_size_;
-  auto free_of = [&](const WorkerView& w) {
-    // Blocks the router has committed since the last report are not in it yet: estimate them.
-    return w.load.free_blocks - (w.outstanding_tokens + block_size_ - 1) / block_size_;
-  };
-  std::vector<const WorkerView*> open_prefill, open_decode;
-  for (const WorkerView& w : prefill_)
-    if (open(w)) open_prefill.push_back(&w);
-  for (const WorkerView& w : decode_)
-    if (open(w)) open_decode.push_back(&w);
-  if (!colocated_ && open_prefill.empty()) return std::nullopt;
-  const Bound prefill_bound = bound_of(open_prefill, policy_);
-  const Bound decode_bound = bound_of(open_decode, policy_);
-
-  // Prefill candidates, best first (colocated: one empty candidate).
-  struct Candidate {
-    const WorkerView* w;
-    int64_t cached;  // counted for it (0 over the bound)
-    double cost;
-  };
-  std::vector<Candidate> prefills;
-  int64_t most_cached = 0;  // by any prefill rank within the bound
-  bool over_bound = false;  // a rank's cache was passed over for the bound
-  for (const WorkerView* w : open_prefill) {
-    int64_t cached = cached_on(*w);
-    if (cached > 0 && !prefill_bound.within(*w)) {
-      over_bound = true;
-      cached = 0;
-    }
-    most_cached = std::max(most_cached, cached);
-    prefills.push_back({w, cached, static_cast<double>(n - cached) + policy_.queue_weight * static_cast<double>(w->outstanding_tokens)});
-  }
-  std::sort(prefills.begin(), prefills.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.cost != b.cost) return a.cost < b.cost;
-    if (a.w->outstanding_tokens != b.w->outstanding_tokens) return a.w->outstanding_tokens < b.w->outstanding_tokens;
-    if (a.w->load.waiting != b.w->load.waiting) return a.w->load.waiting < b.w->load.waiting;
-    if (a.w->dispatched != b.w->dispatched) return a.w->dispatched < b.w->dispatched;
-    return a.w->rank < b.w->rank;
-  });
-
-  // A decode rank that holds all but a short suffix computes it itself.
-  if (use_cache && !colocated_ && policy_.decode_reuse_tokens > 0) {
-    const WorkerView* reuse = nullptr;
-    int64_t reuse_cached = 0;
-    for (const WorkerView* w : open_decode) {
-      if (free_of(*w) < need || !decode_bound.within(*w)) continue;
-      const int64_t cached = cached_on(*w);
-      if (cached == 0 || n - cached > policy_.decode_reuse_tokens || cached < most_cached) continue;
-      if (!reuse || cached > reuse_cached || (cached == reuse_cached && less_busy(*w, *reuse))) {
-        reuse = w;
-        reuse_cached = cached;
-      }
-    }
-    if (reuse) return DispatchChoice{-1, reuse->rank, reuse_cached, 0, RouteReason::kDecodeReuse};
-  }
-
-  if (colocated_) prefills.push_back({nullptr, 0, 0});
-  for (const Candidate& p : prefills) {
-    const WorkerView* best_fit = nullptr;
-    const WorkerView* most_free = nullptr;
-    int64_t best_cached = 0;
-    for (const WorkerView* w : open_decode) {
-      if (p.w != nullptr && !linked(*p.w, *w)) continue;
-      // Colocated: the decode rank computes the prompt, so its cache counts (within the bound).
-      const int64_t cached = p.w == nullptr && decode_bound.within(*w) ? cached_on(*w) : 0;
-      if (free_of(*w) >= need &&
-          (!best_fit || cached > best_cached || (cached == best_cached && less_busy(*w, *best_fit)))) {
-        best_fit = w;
-        best_cached = cached;
-      }
-      if (!most_free || free_of(*w) > free_of(*most_free)) most_free = w;
-    }
-    const WorkerView* d = best_fit ? best_fit : most_free;
-    if (!d) continue;
-    DispatchChoice c;
-    c.prefill_rank = p.w ? p.w->rank : -1;
-    c.decode_rank = d->rank;
-    c.cached_tokens = p.w ? p.cached : best_fit ? best_cached : 0;
-    c.prefill_work = p.w ? n - p.cached : 0;
-    c.reason = c.cached_tokens > 0 ? RouteReason::kCacheAware : over_bound ? RouteReason::kBalance : RouteReason::kLeastWork;
-    return c;
-  }
-  return std::nullopt;
+  return Picker(*this, index_, block_size_, q, max_inflight).run();
 }
 
 bool WorkerTable::linked(const WorkerView& a, const WorkerView& b) const {

@@ -103,9 +103,9 @@ class WorkerTable {
   // Picks ranks for a request among those up, or nullopt when every candidate
   // is down or at max_inflight (the request waits in the router's queue).
   //  - decode-rank reuse (cache_aware, not colocated): a decode rank whose
-  //    cache holds all but at most decode_reuse_tokens of the prompt, and at
-  //    least as much of it as any prefill rank, with room for the request and
-  //    within the imbalance bound, gets it alone (it computes the rest);
+  //    cache holds all but at most decode_reuse_tokens of the prompt, and more
+  //    of it than any prefill rank, with room for the request and within the
+  //    imbalance bound, gets it alone (it computes the rest);
   //  - prefill, cache_aware: the least (uncached prompt tokens + queue_weight x
   //    outstanding prompt tokens), a rank's cache counting only while its
   //    outstanding tokens are within balance_ratio x the least loaded rank's

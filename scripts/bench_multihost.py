@@ -179,7 +179,8 @@ def inner(args):
         slots = [(hosts.host(1), 1), (hosts.host(2), 1), (hosts.host(3), 1)]
         where = {"router": hosts.host(1), "prefill": hosts.host(2), "decode": hosts.host(3)}
     hostfile = hosts.write_hostfile(os.path.join(tmp, "hostfile-" + spec["name"]), slots)
-    cfg = {"http": {"host": hosts.addr(where["router"])}, "prefill": {"max_batch": 1},
+    # decode_reuse_tokens 0: every request is handed off over the link (none computed from a decode rank's cache).
+    cfg = {"http": {"host": hosts.addr(where["router"])}, "prefill": {"max_batch": 1}, "router": {"decode_reuse_tokens": 0},
            "kv": {"prefill_budget_mb": 1024}, "timeouts": {"request_ms": 300000}}
     rng = random.Random(spec["seed"])
     out = {"name": spec["name"], "lengths": {}}
