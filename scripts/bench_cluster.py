@@ -69,9 +69,8 @@ only, no AIPerf; it runs in the bench venv where that exists, for matplotlib's p
    median over reps and per rep; least_work / cache_aware for later turns; cached
    fractions vs the oracle; rank shares) and multiturn_ttft_later.png (later turns' TTFT
    CDFs) in --out; --multiturn --report-only redoes the tables and plot from the JSON.
-   --quick --mt-reps 1 is a smoke test (about a minute per shape); --mt-no-policy-key
-   leaves router.policy out of the config, for a build that does not know the key (both
-   policies then run the default one: a test of the pipeline only).
+   --quick --mt-reps 1 is a smoke test (about a minute per shape); --mt-config adds cluster
+   configuration (JSON, merged per section) to every run of both policies.
 """
 from __future__ import annotations
 
@@ -1017,16 +1016,15 @@ def mt_oracle(port, records, block):
 def mt_run(args, build, shape, policy, workload, label):
     """One run on a fresh cluster (its caches empty): warm-up (P requests, not counted),
     metrics before, the workload, metrics after, the oracle. The run's figures."""
-    config = {} if args.mt_no_policy_key else {"router": {"policy": policy}}
+    config = json.loads(args.mt_config) if args.mt_config else {}
+    config.setdefault("router", {})["policy"] = policy
     P = int(re.fullmatch(r"(\d+)p(\d+)d", shape).group(1))
-    log("# %s: %s, router.policy %s" % (label, shape, "(key omitted)" if args.mt_no_policy_key else policy))
+    log("# %s: %s, router.policy %s%s" % (label, shape, policy, ", config " + args.mt_config if args.mt_config else ""))
     t0 = time.monotonic()
     try:
         server = PdServer(shape, args.model, build, config)
     except RuntimeError as e:
-        hint = "" if args.mt_no_policy_key else \
-            " (a build whose config loader refuses router.policy? --mt-no-policy-key leaves it out)"
-        raise SystemExit("bench_cluster.py: --multiturn: the %s cluster did not start%s:\n%s" % (shape, hint, e))
+        raise SystemExit("bench_cluster.py: --multiturn: the %s cluster did not start:\n%s" % (shape, e))
     try:
         start_s = time.monotonic() - t0
         # Its own system prompt: the warm-up shares no whole block with the workload
@@ -1091,6 +1089,9 @@ def mt_summary(run):
          "ttft_all": q([r["ttft"] for r in recs if r["ttft"] is not None]),
          "ttft_first": q([r["ttft"] for r in recs if r["turn"] == 1 and r["ttft"] is not None]),
          "ttft_later": q([r["ttft"] for r in recs if r["turn"] >= 2 and r["ttft"] is not None]),
+         # Time per output token after the first: what computing follow-ups on decode ranks costs the decodes.
+         "tpot": q([(r["e2e"] - r["ttft"]) / (r["completion_tokens"] - 1) for r in recs
+                    if r["ttft"] is not None and (r["completion_tokens"] or 0) > 1]),
          "no_content": sum(1 for r in recs if r["ttft"] is None),
          "cached_known": len(known),
          "oracle_frac": sum(r["oracle_cached"] for r in recs) / prompt if prompt else None,
@@ -1167,7 +1168,7 @@ def multiturn_main(args, command):
     log("# " + command)
     workload = make_multiturn(convs, turns, args.seed, args.quick)
     uniform = make_uniform(convs, turns, args.seed, args.quick)
-    results = {"command": command, "policy_key": not args.mt_no_policy_key, "block_size": MT_BLOCK,
+    results = {"command": command, "config": args.mt_config, "block_size": MT_BLOCK,
                "workload": {"conversations": convs, "turns": turns, "seed": args.seed, "quick": args.quick,
                             "system_words": len(workload["system"].split()),
                             "max_tokens": [c["max_tokens"] for c in workload["conversations"]],
@@ -1222,9 +1223,8 @@ def mt_tables(results):
                      w["conversations"], w["turns"], w["seed"], sys_tok if sys_tok is not None else "?",
                      min(min(m) for m in w["max_tokens"]), max(max(m) for m in w["max_tokens"]),
                      fmt_int(turn_len(1)), w["turns"], fmt_int(turn_len(w["turns"]))))
-    if not results["policy_key"]:
-        lines.append("**router.policy was left out of the config (--mt-no-policy-key): both columns ran the "
-                     "build's default dispatch policy.**\n")
+    if results.get("config"):
+        lines.append("Cluster configuration added to every run (--mt-config): `%s`.\n" % results["config"])
     lines.append("Cached = prompt tokens served from a prefix cache over all prompt tokens: measured from "
                  "`usage.prompt_tokens_details.cached_tokens` (n/a: not reported) and from the prefill ranks' "
                  "`pd_rank_prompt_tokens_total` (all ranks); oracle = per request the longest prefix (whole %d-token "
@@ -1233,9 +1233,9 @@ def mt_tables(results):
                  "caches can hold: an answer's KV exists only on the decode rank that generated it). Median over "
                  "reps; per-rep values in brackets.\n" % results["block_size"])
     lines.append("| shape | policy | TTFT turn 1 p50 / p90 (s) | TTFT turns >= 2 p50 (s) [per rep] | "
-                 "TTFT turns >= 2 p90 (s) [per rep] | cached: usage | cached: rank metrics | oracle | "
+                 "TTFT turns >= 2 p90 (s) [per rep] | TPOT p50 / p90 (ms) | cached: usage | cached: rank metrics | oracle | "
                  "oracle, prompts only | usage / oracle, / prompts only | prefill requests per rank (all reps) | max share / fair |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def med(rs, f):
         return mt_median([f(r["summary"]) for r in rs])
@@ -1248,10 +1248,11 @@ def mt_tables(results):
             for r in rs:
                 for k, v in r["rank_requests"].items():
                     ranks[k] = ranks.get(k, 0) + v
-            lines.append("| %s | %s | %s / %s | %s [%s] | %s [%s] | %s | %s | %s | %s | %s | %s | %s |" % (
+            lines.append("| %s | %s | %s / %s | %s [%s] | %s [%s] | %s / %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 shape, policy, fmt(med(rs, lambda s: s["ttft_first"]["p50"])), fmt(med(rs, lambda s: s["ttft_first"]["p90"])),
                 fmt(med(rs, lambda s: s["ttft_later"]["p50"])), ", ".join(fmt(r["summary"]["ttft_later"]["p50"]) for r in rs),
                 fmt(med(rs, lambda s: s["ttft_later"]["p90"])), ", ".join(fmt(r["summary"]["ttft_later"]["p90"]) for r in rs),
+                fmt(med(rs, lambda s: s.get("tpot", {}).get("p50")), "ms"), fmt(med(rs, lambda s: s.get("tpot", {}).get("p90")), "ms"),
                 fmt_frac(med(rs, lambda s: s["cached_frac"])), fmt_frac(med(rs, lambda s: s["metrics_cached_frac"])),
                 fmt_frac(med(rs, lambda s: s["oracle_frac"])), fmt_frac(med(rs, lambda s: s["oracle_prompts_frac"])),
                 "%s / %s" % (fmt_ratio(med(rs, lambda s: s["cached_over_oracle"])),
@@ -1332,8 +1333,8 @@ def mt_plot(results, out_dir):
         ax.set(title="%s: TTFT of turns >= 2" % shape, xlabel="TTFT (s)", ylabel="fraction of requests")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
-    if not results["policy_key"]:
-        fig.suptitle("router.policy omitted: both ran the default policy")
+    if results.get("config"):
+        fig.suptitle("config: " + results["config"], fontsize=8)
     fig.tight_layout()
     return save(fig, out_dir, "multiturn_ttft_later.png")
 
@@ -1371,9 +1372,8 @@ def main():
     mt.add_argument("--mt-conversations", type=int, default=0, help="concurrent conversations (default 6; --quick 4)")
     mt.add_argument("--mt-turns", type=int, default=0, help="turns per conversation (default 5; --quick 3)")
     mt.add_argument("--mt-timeout", type=int, default=900, help="seconds a run may take before it fails")
-    mt.add_argument("--mt-no-policy-key", action="store_true",
-                    help="leave router.policy out of the config (a build that does not know the key; both "
-                         "'policies' then run the default one: tests the pipeline only)")
+    mt.add_argument("--mt-config", default="",
+                    help="cluster configuration (JSON) added to every run, e.g. '{\"decode\": {\"step_tokens\": 512}}'")
     mt.add_argument("--mt-uniform-policies", default="least_work,cache_aware",
                     help="policies the uniform check (requests sharing nothing) runs under, per shape; "
                          "'' skips it (least_work is the reference for cache_aware's rank shares)")
