@@ -107,17 +107,9 @@ class Picker {
 
   // The prefill candidates, least expected cost first.
   void rank_prefills() {
-    // The share bound: a rank sent more than balance_ratio x the mean of requests (+1) is not
-    // chosen for its cache either, so a prefix only one rank holds (a system prompt at light
-    // load, when no queue builds) cannot draw every request: past the bound the least loaded
-    // rank computes it once, and from then on both hold it.
-    double mean_sent = 0;
-    for (const WorkerView* w : open_prefill_) mean_sent += static_cast<double>(w->dispatched);
-    mean_sent /= static_cast<double>(std::max<size_t>(1, open_prefill_.size()));
-    const double share_limit = p_.balance_ratio * mean_sent + 1;
     for (const WorkerView* w : open_prefill_) {
       int64_t cached = cached_on(*w);
-      if (cached > 0 && (!within(*w, prefill_limit_) || static_cast<double>(w->dispatched) > share_limit)) {
+      if (cached > 0 && !within(*w, prefill_limit_)) {
         over_bound_ = true;
         cached = 0;
       }

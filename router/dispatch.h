@@ -109,8 +109,7 @@ class WorkerTable {
   //  - prefill, cache_aware: the least (uncached prompt tokens + queue_weight x
   //    outstanding prompt tokens), a rank's cache counting only while its
   //    outstanding tokens are within balance_ratio x the least loaded rank's
-  //    + balance_tokens, its requests so far within balance_ratio x the mean
-  //    + 1, and when it holds at least min_cached_fraction of the
+  //    + balance_tokens and when it holds at least min_cached_fraction of the
   //    prompt; least_work: fewest outstanding prompt tokens; then fewest
   //    queued (reported), then the rank sent fewer requests, then the lower rank;
   //  - colocated, cache_aware: among decode ranks with room and within the

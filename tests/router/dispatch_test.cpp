@@ -353,23 +353,3 @@ TEST_CASE("dispatch: at light load a short common head does not draw every promp
   CHECK((prefill[1] == 20 && prefill[2] == 20));
   CHECK((decode[3] == 20 && decode[4] == 20));
 }
-
-TEST_CASE("dispatch: a prefix only one rank holds draws requests to it only up to the share bound", "[router]") {
-  WorkerTable t({1, 2}, {3}, 16);
-  for (int r : {1, 2, 3}) t.on_report(r, report(1 << 20));
-  const auto system = prompt_of(400, 400, 0);  // a system prompt rank 1 computed; nothing queues
-  holds(t, 1, system, 25);
-  std::map<int, int> share;
-  for (int i = 0; i < 60; ++i) {
-    const auto p = prompt_of(500, 400, i + 1);
-    auto c = t.pick({500, 16, pd::router::prompt_block_hashes(p, 16)}, 64);
-    REQUIRE(c);
-    ++share[c->prefill_rank];
-    t.on_dispatch(*c, 500, 16);
-    t.on_prefill_done(c->prefill_rank, c->prefill_work);
-    t.on_request_done(c->decode_rank, 500, 16);
-    holds(t, c->prefill_rank, system, 25);  // whoever computed it holds the system prompt now
-  }
-  CHECK(share[2] > 0);
-  CHECK(share[1] <= 1.5 * 60 / 2 + 1);
-}
