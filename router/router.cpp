@@ -166,7 +166,8 @@ void Router::handle_messages() {
         if (auto* join = std::get_if<proto::Join>(&msg); join != nullptr && w == nullptr)
           return membership_.on_join(source, *join);
         if (w == nullptr) {
-          if (std::holds_alternative<proto::LoadReport>(msg)) return;  // a rank that left, before its Shutdown
+          // A rank that left, before its Shutdown: its last reports mean nothing now.
+          if (std::holds_alternative<proto::LoadReport>(msg) || std::holds_alternative<proto::KvEvents>(msg)) return;
           spdlog::warn("router: {} from rank {}, which is not a worker", proto::message_name(msg), source);
           return;
         }
