@@ -140,6 +140,18 @@ pd::Result<std::vector<pd::GenerateResult>> run_generate(const GenerateFlags& f,
 
 // ---- batch mode
 
+// A --batch line's "messages" array; false if an entry is not {"role": str, "content": str}.
+bool messages_from(const nlohmann::json& array, std::vector<pd::ChatMessage>* out) {
+  out->clear();
+  for (const auto& m : array) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string())
+      return false;
+    out->push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return true;
+}
+
 // The request of one --batch line; a line the tool cannot use is a usage
 // error naming FILE:LINE, a chat template that fails a runtime failure.
 std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
@@ -156,19 +168,10 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
   if (!j.is_object() || (!has_messages && (!j.contains("prompt") || !j["prompt"].is_string())))
     return ToolError{where + "needs a string \"prompt\" or a \"messages\" array", kExitUsage};
   const bool is_chat = has_messages || j.value("chat", f.chat);
-  std::vector<pd::ChatMessage> messages;
-  std::string t;
-  if (has_messages) {
-    for (const auto& m : j["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-          !m["content"].is_string())
-        return ToolError{where + "each message needs a string \"role\" and \"content\"", kExitUsage};
-      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-    }
-  } else {
-    t = j["prompt"].get<std::string>();
-    messages.push_back({"user", t});
-  }
+  std::string t = has_messages ? "" : j["prompt"].get<std::string>();
+  std::vector<pd::ChatMessage> messages = {{"user", t}};
+  if (has_messages && !messages_from(j["messages"], &messages))
+    return ToolError{where + "each message needs a string \"role\" and \"content\"", kExitUsage};
   if (is_chat) {
     if (!tmpl.is_ok()) return ToolError{tmpl.status().to_string()};
     auto r = tmpl->apply(messages, true);

@@ -228,21 +228,8 @@ void WorkerCore::send_kv_events(bool snapshot) {
   KvBlockManager& blocks = *engine_->blocks;
   KvCacheEvents e = blocks.take_events();
   if (snapshot) e = KvCacheEvents{true, blocks.cached_hashes(), {}};
-  if (e.empty()) return;
-  // In order, each message at most kKvEventsMaxHashes: removals first, the reset on the first.
-  proto::KvEvents m{epoch_, e.reset, {}, {}};
-  auto send = [&] {
-    channel_->send(roles_.router, m);
-    m.reset = false;
-    m.stored.clear();
-    m.removed.clear();
-  };
-  for (auto* list : {&e.removed, &e.stored})
-    for (uint64_t h : *list) {
-      (list == &e.removed ? m.removed : m.stored).push_back(h);
-      if (m.removed.size() + m.stored.size() == proto::kKvEventsMaxHashes) send();
-    }
-  if (m.reset || !m.removed.empty() || !m.stored.empty()) send();
+  for (proto::KvEvents& m : proto::kv_events_messages(epoch_, e.reset, e.stored, e.removed))
+    channel_->send(roles_.router, std::move(m));
 }
 
 void WorkerCore::release_blocks(proto::RequestId id, bool& has_blocks, bool kv_written) {

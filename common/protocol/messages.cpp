@@ -1,5 +1,7 @@
 #include "protocol/messages.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 namespace pd::proto {
@@ -167,6 +169,44 @@ struct ToJson {
   }
 };
 
+TokenEvents token_events_from(const json& j) {
+  TokenEvents m;
+  for (const json& e : j.at("events")) {
+    TokenEvent ev;
+    ev.id = e.at("id").get<RequestId>();
+    ev.first_index = e.at("first").get<int32_t>();
+    ev.tokens = e.at("tokens").get<std::vector<int32_t>>();
+    const int32_t f = e.at("finish").get<int32_t>();
+    if (f < 0 || f > 2) throw std::out_of_range("finish " + std::to_string(f));
+    ev.finish = static_cast<Finish>(f);
+    ev.queue_s = e.at("queue_s").get<double>();
+    ev.prefill_s = e.at("prefill_s").get<double>();
+    ev.cached_tokens = e.value("cached", int32_t{0});
+    if (auto lp = e.find("lp"); lp != e.end()) ev.logprobs = logprobs_from(*lp);
+    if (auto lp = e.find("prompt_lp"); lp != e.end()) ev.prompt_logprobs = logprobs_from(*lp);
+    if (!ev.logprobs.empty() && ev.logprobs.size() != ev.tokens.size())
+      throw std::out_of_range("token event with " + std::to_string(ev.tokens.size()) + " tokens and " +
+                              std::to_string(ev.logprobs.size()) + " logprob entries");
+    m.events.push_back(std::move(ev));
+  }
+  return m;
+}
+
+LoadReport load_report_from(const json& j) {
+  LoadReport m;
+  m.waiting = j.at("waiting").get<int32_t>();
+  m.running = j.at("running").get<int32_t>();
+  m.free_blocks = j.at("free").get<int64_t>();
+  m.total_blocks = j.at("total").get<int64_t>();
+  m.preemptions = j.at("preemptions").get<int64_t>();
+  m.ready = j.at("ready").get<bool>();
+  m.epoch = j.at("epoch").get<Epoch>();
+  m.quarantined_blocks = j.at("quarantined").get<int64_t>();
+  m.prompt_tokens_cached = j.at("cached").get<int64_t>();
+  m.prompt_tokens_computed = j.at("computed").get<int64_t>();
+  return m;
+}
+
 Message from_json(const json& j) {
   const std::string t = j.at("t").get<std::string>();
   if (t == "prefill")
@@ -207,28 +247,7 @@ Message from_json(const json& j) {
   if (t == "left") return PeerLeft{j.at("rank").get<int32_t>()};
   if (t == "beat") return RouterBeat{};
   if (t == "gone") return PeerGone{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
-  if (t == "tokens") {
-    TokenEvents m;
-    for (const json& e : j.at("events")) {
-      TokenEvent ev;
-      ev.id = e.at("id").get<RequestId>();
-      ev.first_index = e.at("first").get<int32_t>();
-      ev.tokens = e.at("tokens").get<std::vector<int32_t>>();
-      const int32_t f = e.at("finish").get<int32_t>();
-      if (f < 0 || f > 2) throw std::out_of_range("finish " + std::to_string(f));
-      ev.finish = static_cast<Finish>(f);
-      ev.queue_s = e.at("queue_s").get<double>();
-      ev.prefill_s = e.at("prefill_s").get<double>();
-      ev.cached_tokens = e.value("cached", int32_t{0});
-      if (auto lp = e.find("lp"); lp != e.end()) ev.logprobs = logprobs_from(*lp);
-      if (auto lp = e.find("prompt_lp"); lp != e.end()) ev.prompt_logprobs = logprobs_from(*lp);
-      if (!ev.logprobs.empty() && ev.logprobs.size() != ev.tokens.size())
-        throw std::out_of_range("token event with " + std::to_string(ev.tokens.size()) + " tokens and " +
-                                std::to_string(ev.logprobs.size()) + " logprob entries");
-      m.events.push_back(std::move(ev));
-    }
-    return m;
-  }
+  if (t == "tokens") return token_events_from(j);
   if (t == "kv")
     return KvEvents{j.at("epoch").get<Epoch>(), j.at("reset").get<bool>(), j.at("stored").get<std::vector<uint64_t>>(),
                     j.at("removed").get<std::vector<uint64_t>>()};
@@ -240,20 +259,7 @@ Message from_json(const json& j) {
     if (k < 1 || k > kFailureKindMax) throw std::out_of_range("failure kind " + std::to_string(k));
     return RequestFailed{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(), static_cast<FailureKind>(k)};
   }
-  if (t == "load") {
-    LoadReport m;
-    m.waiting = j.at("waiting").get<int32_t>();
-    m.running = j.at("running").get<int32_t>();
-    m.free_blocks = j.at("free").get<int64_t>();
-    m.total_blocks = j.at("total").get<int64_t>();
-    m.preemptions = j.at("preemptions").get<int64_t>();
-    m.ready = j.at("ready").get<bool>();
-    m.epoch = j.at("epoch").get<Epoch>();
-    m.quarantined_blocks = j.at("quarantined").get<int64_t>();
-    m.prompt_tokens_cached = j.at("cached").get<int64_t>();
-    m.prompt_tokens_computed = j.at("computed").get<int64_t>();
-    return m;
-  }
+  if (t == "load") return load_report_from(j);
   throw std::out_of_range("unknown message type '" + t + "'");
 }
 
@@ -279,6 +285,21 @@ const char* message_name(const Message& m) {
                                            "PeerGone",       "KvEvents"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
+}
+
+std::vector<KvEvents> kv_events_messages(Epoch epoch, bool reset, const std::vector<uint64_t>& stored,
+                                         const std::vector<uint64_t>& removed, size_t max_hashes) {
+  std::vector<KvEvents> out;
+  if (!reset && stored.empty() && removed.empty()) return out;
+  max_hashes = std::max<size_t>(1, max_hashes);
+  out.push_back(KvEvents{epoch, reset, {}, {}});
+  auto add = [&](uint64_t h, bool store) {
+    if (out.back().stored.size() + out.back().removed.size() == max_hashes) out.push_back(KvEvents{epoch, false, {}, {}});
+    (store ? out.back().stored : out.back().removed).push_back(h);
+  };
+  for (uint64_t h : removed) add(h, false);
+  for (uint64_t h : stored) add(h, true);
+  return out;
 }
 
 const char* failure_kind_name(FailureKind k) {

@@ -217,6 +217,13 @@ struct KvEvents {
   bool reset = false;
   std::vector<uint64_t> stored, removed;  // apply `removed`, then `stored`
 };
+// One change of a rank's prefix cache as messages of at most `max_hashes`
+// hashes each, to apply in order: every removal before any storing, `reset`
+// on the first only. A reset with nothing stored is one empty message; no
+// change at all, none.
+std::vector<KvEvents> kv_events_messages(Epoch epoch, bool reset, const std::vector<uint64_t>& stored,
+                                         const std::vector<uint64_t>& removed,
+                                         size_t max_hashes = kKvEventsMaxHashes);
 
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,

@@ -205,3 +205,21 @@ TEST_CASE("protocol: the KV wire header refuses a mismatched peer, naming the fi
   b.version = 99;
   CHECK(check_compatible(a, b).is_unsupported());
 }
+
+TEST_CASE("protocol: KV events travel in bounded messages, removals first, the reset on the first", "[protocol]") {
+  using pd::proto::kv_events_messages;
+  CHECK(kv_events_messages(1, false, {}, {}).empty());  // nothing changed: nothing sent
+  const auto empty_reset = kv_events_messages(1, true, {}, {});
+  REQUIRE(empty_reset.size() == 1);  // "forget all I had", with nothing new
+  CHECK((empty_reset[0].reset && empty_reset[0].stored.empty()));
+  std::vector<uint64_t> stored, removed{100, 101};
+  for (uint64_t h = 0; h < 7; ++h) stored.push_back(h);
+  const auto ms = kv_events_messages(4, true, stored, removed, 3);
+  REQUIRE(ms.size() == 3);  // 9 hashes, 3 per message
+  CHECK((ms[0].reset && !ms[1].reset && !ms[2].reset));
+  CHECK(ms[0].removed == std::vector<uint64_t>{100, 101});
+  CHECK(ms[0].stored == std::vector<uint64_t>{0});
+  CHECK(ms[1].stored == std::vector<uint64_t>{1, 2, 3});
+  CHECK(ms[2].stored == std::vector<uint64_t>{4, 5, 6});
+  for (const auto& m : ms) CHECK(m.epoch == 4);
+}
