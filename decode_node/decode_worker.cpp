@@ -352,9 +352,7 @@ void DecodeWorker::finish_transfer(Seq& s) {
   // Every message under the tag arrived: the peer has no send pending on it.
   tags_of(s.source).release(s.tag);
   s.tag = 0;
-  s.kv_complete = true;
-  if (Status st = engine_->blocks->publish(seq_of(s.id)); !st.is_ok())
-    spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
+  kv_written(s);
   if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router
   s.sampler.emplace(s.params);
   s.sampler->resume(s.tokens);  // the prompt
@@ -420,6 +418,12 @@ void DecodeWorker::check_deadlines() {
   const auto keep = std::max(handoff, transfer) * 2;
   for (auto it = cancelled_.begin(); it != cancelled_.end();)
     it = now - it->second > keep ? cancelled_.erase(it) : std::next(it);
+}
+
+void DecodeWorker::kv_written(Seq& s) {
+  s.kv_complete = true;
+  if (Status st = engine_->blocks->publish(seq_of(s.id)); !st.is_ok())
+    spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
 }
 
 void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind kind) {
@@ -679,9 +683,7 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
   if (s.computed < compute_target(s)) return;
   std::erase(prefilling_, s.id);
   s.needs_compute = false;
-  s.kv_complete = true;
-  if (Status st = engine_->blocks->publish(seq_of(s.id)); !st.is_ok())
-    spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
+  kv_written(s);
   if (s.n_generated > 0) {  // resumed after preemption
     set_state(s, SeqState::kRunning);
     running_.push_back(s.id);
@@ -732,11 +734,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
   if (!st.is_ok()) device_fault_ = engine_->backend->device_health();
   if (!st.is_ok()) return st;
-  for (proto::RequestId id : ids) {
-    seqs_.at(id).kv_complete = true;
-    if (Status pst = blocks.publish(seq_of(id)); !pst.is_ok())
-      spdlog::error("decode rank {}: request {}: {}", roles_.self, id, pst.to_string());
-  }
+  for (proto::RequestId id : ids) kv_written(seqs_.at(id));
   const double prefill_s = seconds(env_->now() - t0);
   const int64_t vocab = engine_->config().vocab;
   size_t row = 0;  // the next logits row: one per fresh prompt, one per token of an all_logits one

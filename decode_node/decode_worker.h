@@ -136,6 +136,8 @@ class DecodeWorker final : public WorkerCore {
   void finish_transfer(Seq& s);
   void fail(Seq& s, const std::string& reason, proto::FailureKind kind);
   void release(Seq& s) { release_blocks(s.id, s.has_blocks, s.kv_complete); }
+  // Every block `s` holds has its KV written: kv_complete, and its blocks are offered for reuse.
+  void kv_written(Seq& s);
   Seq* find_seq(proto::RequestId id);
   void remember_cancelled(proto::RequestId id);
   bool was_cancelled(proto::RequestId id);

@@ -4,6 +4,8 @@
 // its end — the workers released, the answer given — exactly once.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "router/router.h"
 #include "util/env.h"
 #include "util/lifecycle.h"
@@ -180,7 +182,7 @@ void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reaso
       metrics_.requests_total.inc({"finished"});
       if (resp.ended) break;
       const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated(),
-                        r.counts_prompt ? std::min<int64_t>(r.cached_tokens, static_cast<int64_t>(r.prompt.size())) : 0};
+                        r.counts_prompt ? std::clamp<int64_t>(r.cached_tokens, 0, static_cast<int64_t>(r.prompt.size())) : 0};
       const bool first_chunk = !r.out->first_chunk_sent();
       answer_finished_choice(resp, r.out->finish(finish_reason), usage, first_chunk, model_.name);
       break;

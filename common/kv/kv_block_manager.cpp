@@ -385,6 +385,7 @@ void KvBlockManager::enable_events(bool on) {
 KvCacheEvents KvBlockManager::take_events() {
   Impl& m = *impl_;
   KvCacheEvents e;
+  if (m.ev_stored.empty() && m.ev_removed.empty()) return e;  // every loop iteration asks
   e.stored.assign(m.ev_stored.begin(), m.ev_stored.end());
   e.removed.assign(m.ev_removed.begin(), m.ev_removed.end());
   m.ev_stored.clear();

@@ -340,7 +340,8 @@ def suite_kv_reuse(tmp):
     rank, which computes only the new suffix (decode_reuse); a prompt sharing a long head with one a prefill
     rank computed goes to that prefill rank (cache_aware). Each gives pd-generate's text, and usage counts
     the cached tokens. Then concurrent multi-turn conversations, every answer against pd-generate's. On
-    2 prefill + 1 decode (chunked prefill) and on 1 + 1 with whole-prompt prefill."""
+    2 prefill + 1 decode (chunked prefill) and on 1 + 1 with whole-prompt prefill; then with
+    kv.prefix_cache off, nothing cached and nothing routed by a cache."""
     need_default_model()
     head = " ".join(["The history of the printing press begins in the fifteenth century, when movable type "
                      "changed how books were made and shared across Europe."] * 8)  # 200 tokens
@@ -357,6 +358,16 @@ def suite_kv_reuse(tmp):
             print("%s: routing decisions %s" % (layout, routing(c)))
             wait_for(lambda: blocks_all_free(c), 30, "every KV block to return to its pool")
             check(c.stop() == 0, "clean exit")
+    # kv.prefix_cache false: nothing is cached anywhere, so nothing is routed by it; the text is the same.
+    with Cluster(1, 1, config={"kv": {"prefix_cache": False}}) as c:
+        ref = reference(DEFAULT_MODEL, [{"prompt": head, "chat": False, "max_tokens": 16, "ignore_eos": False}])[0]
+        for _ in range(2):
+            text, usage = completion(c, head, 16)
+            check(text == ref["text"], "prefix_cache off: cluster %r != pd-generate %r" % (text, ref["text"]))
+            check(usage["prompt_tokens_details"]["cached_tokens"] == 0, "prefix_cache off, yet cached: %s" % usage)
+            time.sleep(0.3)
+        check(routing(c) == {"least_work": 2}, "prefix_cache off: routing decisions %s" % routing(c))
+        check(c.stop() == 0, "clean exit")
 
 
 def suite_lifecycle(tmp):

@@ -30,6 +30,13 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->decode.step_tokens == d.decode.step_tokens);
   CHECK(c->router.max_queued == d.router.max_queued);
   CHECK(c->router.max_inflight_per_worker == d.router.max_inflight_per_worker);
+  CHECK(c->router.policy == d.router.policy);
+  CHECK(c->router.queue_weight == d.router.queue_weight);
+  CHECK(c->router.balance_ratio == d.router.balance_ratio);
+  CHECK(c->router.balance_tokens == d.router.balance_tokens);
+  CHECK(c->router.min_cached_fraction == d.router.min_cached_fraction);
+  CHECK(c->router.decode_reuse_tokens == d.router.decode_reuse_tokens);
+  CHECK(c->kv.prefix_cache == d.kv.prefix_cache);
   CHECK(c->timeouts.handoff_ms == d.timeouts.handoff_ms);
   CHECK(c->timeouts.transfer_ms == d.timeouts.transfer_ms);
   CHECK(c->timeouts.prefill_queue_ms == d.timeouts.prefill_queue_ms);
@@ -76,6 +83,12 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(err(R"({"engine": {"devices": 0}})").find("'engine.devices' must be an array") != std::string::npos);
   CHECK(err(R"({"engine": {"devices": [0, -1]}})").find("'engine.devices' holds -1") != std::string::npos);
   CHECK(err(R"({"engine": {"devices": ["0"]}})").find("'engine.devices' holds \"0\"") != std::string::npos);
+  CHECK(err(R"({"router": {"policy": "random"}})").find("'router.policy' = \"random\"") != std::string::npos);
+  CHECK(err(R"({"router": {"balance_ratio": 0.5}})").find("'router.balance_ratio'") != std::string::npos);
+  CHECK(err(R"({"router": {"min_cached_fraction": 1.5}})").find("'router.min_cached_fraction'") != std::string::npos);
+  CHECK(err(R"({"router": {"decode_reuse_tokens": -1}})").find("'router.decode_reuse_tokens'") != std::string::npos);
+  CHECK(err(R"({"router": {"queue_weight": -1}})").find("'router.queue_weight'") != std::string::npos);
+  CHECK(err(R"({"kv": {"prefix_cache": 1}})").find("'kv.prefix_cache' has the wrong type") != std::string::npos);
   auto ok = ClusterConfig::parse(R"({"kv": {"block_size": 32}, "served_model_name": "m",
                                      "engine": {"int8_activations": false, "backend": "cuda", "devices": [1, 0]}})");
   REQUIRE(ok.is_ok());

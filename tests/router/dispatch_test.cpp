@@ -291,6 +291,14 @@ TEST_CASE("dispatch: a follow-up goes back to the decode rank holding all but a 
   REQUIRE(p);
   CHECK(p->prefill_rank == 1);
   CHECK(p->reason == RouteReason::kCacheAware);
+  // A decode rank holding no more than a prefill rank leaves the prompt to the prefill pool.
+  holds(t, 1, turn2, 35);
+  auto same = t.pick({600, 32, hashes}, 64);
+  REQUIRE(same);
+  CHECK(same->prefill_rank == 1);
+  CHECK(same->reason == RouteReason::kCacheAware);
+  t.on_kv_events(1, pd::proto::KvEvents{0, true, {}, {}});  // rank 1's cache emptied (a reset snapshot)
+  holds(t, 1, turn2, 25);
   // A decode rank without room for the request is not used for reuse.
   t.set_policy({});
   t.on_report(4, report(10));
