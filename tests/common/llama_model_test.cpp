@@ -254,7 +254,7 @@ TEST_CASE("prefill logits equal the plain dense implementation", "[model]") {
   }
 }
 
-TEST_CASE("KV blocks larger than the attention kernels' 256-key run give the reference logits", "[model]") {
+TEST_CASE("KV blocks larger than the attention's 64-key window give the reference logits", "[model]") {
   pd::TinyLlamaSpec spec;
   spec.context = 512;
   Fixture fx(spec);  // int8 path; the attention code is shared by both

@@ -275,6 +275,53 @@ TEST_CASE("dispatch: best_isa is a runnable path and names itself", "[cpu][kerne
   CHECK(pd::cpu::isa_supported(Isa::kScalar));
 }
 
+// Attention runs many query rows through one kernel call (a prefill tile) or
+// few (a decode token): a row's scores and sums must not depend on which.
+TEST_CASE("attention kernels: a row's bits do not depend on the rows or keys beside it, nor on the ISA path",
+          "[cpu][kernels]") {
+  const pd::cpu::Kernels& scalar = pd::cpu::kernels(Isa::kScalar);
+  for (Isa isa : runnable_isas()) {
+    const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
+    for (int64_t hd : {8, 64, 72, 136}) {
+      for (int nr : {1, 2, 3, 5, 7}) {
+        for (int n : {1, 5, 8, 13, 64}) {
+          INFO(pd::cpu::isa_name(isa) << " hd=" << hd << " rows=" << nr << " keys=" << n);
+          const std::vector<float> q = random_floats(nr * hd, 10 + nr + hd), k = random_floats(n * hd, 20 + n);
+          const int64_t stride = n + 3;  // rows of scores further apart than n
+          std::vector<float> s(nr * stride, -1.0f), want(nr * stride, -1.0f);
+          kern.qk_scores(q.data(), hd, nr, k.data(), hd, n, 0.125f, s.data(), stride);
+          scalar.qk_scores(q.data(), hd, nr, k.data(), hd, n, 0.125f, want.data(), stride);
+          CHECK(std::memcmp(s.data(), want.data(), s.size() * sizeof(float)) == 0);
+          for (int i = 0; i < nr; ++i) {  // each row alone, and its keys in two calls
+            std::vector<float> one(n);
+            kern.qk_scores(q.data() + i * hd, hd, 1, k.data(), hd, n, 0.125f, one.data(), n);
+            CHECK(std::memcmp(one.data(), s.data() + i * stride, n * sizeof(float)) == 0);
+            const int half = n / 2;
+            kern.qk_scores(q.data() + i * hd, hd, 1, k.data() + half * hd, hd, n - half, 0.125f, one.data() + half,
+                           n);
+            CHECK(std::memcmp(one.data(), s.data() + i * stride, n * sizeof(float)) == 0);
+          }
+          // Values: each row its own number of keys (0 included) and factor.
+          const std::vector<float> p = random_floats(nr * stride, 30 + nr), v = random_floats(n * hd, 40 + n);
+          const std::vector<float> acc0 = random_floats(nr * hd, 50 + nr);
+          std::vector<int> counts(nr);
+          std::vector<float> c(nr);
+          for (int i = 0; i < nr; ++i) counts[i] = std::max(0, (n * (i + 1)) / nr - (i % 3 == 2 ? 1 : 0)), c[i] = 0.5f + 0.1f * i;
+          std::vector<float> acc = acc0, acc_want = acc0;
+          kern.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), v.data(), hd, acc.data(), hd);
+          scalar.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), v.data(), hd, acc_want.data(), hd);
+          CHECK(std::memcmp(acc.data(), acc_want.data(), acc.size() * sizeof(float)) == 0);
+          for (int i = 0; i < nr; ++i) {
+            std::vector<float> one(acc0.begin() + i * hd, acc0.begin() + (i + 1) * hd);
+            kern.pv_accumulate(p.data() + i * stride, stride, 1, &counts[i], &c[i], v.data(), hd, one.data(), hd);
+            CHECK(std::memcmp(one.data(), acc.data() + i * hd, hd * sizeof(float)) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("attention and activation kernels equal plain double arithmetic on every ISA path", "[cpu][kernels]") {
   for (Isa isa : runnable_isas()) {
     const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
@@ -284,7 +331,7 @@ TEST_CASE("attention and activation kernels equal plain double arithmetic on eve
         const std::vector<float> q = random_floats(hd, 1 + hd), k = random_floats(hd * n, 2 + n);
         const float scale = 0.125f;
         std::vector<float> s(n);
-        kern.qk_scores(q.data(), k.data(), hd, n, scale, s.data());
+        kern.qk_scores(q.data(), hd, 1, k.data(), hd, n, scale, s.data(), n);
         for (int r = 0; r < n; ++r) {
           double dot = 0, mag = 0;
           for (int64_t j = 0; j < hd; ++j) {
@@ -293,24 +340,41 @@ TEST_CASE("attention and activation kernels equal plain double arithmetic on eve
           }
           CHECK(std::fabs(s[r] - dot * scale) <= 1e-6 * mag * scale + 1e-7);
         }
-        // exp of scores shifted by their max (all <= 0), and far below it.
+        // One softmax step over the scores (one far below the rest, which
+        // underflows to nearly 0) from a running max m0 and sum l0.
         std::vector<float> e(s);
-        e[0] -= 200.0f;  // underflows to (nearly) 0
-        const float mx = *std::max_element(s.begin(), s.end());
-        std::vector<float> e_in = e;
-        const float sum = kern.exp_shifted(e.data(), n, mx);
-        double want_sum = 0;
-        for (int r = 0; r < n; ++r) {
-          const float x = e_in[r] - mx;  // the kernel exponentiates this float difference
-          const double want = std::exp(static_cast<double>(x));
-          want_sum += want;
-          CHECK(std::fabs(e[r] - want) <= 2e-7 * want + 1e-37);
+        e[0] -= 200.0f;
+        const std::vector<float> e_in = e;
+        for (const float m0 : {-std::numeric_limits<float>::infinity(), 0.5f}) {
+          e = e_in;
+          float m = m0, l = 2.0f, c = -1.0f;
+          kern.softmax_step(e.data(), n, 1, &n, &m, &l, &c);
+          const float mx = std::max(m0, *std::max_element(e_in.begin(), e_in.end()));
+          CHECK(m == mx);
+          const double want_c = std::exp(static_cast<double>(m0 - mx));
+          CHECK(std::fabs(c - want_c) <= 2e-7 * want_c + 1e-37);
+          double want_sum = 0;
+          for (int r = 0; r < n; ++r) {
+            const float x = e_in[r] - mx;  // the kernel exponentiates this float difference
+            const double want = std::exp(static_cast<double>(x));
+            want_sum += want;
+            CHECK(std::fabs(e[r] - want) <= 2e-7 * want + 1e-37);
+          }
+          const double want_l = 2.0 * c + want_sum;
+          CHECK(std::fabs(l - want_l) <= 1e-6 * want_l + 1e-37);
         }
-        CHECK(std::fabs(sum - want_sum) <= 1e-6 * want_sum + 1e-37);
+        // A row with no scores this step is left alone, with c = 1.
+        {
+          const int zero = 0;
+          float m = 0.25f, l = 3.0f, c = -1.0f;
+          kern.softmax_step(e.data(), n, 1, &zero, &m, &l, &c);
+          CHECK((m == 0.25f && l == 3.0f && c == 1.0f));
+        }
         // acc = acc * c + sum p[r] v[r]
         const std::vector<float> v = random_floats(hd * n, 3 + n), acc0 = random_floats(hd, 4);
         std::vector<float> acc = acc0;
-        kern.pv_accumulate(e.data(), v.data(), hd, n, 0.75f, acc.data());
+        const float c = 0.75f;
+        kern.pv_accumulate(e.data(), n, 1, &n, &c, v.data(), hd, acc.data(), hd);
         for (int64_t j = 0; j < hd; ++j) {
           double want = 0.75 * acc0[j], mag = std::fabs(want);
           for (int r = 0; r < n; ++r) {

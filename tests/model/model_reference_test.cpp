@@ -39,7 +39,13 @@ constexpr float kNearTieGap = 0.05f;
 // 0.06-0.19). Checked as a distribution instead: KL(ref || ours) of the
 // next-token softmax, the same argmax, and greedy divergences only where the
 // reference's top-2 gap is small.
-constexpr double kInt8MaxKl = 0.006;      // measured 5.7e-4 to 1.8e-3 (plain int8 everywhere: 1.3e-3 to 7.8e-3)
+// One position's KL moves with any rounding change upstream (an int8 rounding
+// flips and propagates): the short capital_france prompt measured 5.7e-4,
+// 1.2e-3 and 6.6e-3 on builds and ISA paths that differ only in the fp32
+// summation order of attention, while the mean over 5,100 positions stayed
+// 0.00121 (docs/ACCURACY.md). So this bound only catches a broken path; the
+// path's accuracy is bounded over many positions by perplexity_test.cpp.
+constexpr double kInt8MaxKl = 0.01;  // measured 5.0e-4 to 6.6e-3 (llama.cpp's p99 over the text: 0.0115)
 constexpr float kInt8LogitAbsTol = 1.0f;  // measured up to 0.60 (plain int8: 1.0)
 // A greedy continuation may leave the reference's only at a step whose top-2
 // gap is below this. Measured: the 6 of 14 continuations that diverge do so

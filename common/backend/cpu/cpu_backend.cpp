@@ -144,73 +144,99 @@ Status check_kv_layout(const KvCacheLayout& L) {
   return Status::ok();
 }
 
-constexpr int kMaxAttnHeads = 8;  // query heads sharing one pass over a kv head's blocks
+// Blocked causal attention over the paged cache ("flash" attention: no score
+// matrix, an online softmax). A work item is a tile of query rows — up to
+// kTileRows (token, head) pairs of consecutive tokens of one sequence whose
+// heads share one kv head — and walks the keys in fixed windows of
+// kKeyWindow positions ([0, 64), [64, 128), ...). Each window's K and V rows
+// are gathered from their blocks and widened to fp32 once for the whole tile,
+// then every row's scores, softmax step and value sums run through the
+// kernels' row-blocked loops.
+//
+// Batch invariance: the windows are the same for every row whatever tile it
+// is in (a decode token alone, a prefill chunk, a long prompt), a row stops at
+// its own position, and the kernels give each row the same operations
+// whatever the other rows are; so a token's output does not depend on what
+// it is computed with.
+constexpr int64_t kKeyWindow = 64;
+constexpr int kTileRows = 48;
 
-// Causal attention of query heads that share one kv head, for one token: the
-// sequence's blocks are read once for all of them, with an online softmax per
-// head (running max m, sum l). Each head's arithmetic is the same whatever
-// other heads or tokens run beside it (batch invariance).
-struct AttentionRun {
-  const float* q;  // nq heads of hd floats
-  float* out;
-  int nq;
+struct AttentionTile {
+  const float* q;         // row (token u, head h) at q + u * tok_stride + h * hd
+  float* out;             // the same layout
+  int64_t tok_stride;
+  std::span<const AttentionToken> tokens;  // consecutive tokens of one sequence
+  int nq;                 // heads per token in this tile (sharing kv_head)
   int64_t hd;
   const uint8_t* base;
   const KvCacheLayout* L;
   int layer;
   int64_t kv_head;
   std::span<const int32_t> table;
-  int64_t n_ctx;  // attends to positions [0, n_ctx)
   float scale;
-  bool f16c;  // convert f16/q8_0 rows with F16C/AVX2
+  bool f16c;              // convert f16/q8_0 rows with F16C/AVX2
 };
 
-void attend_run(const cpu::Kernels& kern, const AttentionRun& a) {
-  const int64_t hd = a.hd, bs = a.L->block_size;
-  alignas(64) float acc[kMaxAttnHeads][256];
-  float m[kMaxAttnHeads], l[kMaxAttnHeads];
-  for (int h = 0; h < a.nq; ++h) {
-    m[h] = -std::numeric_limits<float>::infinity();
-    l[h] = 0.0f;
-    for (int64_t j = 0; j < hd; ++j) acc[h][j] = 0.0f;
+// Per-thread scratch of attend_tile (grow-only).
+struct AttentionScratch {
+  std::vector<float> q, acc, s, k, v, m, l, c;
+  std::vector<int> n_ctx, n_valid;
+};
+
+// Rows [p0, p0 + n) of one kv head's K (kind 0) or V (kind 1) as fp32, from
+// however many blocks they span.
+void gather_kv_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n, float* dst) {
+  const KvCacheLayout& L = *a.L;
+  const int64_t bs = L.block_size;
+  const size_t row = L.row_bytes();
+  for (int64_t p = p0; p < p0 + n;) {
+    const int64_t off = p % bs, seg = std::min(bs - off, p0 + n - p);
+    const uint8_t* src = a.base + L.offset(a.layer, kind, a.table[p / bs]) + (a.kv_head * bs + off) * row;
+    float* d = dst + (p - p0) * a.hd;
+    if (L.dtype == GgmlType::kF32)
+      std::memcpy(d, src, static_cast<size_t>(seg * a.hd) * sizeof(float));
+    else
+      kv_rows_to_f32(L.dtype, a.f16c, src, static_cast<int>(seg), a.hd, d);
+    p += seg;
   }
-  // Keys in runs of at most kScoreRun (a block, or a slice of a large one).
-  // f16 and q8_0 runs are widened to fp32 once, shared by the nq heads.
-  constexpr int64_t kScoreRun = 256;
-  alignas(64) float s[kScoreRun];
-  const GgmlType dtype = a.L->dtype;
-  const size_t row = a.L->row_bytes();
-  thread_local std::vector<float> kv_f32;
-  if (dtype != GgmlType::kF32 && kv_f32.size() < static_cast<size_t>(2 * kScoreRun * hd))
-    kv_f32.resize(2 * kScoreRun * hd);
-  for (int64_t p0 = 0; p0 < a.n_ctx;) {
-    const int64_t block = a.table[p0 / bs], off = p0 % bs;
-    const uint8_t* kraw = a.base + a.L->offset(a.layer, 0, block) + (a.kv_head * bs + off) * row;
-    const uint8_t* vraw = a.base + a.L->offset(a.layer, 1, block) + (a.kv_head * bs + off) * row;
-    const int n_in = static_cast<int>(std::min({bs - off, a.n_ctx - p0, kScoreRun}));
-    p0 += n_in;
-    const float* kb = reinterpret_cast<const float*>(kraw);
-    const float* vb = reinterpret_cast<const float*>(vraw);
-    if (dtype != GgmlType::kF32) {
-      kv_rows_to_f32(dtype, a.f16c, kraw, n_in, hd, kv_f32.data());
-      kv_rows_to_f32(dtype, a.f16c, vraw, n_in, hd, kv_f32.data() + kScoreRun * hd);
-      kb = kv_f32.data();
-      vb = kv_f32.data() + kScoreRun * hd;
-    }
+}
+
+void attend_tile(const cpu::Kernels& kern, const AttentionTile& a) {
+  const int nt = static_cast<int>(a.tokens.size());
+  const int nr = nt * a.nq;
+  const int64_t hd = a.hd;
+  thread_local AttentionScratch w;
+  auto fit = [](auto& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  fit(w.q, nr * hd), fit(w.acc, nr * hd), fit(w.s, nr * kKeyWindow);
+  fit(w.k, kKeyWindow * hd), fit(w.v, kKeyWindow * hd);
+  fit(w.m, nr), fit(w.l, nr), fit(w.c, nr), fit(w.n_ctx, nr), fit(w.n_valid, nr);
+  int64_t max_ctx = 0;
+  for (int u = 0; u < nt; ++u) {
+    std::memcpy(&w.q[u * a.nq * hd], a.q + u * a.tok_stride, static_cast<size_t>(a.nq * hd) * sizeof(float));
+    for (int h = 0; h < a.nq; ++h) w.n_ctx[u * a.nq + h] = a.tokens[u].position + 1;
+    max_ctx = std::max<int64_t>(max_ctx, a.tokens[u].position + 1);
+  }
+  std::fill_n(w.m.begin(), nr, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.l.begin(), nr, 0.0f);
+  std::fill_n(w.acc.begin(), nr * hd, 0.0f);
+  for (int64_t p0 = 0; p0 < max_ctx; p0 += kKeyWindow) {
+    const int n_in = static_cast<int>(std::min(kKeyWindow, max_ctx - p0));
+    gather_kv_rows(a, 0, p0, n_in, w.k.data());
+    gather_kv_rows(a, 1, p0, n_in, w.v.data());
+    kern.qk_scores(w.q.data(), hd, nr, w.k.data(), hd, n_in, a.scale, w.s.data(), kKeyWindow);
+    for (int i = 0; i < nr; ++i) w.n_valid[i] = static_cast<int>(std::clamp<int64_t>(w.n_ctx[i] - p0, 0, n_in));
+    kern.softmax_step(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.m.data(), w.l.data(), w.c.data());
+    kern.pv_accumulate(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.c.data(), w.v.data(), hd, w.acc.data(), hd);
+  }
+  for (int u = 0; u < nt; ++u) {
     for (int h = 0; h < a.nq; ++h) {
-      kern.qk_scores(a.q + h * hd, kb, hd, n_in, a.scale, s);
-      float block_max = s[0];
-      for (int r = 1; r < n_in; ++r) block_max = std::max(block_max, s[r]);
-      const float m_new = std::max(m[h], block_max);
-      const float correction = cpu::exp_approx(m[h] - m_new);  // 0 (1e-38 * 0) on the first block
-      l[h] = l[h] * correction + kern.exp_shifted(s, n_in, m_new);
-      kern.pv_accumulate(s, vb, hd, n_in, correction, acc[h]);
-      m[h] = m_new;
+      const int i = u * a.nq + h;
+      const float inv_l = 1.0f / w.l[i];
+      float* o = a.out + u * a.tok_stride + h * hd;
+      for (int64_t j = 0; j < hd; ++j) o[j] = w.acc[i * hd + j] * inv_l;
     }
-  }
-  for (int h = 0; h < a.nq; ++h) {
-    const float inv_l = 1.0f / l[h];
-    for (int64_t j = 0; j < hd; ++j) a.out[h * hd + j] = acc[h][j] * inv_l;
   }
 }
 
@@ -701,25 +727,47 @@ class CpuBackend final : public Backend {
     const uint8_t* base = static_cast<const uint8_t*>(const_cast<BackendBuffer&>(cache).data());
     const float* qs = f32(q);
     float* os = f32(out);
-    // Work items: (token, kv head, run of that kv head's query heads). The
-    // heads of a run share every K/V row load; runs are split finer when
-    // there are too few items to keep the threads busy (small decode batches).
     // The SIMD attention kernels take rows of a multiple of 8 floats.
     const cpu::Kernels& kern = cpu::kernels(hd % 8 == 0 ? isa_ : cpu::Isa::kScalar);
-    // An f16/q8_0 run is widened once per item, so there the heads stay
-    // together as soon as there is an item per thread.
-    const int64_t together = L.dtype == GgmlType::kF32 ? 4 * n_threads_ : n_threads_;
-    const int64_t per_item = nt * nkv >= together ? std::min<int64_t>(group, kMaxAttnHeads) : 1;
+    // Work items: (tile of tokens, kv head, run of that kv head's query
+    // heads). A kv head's query heads stay together (they share every K/V
+    // row) unless there are too few items to keep the threads busy (small
+    // decode batches); a tile holds up to kTileRows rows.
+    int64_t n_tiles_min = 0;
+    for (int64_t t = 0; t < nt; ++t) n_tiles_min += t == 0 || tokens[t].seq != tokens[t - 1].seq;
+    const int64_t per_item = n_tiles_min * nkv >= n_threads_ ? std::min<int64_t>(group, kTileRows) : 1;
     const int64_t runs = (group + per_item - 1) / per_item;
+    const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / per_item);
+    std::vector<std::pair<int64_t, int64_t>>& tiles = attention_tiles_;  // [first token, count)
+    tiles.clear();
+    for (int64_t t = 0; t < nt;) {
+      int64_t end = t + 1;
+      while (end < nt && end - t < tile_tokens && tokens[end].seq == tokens[t].seq) ++end;
+      tiles.emplace_back(t, end - t);
+      t = end;
+    }
+    const int64_t n_tiles = static_cast<int64_t>(tiles.size());
 #pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
-    for (int64_t t = 0; t < nt; ++t) {
+    for (int64_t ti = 0; ti < n_tiles; ++ti) {
       for (int64_t g = 0; g < nkv; ++g) {
         for (int64_t run = 0; run < runs; ++run) {
+          const auto [t0, count] = tiles[ti];
           const int64_t h0 = g * group + run * per_item;
           const int nq = static_cast<int>(std::min(per_item, (g + 1) * group - h0));
-          const AttentionRun a{qs + (t * nh + h0) * hd, os + (t * nh + h0) * hd, nq, hd, base, &L, layer, g,
-                               block_tables[tokens[t].seq], tokens[t].position + 1, scale, isa_ != cpu::Isa::kScalar};
-          attend_run(kern, a);
+          const AttentionTile a{qs + (t0 * nh + h0) * hd,
+                                os + (t0 * nh + h0) * hd,
+                                nh * hd,
+                                tokens.subspan(t0, count),
+                                nq,
+                                hd,
+                                base,
+                                &L,
+                                layer,
+                                g,
+                                block_tables[tokens[t0].seq],
+                                scale,
+                                isa_ != cpu::Isa::kScalar};
+          attend_tile(kern, a);
         }
       }
     }
@@ -749,6 +797,7 @@ class CpuBackend final : public Backend {
   std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
   std::vector<double> inv_freq_;
+  std::vector<std::pair<int64_t, int64_t>> attention_tiles_;  // paged_attention's work (grow-only)
   float inv_freq_base_ = 0.0f;
 };
 

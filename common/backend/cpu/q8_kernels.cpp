@@ -75,27 +75,47 @@ void gemm_q8x8_scalar(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m,
   }
 }
 
-void qk_scores_scalar(const float* q, const float* k, int64_t hd, int n, float scale, float* s) {
-  for (int r = 0; r < n; ++r) {
-    float dot = 0.0f;
-    for (int64_t j = 0; j < hd; ++j) dot += q[j] * k[r * hd + j];
-    s[r] = dot * scale;
+void qk_scores_scalar(const float* q, int64_t q_stride, int nr, const float* k, int64_t hd, int n, float scale,
+                      float* s, int64_t s_stride) {
+  for (int i = 0; i < nr; ++i) {
+    const float* qi = q + i * q_stride;
+    for (int r = 0; r < n; ++r) {
+      float lane[8] = {};
+      for (int64_t j = 0; j < hd; ++j) lane[j % 8] = std::fma(qi[j], k[r * hd + j], lane[j % 8]);
+      s[i * s_stride + r] = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) * scale;
+    }
   }
 }
 
-float exp_shifted_scalar(float* s, int n, float max) {
-  float sum = 0.0f;
-  for (int r = 0; r < n; ++r) {
-    s[r] = exp_approx(s[r] - max);
-    sum += s[r];
+void softmax_step_scalar(float* s, int64_t s_stride, int nr, const int* n, float* m, float* l, float* c) {
+  for (int i = 0; i < nr; ++i) {
+    float* si = s + i * s_stride;
+    if (n[i] == 0) {
+      c[i] = 1.0f;
+      continue;
+    }
+    float m_new = m[i];
+    for (int r = 0; r < n[i]; ++r) m_new = si[r] > m_new ? si[r] : m_new;
+    float sum = 0.0f;
+    for (int r = 0; r < n[i]; ++r) {
+      si[r] = exp_approx(si[r] - m_new);
+      sum += si[r];
+    }
+    c[i] = exp_approx(m[i] - m_new);  // 0 (1e-38 * 0) on a row's first step
+    l[i] = l[i] * c[i] + sum;
+    m[i] = m_new;
   }
-  return sum;
 }
 
-void pv_accumulate_scalar(const float* p, const float* v, int64_t hd, int n, float c, float* acc) {
-  for (int64_t j = 0; j < hd; ++j) acc[j] *= c;
-  for (int r = 0; r < n; ++r)
-    for (int64_t j = 0; j < hd; ++j) acc[j] += p[r] * v[r * hd + j];
+void pv_accumulate_scalar(const float* p, int64_t p_stride, int nr, const int* n, const float* c, const float* v,
+                          int64_t hd, float* acc, int64_t acc_stride) {
+  for (int i = 0; i < nr; ++i) {
+    for (int64_t j = 0; j < hd; ++j) {
+      float a = acc[i * acc_stride + j] * c[i];
+      for (int r = 0; r < n[i]; ++r) a = std::fma(p[i * p_stride + r], v[r * hd + j], a);
+      acc[i * acc_stride + j] = a;
+    }
+  }
 }
 
 void silu_mul_scalar(const float* gate, const float* up, int64_t n, float* out) {
@@ -103,7 +123,7 @@ void silu_mul_scalar(const float* gate, const float* up, int64_t n, float* out) 
 }
 
 const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar,  gemm_q8x8_scalar,    qk_scores_scalar,
-                             exp_shifted_scalar,   pv_accumulate_scalar, silu_mul_scalar};
+                             softmax_step_scalar,  pv_accumulate_scalar, silu_mul_scalar};
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)

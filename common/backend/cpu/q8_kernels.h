@@ -121,13 +121,29 @@ struct Kernels {
   void (*gemm_q4x8)(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
   void (*gemm_q8x8)(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
 
-  // Attention pieces (fp32; hd a multiple of 8):
-  // s[r] = scale * dot(q, k + r*hd) for r < n.
-  void (*qk_scores)(const float* q, const float* k, int64_t hd, int n, float scale, float* s);
-  // s[r] = exp(s[r] - max) for r < n; returns their sum (in index order).
-  float (*exp_shifted)(float* s, int n, float max);
-  // acc = acc * c + sum over r < n of p[r] * (v + r*hd).
-  void (*pv_accumulate)(const float* p, const float* v, int64_t hd, int n, float c, float* acc);
+  // Attention pieces (fp32; hd a multiple of 8), over many query rows at
+  // once: the rows share every key and value load. Each score and each output
+  // element goes through the same operations whatever the other rows and keys
+  // of the call are (batch invariance), and every path, scalar included,
+  // gives the same bits.
+  //
+  // s[i * s_stride + r] = scale * dot(q + i * q_stride, k + r * hd) for rows
+  // i < nr and keys r < n. A dot product is eight lane sums (lane l takes the
+  // elements j = l mod 8 in order, by fused multiply-adds) added as
+  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then scaled.
+  void (*qk_scores)(const float* q, int64_t q_stride, int nr, const float* k, int64_t hd, int n, float scale,
+                    float* s, int64_t s_stride);
+  // One online-softmax step of rows i < nr over their first n[i] scores
+  // s_i = s + i * s_stride: m' = max(m[i], max s_i), s_i[r] = exp(s_i[r] - m'),
+  // c[i] = exp(m[i] - m') (0 when m[i] is -inf), l[i] = l[i] * c[i] + the sum
+  // of s_i, m[i] = m'. A row with n[i] = 0 is left as it is, with c[i] = 1.
+  void (*softmax_step)(float* s, int64_t s_stride, int nr, const int* n, float* m, float* l, float* c);
+  // For rows i < nr: acc_i = acc_i * c[i] + sum over r < n[i] of
+  // p_i[r] * (v + r * hd), with p_i = p + i * p_stride and acc_i = acc + i *
+  // acc_stride. Each element: one multiply by c[i], then fused multiply-adds
+  // in key order.
+  void (*pv_accumulate)(const float* p, int64_t p_stride, int nr, const int* n, const float* c, const float* v,
+                        int64_t hd, float* acc, int64_t acc_stride);
   // out[i] = silu(gate[i]) * up[i] for i < n.
   void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
 };

@@ -183,68 +183,174 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// Four keys at a time (four independent FMA chains), summed pairwise at the end.
-void qk_scores_avx2(const float* q, const float* k, int64_t hd, int n, float scale, float* s) {
-  int r = 0;
-  for (; r + 4 <= n; r += 4) {
-    const float* k0 = k + r * hd;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < hd; j += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + j);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + j), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + j), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + j), a3);
+// Rows per pass of the attention loops: with AVX-512's 32 vector registers
+// (this file compiled for a CPU that has them) the accumulators of more rows
+// stay in registers. The arithmetic per row is the same either way.
+#if defined(__AVX512F__)
+constexpr int kQkRows = 2, kPvRows = 4;
+#else
+constexpr int kQkRows = 1, kPvRows = 2;
+#endif
+
+// Scores of R query rows against eight keys: R x 8 accumulators of 8 lanes,
+// each key row loaded once for the R rows, reduced by horizontal adds in the
+// lane order of q8_kernels.h into one vector of eight scores per row. nk < 8
+// keys: the caller repeats the last key's pointer and nk scores are stored.
+template <int R>
+inline void qk_group(const float* q, int64_t q_stride, const float* const* kr, int64_t hd, __m256 scale, float* s,
+                     int64_t s_stride, int nk) {
+  __m256 a[R][8];
+  #pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+    #pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) a[i][u] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < hd; j += 8) {
+    __m256 kv[8];
+    #pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) {
+      kv[u] = _mm256_loadu_ps(kr[u] + j);
+      if (R > 1) asm("" : "+v"(kv[u]));  // one load shared by the rows, not one per FMA
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(s + r, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    #pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m256 qv = _mm256_loadu_ps(q + i * q_stride + j);
+      #pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) a[i][u] = _mm256_fmadd_ps(qv, kv[u], a[i][u]);
+    }
   }
-  for (; r < n; ++r) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t j = 0; j < hd; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + r * hd + j), a);
-    s[r] = hsum(a) * scale;
+  #pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    // x = [key 0..3: lanes 0-3 summed | key 0..3: lanes 4-7], y the same for keys 4..7.
+    const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a[i][0], a[i][1]), _mm256_hadd_ps(a[i][2], a[i][3]));
+    const __m256 y = _mm256_hadd_ps(_mm256_hadd_ps(a[i][4], a[i][5]), _mm256_hadd_ps(a[i][6], a[i][7]));
+    const __m256 sum = _mm256_mul_ps(
+        _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31)), scale);
+    float* out = s + i * s_stride;
+    if (nk == 8) {
+      _mm256_storeu_ps(out, sum);
+    } else {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, sum);
+      #pragma GCC unroll 8
+      for (int u = 0; u < nk; ++u) out[u] = t[u];
+    }
   }
 }
 
-float exp_shifted_avx2(float* s, int n, float max) {
-  const __m256 m = _mm256_set1_ps(max);
-  __m256 sum = _mm256_setzero_ps();
-  int r = 0;
-  for (; r + 8 <= n; r += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + r), m));
-    _mm256_storeu_ps(s + r, e);
-    sum = _mm256_add_ps(sum, e);
+// Keys in groups of eight, the rows kQkRows at a time under each group (the
+// key rows stay in L1 while every query row passes).
+void qk_scores_avx2(const float* q, int64_t q_stride, int nr, const float* k, int64_t hd, int n, float scale, float* s,
+                    int64_t s_stride) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int r = 0; r < n; r += 8) {
+    const int nk = n - r < 8 ? n - r : 8;
+    const float* kr[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) kr[u] = k + (r + (u < nk ? u : nk - 1)) * hd;
+    int i = 0;
+    for (; i + kQkRows <= nr; i += kQkRows)
+      qk_group<kQkRows>(q + i * q_stride, q_stride, kr, hd, sc, s + i * s_stride + r, s_stride, nk);
+    for (; i < nr; ++i) qk_group<1>(q + i * q_stride, q_stride, kr, hd, sc, s + i * s_stride + r, s_stride, nk);
   }
-  float total = hsum(sum);
-  if (r < n) {  // the tail through the same vector formula, padded
+}
+
+inline float hmax(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// The exps 8 at a time, summed in 8 lanes, the tail through the same vector
+// formula (padded) and added in order.
+void softmax_step_avx2(float* s, int64_t s_stride, int nr, const int* n, float* m, float* l, float* c) {
+  for (int i = 0; i < nr; ++i) {
+    float* si = s + i * s_stride;
+    const int ni = n[i];
+    if (ni == 0) {
+      c[i] = 1.0f;
+      continue;
+    }
+    __m256 mx = _mm256_set1_ps(m[i]);
+    int r = 0;
+    for (; r + 8 <= ni; r += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(si + r));
+    float m_new = hmax(mx);
+    for (; r < ni; ++r) m_new = si[r] > m_new ? si[r] : m_new;
+    const __m256 mv = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (r = 0; r + 8 <= ni; r += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + r), mv));
+      _mm256_storeu_ps(si + r, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    float total = hsum(sum);
+    // The tail, and the accumulator factor in the last lane, through one exp8.
     alignas(32) float t[8];
-    for (int i = 0; i < 8; ++i) t[i] = r + i < n ? s[r + i] : max;
-    _mm256_store_ps(t, exp8(_mm256_sub_ps(_mm256_load_ps(t), m)));
-    for (; r < n; ++r) total += (s[r] = t[r % 8]);
+    for (int u = 0; u < 7; ++u) t[u] = r + u < ni ? si[r + u] - m_new : 0.0f;
+    t[7] = m[i] - m_new;
+    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+    for (int u = 0; r < ni; ++r, ++u) total += (si[r] = t[u]);
+    c[i] = t[7];
+    l[i] = l[i] * c[i] + total;
+    m[i] = m_new;
   }
-  return total;
 }
 
-// acc in registers 64 floats at a time; one broadcast weight per key.
-void pv_accumulate_avx2(const float* p, const float* v, int64_t hd, int n, float c, float* acc) {
-  const __m256 cv = _mm256_set1_ps(c);
-  int64_t j0 = 0;
-  for (; j0 + 64 <= hd; j0 += 64) {
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + j0 + 8 * i), cv);
-    for (int r = 0; r < n; ++r) {
-      const __m256 pr = _mm256_set1_ps(p[r]);
-      const float* vr = v + r * hd + j0;
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pr, _mm256_loadu_ps(vr + 8 * i), a[i]);
+// R rows x W vectors of 8 elements of acc in registers; each value row's
+// vectors are loaded once for the R rows. Keys every row takes first, then
+// each row's own tail, so each element still adds its keys in order.
+template <int R, int W>
+inline void pv_chunk(const float* p, int64_t p_stride, const int* n, const float* c, const float* v, int64_t hd,
+                     float* acc, int64_t acc_stride) {
+  __m256 a[R][W];
+  int n_all = n[0];
+  #pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    n_all = n[i] < n_all ? n[i] : n_all;
+    const __m256 ci = _mm256_set1_ps(c[i]);
+    #pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) a[i][w] = _mm256_mul_ps(_mm256_loadu_ps(acc + i * acc_stride + 8 * w), ci);
+  }
+  for (int r = 0; r < n_all; ++r) {
+    __m256 vr[W];
+    #pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) {
+      vr[w] = _mm256_loadu_ps(v + r * hd + 8 * w);
+      if (R > 1) asm("" : "+v"(vr[w]));  // one load shared by the rows, not one per FMA
     }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + j0 + 8 * i, a[i]);
+    #pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m256 pr = _mm256_set1_ps(p[i * p_stride + r]);
+      #pragma GCC unroll 8
+      for (int w = 0; w < W; ++w) a[i][w] = _mm256_fmadd_ps(pr, vr[w], a[i][w]);
+    }
   }
-  for (; j0 < hd; j0 += 8) {
-    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + j0), cv);
-    for (int r = 0; r < n; ++r) a = _mm256_fmadd_ps(_mm256_set1_ps(p[r]), _mm256_loadu_ps(v + r * hd + j0), a);
-    _mm256_storeu_ps(acc + j0, a);
+  #pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    for (int r = n_all; r < n[i]; ++r) {
+      const __m256 pr = _mm256_set1_ps(p[i * p_stride + r]);
+      #pragma GCC unroll 8
+      for (int w = 0; w < W; ++w) a[i][w] = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + r * hd + 8 * w), a[i][w]);
+    }
+    #pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) _mm256_storeu_ps(acc + i * acc_stride + 8 * w, a[i][w]);
   }
+}
+
+template <int R>
+void pv_rows(const float* p, int64_t p_stride, const int* n, const float* c, const float* v, int64_t hd, float* acc,
+             int64_t acc_stride) {
+  int64_t j0 = 0;
+  for (; j0 + 32 <= hd; j0 += 32) pv_chunk<R, 4>(p, p_stride, n, c, v + j0, hd, acc + j0, acc_stride);
+  for (; j0 < hd; j0 += 8) pv_chunk<R, 1>(p, p_stride, n, c, v + j0, hd, acc + j0, acc_stride);
+}
+
+void pv_accumulate_avx2(const float* p, int64_t p_stride, int nr, const int* n, const float* c, const float* v,
+                        int64_t hd, float* acc, int64_t acc_stride) {
+  int i = 0;
+  for (; i + kPvRows <= nr; i += kPvRows)
+    pv_rows<kPvRows>(p + i * p_stride, p_stride, n + i, c + i, v, hd, acc + i * acc_stride, acc_stride);
+  for (; i < nr; ++i) pv_rows<1>(p + i * p_stride, p_stride, n + i, c + i, v, hd, acc + i * acc_stride, acc_stride);
 }
 
 void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
@@ -266,7 +372,7 @@ void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
 }
 
 const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2,     gemm_q8x8_avx2, qk_scores_avx2,
-                           exp_shifted_avx2,   pv_accumulate_avx2, silu_mul_avx2};
+                           softmax_step_avx2,  pv_accumulate_avx2, silu_mul_avx2};
 
 }  // namespace
 
