@@ -3,13 +3,16 @@
 //
 //   pd-bench-engine [-m MODEL] [--threads 1,2] [--batches 1,8,32] [--sweep] [--fp32-activations]
 //                   [--backend cpu|cuda [--device N] [--peak-preset h200] [--tf32]]
-//                   [--prefill-tokens 512] [--prompt 128] [--gen 128] [--reps 3]
+//                   [--prefill-tokens 512,2048,4096] [--prompt 128] [--gen 128] [--reps 3]
+//                   [--llamacpp DIR]
 //                   [--kv-dtype f16] [--kv-compare f32,f16,q8_0 [--kv-contexts 2048,8192] [--kv-batches 1,8]]
 //                   [--json FILE] [--profile FILE [--profile-prefill 64,512,4096] [--profile-contexts 128,2048]]
 //
 // Prints, per thread count: the machine probes (STREAM triad and read GB/s,
-// FMA GFLOP/s, 8-bit multiply-add GMAC/s), prefill tok/s for one prompt and
-// the fraction of the FMA and int8 peaks it reaches, aggregate decode tok/s for each batch (every sequence with a
+// FMA GFLOP/s, 8-bit multiply-add GMAC/s), prefill tok/s for one prompt of
+// each --prefill-tokens length and the fraction of the FMA and int8 peaks it
+// reaches (the first length is the figure of the profile and of JSON's
+// "prefill"), aggregate decode tok/s for each batch (every sequence with a
 // --prompt-token prompt generating --gen tokens, so contexts grow
 // prompt -> prompt + gen) with the fraction of the memory bandwidth the step
 // streams (weights + KV read), then peak RSS and KV bytes per token.
@@ -18,6 +21,9 @@
 // (tok/s, KV GB/s read, ratio to the first type, all in this run): the cache
 // is filled by kv_write with random K/V rather than by prefilling every
 // sequence (attention's cost does not depend on the values).
+// --llamacpp DIR also runs llama.cpp's llama-bench and llama-batched-bench
+// from that build (tools/llamacpp_bench.h) after each thread count's runs, on
+// the same file and threads, and prints the same rows with the ratio.
 // --json writes everything; --profile writes the per-phase cost profile
 // (prefill time vs tokens, decode step time vs batch and context) that
 // pd-plan's simulator reads (common/plan/engine_profile.h); --profile-prefill
@@ -58,6 +64,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "llamacpp_bench.h"
 #include "gguf/gguf_reader.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
@@ -387,15 +394,17 @@ std::vector<int> parse_list(const std::string& s, const char* flag, bool* ok) {
 
 // The command line as given, before the lists are parsed.
 struct RawFlags {
-  std::string threads = "1,2", batches = "1,8,32", kv_dtype = "f16", kv_compare, kv_contexts = "2048,8192",
+  std::string threads = "1,2", batches = "1,8,32", prefill_tokens = "512", kv_dtype = "f16", kv_compare,
+              kv_contexts = "2048,8192",
               kv_batches = "1,8", profile_prefill, profile_contexts, backend, peak_preset;
   bool sweep = false, batches_given = false, device_given = false;
 };
 
 // The flags, checked and parsed.
 struct BenchFlags {
-  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", json_path, profile_path;
-  int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", json_path, profile_path, llamacpp_dir;
+  int prefill_tokens = 512, prompt = 128, gen = 128, reps = 3;  // prefill_tokens: the first of prefill_lengths
+  std::vector<int> prefill_lengths{512};
   bool gpu = false, fp32_activations = false, tf32 = false;
   int device = 0;
   pd::plan::HardwareSpec peak;  // --backend cuda: the --peak-preset figures
@@ -423,8 +432,12 @@ void add_options(CLI::App* app, BenchFlags* f, RawFlags* raw) {
   app->add_flag("--fp32-activations", f->fp32_activations,
                 "measure the CPU reference path (fp32 activations, weights as stored) instead of the default "
                 "8-bit activations with integer dot products");
-  app->add_option("--prefill-tokens", f->prefill_tokens, "prompt tokens for the prefill figure")
-      ->check(CLI::Range(1, 8192));
+  app->add_option("--prefill-tokens", raw->prefill_tokens,
+                  "comma-separated prompt lengths of the prefill figures (each <= 8192; the first is the profile's "
+                  "and JSON's \"prefill\")");
+  app->add_option("--llamacpp", f->llamacpp_dir,
+                  "a llama.cpp build (its llama-bench and llama-batched-bench, in DIR or DIR/bin): the same rows "
+                  "from llama.cpp after each thread count's runs, with the ratio");
   app->add_option("--prompt", f->prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
   app->add_option("--gen", f->gen, "decode steps per batch")->check(CLI::Range(1, 8192));
   app->add_option("--reps", f->reps, "prefill repetitions (median)")->check(CLI::Range(1, 100));
@@ -465,6 +478,16 @@ int resolve_lists(RawFlags raw, BenchFlags* f) {
   f->thread_counts = parse_list(raw.threads, "--threads", &ok1);
   f->batches = parse_list(raw.batches, "--batches", &ok2);
   if (!ok1 || !ok2) return 2;
+  bool ok0 = true;
+  f->prefill_lengths = parse_list(raw.prefill_tokens, "--prefill-tokens", &ok0);
+  if (!ok0) return 2;
+  for (int n : f->prefill_lengths)
+    if (n > 8192) return fail("--prefill-tokens: " + std::to_string(n) + " is more than 8192", 2);
+  f->prefill_tokens = f->prefill_lengths.front();
+  if (!f->llamacpp_dir.empty() && f->gpu) return fail("--llamacpp applies to the CPU backend only", 2);
+  if (!f->llamacpp_dir.empty() && (pd::tools::llamacpp_program(f->llamacpp_dir, "llama-bench").empty() ||
+                                   pd::tools::llamacpp_program(f->llamacpp_dir, "llama-batched-bench").empty()))
+    return fail("--llamacpp: no llama-bench and llama-batched-bench in '" + f->llamacpp_dir + "' (or its bin/)", 2);
   if (f->gpu) f->thread_counts = {1};  // one run on the device; the thread count is the CPU backend's
   const auto kv_dtype = pd::parse_kv_dtype(raw.kv_dtype, "--kv-dtype");
   if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);
@@ -541,6 +564,7 @@ MachineLimits measure_machine(int threads) {
 }
 
 struct PrefillFigure {
+  int tokens = 0;
   double seconds = 0, tokens_per_s = 0, gflops = 0;
 };
 
@@ -578,7 +602,8 @@ int create_run_cache(const BenchFlags& f, Engine* e, BenchTotals* totals) {
                       std::to_string(c.context),
                   2);
   const int max_batch = f.batches.back();
-  const int64_t blocks = std::max<int64_t>((std::max(f.prefill_tokens, 256) + 15) / 16,
+  const int longest = *std::max_element(f.prefill_lengths.begin(), f.prefill_lengths.end());
+  const int64_t blocks = std::max<int64_t>((std::max(longest, 256) + 15) / 16,
                                            static_cast<int64_t>(max_batch) * ((f.prompt + f.gen + 15) / 16));
   auto cache = pd::KvCache::create(*e->backend, c, e->block_size, blocks, f.kv_dtype);
   if (!cache.is_ok()) return fail(cache.status().to_string());
@@ -587,17 +612,43 @@ int create_run_cache(const BenchFlags& f, Engine* e, BenchTotals* totals) {
   return 0;
 }
 
-// The prefill figure: median of --reps passes of --prefill-tokens, after a warm-up.
-PrefillFigure measure_prefill(const BenchFlags& f, Engine& e) {
-  time_prefill(e, std::min(f.prefill_tokens, 32), 1);  // warm-up
+// A prefill figure: median of --reps passes of `n` tokens (one pass past
+// 1,024: its time is seconds, its spread small against it).
+PrefillFigure measure_prefill(const BenchFlags& f, Engine& e, int n) {
   std::vector<double> pre;
-  for (int r = 0; r < f.reps; ++r) pre.push_back(time_prefill(e, f.prefill_tokens, 7 + r));
+  for (int r = 0; r < (n > 1024 ? 1 : f.reps); ++r) pre.push_back(time_prefill(e, n, 7 + r));
   PrefillFigure p;
+  p.tokens = n;
   p.seconds = median(pre);
   if (p.seconds <= 0) return p;
-  p.tokens_per_s = f.prefill_tokens / p.seconds;
-  p.gflops = forward_flops(e.model->config(), f.prefill_tokens) / p.seconds / 1e9;
+  p.tokens_per_s = n / p.seconds;
+  p.gflops = forward_flops(e.model->config(), n) / p.seconds / 1e9;
   return p;
+}
+
+// Every --prefill-tokens length in order, after a warm-up; empty if one failed.
+std::vector<PrefillFigure> measure_prefills(const BenchFlags& f, Engine& e) {
+  time_prefill(e, std::min(f.prefill_tokens, 32), 1);  // warm-up
+  std::vector<PrefillFigure> out;
+  for (int n : f.prefill_lengths) {
+    out.push_back(measure_prefill(f, e, n));
+    if (out.back().seconds <= 0) return {};
+  }
+  return out;
+}
+
+// The prefill lines of a CPU run after the first, and their JSON rows.
+void print_more_prefills(const std::vector<PrefillFigure>& pre, const MachineLimits& m, nlohmann::json* run) {
+  (*run)["prefill_lengths"] = nlohmann::json::array();
+  for (size_t i = 0; i < pre.size(); ++i) {
+    const PrefillFigure& p = pre[i];
+    if (i > 0)
+      std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GOP/s = %.1f%% of FMA peak, %.1f%% of int8 peak)\n",
+                  p.tokens, p.tokens_per_s, p.seconds, p.gflops, 100.0 * p.gflops / m.fma,
+                  m.int8 > 0 ? 100.0 * p.gflops / (2 * m.int8) : 0.0);
+    (*run)["prefill_lengths"].push_back(
+        {{"tokens", p.tokens}, {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s}, {"gflops", p.gflops}});
+  }
 }
 
 // Prints the run's header and prefill line; returns the run's JSON, its decode rows to come.
@@ -629,7 +680,6 @@ nlohmann::json start_run(const BenchFlags& f, const Engine& e, int t, const Mach
   std::printf("prefill %d tokens: %.1f tok/s (%.3f s, %.1f GOP/s = %.1f%% of FMA peak, %.1f%% of int8 peak)\n",
               f.prefill_tokens, p.tokens_per_s, p.seconds, p.gflops, 100.0 * p.gflops / m.fma,
               m.int8 > 0 ? 100.0 * p.gflops / (2 * m.int8) : 0.0);
-  std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
   return {{"threads", t},
           {"machine", {{"triad_gbs", m.triad}, {"read_gbs", m.read}, {"fma_gflops", m.fma}, {"int8_gmacs", m.int8}}},
           {"prefill", {{"tokens", f.prefill_tokens}, {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s},
@@ -710,6 +760,8 @@ int decode_batches(const BenchFlags& f, Engine& e, const MachineLimits& m, nlohm
                    pd::plan::EngineProfile* prof, double* decode8) {
   const double kv_per_token = static_cast<double>(e.model->config().kv_geometry(f.kv_dtype).bytes_per_token());
   const double weight_bytes = static_cast<double>(e.model->weight_bytes());
+  if (!f.gpu)
+    std::printf("%-8s %-14s %-14s %-16s %-10s\n", "batch", "decode tok/s", "step ms", "streamed GB/s", "of triad");
   for (int b : f.batches) {
     const DecodeRun d = time_decode(e, b, f.prompt, f.gen);
     if (d.step_seconds.empty()) return fail("decode failed at batch " + std::to_string(b));
@@ -751,6 +803,35 @@ pd::plan::EngineProfile start_profile(const BenchFlags& f, const Engine& e, int 
   return prof;
 }
 
+// --llamacpp: llama.cpp's rows at `t` threads beside this run's, with the ratio.
+int compare_llamacpp(const BenchFlags& f, int t, nlohmann::json* run) {
+  const pd::tools::LlamaCppFigures l =
+      pd::tools::run_llamacpp(f.llamacpp_dir, f.model_path, t, f.prefill_lengths, f.prompt, f.gen, f.batches, f.reps);
+  if (!l.error.empty()) return fail("--llamacpp: " + l.error);
+  std::printf("\n== llama.cpp (%s, build %s), %d thread%s, same file: best of flash attention off/on\n",
+              f.llamacpp_dir.c_str(), l.build.c_str(), t, t > 1 ? "s" : "");
+  std::printf("%-20s %-16s %-16s %-8s\n", "", "pdcluster tok/s", "llama.cpp tok/s", "ratio");
+  nlohmann::json rows = nlohmann::json::array();
+  auto row = [&](const std::string& what, double ours, double theirs, int fa) {
+    std::printf("%-20s %-16.1f %-16.1f %.2fx%s\n", what.c_str(), ours, theirs, theirs > 0 ? ours / theirs : 0.0,
+                fa ? "  (llama.cpp -fa)" : "");
+    rows.push_back({{"what", what}, {"pdcluster_tokens_per_s", ours}, {"llamacpp_tokens_per_s", theirs},
+                    {"llamacpp_flash_attn", fa != 0}, {"ratio", theirs > 0 ? ours / theirs : 0.0}});
+  };
+  for (const auto& p : (*run)["prefill_lengths"]) {
+    const int n = p["tokens"].get<int>();
+    row("prefill " + std::to_string(n), p["tokens_per_s"].get<double>(), l.prefill_tps.count(n) ? l.prefill_tps.at(n) : 0,
+        l.prefill_fa.count(n) ? l.prefill_fa.at(n) : 0);
+  }
+  for (const auto& d : (*run)["decode"]) {
+    const int b = d["batch"].get<int>();
+    row("decode batch " + std::to_string(b), d["tokens_per_s"].get<double>(),
+        l.decode_tps.count(b) ? l.decode_tps.at(b) : 0, l.decode_fa.count(b) ? l.decode_fa.at(b) : 0);
+  }
+  (*run)["llamacpp"] = {{"dir", f.llamacpp_dir}, {"build", l.build}, {"rows", rows}};
+  return 0;
+}
+
 // One run at `t` threads: machine limits, prefill, decode at every batch, the
 // profile; the run's JSON into totals, its profile kept if it is the best so far.
 int run_thread_count(const BenchFlags& f, const std::shared_ptr<const pd::GgufFile>& gguf, int t,
@@ -762,15 +843,19 @@ int run_thread_count(const BenchFlags& f, const std::shared_ptr<const pd::GgufFi
   MachineLimits m;
   if (!f.gpu) m = measure_machine(t);
   totals->peak_reset = reset_peak_rss() && totals->peak_reset;  // the engine's peak from here on
-  const PrefillFigure pre = measure_prefill(f, e);
-  if (pre.seconds <= 0) return fail("prefill failed");
+  const std::vector<PrefillFigure> prefills = measure_prefills(f, e);
+  if (prefills.empty()) return fail("prefill failed");
+  const PrefillFigure& pre = prefills.front();
   nlohmann::json run = start_run(f, e, t, m, pre);
+  if (!f.gpu) print_more_prefills(prefills, m, &run);
   pd::plan::EngineProfile prof = start_profile(f, e, t, m);
   if (int rc = profile_prefill(f, e, pre.seconds, &prof, totals)) return rc;
   double decode8 = 0;
   if (int rc = decode_batches(f, e, m, &run, &prof, &decode8)) return rc;
   run["peak_rss_mb"] = peak_rss_mb();
   totals->engine_peak_mb = std::max(totals->engine_peak_mb, peak_rss_mb());
+  if (!f.llamacpp_dir.empty())
+    if (int rc = compare_llamacpp(f, t, &run)) return rc;
   totals->out["runs"].push_back(run);
   const double score = decode8 > 0 ? decode8 : pre.tokens_per_s;
   if (score > totals->best_decode) {

@@ -350,6 +350,10 @@ void pv_accumulate_avx2(const float* p, int64_t p_stride, int nr, const int* n, 
   int i = 0;
   for (; i + kPvRows <= nr; i += kPvRows)
     pv_rows<kPvRows>(p + i * p_stride, p_stride, n + i, c + i, v, hd, acc + i * acc_stride, acc_stride);
+  if (kPvRows > 2 && i + 2 <= nr) {  // a decode token's three heads: two and one
+    pv_rows<2>(p + i * p_stride, p_stride, n + i, c + i, v, hd, acc + i * acc_stride, acc_stride);
+    i += 2;
+  }
   for (; i < nr; ++i) pv_rows<1>(p + i * p_stride, p_stride, n + i, c + i, v, hd, acc + i * acc_stride, acc_stride);
 }
 
