@@ -222,7 +222,7 @@ for _ in $(seq 1 600); do
 pdcluster is up: http://$CHOST:$PORT  ($P prefill + $D decode ranks${COLOCATED:+, colocated})
 Try:
   curl http://$CHOST:$PORT/v1/chat/completions -H 'Content-Type: application/json'$AUTH_HINT \\
-    -d '{"model": "$MODEL_NAME", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64}'
+    -d '{"model": "$MODEL_NAME", "messages": [{"role": "user", "content": "Give me three tips for staying healthy."}], "max_tokens": 96}'
 Metrics: curl http://$CHOST:$PORT/metrics     Stop: Ctrl-C (drains in-flight requests)
 MSG
     break
