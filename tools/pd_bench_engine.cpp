@@ -471,6 +471,22 @@ int resolve_backend(const RawFlags& raw, BenchFlags* f) {
   return 0;
 }
 
+// --prefill-tokens (each <= 8192) and --llamacpp (CPU only, its programs present).
+int resolve_prefill_lengths(const RawFlags& raw, BenchFlags* f) {
+  bool ok = true;
+  f->prefill_lengths = parse_list(raw.prefill_tokens, "--prefill-tokens", &ok);
+  if (!ok) return 2;
+  for (int n : f->prefill_lengths)
+    if (n > 8192) return fail("--prefill-tokens: " + std::to_string(n) + " is more than 8192", 2);
+  f->prefill_tokens = f->prefill_lengths.front();
+  if (f->llamacpp_dir.empty()) return 0;
+  if (f->gpu) return fail("--llamacpp applies to the CPU backend only", 2);
+  if (pd::tools::llamacpp_program(f->llamacpp_dir, "llama-bench").empty() ||
+      pd::tools::llamacpp_program(f->llamacpp_dir, "llama-batched-bench").empty())
+    return fail("--llamacpp: no llama-bench and llama-batched-bench in '" + f->llamacpp_dir + "' (or its bin/)", 2);
+  return 0;
+}
+
 // The comma-separated lists; the profile's points sorted and distinct, --sweep's batches added.
 int resolve_lists(RawFlags raw, BenchFlags* f) {
   if (f->gpu && !raw.batches_given) raw.batches = "1,8,32,128";
@@ -478,16 +494,7 @@ int resolve_lists(RawFlags raw, BenchFlags* f) {
   f->thread_counts = parse_list(raw.threads, "--threads", &ok1);
   f->batches = parse_list(raw.batches, "--batches", &ok2);
   if (!ok1 || !ok2) return 2;
-  bool ok0 = true;
-  f->prefill_lengths = parse_list(raw.prefill_tokens, "--prefill-tokens", &ok0);
-  if (!ok0) return 2;
-  for (int n : f->prefill_lengths)
-    if (n > 8192) return fail("--prefill-tokens: " + std::to_string(n) + " is more than 8192", 2);
-  f->prefill_tokens = f->prefill_lengths.front();
-  if (!f->llamacpp_dir.empty() && f->gpu) return fail("--llamacpp applies to the CPU backend only", 2);
-  if (!f->llamacpp_dir.empty() && (pd::tools::llamacpp_program(f->llamacpp_dir, "llama-bench").empty() ||
-                                   pd::tools::llamacpp_program(f->llamacpp_dir, "llama-batched-bench").empty()))
-    return fail("--llamacpp: no llama-bench and llama-batched-bench in '" + f->llamacpp_dir + "' (or its bin/)", 2);
+  if (int rc = resolve_prefill_lengths(raw, f)) return rc;
   if (f->gpu) f->thread_counts = {1};  // one run on the device; the thread count is the CPU backend's
   const auto kv_dtype = pd::parse_kv_dtype(raw.kv_dtype, "--kv-dtype");
   if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), 2);

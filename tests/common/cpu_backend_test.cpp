@@ -121,30 +121,30 @@ TEST_CASE("cpu backend: get_rows of a repacked table equals the ggml dequantizat
   }
 }
 
-// Blocked ("flash") attention over the paged cache: a token's output is the
-// same bits computed alone (a decode step), in a prefill tile of any size, or
-// beside other sequences' tokens, for every KV type; and it equals softmax
-// attention done in double over the cache's values.
-TEST_CASE("cpu backend: paged attention gives a token the same bits in any tile or batch, and the softmax",
-          "[cpu][backend]") {
-  constexpr int kHd = 64, kHeads = 6, kKvHeads = 2, kBlock = 16;
+namespace {
+
+// A two-layer paged cache for the attention tests: layer 1 holds random K/V
+// in the cache's own encoding (layer 0 is noise), blocks scattered; queries
+// for every position of two sequences.
+struct AttentionFixture {
+  static constexpr int kHd = 64, kHeads = 6, kKvHeads = 2, kBlock = 16;
+  static constexpr int64_t kRow = kHeads * kHd;
   const std::vector<int> lens{150, 40};  // past two 64-key windows; inside one
-  for (pd::GgmlType dtype : {pd::GgmlType::kF32, pd::GgmlType::kF16, pd::GgmlType::kQ8_0}) {
-    INFO("KV " << pd::ggml_type_name(dtype));
-    pd::KvCacheLayout L;
+  pd::KvCacheLayout L;
+  std::vector<std::vector<int32_t>> tables{{15, 13, 11, 9, 7, 5, 3, 1, 14, 12}, {0, 2, 4}};
+  std::vector<std::span<const int32_t>> spans;
+  std::vector<uint8_t> cache_bytes;
+  std::vector<float> deq;  // the values the cache holds, read back
+  std::vector<std::vector<float>> queries;
+
+  explicit AttentionFixture(pd::GgmlType dtype) : spans(tables.begin(), tables.end()) {
     L.n_layers = 2, L.n_kv_heads = kKvHeads, L.head_dim = kHd, L.block_size = kBlock, L.num_blocks = 16;
     L.dtype = dtype;
-    // Scattered block tables: sequence 0 takes blocks 15, 13, ..., sequence 1 the even ones.
-    std::vector<std::vector<int32_t>> tables(2);
-    tables[0] = {15, 13, 11, 9, 7, 5, 3, 1, 14, 12};
-    tables[1] = {0, 2, 4};
-    std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
-    // Fill layer 1 with random rows in the cache's own encoding (layer 0 is noise).
-    std::vector<uint8_t> cache_bytes(L.total_bytes());
+    cache_bytes.resize(L.total_bytes());
     const std::vector<float> noise = pd::test::random_floats(cache_bytes.size() / 4, 5);
     std::memcpy(cache_bytes.data(), noise.data(), cache_bytes.size() / 4 * 4);
-    const std::vector<float> kv = pd::test::random_floats(2 * 16 * kKvHeads * kBlock * kHd, 6, 2.0f);
-    std::vector<float> deq(kv.size());  // the values the cache holds, read back
+    const std::vector<float> kv = pd::test::random_floats(2 * L.num_blocks * kKvHeads * kBlock * kHd, 6, 2.0f);
+    deq.resize(kv.size());
     for (int kind = 0; kind < 2; ++kind)
       for (int64_t blk = 0; blk < L.num_blocks; ++blk)
         for (int r = 0; r < kKvHeads * kBlock; ++r) {
@@ -153,94 +153,107 @@ TEST_CASE("cpu backend: paged attention gives a token the same bits in any tile 
           pd::quantize_row(dtype, kv.data() + at, dst, kHd);
           pd::dequantize_row(dtype, dst, deq.data() + at, kHd);
         }
+    for (int s = 0; s < 2; ++s) queries.push_back(pd::test::random_floats(lens[s] * kRow, 70 + s));
+  }
 
-    struct Case {
-      int threads;
-      std::vector<std::vector<pd::AttentionToken>> calls;  // tokens per call
+  // Layer 1's attention output for `toks` (their queries in order) on a backend of `threads`.
+  std::vector<float> run(int threads, const std::vector<pd::AttentionToken>& toks) const {
+    pd::BackendConfig bc;
+    bc.n_threads = threads;
+    auto be = pd::create_backend(bc);
+    REQUIRE(be.is_ok());
+    auto buf = be.value()->alloc(cache_bytes.size());
+    REQUIRE(buf.is_ok());
+    std::memcpy(buf.value()->data(), cache_bytes.data(), cache_bytes.size());
+    std::vector<float> q;
+    for (const auto& t : toks)
+      q.insert(q.end(), queries[t.seq].begin() + t.position * kRow, queries[t.seq].begin() + (t.position + 1) * kRow);
+    std::vector<float> out(q.size(), 0.0f);
+    pd::Tensor qt, ot;
+    qt.ne = {kHd, kHeads, static_cast<int64_t>(toks.size()), 1}, qt.data = q.data();
+    ot.ne = qt.ne, ot.data = out.data();
+    REQUIRE(be.value()->paged_attention(qt, *buf.value(), L, 1, toks, spans, 0.125f, ot).is_ok());
+    return out;
+  }
+
+  // Softmax attention in double over the cache's values: head h of (s, p).
+  std::vector<double> softmax(int s, int p, int h) const {
+    const int g = h / (kHeads / kKvHeads);
+    auto at = [&](int kind, int pos) {
+      const int64_t blk = tables[s][pos / kBlock];
+      return deq.data() + ((kind * L.num_blocks + blk) * kKvHeads * kBlock + g * kBlock + pos % kBlock) * kHd;
     };
-    auto run = [&](int threads, const std::vector<pd::AttentionToken>& toks, const std::vector<float>& q) {
-      pd::BackendConfig bc;
-      bc.n_threads = threads;
-      auto be = pd::create_backend(bc);
-      REQUIRE(be.is_ok());
-      auto buf = be.value()->alloc(cache_bytes.size());
-      REQUIRE(buf.is_ok());
-      std::memcpy(buf.value()->data(), cache_bytes.data(), cache_bytes.size());
-      std::vector<float> qc(q), out(q.size(), 0.0f);
-      pd::Tensor qt, ot;
-      qt.ne = {kHd, kHeads, static_cast<int64_t>(toks.size()), 1}, qt.data = qc.data();
-      ot.ne = qt.ne, ot.data = out.data();
-      REQUIRE(be.value()->paged_attention(qt, *buf.value(), L, 1, toks, spans, 0.125f, ot).is_ok());
-      return out;
-    };
-    const int64_t row = kHeads * kHd;
-    // Queries: one per (sequence, position).
-    std::vector<std::vector<float>> queries(2);
-    for (int s = 0; s < 2; ++s) queries[s] = pd::test::random_floats(lens[s] * row, 70 + s);
-    auto q_of = [&](const std::vector<pd::AttentionToken>& toks) {
-      std::vector<float> q;
-      for (const auto& t : toks)
-        q.insert(q.end(), queries[t.seq].begin() + t.position * row, queries[t.seq].begin() + (t.position + 1) * row);
-      return q;
-    };
-    // Reference: every token alone, on three threads (its heads split apart).
+    const float* qv = queries[s].data() + p * kRow + h * kHd;
+    std::vector<double> sc(p + 1), out(kHd, 0.0);
+    double mx = -1e300, z = 0;
+    for (int j = 0; j <= p; ++j) {
+      double d = 0;
+      for (int e = 0; e < kHd; ++e) d += static_cast<double>(qv[e]) * at(0, j)[e];
+      sc[j] = d * 0.125, mx = std::max(mx, sc[j]);
+    }
+    for (double& x : sc) z += (x = std::exp(x - mx));
+    for (int j = 0; j <= p; ++j)
+      for (int e = 0; e < kHd; ++e) out[e] += sc[j] / z * at(1, j)[e];
+    return out;
+  }
+};
+
+// The calls of one case: every token of both sequences at once, or sequence 0
+// in chunks of 37 with one token of sequence 1 beside each (a decode step).
+std::vector<std::vector<pd::AttentionToken>> attention_calls(const std::vector<int>& lens, bool chunked) {
+  std::vector<std::vector<pd::AttentionToken>> calls;
+  if (!chunked) {
+    calls.emplace_back();
+    for (int s = 0; s < 2; ++s)
+      for (int p = 0; p < lens[s]; ++p) calls.back().push_back({p, s});
+    return calls;
+  }
+  for (int p0 = 0; p0 < lens[0]; p0 += 37) {
+    calls.emplace_back();
+    for (int p = p0; p < std::min(p0 + 37, lens[0]); ++p) calls.back().push_back({p, 0});
+    calls.back().push_back({p0 / 37, 1});
+  }
+  return calls;
+}
+
+}  // namespace
+
+// Blocked ("flash") attention over the paged cache: a token's output is the
+// same bits computed alone (a decode step), in a prefill tile of any size, or
+// beside other sequences' tokens, for every KV type; and it equals softmax
+// attention done in double over the cache's values.
+TEST_CASE("cpu backend: paged attention gives a token the same bits in any tile or batch, and the softmax",
+          "[cpu][backend]") {
+  using F = AttentionFixture;
+  for (pd::GgmlType dtype : {pd::GgmlType::kF32, pd::GgmlType::kF16, pd::GgmlType::kQ8_0}) {
+    INFO("KV " << pd::ggml_type_name(dtype));
+    const F fx(dtype);
+    // Every token alone, on three threads (its heads split apart).
     std::vector<std::vector<float>> alone(2);
     for (int s = 0; s < 2; ++s)
-      for (int p = 0; p < lens[s]; ++p) {
-        const std::vector<pd::AttentionToken> one{{p, s}};
-        const std::vector<float> o = run(3, one, q_of(one));
+      for (int p = 0; p < fx.lens[s]; ++p) {
+        const std::vector<float> o = fx.run(3, {{p, s}});
         alone[s].insert(alone[s].end(), o.begin(), o.end());
       }
-    // Softmax attention in double over the values the cache holds.
     for (int s = 0; s < 2; ++s)
-      for (int p = 0; p < lens[s]; p += 7)
-        for (int h = 0; h < kHeads; ++h) {
-          const int g = h / (kHeads / kKvHeads);
-          auto at = [&](int kind, int pos) {
-            const int64_t blk = tables[s][pos / kBlock];
-            return deq.data() + ((kind * L.num_blocks + blk) * kKvHeads * kBlock + g * kBlock + pos % kBlock) * kHd;
-          };
-          const float* qv = queries[s].data() + p * row + h * kHd;
-          std::vector<double> sc(p + 1);
-          double mx = -1e300, z = 0;
-          for (int j = 0; j <= p; ++j) {
-            double d = 0;
-            for (int e = 0; e < kHd; ++e) d += static_cast<double>(qv[e]) * at(0, j)[e];
-            sc[j] = d * 0.125, mx = std::max(mx, sc[j]);
-          }
-          for (double& x : sc) z += (x = std::exp(x - mx));
-          for (int e = 0; e < kHd; ++e) {
-            double o = 0;
-            for (int j = 0; j <= p; ++j) o += sc[j] / z * at(1, j)[e];
+      for (int p = 0; p < fx.lens[s]; p += 7)
+        for (int h = 0; h < F::kHeads; ++h) {
+          const std::vector<double> want = fx.softmax(s, p, h);
+          for (int e = 0; e < F::kHd; ++e) {
             INFO("seq " << s << " pos " << p << " head " << h << " elem " << e);
-            CHECK(std::fabs(alone[s][p * row + h * kHd + e] - o) <= 1e-5 * (1 + std::fabs(o)));
+            CHECK(std::fabs(alone[s][p * F::kRow + h * F::kHd + e] - want[e]) <= 1e-5 * (1 + std::fabs(want[e])));
           }
         }
-    // The same tokens as whole prompts, in chunks, and interleaved with the
-    // other sequence's tokens, on 1 and 2 threads.
-    std::vector<Case> cases;
-    for (int threads : {1, 2}) {
-      Case whole{threads, {{}}};
-      for (int s = 0; s < 2; ++s)
-        for (int p = 0; p < lens[s]; ++p) whole.calls[0].push_back({p, s});
-      cases.push_back(whole);
-      Case chunks{threads, {}};
-      for (int p0 = 0; p0 < lens[0]; p0 += 37) {
-        chunks.calls.emplace_back();
-        for (int p = p0; p < std::min(p0 + 37, lens[0]); ++p) chunks.calls.back().push_back({p, 0});
-        if (p0 / 37 < lens[1]) chunks.calls.back().push_back({p0 / 37, 1});  // a decode token beside
-      }
-      cases.push_back(chunks);
-    }
-    for (const Case& c : cases)
-      for (const auto& toks : c.calls) {
-        const std::vector<float> out = run(c.threads, toks, q_of(toks));
-        for (size_t t = 0; t < toks.size(); ++t) {
-          INFO("threads " << c.threads << " call of " << toks.size() << " tokens: seq " << toks[t].seq << " pos "
-                          << toks[t].position);
-          CHECK(std::memcmp(out.data() + t * row, alone[toks[t].seq].data() + toks[t].position * row,
-                            row * sizeof(float)) == 0);
+    for (int threads : {1, 2})
+      for (bool chunked : {false, true})
+        for (const auto& toks : attention_calls(fx.lens, chunked)) {
+          const std::vector<float> out = fx.run(threads, toks);
+          for (size_t t = 0; t < toks.size(); ++t) {
+            INFO("threads " << threads << " call of " << toks.size() << " tokens: seq " << toks[t].seq << " pos "
+                            << toks[t].position);
+            CHECK(std::memcmp(out.data() + t * F::kRow, alone[toks[t].seq].data() + toks[t].position * F::kRow,
+                              F::kRow * sizeof(float)) == 0);
+          }
         }
-      }
   }
 }

@@ -733,19 +733,12 @@ class CpuBackend final : public Backend {
     // heads). A kv head's query heads stay together (they share every K/V
     // row) unless there are too few items to keep the threads busy (small
     // decode batches); a tile holds up to kTileRows rows.
-    int64_t n_tiles_min = 0;
-    for (int64_t t = 0; t < nt; ++t) n_tiles_min += t == 0 || tokens[t].seq != tokens[t - 1].seq;
-    const int64_t per_item = n_tiles_min * nkv >= n_threads_ ? std::min<int64_t>(group, kTileRows) : 1;
+    int64_t sequences = 0;
+    for (int64_t t = 0; t < nt; ++t) sequences += t == 0 || tokens[t].seq != tokens[t - 1].seq;
+    const int64_t per_item = sequences * nkv >= n_threads_ ? std::min<int64_t>(group, kTileRows) : 1;
     const int64_t runs = (group + per_item - 1) / per_item;
-    const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / per_item);
-    std::vector<std::pair<int64_t, int64_t>>& tiles = attention_tiles_;  // [first token, count)
-    tiles.clear();
-    for (int64_t t = 0; t < nt;) {
-      int64_t end = t + 1;
-      while (end < nt && end - t < tile_tokens && tokens[end].seq == tokens[t].seq) ++end;
-      tiles.emplace_back(t, end - t);
-      t = end;
-    }
+    const std::vector<std::pair<int64_t, int64_t>>& tiles =
+        attention_tiles(tokens, std::max<int64_t>(1, kTileRows / per_item));
     const int64_t n_tiles = static_cast<int64_t>(tiles.size());
 #pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
     for (int64_t ti = 0; ti < n_tiles; ++ti) {
@@ -772,6 +765,22 @@ class CpuBackend final : public Backend {
       }
     }
     return Status::ok();
+  }
+
+  // The tokens cut into tiles ([first, count)): runs of consecutive tokens of
+  // one sequence, at most tile_tokens long. Kept in a member (no allocation
+  // once warm).
+  const std::vector<std::pair<int64_t, int64_t>>& attention_tiles(std::span<const AttentionToken> tokens,
+                                                                   int64_t tile_tokens) {
+    attention_tiles_.clear();
+    const int64_t nt = static_cast<int64_t>(tokens.size());
+    for (int64_t t = 0; t < nt;) {
+      int64_t end = t + 1;
+      while (end < nt && end - t < tile_tokens && tokens[end].seq == tokens[t].seq) ++end;
+      attention_tiles_.emplace_back(t, end - t);
+      t = end;
+    }
+    return attention_tiles_;
   }
 
   Status kv_copy_block(BackendBuffer& cache, const KvCacheLayout& L, int64_t src, int64_t dst) override {
