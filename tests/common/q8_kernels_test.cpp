@@ -19,6 +19,9 @@
 namespace pd::cpu {
 // tests/common/vnni_emulation.cpp: the VNNI kernels with vpdpbusd emulated (AVX2).
 const IntegerGemm* avx512vnni_gemm_emulated();
+// tests/common/attention_avx2_only.cpp: the attention kernels as a CPU without
+// AVX-512 gets them (nullptr where this machine cannot build or run them).
+const AttentionKernels* attention_avx2_16_registers();
 }  // namespace pd::cpu
 
 namespace {
@@ -280,12 +283,19 @@ TEST_CASE("dispatch: best_isa is a runnable path and names itself", "[cpu][kerne
 TEST_CASE("attention kernels: a row's bits do not depend on the rows or keys beside it, nor on the ISA path",
           "[cpu][kernels]") {
   const pd::cpu::Kernels& scalar = pd::cpu::kernels(Isa::kScalar);
-  for (Isa isa : runnable_isas()) {
-    const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
+  std::vector<std::pair<std::string, pd::cpu::Kernels>> paths;
+  for (Isa isa : runnable_isas()) paths.emplace_back(pd::cpu::isa_name(isa), pd::cpu::kernels(isa));
+  if (pd::cpu::isa_supported(Isa::kAvx2) && pd::cpu::attention_avx2_16_registers()) {
+    pd::cpu::Kernels k = pd::cpu::kernels(Isa::kAvx2);
+    k.qk_scores = pd::cpu::attention_avx2_16_registers()->qk_scores;
+    k.pv_accumulate = pd::cpu::attention_avx2_16_registers()->pv_accumulate;
+    paths.emplace_back("avx2 (16 registers)", k);
+  }
+  for (const auto& [name, kern] : paths) {
     for (int64_t hd : {8, 64, 72, 136}) {
       for (int nr : {1, 2, 3, 5, 7}) {
         for (int n : {1, 5, 8, 13, 64}) {
-          INFO(pd::cpu::isa_name(isa) << " hd=" << hd << " rows=" << nr << " keys=" << n);
+          INFO(name << " hd=" << hd << " rows=" << nr << " keys=" << n);
           const std::vector<float> q = random_floats(nr * hd, 10 + nr + hd), k = random_floats(n * hd, 20 + n);
           const int64_t stride = n + 3;  // rows of scores further apart than n
           std::vector<float> s(nr * stride, -1.0f), want(nr * stride, -1.0f);

@@ -287,6 +287,11 @@ const Kernels& kernels(Isa isa) {
       Kernels k = *avx2_kernels();
       k.gemm_q4x8 = avx512vnni_gemm()->gemm_q4x8;
       k.gemm_q8x8 = avx512vnni_gemm()->gemm_q8x8;
+      if (const AttentionKernels* a = avx512_attention()) {
+        k.qk_scores = a->qk_scores;
+        k.softmax_step = a->softmax_step;
+        k.pv_accumulate = a->pv_accumulate;
+      }
       return k;
     }();
     return vnni;

@@ -152,12 +152,21 @@ const Kernels& kernels(Isa isa);
 
 // The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
 const Kernels* avx2_kernels();
-// The AVX512-VNNI integer matmul kernels (q8_kernels_avx512vnni.cpp); the
-// rest of that ISA's table is the AVX2 one. nullptr where not compiled.
+// The AVX512-VNNI integer matmul kernels (q8_kernels_avx512vnni.cpp); that
+// ISA's table is the AVX2 one with these and avx512_attention() in place.
+// nullptr where not compiled.
 struct IntegerGemm {
   decltype(Kernels::gemm_q4x8) gemm_q4x8;
   decltype(Kernels::gemm_q8x8) gemm_q8x8;
 };
 const IntegerGemm* avx512vnni_gemm();
+// The attention kernels compiled for AVX-512 (q8_kernels_avx512vnni.cpp, from
+// attention_kernels.inc; the same bits as the AVX2 ones). nullptr where not compiled.
+struct AttentionKernels {
+  decltype(Kernels::qk_scores) qk_scores;
+  decltype(Kernels::softmax_step) softmax_step;
+  decltype(Kernels::pv_accumulate) pv_accumulate;
+};
+const AttentionKernels* avx512_attention();
 
 }  // namespace pd::cpu

@@ -4,7 +4,9 @@
 // packed layout puts in each row's lane — so a block's 8 runs are 8
 // instructions, with no i16 stage and no widening. Everything after the
 // integer sums is the AVX2 kernels' float arithmetic, so results equal the
-// scalar and AVX2 paths bit for bit.
+// scalar and AVX2 paths bit for bit. The attention kernels
+// (attention_kernels.inc) are compiled here a second time, for this ISA: the
+// same arithmetic as the AVX2 copy, with more rows per pass in 32 registers.
 //
 // This file alone is compiled with -mavx512f -mavx512bw -mavx512vl
 // -mavx512vnni (plus AVX2/FMA/F16C). Like q8_kernels_avx2.cpp it uses no
@@ -134,12 +136,19 @@ void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, f
 
 constexpr IntegerGemm kVnniGemm{gemm_q4x8_vnni, gemm_q8x8_vnni};
 
+#if !defined(PD_VNNI_EMULATION)
+#include "backend/cpu/attention_kernels.inc"
+
+constexpr AttentionKernels kAvx512Attention{qk_scores_simd, softmax_step_simd, pv_accumulate_simd};
+#endif
+
 }  // namespace
 
 #if defined(PD_VNNI_EMULATION)
 const IntegerGemm* avx512vnni_gemm_emulated() { return &kVnniGemm; }
 #else
 const IntegerGemm* avx512vnni_gemm() { return &kVnniGemm; }
+const AttentionKernels* avx512_attention() { return &kAvx512Attention; }
 #endif
 
 }  // namespace pd::cpu
@@ -148,6 +157,7 @@ const IntegerGemm* avx512vnni_gemm() { return &kVnniGemm; }
 
 namespace pd::cpu {
 const IntegerGemm* avx512vnni_gemm() { return nullptr; }
+const AttentionKernels* avx512_attention() { return nullptr; }
 }  // namespace pd::cpu
 
 #endif
