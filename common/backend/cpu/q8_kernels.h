@@ -124,8 +124,9 @@ struct Kernels {
   // Attention pieces (fp32; hd a multiple of 8), over many query rows at
   // once: the rows share every key and value load. Each score and each output
   // element goes through the same operations whatever the other rows and keys
-  // of the call are (batch invariance), and every path, scalar included,
-  // gives the same bits.
+  // of the call are (batch invariance). Scores and value sums are the same
+  // bits on every path, scalar included; the softmax step's exps differ
+  // between the portable and SIMD paths within fp32 rounding.
   //
   // s[i * s_stride + r] = scale * dot(q + i * q_stride, k + r * hd) for rows
   // i < nr and keys r < n. A dot product is eight lane sums (lane l takes the
