@@ -127,18 +127,28 @@ namespace {
 // in the cache's own encoding (layer 0 is noise), blocks scattered; queries
 // for every position of two sequences.
 struct AttentionFixture {
-  static constexpr int kHd = 64, kHeads = 6, kKvHeads = 2, kBlock = 16;
+  static constexpr int kHd = 64, kHeads = 6, kKvHeads = 2;
   static constexpr int64_t kRow = kHeads * kHd;
   const std::vector<int> lens{150, 40};  // past two 64-key windows; inside one
   pd::KvCacheLayout L;
-  std::vector<std::vector<int32_t>> tables{{15, 13, 11, 9, 7, 5, 3, 1, 14, 12}, {0, 2, 4}};
+  const int kBlock;
+  std::vector<std::vector<int32_t>> tables;
   std::vector<std::span<const int32_t>> spans;
   std::vector<uint8_t> cache_bytes;
   std::vector<float> deq;  // the values the cache holds, read back
   std::vector<std::vector<float>> queries;
 
-  explicit AttentionFixture(pd::GgmlType dtype) : spans(tables.begin(), tables.end()) {
-    L.n_layers = 2, L.n_kv_heads = kKvHeads, L.head_dim = kHd, L.block_size = kBlock, L.num_blocks = 16;
+  // Blocks of `block` tokens, handed out in a scrambled order (7 blocks apart).
+  // Block sizes that do not divide the 64-key window make windows span part
+  // blocks.
+  AttentionFixture(pd::GgmlType dtype, int block) : kBlock(block), tables(2) {
+    const int64_t per_seq[2] = {(lens[0] + block - 1) / block, (lens[1] + block - 1) / block};
+    L.n_layers = 2, L.n_kv_heads = kKvHeads, L.head_dim = kHd, L.block_size = block;
+    const int64_t needed = per_seq[0] + per_seq[1];
+    L.num_blocks = needed + (needed % 7 == 0 ? 1 : 0);  // 7 steps visit every block
+    for (int64_t b = 0, next = 0; b < needed; ++b, next = (next + 7) % L.num_blocks)
+      tables[b < per_seq[0] ? 0 : 1].push_back(static_cast<int32_t>(next));
+    spans.assign(tables.begin(), tables.end());
     L.dtype = dtype;
     cache_bytes.resize(L.total_bytes());
     const std::vector<float> noise = pd::test::random_floats(cache_bytes.size() / 4, 5);
@@ -225,9 +235,11 @@ std::vector<std::vector<pd::AttentionToken>> attention_calls(const std::vector<i
 TEST_CASE("cpu backend: paged attention gives a token the same bits in any tile or batch, and the softmax",
           "[cpu][backend]") {
   using F = AttentionFixture;
-  for (pd::GgmlType dtype : {pd::GgmlType::kF32, pd::GgmlType::kF16, pd::GgmlType::kQ8_0}) {
-    INFO("KV " << pd::ggml_type_name(dtype));
-    const F fx(dtype);
+  for (auto [dtype, block] : {std::pair{pd::GgmlType::kF32, 16}, std::pair{pd::GgmlType::kF16, 16},
+                              std::pair{pd::GgmlType::kQ8_0, 16}, std::pair{pd::GgmlType::kF16, 7},
+                              std::pair{pd::GgmlType::kF16, 1}, std::pair{pd::GgmlType::kF32, 128}}) {
+    INFO("KV " << pd::ggml_type_name(dtype) << ", blocks of " << block);
+    const F fx(dtype, block);
     // Every token alone, on three threads (its heads split apart).
     std::vector<std::vector<float>> alone(2);
     for (int s = 0; s < 2; ++s)
