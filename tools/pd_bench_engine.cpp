@@ -440,7 +440,7 @@ void add_options(CLI::App* app, BenchFlags* f, RawFlags* raw) {
                   "from llama.cpp after each thread count's runs, with the ratio");
   app->add_option("--prompt", f->prompt, "prompt tokens per decode sequence")->check(CLI::Range(1, 8192));
   app->add_option("--gen", f->gen, "decode steps per batch")->check(CLI::Range(1, 8192));
-  app->add_option("--reps", f->reps, "prefill repetitions (median)")->check(CLI::Range(1, 100));
+  app->add_option("--reps", f->reps, "prefill repetitions (median); prompts past 1,024 tokens run once")->check(CLI::Range(1, 100));
   app->add_option("--kv-dtype", raw->kv_dtype, "KV cache elements of the runs above: f16 (default), q8_0 or f32");
   app->add_option("--kv-compare", raw->kv_compare,
                   "comma-separated KV types (e.g. f32,f16,q8_0): decode at long contexts for each, ratios to the first");

@@ -136,7 +136,7 @@ struct Kernels {
                     float* s, int64_t s_stride);
   // One online-softmax step of rows i < nr over their first n[i] scores
   // s_i = s + i * s_stride: m' = max(m[i], max s_i), s_i[r] = exp(s_i[r] - m'),
-  // c[i] = exp(m[i] - m') (0 when m[i] is -inf), l[i] = l[i] * c[i] + the sum
+  // c[i] = exp(m[i] - m') (~1e-38 when m[i] is -inf: l and acc are 0 then), l[i] = l[i] * c[i] + the sum
   // of s_i, m[i] = m'. A row with n[i] = 0 is left as it is, with c[i] = 1.
   void (*softmax_step)(float* s, int64_t s_stride, int nr, const int* n, float* m, float* l, float* c);
   // For rows i < nr: acc_i = acc_i * c[i] + sum over r < n[i] of
