@@ -333,6 +333,12 @@ uint32_t llama_file_type(GgmlType t) {
     case GgmlType::kQ4_0: return 2;
     case GgmlType::kQ4_1: return 3;
     case GgmlType::kQ8_0: return 7;
+    case GgmlType::kQ5_0: return 8;
+    case GgmlType::kQ5_1: return 9;
+    case GgmlType::kQ4_K: return 15;  // "Q4_K_M"
+    case GgmlType::kQ5_K: return 17;  // "Q5_K_M"
+    case GgmlType::kQ6_K: return 18;
+    case GgmlType::kQ8_K: return 0;   // no file type of its own
     case GgmlType::kBF16: return 32;
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_kernels.h"
 
 #include <cstring>
+#include <vector>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define PD_CPU_AVX2 1
@@ -226,6 +227,18 @@ void dot_row_multi(GgmlType type, const void* w_row, int64_t k, const float* x, 
       }
       return;
     }
+    default: {  // the other quantized types: the whole row decoded once for all m inputs
+      thread_local std::vector<float> w;
+      w.resize(static_cast<size_t>(k));
+      dequantize_row(type, w_row, w.data(), k);
+      for (int i = 0; i < m; ++i) {
+        const float* xi = x + i * x_stride;
+        float s = 0.0f;
+        for (int64_t j = 0; j < k; ++j) s += w[j] * xi[j];
+        acc[i] += s;
+      }
+      return;
+    }
     case GgmlType::kF16:
     case GgmlType::kBF16: {
       // Decode in chunks of 32 so the row is converted once for all m inputs.
@@ -268,8 +281,7 @@ void dequant_row(GgmlType type, const void* w_row, int64_t k, float* dst) {
     case GgmlType::kQ4_1: return dequant_blocks<BlockQ4_1, decode_q4_1>(w_row, k, dst);
     case GgmlType::kQ8_0: return dequant_blocks<BlockQ8_0, decode_q8_0>(w_row, k, dst);
     case GgmlType::kF32: std::memcpy(dst, w_row, static_cast<size_t>(k) * sizeof(float)); return;
-    case GgmlType::kF16:
-    case GgmlType::kBF16: dequantize_row(type, w_row, dst, k); return;
+    default: dequantize_row(type, w_row, dst, k); return;
   }
 }
 
