@@ -49,7 +49,9 @@ TEST_CASE("ggml type traits match ggml", "[ggml]") {
 
   CHECK(ggml_type_traits(8)->type == GgmlType::kQ8_0);
   CHECK(ggml_type_traits(30)->type == GgmlType::kBF16);
-  CHECK_FALSE(ggml_type_traits(13).has_value());
+  CHECK(ggml_type_traits(13)->type == GgmlType::kQ5_K);
+  CHECK(ggml_type_traits(14)->block_elems == 256);
+  CHECK_FALSE(ggml_type_traits(10).has_value());  // Q2_K
   CHECK_FALSE(ggml_type_traits(4).has_value());
   CHECK(ggml_raw_type_name(6) == "Q5_0");
   CHECK(ggml_raw_type_name(7) == "Q5_1");

@@ -498,14 +498,14 @@ TEST_CASE("gguf: refuses lengths and counts past the end of the file", "[gguf]")
 
 TEST_CASE("gguf: refuses unknown types and bad values", "[gguf]") {
   const Bytes good = small_file();
-  // Unknown tensor type: ggml's Q5_K (13) is named.
+  // Unknown tensor type: ggml's Q2_K (10) is named.
   Bytes b = good;
   const InfoAt q = tensor_info_at(b, "blk.0.attn_q.weight", 2);
-  put_u32(b, q.type, 13);
+  put_u32(b, q.type, 10);
   {
     const Status s = parse_status(b);
     CHECK(s.is_unsupported());
-    CHECK(s.message() == "unsupported tensor type Q5_K for tensor blk.0.attn_q.weight in bad.gguf");
+    CHECK(s.message() == "unsupported tensor type Q2_K for tensor blk.0.attn_q.weight in bad.gguf");
   }
   put_u32(b, q.type, 1234);
   require_refused(b, "type 1234");
