@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -337,6 +339,108 @@ TEST_CASE("F16 and BF16 rows convert element-wise", "[ggml]") {
   quantize_row(GgmlType::kBF16, x, h, 4);
   CHECK(h[0] == 0x3F80);
   CHECK(h[1] == 0xBF00);
+}
+
+}  // namespace pd
+
+namespace pd {
+namespace {
+
+std::vector<uint8_t> read_quant_data(const std::string& name) {
+  const std::string path = std::string(PD_TEST_DATA_DIR) + "/quant/" + name;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  INFO("reading " << path);
+  REQUIRE(f != nullptr);
+  std::vector<uint8_t> bytes;
+  uint8_t buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+  std::fclose(f);
+  return bytes;
+}
+
+std::vector<float> as_floats(const std::vector<uint8_t>& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+}  // namespace
+
+// tests/data/quant/ holds random blocks and gguf-py's dequantization of them
+// (scripts/make_quant_reference.py): ggml's reference arithmetic, not ours.
+TEST_CASE("dequantization of Q5 and K-quant blocks is bit-exact with gguf-py", "[ggml]") {
+  for (GgmlType type : {GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    const std::string name = ggml_type_name(type);
+    INFO("type " << name);
+    const std::vector<uint8_t> blocks = read_quant_data(name + ".blocks");
+    const std::vector<float> want = as_floats(read_quant_data(name + ".f32"));
+    const GgmlTypeTraits& t = ggml_traits(type);
+    REQUIRE(blocks.size() % t.block_bytes == 0);
+    const int64_t n = static_cast<int64_t>(blocks.size() / t.block_bytes) * t.block_elems;
+    REQUIRE(want.size() == static_cast<size_t>(n));
+    std::vector<float> got(static_cast<size_t>(n));
+    dequantize_row(type, blocks.data(), got.data(), n);
+    int mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (to_bits(got[i]) != to_bits(want[i]) && mismatches++ < 5)
+        UNSCOPED_INFO("element " << i << ": got " << got[i] << ", gguf-py " << want[i]);
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("Q5_0 and Q5_1 quantizers are bit-exact with gguf-py", "[ggml]") {
+  for (GgmlType type : {GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    const std::string name = ggml_type_name(type);
+    INFO("type " << name);
+    const std::vector<float> x = as_floats(read_quant_data(name + ".input.f32"));
+    const std::vector<uint8_t> want = read_quant_data(name + ".quantized");
+    const int64_t n = static_cast<int64_t>(x.size());
+    REQUIRE(want.size() == ggml_row_bytes(type, n));
+    std::vector<uint8_t> got(want.size());
+    quantize_row(type, x.data(), got.data(), n);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("K-quant and Q5 quantizers for test models stay within their error bounds", "[ggml]") {
+  constexpr int64_t n = 256 * 16;
+  for (float scale : {0.02f, 1.0f, 300.0f}) {
+    const std::vector<float> x = random_floats(n, 7, scale);
+    // Bounds on the RMS error relative to the RMS of x (uniform values): a step is
+    // range / (2^bits - 1), plus the 6-bit (8-bit for Q6_K) rounding of the sub-block scales.
+    const struct {
+      GgmlType type;
+      double max_rel;
+    } cases[] = {{GgmlType::kQ5_0, 0.05}, {GgmlType::kQ5_1, 0.04}, {GgmlType::kQ4_K, 0.12},
+                 {GgmlType::kQ5_K, 0.06}, {GgmlType::kQ6_K, 0.04}, {GgmlType::kQ8_K, 0.01}};
+    for (const auto& c : cases) {
+      INFO("type " << ggml_type_name(c.type) << " scale " << scale);
+      std::vector<uint8_t> q(ggml_row_bytes(c.type, n));
+      std::vector<float> y(n);
+      quantize_row(c.type, x.data(), q.data(), n);
+      dequantize_row(c.type, q.data(), y.data(), n);
+      double sq_err = 0, sq_x = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        sq_err += double(y[i] - x[i]) * (y[i] - x[i]);
+        sq_x += double(x[i]) * x[i];
+      }
+      CHECK(std::sqrt(sq_err / sq_x) <= c.max_rel);
+      CHECK(std::sqrt(sq_err / sq_x) > 0.0);
+    }
+    // Zeros stay zeros; non-finite input must not trap.
+    for (GgmlType type : {GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                          GgmlType::kQ8_K}) {
+      std::vector<float> z(256, 0.0f), y(256);
+      std::vector<uint8_t> q(ggml_row_bytes(type, 256));
+      quantize_row(type, z.data(), q.data(), 256);
+      dequantize_row(type, q.data(), y.data(), 256);
+      for (float v : y) CHECK(v == 0.0f);
+      z[3] = std::numeric_limits<float>::quiet_NaN();
+      z[9] = -std::numeric_limits<float>::infinity();
+      quantize_row(type, z.data(), q.data(), 256);
+    }
+  }
 }
 
 }  // namespace pd
