@@ -166,9 +166,11 @@ std::vector<float> download_cache(Backend& be, BackendBuffer& buf) {
   return download(be, view);
 }
 
-constexpr GgmlType kAllTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                                  GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1};
+constexpr GgmlType kAllTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                                  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                                  GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 bool is_block_type(GgmlType t) { return ggml_traits(t).block_elems > 1; }
+int64_t block_of(GgmlType t) { return ggml_traits(t).block_elems; }
 
 }  // namespace
 
@@ -217,7 +219,8 @@ TEST_CASE("cuda: get_rows matches the CPU backend for every weight type", "[gpu]
   Backends b = both_or_skip();
   std::mt19937 rng(2);
   for (GgmlType type : kAllTypes) {
-    for (int64_t d : is_block_type(type) ? std::vector<int64_t>{32, 96} : std::vector<int64_t>{1, 37, 96}) {
+    const int64_t blk = block_of(type);
+    for (int64_t d : is_block_type(type) ? std::vector<int64_t>{blk, 3 * blk} : std::vector<int64_t>{1, 37, 96}) {
       const int64_t vocab = 50;
       const std::vector<float> values = random_floats(static_cast<size_t>(d * vocab), rng, -2.0f, 2.0f);
       DeviceTensor wc = weight_tensor(*b.cpu, type, d, vocab, values);
@@ -253,7 +256,8 @@ TEST_CASE("cuda: matmul matches the CPU backend (types, batch sizes, both GPU pa
   std::mt19937 rng(3);
   for (GgmlType type : kAllTypes) {
     const std::vector<std::pair<int64_t, int64_t>> shapes =
-        is_block_type(type) ? std::vector<std::pair<int64_t, int64_t>>{{96, 67}, {256, 130}}
+        block_of(type) == 256 ? std::vector<std::pair<int64_t, int64_t>>{{256, 67}, {768, 130}}
+        : is_block_type(type) ? std::vector<std::pair<int64_t, int64_t>>{{96, 67}, {256, 130}}
                             : std::vector<std::pair<int64_t, int64_t>>{{33, 45}, {256, 67}};
     for (auto [k, n] : shapes) {
       cfg.gemm_min_rows = 1;

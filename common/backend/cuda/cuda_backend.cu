@@ -65,6 +65,12 @@ bool type_info(GgmlType type, TypeInfo* out) {
     case GgmlType::kQ4_0: *out = {32, sizeof(BlockQ4_0), "Q4_0"}; return true;
     case GgmlType::kQ4_1: *out = {32, sizeof(BlockQ4_1), "Q4_1"}; return true;
     case GgmlType::kQ8_0: *out = {32, sizeof(BlockQ8_0), "Q8_0"}; return true;
+    case GgmlType::kQ5_0: *out = {32, sizeof(BlockQ5_0), "Q5_0"}; return true;
+    case GgmlType::kQ5_1: *out = {32, sizeof(BlockQ5_1), "Q5_1"}; return true;
+    case GgmlType::kQ4_K: *out = {kQK_K, sizeof(BlockQ4_K), "Q4_K"}; return true;
+    case GgmlType::kQ5_K: *out = {kQK_K, sizeof(BlockQ5_K), "Q5_K"}; return true;
+    case GgmlType::kQ6_K: *out = {kQK_K, sizeof(BlockQ6_K), "Q6_K"}; return true;
+    case GgmlType::kQ8_K: *out = {kQK_K, sizeof(BlockQ8_K), "Q8_K"}; return true;
   }
   return false;
 }

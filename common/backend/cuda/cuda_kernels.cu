@@ -11,7 +11,7 @@
 namespace pd::cuda {
 namespace {
 
-constexpr int kQK = 32;  // elements per Q4_0 / Q4_1 / Q8_0 block
+constexpr int kQK = 32;  // elements per Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block (K-quants: kQK_K)
 constexpr int kThreads = 256;
 
 // Blocks for a grid-stride loop over `total` items (never 0 for total > 0).
@@ -54,10 +54,53 @@ __device__ __forceinline__ float load_elem(const uint8_t* row, int64_t e) {
     const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
     return __fadd_rn(__fmul_rn(fp16_bits_to_float(load_u16(b)), static_cast<float>(q)),
                      fp16_bits_to_float(load_u16(b + 2)));
-  } else {  // kQ8_0
+  } else if constexpr (T == GgmlType::kQ8_0) {
     const uint8_t* b = row + (e / kQK) * sizeof(BlockQ8_0);
     const int j = static_cast<int>(e % kQK);
     return __fmul_rn(fp16_bits_to_float(load_u16(b)), static_cast<float>(static_cast<int8_t>(b[2 + j])));
+  } else if constexpr (T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
+    constexpr bool has_min = T == GgmlType::kQ5_1;
+    const uint8_t* b = row + (e / kQK) * (has_min ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
+    const int j = static_cast<int>(e % kQK);
+    const uint8_t* qh = b + (has_min ? 4 : 2);  // bit j of the little-endian u32: element j's fifth bit
+    const uint8_t byte = qh[4 + (j & 15)];
+    const int q = (j < 16 ? (byte & 0x0F) : (byte >> 4)) | (((qh[j / 8] >> (j % 8)) & 1) << 4);
+    const float d = fp16_bits_to_float(load_u16(b));
+    if constexpr (has_min) return __fadd_rn(__fmul_rn(d, static_cast<float>(q)), fp16_bits_to_float(load_u16(b + 2)));
+    return __fmul_rn(static_cast<float>(q - 16), d);
+  } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+    constexpr bool five = T == GgmlType::kQ5_K;
+    const uint8_t* b = row + (e / kQK_K) * (five ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K));
+    const int i = static_cast<int>(e % kQK_K), c = i / 64, hi = (i % 64) / 32, l = i % 32, sub = 2 * c + hi;
+    const uint8_t* scales = b + 4;
+    const uint8_t byte = b[(five ? 48 : 16) + 32 * c + l];
+    int q = hi ? (byte >> 4) : (byte & 0x0F);
+    if constexpr (five) q += ((b[16 + l] >> sub) & 1) ? 16 : 0;
+    int sc, m;  // kquant_scale_min
+    if (sub < 4) {
+      sc = scales[sub] & 63;
+      m = scales[sub + 4] & 63;
+    } else {
+      sc = (scales[sub + 4] & 0xF) | ((scales[sub - 4] >> 6) << 4);
+      m = (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4);
+    }
+    const float d1 = __fmul_rn(fp16_bits_to_float(load_u16(b)), static_cast<float>(sc));
+    const float m1 = __fmul_rn(fp16_bits_to_float(load_u16(b + 2)), static_cast<float>(m));
+    return __fsub_rn(__fmul_rn(d1, static_cast<float>(q)), m1);
+  } else if constexpr (T == GgmlType::kQ6_K) {
+    const uint8_t* b = row + (e / kQK_K) * sizeof(BlockQ6_K);
+    // Element 128n + 32k + l: low 4 bits in ql[64n + l + 32 (k & 1)] (high
+    // nibble for k >= 2), high 2 bits at 2k of qh[32n + l], scale 8n + l/16 + 2k.
+    const int i = static_cast<int>(e % kQK_K), n = i / 128, k = (i % 128) / 32, l = i % 32;
+    const uint8_t lo = b[64 * n + l + 32 * (k & 1)];
+    const int q = ((k >= 2 ? lo >> 4 : lo & 0x0F) | (((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4)) - 32;
+    const float sc = static_cast<float>(static_cast<int8_t>(b[192 + 8 * n + l / 16 + 2 * k]));
+    return __fmul_rn(__fmul_rn(fp16_bits_to_float(load_u16(b + 208)), sc), static_cast<float>(q));
+  } else {  // kQ8_K
+    const uint8_t* b = row + (e / kQK_K) * sizeof(BlockQ8_K);
+    float d;
+    memcpy(&d, b, 4);
+    return __fmul_rn(d, static_cast<float>(static_cast<int8_t>(b[4 + e % kQK_K])));
   }
 }
 
@@ -321,6 +364,12 @@ cudaError_t dispatch_type(GgmlType type, F&& f) {
     case GgmlType::kQ4_0: return f(TypeTag<GgmlType::kQ4_0>{});
     case GgmlType::kQ4_1: return f(TypeTag<GgmlType::kQ4_1>{});
     case GgmlType::kQ8_0: return f(TypeTag<GgmlType::kQ8_0>{});
+    case GgmlType::kQ5_0: return f(TypeTag<GgmlType::kQ5_0>{});
+    case GgmlType::kQ5_1: return f(TypeTag<GgmlType::kQ5_1>{});
+    case GgmlType::kQ4_K: return f(TypeTag<GgmlType::kQ4_K>{});
+    case GgmlType::kQ5_K: return f(TypeTag<GgmlType::kQ5_K>{});
+    case GgmlType::kQ6_K: return f(TypeTag<GgmlType::kQ6_K>{});
+    case GgmlType::kQ8_K: return f(TypeTag<GgmlType::kQ8_K>{});
   }
   return cudaErrorInvalidValue;
 }
