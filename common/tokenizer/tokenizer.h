@@ -1,11 +1,18 @@
-// Byte-level BPE tokenizer built from a GGUF file's own vocabulary
-// (tokenizer.ggml.tokens / token_type / merges / bos, eos ids / pre).
-//
-// encode(): special tokens written literally in the text (e.g. "<|im_start|>")
-// are matched first when parse_special is true; the remaining spans are
-// pre-tokenized with the regex the model's pre-tokenizer requires (chosen by
-// tokenizer.ggml.pre: "smollm", "gpt2", "llama-bpe", ...; unknown values are
-// refused) and then merged by BPE rank.
+// Tokenizer built from a GGUF file's own vocabulary, of either kind llama.cpp
+// writes (tokenizer.ggml.model):
+//  - "gpt2": byte-level BPE (tokens / token_type / merges / pre). Special
+//    tokens written literally in the text (e.g. "<|im_start|>") are matched
+//    first; the remaining spans are pre-tokenized with the regex the model's
+//    pre-tokenizer requires (tokenizer.ggml.pre: "smollm", "gpt2", "llama-bpe",
+//    "qwen2", ...; unknown values are refused) and then merged by BPE rank.
+//  - "llama": SentencePiece-style BPE with byte fallback (tokens / scores /
+//    token_type; Gemma, Llama 2). Special tokens are matched first; in the rest
+//    spaces become U+2581 ("▁", with one in front of the input when
+//    add_space_prefix), each character starts as its own token (or as its
+//    UTF-8 bytes' <0xXX> tokens when it has none), and adjacent tokens whose
+//    concatenation is a token merge, best first. "Best" is what Hugging Face's
+//    conversion of such a file does: the merged token's score, or for Gemma
+//    files its position in the vocabulary (see spm_gemma).
 #pragma once
 
 #include <cstdint>
@@ -26,11 +33,24 @@ enum class TokenType : int32_t {  // llama.cpp's llama_token_type values
   kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
 };
 
+enum class VocabKind { kByteLevelBpe, kSentencePiece };  // tokenizer.ggml.model "gpt2" / "llama"
+
 struct TokenizerVocab {
-  std::vector<std::string> tokens;     // byte-level unicode strings as stored in GGUF
+  VocabKind kind = VocabKind::kByteLevelBpe;
+  std::vector<std::string> tokens;     // as stored in GGUF (byte-level unicode / SentencePiece pieces)
   std::vector<TokenType> types;        // same length as tokens (kNormal if absent)
-  std::vector<std::string> merges;     // "left right", in rank order
-  std::string pre = "gpt2";            // tokenizer.ggml.pre
+  std::vector<std::string> merges;     // byte-level BPE: "left right", in rank order
+  std::string pre = "gpt2";            // byte-level BPE: tokenizer.ggml.pre
+  std::vector<float> scores;           // SentencePiece: merge priority (higher first); empty = all 0
+  // SentencePiece, Hugging Face's conversion of Gemma files (from_gguf sets it
+  // for architectures gemma, gemma2 and gemma3): merges are ranked by the
+  // merged token's id (lower first) instead of its score, since Gemma's scores
+  // do not follow the merge order (whitespace-run and control tokens carry
+  // -1000); and whitespace tokens stored with spaces ("  ") are spelled with
+  // "▁" as the text will be, reached by merging rather than matched as added
+  // tokens.
+  bool spm_gemma = false;
+  bool add_space_prefix = false;       // SentencePiece: "▁" before text that starts the input
   TokenId bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
   bool add_bos = false;
 };
@@ -46,13 +66,18 @@ class Tokenizer {
   // ids (leftmost, longest first); without it only USER_DEFINED ones do (as in
   // HF tokenizers and llama.cpp) and CONTROL text is encoded as ordinary text.
   // Accepts any bytes, invalid UTF-8 included; a byte with no token of its own
-  // encodes as unk_id (dropped when there is none). Thread-safe.
-  std::vector<TokenId> encode(std::string_view text, bool parse_special = true) const;
+  // encodes as unk_id (dropped when there is none); in a SentencePiece
+  // vocabulary every byte of an ill-formed sequence is its <0xXX> token.
+  // `starts_input`: the text is the beginning of the model's input (a
+  // SentencePiece vocabulary with add_space_prefix puts "▁" only there; pass
+  // false for a piece encoded in the middle of a prompt). Thread-safe.
+  std::vector<TokenId> encode(std::string_view text, bool parse_special = true, bool starts_input = true) const;
   // Bytes of one token (control tokens render as their text, e.g. "<|im_end|>");
   // "" for an id outside the vocabulary.
   std::string token_to_bytes(TokenId id) const;
   // Whole-sequence decode (may contain invalid UTF-8 if the ids cut a character;
-  // ids outside the vocabulary render as nothing).
+  // ids outside the vocabulary render as nothing). A SentencePiece vocabulary
+  // with add_space_prefix drops the one leading space that prefix became.
   std::string decode(const std::vector<TokenId>& ids) const;
 
   int32_t vocab_size() const;
@@ -60,12 +85,15 @@ class Tokenizer {
   TokenId eos_id() const;
   bool add_bos() const;
   bool is_control(TokenId id) const;
+  VocabKind kind() const;
   // Id of a token whose text is exactly `text` as stored in the vocabulary
-  // (byte-level form, e.g. "Ġthe"; specials as written, e.g. "<|im_end|>"), or -1.
+  // (byte-level form, e.g. "Ġthe", or piece, e.g. "▁the"; specials as written,
+  // e.g. "<|im_end|>"), or -1.
   TokenId find_token(std::string_view text) const;
 
  private:
   Tokenizer();
+  static Result<std::unique_ptr<Tokenizer>> create_sentencepiece(TokenizerVocab vocab);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
