@@ -113,29 +113,76 @@ class StreamDecoder {
   std::string pending_;
 };
 
-// Chat template. SmolLM2 (and every ChatML model) uses
-//   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
-// SmolLM2's template inserts a default system message when the first message
-// is not a system one; ChatTemplate reproduces that from the GGUF's
-// tokenizer.chat_template string.
+// Chat template: the prompt formats of the models served, recognized from the
+// GGUF's tokenizer.chat_template (Jinja) by their markers and rendered here
+// exactly as their Jinja renders them (no Jinja engine):
+//  - ChatML (SmolLM2, Qwen2/2.5): <|im_start|>{role}\n{content}<|im_end|>\n ...
+//    <|im_start|>assistant\n, with the default system message the template
+//    inserts when the first message is not a system one (read off the
+//    template, e.g. SmolLM2's or Qwen2.5's "You are Qwen, ...");
+//  - Qwen3: ChatML, no default system message; an assistant message's
+//    <think>...</think> is dropped from turns before the last user message;
+//  - Gemma (2, 3): <start_of_turn>user\n{content}<end_of_turn>\n ...
+//    <start_of_turn>model\n; contents trimmed; Gemma 3 folds a system message
+//    into the first user turn (Gemma 2 refuses one); user/assistant must alternate;
+//  - Llama 3: <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>,
+//    contents trimmed; 3.1+ always open with a system turn holding "Cutting
+//    Knowledge Date: December 2023\nToday Date: {date}\n\n" and the system message.
+// Gemma and Llama 3 templates begin with the BOS token (writes_bos()).
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant"
   std::string content;
 };
 
+// A piece of a rendered chat: template text (special-token text in it is
+// meant) or a message's content (to be encoded as plain text).
+struct ChatSegment {
+  std::string text;
+  bool is_content = false;
+};
+
+enum class ChatFormat { kChatml, kQwen3, kGemma, kLlama3 };
+
 class ChatTemplate {
  public:
-  // Recognizes the template in tokenizer.chat_template (ChatML family);
-  // Unsupported with a message naming the file if it is something else.
+  // Recognizes tokenizer.chat_template; NotFound naming the file when there is
+  // none, Unsupported naming the file when it is none of the formats above.
   static Result<ChatTemplate> from_gguf(const GgufFile& file);
+  // The same from a template string; `source` names it in errors.
+  static Result<ChatTemplate> from_string(std::string_view tpl, std::string_view source);
+  // A template by name, as cluster.json's "chat_template" gives it: "chatml"
+  // (no default system message), "gemma" (Gemma 3's) or "llama3" (Llama 3.0's:
+  // no system turn unless one is given). InvalidArgument otherwise.
+  static Result<ChatTemplate> from_name(std::string_view name);
   static ChatTemplate chatml(std::string default_system = "");
+  static ChatTemplate gemma(bool system_allowed = true);
+  // date_header: the 3.1+ system turn with the dates; `date` = its "Today
+  // Date" ("" = today's, as strftime_now("%d %b %Y") renders it).
+  static ChatTemplate llama3(bool date_header = false, std::string date = "");
 
-  // InvalidArgument naming the message index for an unknown role or empty list.
+  // The rendered prompt in pieces, without the BOS token. InvalidArgument
+  // naming the message for an unknown role, an empty list, or what the
+  // template itself refuses (Gemma: roles not alternating, Gemma 2: system).
+  Result<std::vector<ChatSegment>> render(const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt = true) const;
+  // render() joined into one string.
   Result<std::string> apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+
+  ChatFormat format() const { return format_; }
   const std::string& default_system() const { return default_system_; }
+  // The template writes bos_token first: the prompt starts with one BOS
+  // whether or not the vocabulary adds one.
+  bool writes_bos() const { return format_ == ChatFormat::kGemma || format_ == ChatFormat::kLlama3; }
+  // Texts of the tokens that end an assistant turn ("<|im_end|>",
+  // "<end_of_turn>", "<|eot_id|>" and "<|eom_id|>"): generation stops there.
+  std::vector<std::string> end_of_turn_tokens() const;
 
  private:
-  std::string default_system_;  // inserted when messages[0] is not "system"; empty = none
+  ChatFormat format_ = ChatFormat::kChatml;
+  std::string default_system_;  // ChatML: inserted when messages[0] is not "system"; empty = none
+  bool system_allowed_ = true;  // Gemma 2 refuses a system message
+  bool date_header_ = false;    // Llama 3.1+
+  std::string date_;            // Llama 3.1+: "" = today
 };
 
 }  // namespace pd

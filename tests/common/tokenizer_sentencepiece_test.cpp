@@ -18,43 +18,9 @@
 #include "tokenizer/tokenizer.h"
 
 namespace pd {
-namespace {
-
-using nlohmann::json;
-using test::gemma3::load_json;
-
-// Gemma 3's vocabulary with only the tokens in vocab.json present, each at its
-// own id (the rest are empty placeholders no text can reach).
-TokenizerVocab gemma3_subset_vocab() {
-  const json v = load_json("vocab.json");
-  TokenizerVocab vocab;
-  vocab.kind = VocabKind::kSentencePiece;
-  const size_t n = v.at("n_vocab").get<size_t>();
-  vocab.tokens.assign(n, "");
-  vocab.types.assign(n, TokenType::kUnused);
-  vocab.scores.assign(n, 0.0f);
-  for (const json& t : v.at("tokens")) {
-    const size_t id = t.at(0).get<size_t>();
-    REQUIRE(id < n);
-    vocab.tokens[id] = t.at(1).get<std::string>();
-    vocab.types[id] = TokenType(t.at(2).get<int>());
-    vocab.scores[id] = t.at(3).get<float>();
-  }
-  REQUIRE(v.at("architecture") == "gemma3");
-  vocab.spm_gemma = true;
-  vocab.add_space_prefix = v.at("add_space_prefix").get<bool>();
-  vocab.add_bos = v.at("add_bos_token").get<bool>();
-  vocab.bos_id = v.at("bos_token_id").get<TokenId>();
-  vocab.eos_id = v.at("eos_token_id").get<TokenId>();
-  vocab.unk_id = v.at("unknown_token_id").get<TokenId>();
-  vocab.pad_id = v.at("padding_token_id").get<TokenId>();
-  return vocab;
-}
-
-}  // namespace
 
 TEST_CASE("SentencePiece tokenizer encodes the Gemma 3 reference exactly", "[tokenizer][sentencepiece]") {
-  auto tok = Tokenizer::create(gemma3_subset_vocab());
+  auto tok = Tokenizer::create(test::gemma3::subset_vocab());
   REQUIRE(tok.status().to_string() == "OK");
   CHECK((*tok)->kind() == VocabKind::kSentencePiece);
   CHECK((*tok)->vocab_size() == 262144);
