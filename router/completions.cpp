@@ -43,9 +43,8 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
   if (auto e = check_model(api.model)) return reject(*e);
   ApiResult<std::vector<Prompt>> prompts = encode_prompts(model_, ep, api);
   if (!prompts.is_ok()) return reject(prompts.error());
-  if (ep == Endpoint::kChatCompletions) {  // a chat ends at <|im_end|> as at EOS
-    api.sampling.stop_token_ids.clear();
-    if (im_end_ >= 0 && im_end_ != model_.tokenizer->eos_id()) api.sampling.stop_token_ids.push_back(im_end_);
+  if (ep == Endpoint::kChatCompletions) {  // a chat ends at its template's end of turn as at EOS
+    api.sampling.stop_token_ids = chat_stop_ids_;
   }
   ApiResult<std::vector<int32_t>> max_tokens = fit_context(ep, api, prompts.value(), model_.context);
   if (!max_tokens.is_ok()) return reject(max_tokens.error());

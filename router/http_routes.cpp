@@ -120,13 +120,15 @@ void Router::handle_tokenize(const HttpRequest& http, ResponseWriter& w) {
   const Tokenizer& tok = *model_.tokenizer;
   std::vector<TokenId> ids;
   if (t.chat) {
+    // As the chat endpoint feeds the model: BOS included (the template's or the vocabulary's).
     auto chat = encode_chat(model_, t.messages, t.add_generation_prompt);
     if (!chat.is_ok()) return respond_error(w, api_error(400, "messages: " + chat.status().message(), "messages"));
     ids = std::move(chat).value();
+    if (!t.add_special_tokens && !ids.empty() && ids.front() == tok.bos_id()) ids.erase(ids.begin());
   } else {
     ids = tok.encode(t.prompt, t.parse_special);
+    if (t.add_special_tokens && tok.add_bos() && tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
   }
-  if (t.add_special_tokens && tok.add_bos() && tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
   w.respond(200, "application/json", tokenize_body(ids, model_.context));
 }
 

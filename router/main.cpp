@@ -45,8 +45,10 @@ int main(int argc, char** argv) {
   auto tok = pd::Tokenizer::from_gguf(**file);
   if (!tok.is_ok()) return abort_job(tok.status().to_string());
   info.tokenizer = std::move(tok).value();
-  auto tmpl = pd::ChatTemplate::from_gguf(**file);
-  info.chat_template = tmpl.is_ok() ? std::move(tmpl).value() : pd::ChatTemplate::chatml();
+  // The chat template: cluster.json's "chat_template" when set, else the file's. A file
+  // without one (or with one not recognized) still serves completions; chats get a 400.
+  if (std::string why = pd::router::choose_chat_template(cfg->chat_template, **file, info); !why.empty())
+    spdlog::warn("router: chat requests will be refused: {}", why);
   auto mc = pd::LlamaConfig::from_gguf(**file);
   if (!mc.is_ok()) return abort_job(mc.status().to_string());
   info.context = mc->context;

@@ -4,6 +4,7 @@
 #include <string_view>
 #include <utility>
 
+#include "gguf/gguf_reader.h"
 #include "router/answer.h"
 
 namespace pd::router {
@@ -15,30 +16,44 @@ std::string prompt_name(Endpoint ep, size_t n_prompts, size_t i) {
 
 Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt) {
-  // Render the template with a marker in place of each message's content, then
-  // encode template text with special tokens and the contents without.
-  auto marker = [](size_t i) {
-    std::string m(1, '\x1e');
-    m += std::to_string(i);
-    m += '\x1f';
-    return m;
-  };
-  std::vector<ChatMessage> marked = messages;
-  for (size_t i = 0; i < marked.size(); ++i) marked[i].content = marker(i);
-  PD_ASSIGN_OR_RETURN(std::string rendered, model.chat_template.apply(marked, add_generation_prompt));
+  if (!model.chat_template) return Status::invalid_argument(model.no_chat_template);
+  // Template text is encoded with special tokens, contents without.
+  PD_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, model.chat_template->render(messages, add_generation_prompt));
   const Tokenizer& tok = *model.tokenizer;
   std::vector<TokenId> ids;
-  auto add = [&](const std::vector<TokenId>& v) { ids.insert(ids.end(), v.begin(), v.end()); };
-  size_t pos = 0;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string m = marker(i);
-    const size_t at = rendered.find(m, pos);
-    if (at == std::string::npos) return Status::internal("chat template dropped message " + std::to_string(i));
-    add(tok.encode(std::string_view(rendered).substr(pos, at - pos), true));
-    add(tok.encode(messages[i].content, false));
-    pos = at + m.size();
+  // One BOS: the template's own (Gemma, Llama 3 write bos_token) or the vocabulary's.
+  if ((model.chat_template->writes_bos() || tok.add_bos()) && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  bool first = true;
+  for (const ChatSegment& s : segments) {
+    if (s.text.empty()) continue;
+    const std::vector<TokenId> part = tok.encode(s.text, /*parse_special=*/!s.is_content, /*starts_input=*/first);
+    ids.insert(ids.end(), part.begin(), part.end());
+    first = false;
   }
-  add(tok.encode(std::string_view(rendered).substr(pos), true));
+  return ids;
+}
+
+std::string choose_chat_template(const std::string& configured, const GgufFile& file, ModelInfo& model) {
+  auto tmpl = configured.empty() ? ChatTemplate::from_gguf(file) : ChatTemplate::from_name(configured);
+  if (tmpl.is_ok()) {
+    model.chat_template = std::move(tmpl).value();
+    model.no_chat_template.clear();
+    return {};
+  }
+  model.chat_template.reset();
+  model.no_chat_template = configured.empty()
+                               ? tmpl.status().message() + "; cluster.json's \"chat_template\" can name one"
+                               : tmpl.status().message() + " (config key 'chat_template')";
+  return model.no_chat_template;
+}
+
+std::vector<TokenId> chat_stop_ids(const ModelInfo& model) {
+  std::vector<TokenId> ids;
+  if (!model.chat_template) return ids;
+  for (const std::string& text : model.chat_template->end_of_turn_tokens()) {
+    const TokenId id = model.tokenizer->find_token(text);
+    if (id >= 0 && id != model.tokenizer->eos_id()) ids.push_back(id);
+  }
   return ids;
 }
 
@@ -86,11 +101,15 @@ ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint e
     api.prompts.clear();  // every choice gets a copy of `api`: keep it small
     return prompts;
   }
+  if (!model.chat_template) {
+    return api_error(400, "messages: this model has no chat template, so it serves /v1/completions only (" +
+                              model.no_chat_template + ")",
+                     "messages");
+  }
   auto ids = encode_chat(model, api.messages);
   if (!ids.is_ok()) return api_error(400, "messages: " + ids.status().message(), "messages");
   Prompt p;
   p.ids = std::move(ids).value();
-  add_bos(tok, p.ids);
   prompts.push_back(std::move(p));
   api.messages.clear();
   return prompts;

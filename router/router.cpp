@@ -53,8 +53,8 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
   sampling_defaults_.min_p = static_cast<float>(cfg_.sampling.min_p);
   const Tokenizer& tok = *model_.tokenizer;
   if (tok.eos_id() >= 0) hidden_ids_.push_back(tok.eos_id());
-  im_end_ = tok.find_token("<|im_end|>");
-  if (im_end_ >= 0 && im_end_ != tok.eos_id()) hidden_ids_.push_back(im_end_);
+  chat_stop_ids_ = chat_stop_ids(model_);
+  hidden_ids_.insert(hidden_ids_.end(), chat_stop_ids_.begin(), chat_stop_ids_.end());
 }
 
 void Router::set_env(const Env* env) {

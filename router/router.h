@@ -145,8 +145,8 @@ class Router {
   RequestDefaults sampling_defaults_;  // cfg_.sampling, for fields a request omits
   const RoleTable roles_;
   ModelInfo model_;
-  std::vector<TokenId> hidden_ids_;   // EOS (+ <|im_end|>): end generation, print nothing
-  TokenId im_end_ = -1;
+  std::vector<TokenId> hidden_ids_;   // EOS + chat_stop_ids_: end generation, print nothing
+  std::vector<TokenId> chat_stop_ids_;  // the chat template's end-of-turn tokens (e.g. <|im_end|>, <end_of_turn>)
   HttpServer http_;
   Registry registry_;
   RouterMetrics metrics_;

@@ -115,7 +115,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   if (!root.is_object()) return Status::invalid_argument("config: the top level must be an object");
   ClusterConfig c;
   Reader top(root, "");
-  top.get("model", c.model).get("served_model_name", c.served_model_name);
+  top.get("model", c.model).get("served_model_name", c.served_model_name).get("chat_template", c.chat_template);
   // Sections are read below; list them as known keys.
   for (const char* s : {"http", "engine", "kv", "prefill", "decode", "router", "sampling", "timeouts"}) top.known(s);
   PD_RETURN_IF_ERROR(top.finish());
@@ -201,6 +201,9 @@ Status ClusterConfig::validate() const {
   if (engine.backend != "cpu" && engine.backend != "cuda")
     return Status::invalid_argument("config: 'engine.backend' = \"" + engine.backend + "\" (expected \"cpu\" or \"cuda\")");
   if (model.empty()) return Status::invalid_argument("config: 'model' must name a GGUF file");
+  if (!chat_template.empty() && chat_template != "chatml" && chat_template != "gemma" && chat_template != "llama3")
+    return Status::invalid_argument("config: 'chat_template' = \"" + chat_template +
+                                    "\" (expected \"\" for the model's own, \"chatml\", \"gemma\" or \"llama3\")");
   PD_RETURN_IF_ERROR(range("http.port", http.port, 0, 65535));
   PD_RETURN_IF_ERROR(range("http.threads", http.threads, 1, 64));
   PD_RETURN_IF_ERROR(range("http.max_body_bytes", http.max_body_bytes, 1024, int64_t{1} << 30));

@@ -14,6 +14,10 @@ namespace pd {
 struct ClusterConfig {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string served_model_name;  // "" = the model file's name without .gguf
+  // Chat template the router renders chats with: "" = the model file's own
+  // (tokenizer.chat_template); "chatml", "gemma" or "llama3" = that format,
+  // for a file with none (or one not recognized), in place of the file's.
+  std::string chat_template;
 
   struct Http {
     std::string host = "127.0.0.1";

@@ -1,5 +1,8 @@
-// ChatTemplate: ChatML rendering, with the default system prompt read off the
-// model's own tokenizer.chat_template (Jinja) rather than hard-coded.
+// ChatTemplate: the chat formats of ChatML (SmolLM2, Qwen2/2.5, Qwen3), Gemma
+// and Llama 3, recognized from the model's tokenizer.chat_template (Jinja) by
+// their markers and rendered as that Jinja renders them. The default system
+// prompt of a ChatML template is read off the template, not hard-coded.
+#include <ctime>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -7,6 +10,7 @@
 #include "gguf/gguf_reader.h"
 #include "tokenizer/status_context.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace pd {
 namespace {
@@ -99,53 +103,292 @@ std::string find_default_system(std::string_view tpl) {
   return {};
 }
 
-}  // namespace
+// Python's str.isspace() for one code point: what Jinja's `trim` strips.
+bool py_isspace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
 
-Result<ChatTemplate> ChatTemplate::from_gguf(const GgufFile& file) {
-  auto tpl = file.get_string("tokenizer.chat_template");
-  if (!tpl) return tokenizer_internal::with_context(tpl.status(), file.path());
-  const std::string& t = *tpl;
-  if (t.find(kImStart) == std::string::npos || t.find(kImEnd) == std::string::npos) {
-    return Status::unsupported(file.path() +
-                               ": tokenizer.chat_template is not a ChatML template (no <|im_start|> / "
-                               "<|im_end|>); only ChatML is supported");
+// Jinja's `trim` (Python's str.strip()): leading and trailing whitespace.
+// Bytes that are not UTF-8 are never whitespace.
+std::string py_strip(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t begin = 0, end = 0;
+  bool seen = false;
+  for (size_t i = 0; i < s.size();) {
+    const utf8::Step st = utf8::step(p + i, s.size() - i);
+    const bool space = st.kind == utf8::StepKind::kValid && py_isspace(utf8::decode_valid(p + i, st.len));
+    if (!space) {
+      if (!seen) begin = i;
+      seen = true;
+      end = i + st.len;
+    }
+    i += st.len;
   }
-  return chatml(find_default_system(t));
+  return seen ? std::string(s.substr(begin, end - begin)) : std::string();
 }
 
-ChatTemplate ChatTemplate::chatml(std::string default_system) {
-  ChatTemplate t;
-  t.default_system_ = std::move(default_system);
-  return t;
+// Python's str.lstrip('\n') / rstrip('\n').
+std::string_view lstrip_nl(std::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+std::string_view rstrip_nl(std::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
 }
 
-Result<std::string> ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+// The literal Llama 3.1's template sets as its default date
+// ({%- set date_string = "26 Jul 2024" %}), or "" when there is none.
+std::string llama3_default_date(std::string_view tpl) {
+  const size_t at = tpl.find("set date_string =");
+  if (at == std::string_view::npos) return {};
+  size_t q = at + 17;
+  while (q < tpl.size() && tpl[q] == ' ') ++q;
+  if (q >= tpl.size() || (tpl[q] != '"' && tpl[q] != '\'')) return {};
+  size_t end = 0;
+  return read_string_literal(tpl, q, end);
+}
+
+std::string today_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  return std::strftime(buf, sizeof(buf), "%d %b %Y", &tm) ? std::string(buf) : std::string();
+}
+
+Status check_roles(const std::vector<ChatMessage>& messages) {
   if (messages.empty()) return Status::invalid_argument("messages is empty");
-  size_t bytes = 64 + default_system_.size();
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
       return Status::invalid_argument("messages[" + std::to_string(i) + "].role '" + role +
                                       "' is not one of system, user, assistant");
     }
-    bytes += messages[i].content.size() + role.size() + 32;
   }
+  return Status::ok();
+}
+
+// Appends to a rendering: template text merges into the previous template
+// piece; contents stay pieces of their own (even when empty).
+class Segments {
+ public:
+  void text(std::string_view t) {
+    if (t.empty()) return;
+    if (out_.empty() || out_.back().is_content) out_.push_back({std::string(), false});
+    out_.back().text += t;
+  }
+  void content(std::string_view c) { out_.push_back({std::string(c), true}); }
+  std::vector<ChatSegment> take() { return std::move(out_); }
+
+ private:
+  std::vector<ChatSegment> out_;
+};
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::from_gguf(const GgufFile& file) {
+  if (!file.find("tokenizer.chat_template")) {
+    return Status::not_found(file.path() + ": the model has no chat template (tokenizer.chat_template)");
+  }
+  auto tpl = file.get_string("tokenizer.chat_template");
+  if (!tpl) return tokenizer_internal::with_context(tpl.status(), file.path());
+  return from_string(*tpl, file.path());
+}
+
+Result<ChatTemplate> ChatTemplate::from_string(std::string_view t, std::string_view source) {
+  auto has = [&](std::string_view marker) { return t.find(marker) != std::string_view::npos; };
+  if (has(kImStart) && has(kImEnd)) {
+    // Qwen3: strips <think>...</think> out of earlier assistant turns.
+    if (has("</think>")) {
+      ChatTemplate q = chatml(find_default_system(t));
+      q.format_ = ChatFormat::kQwen3;
+      return q;
+    }
+    return chatml(find_default_system(t));
+  }
+  if (has("<start_of_turn>") && has("<end_of_turn>")) return gemma(!has("System role not supported"));
+  if (has("<|start_header_id|>") && has("<|end_header_id|>") && has("<|eot_id|>")) {
+    const bool dated = has("Cutting Knowledge Date");
+    return llama3(dated, has("strftime_now") ? std::string() : llama3_default_date(t));
+  }
+  return Status::unsupported(std::string(source) +
+                             ": tokenizer.chat_template is none of the supported formats (ChatML with "
+                             "<|im_start|>/<|im_end|>, Gemma with <start_of_turn>/<end_of_turn>, Llama 3 with "
+                             "<|start_header_id|>/<|eot_id|>); set \"chat_template\" in cluster.json to serve chats");
+}
+
+Result<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
+  if (name == "chatml") return chatml();
+  if (name == "gemma") return gemma();
+  if (name == "llama3") return llama3();
+  return Status::invalid_argument("chat template '" + std::string(name) +
+                                  "' is not one of \"chatml\", \"gemma\", \"llama3\"");
+}
+
+ChatTemplate ChatTemplate::chatml(std::string default_system) {
+  ChatTemplate t;
+  t.format_ = ChatFormat::kChatml;
+  t.default_system_ = std::move(default_system);
+  return t;
+}
+
+ChatTemplate ChatTemplate::gemma(bool system_allowed) {
+  ChatTemplate t;
+  t.format_ = ChatFormat::kGemma;
+  t.system_allowed_ = system_allowed;
+  return t;
+}
+
+ChatTemplate ChatTemplate::llama3(bool date_header, std::string date) {
+  ChatTemplate t;
+  t.format_ = ChatFormat::kLlama3;
+  t.date_header_ = date_header;
+  t.date_ = std::move(date);
+  return t;
+}
+
+std::vector<std::string> ChatTemplate::end_of_turn_tokens() const {
+  switch (format_) {
+    case ChatFormat::kChatml:
+    case ChatFormat::kQwen3: return {std::string(kImEnd)};
+    case ChatFormat::kGemma: return {"<end_of_turn>"};
+    case ChatFormat::kLlama3: return {"<|eot_id|>", "<|eom_id|>"};
+  }
+  return {};
+}
+
+Result<std::vector<ChatSegment>> ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                                      bool add_generation_prompt) const {
+  PD_RETURN_IF_ERROR(check_roles(messages));
+  Segments out;
+  switch (format_) {
+    case ChatFormat::kChatml:
+    case ChatFormat::kQwen3: {
+      auto turn = [&](std::string_view role, std::string_view content) {
+        out.text(kImStart);
+        out.text(role);
+        out.text("\n");
+        out.content(content);
+        out.text(kImEnd);
+        out.text("\n");
+      };
+      if (!default_system_.empty() && messages[0].role != "system") {
+        out.text(kSystemHeader);
+        out.text(default_system_);
+        out.text(kImEnd);
+        out.text("\n");
+      }
+      // Qwen3: the last user message (not a tool response); assistant turns
+      // after it keep their reasoning.
+      size_t last_query = messages.size() - 1;
+      for (size_t i = messages.size(); i-- > 0;) {
+        const std::string& c = messages[i].content;
+        const bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                                   c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        if (messages[i].role == "user" && !tool_response) {
+          last_query = i;
+          break;
+        }
+      }
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (format_ != ChatFormat::kQwen3 || m.role != "assistant") {
+          turn(m.role, m.content);
+          continue;
+        }
+        std::string_view content = m.content, reasoning;
+        const size_t close = content.rfind("</think>");
+        if (close != std::string_view::npos) {
+          const std::string_view before = rstrip_nl(content.substr(0, content.find("</think>")));
+          const size_t open = before.rfind("<think>");
+          reasoning = lstrip_nl(open == std::string_view::npos ? before : before.substr(open + 7));
+          content = lstrip_nl(content.substr(close + 8));
+        }
+        out.text(kImStart);
+        out.text("assistant\n");
+        if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+          out.text("<think>\n");
+          out.content(rstrip_nl(lstrip_nl(reasoning)));
+          out.text("\n</think>\n\n");
+          out.content(lstrip_nl(content));
+        } else {
+          out.content(content);
+        }
+        out.text(kImEnd);
+        out.text("\n");
+      }
+      if (add_generation_prompt) {
+        out.text(kImStart);
+        out.text("assistant\n");
+      }
+      break;
+    }
+    case ChatFormat::kGemma: {
+      size_t first = 0;
+      std::string_view system;
+      if (messages[0].role == "system") {
+        if (!system_allowed_) return Status::invalid_argument("messages[0]: this model's template refuses a system message");
+        system = messages[0].content;
+        first = 1;
+      }
+      for (size_t i = first; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if ((m.role == "user") != ((i - first) % 2 == 0)) {
+          return Status::invalid_argument("messages[" + std::to_string(i) +
+                                          "]: conversation roles must alternate user/assistant/user/assistant/...");
+        }
+        out.text("<start_of_turn>");
+        out.text(m.role == "assistant" ? "model" : m.role);
+        out.text("\n");
+        if (i == first && first == 1) {
+          out.content(system);
+          out.text("\n\n");
+        }
+        out.content(py_strip(m.content));
+        out.text("<end_of_turn>\n");
+      }
+      if (add_generation_prompt) out.text("<start_of_turn>model\n");
+      break;
+    }
+    case ChatFormat::kLlama3: {
+      auto header = [&](std::string_view role) {
+        out.text("<|start_header_id|>");
+        out.text(role);
+        out.text("<|end_header_id|>\n\n");
+      };
+      size_t first = 0;
+      if (date_header_) {
+        std::string_view system;
+        if (messages[0].role == "system") {
+          first = 1;
+          system = messages[0].content;
+        }
+        header("system");
+        out.text("Cutting Knowledge Date: December 2023\nToday Date: ");
+        out.text(date_.empty() ? today_date() : date_);
+        out.text("\n\n");
+        out.content(py_strip(system));
+        out.text("<|eot_id|>");
+      }
+      for (size_t i = first; i < messages.size(); ++i) {
+        header(messages[i].role);
+        out.content(py_strip(messages[i].content));
+        out.text("<|eot_id|>");
+      }
+      if (add_generation_prompt) header("assistant");
+      break;
+    }
+  }
+  return out.take();
+}
+
+Result<std::string> ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  PD_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, render(messages, add_generation_prompt));
   std::string out;
-  out.reserve(bytes);
-  auto append_turn = [&out](std::string_view role, std::string_view content) {
-    out += kImStart;
-    out += role;
-    out += '\n';
-    out += content;
-    out += kImEnd;
-    out += '\n';
-  };
-  if (!default_system_.empty() && messages[0].role != "system") append_turn("system", default_system_);
-  for (const ChatMessage& m : messages) append_turn(m.role, m.content);
-  if (add_generation_prompt) {
-    out += kImStart;
-    out += "assistant\n";
-  }
+  for (const ChatSegment& s : segments) out += s.text;
   return out;
 }
 

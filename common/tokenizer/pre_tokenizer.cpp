@@ -16,6 +16,10 @@ constexpr const char* kGpt2Regex =
 // Llama 3 (tiktoken cl100k-style).
 constexpr const char* kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen2 / Qwen2.5 / Qwen3 (their tokenizer.json; llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2):
+// Llama 3's, but every digit alone.
+constexpr const char* kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // Hugging Face Digits(individual_digits=True): Rust's char::is_numeric is \p{N}.
 constexpr const char* kIndividualDigitsRegex = R"(\p{N})";
 
@@ -67,10 +71,15 @@ Result<std::unique_ptr<PreTokenizer>> PreTokenizer::create(std::string_view pre)
   } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3") {
     patterns = {kLlama3Regex};
     ignore_merges = true;
+  } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+    // Qwen's tokenizer.json also has an NFC normalizer; like llama.cpp and
+    // transformers' GGUF conversion we apply none (text already in NFC, as
+    // nearly all text is, tokenizes the same).
+    patterns = {kQwen2Regex};
   } else {
     return Status::unsupported("tokenizer pre-tokenizer '" + std::string(pre) +
                                "' (tokenizer.ggml.pre) is not supported; known: gpt2, gpt-2, smollm, "
-                               "starcoder, refact, llama3, llama-bpe, llama-v3");
+                               "starcoder, refact, llama3, llama-bpe, llama-v3, qwen2, deepseek-r1-qwen");
   }
 
   std::unique_ptr<PreTokenizer> p(new PreTokenizer());

@@ -22,6 +22,7 @@ class PreTokenizer {
   //   "smollm", "starcoder", "refact"   every \p{N} alone, then the GPT-2 regex
   //   "llama3", "llama-bpe", "llama-v3" Llama-3 regex (and BPE ignores merges
   //                                     for a piece that is itself a token)
+  //   "qwen2", "deepseek-r1-qwen"       Qwen2 regex: Llama 3's with single digits
   // Unsupported (naming `pre`) for anything else; Internal if PCRE2 fails.
   static Result<std::unique_ptr<PreTokenizer>> create(std::string_view pre);
   ~PreTokenizer();

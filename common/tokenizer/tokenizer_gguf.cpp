@@ -26,19 +26,25 @@ Status read_optional_id(const GgufFile& file, const std::string& key, TokenId& i
 
 }  // namespace
 
-// Keys: tokenizer.ggml.model (must be "gpt2"), .tokens, .merges (required),
-// .token_type, .pre (default "gpt2"), .bos/eos/unknown/padding_token_id,
-// .add_bos_token (all optional). Errors name the key and the file.
+// Keys: tokenizer.ggml.model ("gpt2" or "llama"), .tokens; for "gpt2"
+// .merges (required) and .pre (default "gpt2"); for "llama" .scores and
+// .add_space_prefix (default true, as llama.cpp); .token_type,
+// .bos/eos/unknown/padding_token_id, .add_bos_token (default false for
+// "gpt2", true for "llama", as llama.cpp and transformers). Errors name the
+// key and the file.
 Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& file) {
   const std::string& path = file.path();
   auto model = file.get_string("tokenizer.ggml.model");
   if (!model) return with_context(model.status(), path);
-  if (*model != "gpt2") {
-    return Status::unsupported(path + ": tokenizer.ggml.model '" + *model +
-                               "' is not supported (only 'gpt2', byte-level BPE)");
-  }
-
   TokenizerVocab vocab;
+  if (*model == "llama") {
+    vocab.kind = VocabKind::kSentencePiece;
+  } else if (*model != "gpt2") {
+    return Status::unsupported(path + ": tokenizer.ggml.model '" + *model +
+                               "' is not supported (only 'gpt2', byte-level BPE, and 'llama', SentencePiece)");
+  }
+  const bool spm = vocab.kind == VocabKind::kSentencePiece;
+
   auto tokens = file.get_string_array("tokenizer.ggml.tokens");
   if (!tokens) return with_context(tokens.status(), path);
   vocab.tokens = std::move(tokens).value();
@@ -61,11 +67,37 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& file) {
     }
   }
 
-  auto merges = file.get_string_array("tokenizer.ggml.merges");
-  if (!merges) return with_context(merges.status(), path);
-  vocab.merges = std::move(merges).value();
+  if (spm) {
+    if (file.find("tokenizer.ggml.scores")) {
+      auto scores = file.get_float_array("tokenizer.ggml.scores");
+      if (!scores) return with_context(scores.status(), path);
+      if (scores->size() != vocab.tokens.size()) {
+        return Status::corruption(path + ": tokenizer.ggml.scores has " + std::to_string(scores->size()) +
+                                  " entries but tokenizer.ggml.tokens has " + std::to_string(vocab.tokens.size()));
+      }
+      vocab.scores.assign(scores->begin(), scores->end());
+    }
+    vocab.add_space_prefix = true;
+    if (file.find("tokenizer.ggml.add_space_prefix")) {
+      auto prefix = file.get_bool("tokenizer.ggml.add_space_prefix");
+      if (!prefix) return with_context(prefix.status(), path);
+      vocab.add_space_prefix = *prefix;
+    }
+    vocab.add_bos = true;
+    // Hugging Face ranks the merges of these architectures' files by token
+    // position (transformers' GGUF tokenizer conversion, gemma_tokenizer).
+    if (file.find("general.architecture")) {
+      auto arch = file.get_string("general.architecture");
+      if (!arch) return with_context(arch.status(), path);
+      vocab.spm_gemma = *arch == "gemma" || *arch == "gemma2" || *arch == "gemma3";
+    }
+  } else {
+    auto merges = file.get_string_array("tokenizer.ggml.merges");
+    if (!merges) return with_context(merges.status(), path);
+    vocab.merges = std::move(merges).value();
+  }
 
-  if (file.find("tokenizer.ggml.pre")) {
+  if (!spm && file.find("tokenizer.ggml.pre")) {
     auto pre = file.get_string("tokenizer.ggml.pre");
     if (!pre) return with_context(pre.status(), path);
     vocab.pre = std::move(pre).value();

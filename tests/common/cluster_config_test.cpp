@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "config/cluster_config.h"
+#include "tokenizer/tokenizer.h"
 
 using pd::ClusterConfig;
 
@@ -12,6 +13,7 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   REQUIRE(c.is_ok());
   const ClusterConfig d;
   CHECK(c->model == d.model);
+  CHECK(c->chat_template == d.chat_template);
   CHECK(c->http.port == d.http.port);
   CHECK(c->http.host == d.http.host);
   CHECK(c->http.max_connections == d.http.max_connections);
@@ -61,6 +63,8 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   };
   CHECK(err("{not json").find("invalid JSON") != std::string::npos);
   CHECK(err("[]").find("top level") != std::string::npos);
+  CHECK(err(R"({"chat_template": "mistral"})").find("'chat_template' = \"mistral\"") != std::string::npos);
+  CHECK(err(R"({"chat_template": 1})").find("'chat_template' has the wrong type") != std::string::npos);
   CHECK(err(R"({"modle": "x"})").find("'modle'") != std::string::npos);
   CHECK(err(R"({"kv": {"block_sise": 16}})").find("'kv.block_sise'") != std::string::npos);
   CHECK(err(R"({"kv": {"block_size": "16"}})").find("'kv.block_size' has the wrong type") != std::string::npos);
@@ -107,6 +111,17 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(!ok->engine.int8_activations);
   CHECK(ok->model_name() == "m");
   CHECK(ClusterConfig::load("/nonexistent/cluster.json").status().is_io_error());
+}
+
+TEST_CASE("config: chat_template names a format or is empty", "[config]") {
+  for (const char* name : {"", "chatml", "gemma", "llama3"}) {
+    auto c = ClusterConfig::parse(std::string(R"({"chat_template": ")") + name + "\"}");
+    INFO(name << ": " << c.status().to_string());
+    REQUIRE(c.is_ok());
+    CHECK(c->chat_template == name);
+    // Every name the config accepts is one the chat template knows.
+    if (*name) CHECK(pd::ChatTemplate::from_name(name).is_ok());
+  }
 }
 
 TEST_CASE("config: numbers beyond their type are refused naming the key", "[config]") {

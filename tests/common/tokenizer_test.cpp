@@ -197,6 +197,27 @@ TEST_CASE("contractions", "[tokenizer]") {
   CHECK(pieces("llama3", "(hello") == Strings{"(hello"});
 }
 
+// Expected pieces from Hugging Face tokenizers' Split(Regex(...), "isolated")
+// with transformers' Qwen2 PRETOKENIZE_REGEX and the GPT-2 regex.
+TEST_CASE("qwen2 pre-tokenizer: where it differs from gpt2", "[tokenizer]") {
+  CHECK(pieces("qwen2", "I'M HERE, it's 12345 $hello") ==
+        Strings{"I", "'M", " HERE", ",", " it", "'s", " ", "1", "2", "3", "4", "5", " $", "hello"});
+  CHECK(pieces("gpt2", "I'M HERE, it's 12345 $hello") ==
+        Strings{"I", "'", "M", " HERE", ",", " it", "'s", " 12345", " $", "hello"});
+  CHECK(pieces("qwen2", "x\n\n  y\r\n") == Strings{"x", "\n\n", " ", " y", "\r\n"});
+  CHECK(pieces("gpt2", "x\n\n  y\r\n") == Strings{"x", "\n\n ", " y", "\r\n"});
+  CHECK(pieces("qwen2", "\u65e5\u672c\u8a9e123abc") == Strings{"\u65e5\u672c\u8a9e", "1", "2", "3", "abc"});
+  CHECK(pieces("gpt2", "\u65e5\u672c\u8a9e123abc") == Strings{"\u65e5\u672c\u8a9e", "123", "abc"});
+  CHECK(pieces("qwen2", "price: 1,000.50\u20ac!!\n") ==
+        Strings{"price", ":", " ", "1", ",", "0", "0", "0", ".", "5", "0", "\u20ac!!\n"});
+  CHECK(pieces("gpt2", "price: 1,000.50\u20ac!!\n") ==
+        Strings{"price", ":", " 1", ",", "000", ".", "50", "\u20ac!!", "\n"});
+  CHECK(pieces("deepseek-r1-qwen", "12") == Strings{"1", "2"});
+  // Qwen2 BPE keeps merges (unlike llama3): "1 2" never applies, digits are alone.
+  auto tok = make_tokenizer("qwen2");
+  CHECK(token_texts(*tok, tok->encode("12 the")) == Strings{"1", "2", " the"});
+}
+
 TEST_CASE("unknown pre-tokenizer is refused, naming it", "[tokenizer]") {
   auto tok = Tokenizer::create(make_vocab("no-such-pre", kMerges));
   REQUIRE_FALSE(tok.is_ok());
@@ -392,11 +413,11 @@ TEST_CASE("Tokenizer::from_gguf reads the tokenizer.ggml keys", "[tokenizer]") {
   CHECK((*tok)->decode((*tok)->encode(" the 12")) == " the 12");
   CHECK((*tok)->encode(" the") == std::vector<TokenId>{(*tok)->find_token("Ġthe")});
 
-  auto llama = gguf_with_tokenizer("llama", "");
-  auto bad = Tokenizer::from_gguf(*llama);
+  auto t5 = gguf_with_tokenizer("t5", "");
+  auto bad = Tokenizer::from_gguf(*t5);
   REQUIRE_FALSE(bad.is_ok());
   CHECK(bad.status().is_unsupported());
-  CHECK_THAT(bad.status().message(), Catch::Contains("llama") && Catch::Contains("test.gguf"));
+  CHECK_THAT(bad.status().message(), Catch::Contains("'t5'") && Catch::Contains("test.gguf"));
 }
 
 TEST_CASE("Tokenizer::from_gguf on the tiny test model", "[tokenizer]") {

@@ -175,8 +175,10 @@ struct Harness {
   std::map<int, std::vector<proto::Message>> inbox;
 
   // `configure` may change the config further before the router is made.
+  // `change_model` may change what the router knows of the model.
   explicit Harness(int heartbeat_ms = 150, int drain_ms = 30000, bool http = false,
-                   const std::function<void(ClusterConfig&)>& configure = {})
+                   const std::function<void(ClusterConfig&)>& configure = {},
+                   const std::function<void(ModelInfo&)>& change_model = {})
       : serve_http(http) {
     cfg.timeouts.drain_ms = drain_ms;
     cfg.http.port = 0;
@@ -190,7 +192,9 @@ struct Harness {
     roles.router = kRouterRank;
     roles.prefill = {kP1, kP2};
     roles.decode = {kD1, kD2};
-    router = std::make_unique<Router>(cfg, roles, tiny_model_info(), hub.endpoint(kRouterRank));
+    ModelInfo model = tiny_model_info();
+    if (change_model) change_model(model);
+    router = std::make_unique<Router>(cfg, roles, std::move(model), hub.endpoint(kRouterRank));
     router->set_env(&env);
     REQUIRE(router->start(serve_http).is_ok());
     for (int r : {kP1, kP2, kD1, kD2}) beat(r);
