@@ -17,20 +17,7 @@ std::string prompt_name(Endpoint ep, size_t n_prompts, size_t i) {
 Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt) {
   if (!model.chat_template) return Status::invalid_argument(model.no_chat_template);
-  // Template text is encoded with special tokens, contents without.
-  PD_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, model.chat_template->render(messages, add_generation_prompt));
-  const Tokenizer& tok = *model.tokenizer;
-  std::vector<TokenId> ids;
-  // One BOS: the template's own (Gemma, Llama 3 write bos_token) or the vocabulary's.
-  if ((model.chat_template->writes_bos() || tok.add_bos()) && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
-  bool first = true;
-  for (const ChatSegment& s : segments) {
-    if (s.text.empty()) continue;
-    const std::vector<TokenId> part = tok.encode(s.text, /*parse_special=*/!s.is_content, /*starts_input=*/first);
-    ids.insert(ids.end(), part.begin(), part.end());
-    first = false;
-  }
-  return ids;
+  return model.chat_template->encode(*model.tokenizer, messages, add_generation_prompt);
 }
 
 std::string choose_chat_template(const std::string& configured, const GgufFile& file, ModelInfo& model) {
@@ -48,13 +35,8 @@ std::string choose_chat_template(const std::string& configured, const GgufFile& 
 }
 
 std::vector<TokenId> chat_stop_ids(const ModelInfo& model) {
-  std::vector<TokenId> ids;
-  if (!model.chat_template) return ids;
-  for (const std::string& text : model.chat_template->end_of_turn_tokens()) {
-    const TokenId id = model.tokenizer->find_token(text);
-    if (id >= 0 && id != model.tokenizer->eos_id()) ids.push_back(id);
-  }
-  return ids;
+  if (!model.chat_template) return {};
+  return model.chat_template->stop_ids(*model.tokenizer);
 }
 
 namespace {

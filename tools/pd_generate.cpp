@@ -14,9 +14,10 @@
 // together through one batched generate(); prints one JSON line per prompt:
 // {"index", "prompt_tokens", "completion_tokens", "tokens", "text",
 // "finish_reason"} — the reference the cluster tests compare against. Text
-// leaves out EOS and <|im_end|>, as the server does.
+// leaves out EOS and the chat template's end-of-turn token, as the server does.
 // Bad flags or an unreadable model: one line on stderr, exit status 2 (usage)
 // or 1 (runtime failure).
+#include <algorithm>
 #include <CLI/CLI.hpp>
 
 #include <fstream>
@@ -174,18 +175,18 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
     return ToolError{where + "each message needs a string \"role\" and \"content\"", kExitUsage};
   if (is_chat) {
     if (!tmpl.is_ok()) return ToolError{tmpl.status().to_string()};
-    auto r = tmpl->apply(messages, true);
+    auto r = tmpl->encode(*e.tok, messages, true);
     if (!r.is_ok()) return ToolError{r.status().to_string()};
-    t = *r;
+    req->prompt = std::move(r).value();
+    req->sampling.stop_token_ids = tmpl->stop_ids(*e.tok);
+  } else {
+    req->prompt = e.tok->encode(t, false);
+    if (e.tok->add_bos() && e.tok->bos_id() >= 0) req->prompt.insert(req->prompt.begin(), e.tok->bos_id());
   }
-  const pd::TokenId eos = e.tok->eos_id(), im_end = e.tok->find_token("<|im_end|>");
-  req->prompt = e.tok->encode(t, is_chat);
-  if (e.tok->add_bos() && e.tok->bos_id() >= 0) req->prompt.insert(req->prompt.begin(), e.tok->bos_id());
   req->sampling.max_tokens = j.value("max_tokens", f.n_predict);
   req->sampling.ignore_eos = j.value("ignore_eos", f.ignore_eos);
   req->sampling.temperature = j.value("temperature", f.temp);
   req->sampling.seed = j.value("seed", f.seed);
-  if (is_chat && im_end >= 0 && im_end != eos) req->sampling.stop_token_ids.push_back(im_end);
   if (auto st = req->sampling.validate(); !st.is_ok()) return ToolError{where + st.message(), kExitUsage};
   return std::nullopt;
 }
@@ -205,16 +206,17 @@ std::optional<ToolError> read_batch(const GenerateFlags& f, const Engine& e, std
   return std::nullopt;
 }
 
-// One JSON line per result: its tokens, and its text without EOS and <|im_end|>.
+// One JSON line per result: its tokens, and its text without EOS and the chat's end-of-turn token.
 void print_batch_results(const Engine& e, const std::vector<pd::GenerateRequest>& reqs,
                          const std::vector<pd::GenerateResult>& out) {
-  const pd::TokenId eos = e.tok->eos_id(), im_end = e.tok->find_token("<|im_end|>");
+  const pd::TokenId eos = e.tok->eos_id();
   for (size_t i = 0; i < out.size(); ++i) {
     const pd::GenerateResult& r = out[i];
+    const std::vector<pd::TokenId>& stops = reqs[i].sampling.stop_token_ids;
     pd::StreamDecoder dec(*e.tok);
     std::string text;
     for (pd::TokenId t : r.tokens)
-      if (t != eos && t != im_end) text += dec.push(t);
+      if (t != eos && std::find(stops.begin(), stops.end(), t) == stops.end()) text += dec.push(t);
     text += dec.flush();
     nlohmann::json o{{"index", i},
                      {"prompt_tokens", reqs[i].prompt.size()},
@@ -248,19 +250,20 @@ int run_batch(const GenerateFlags& f, Engine& e) {
 
 // The prompt's token ids: through the chat template with --chat, BOS first where the model asks for one.
 std::optional<ToolError> encode_prompt(const GenerateFlags& f, const Engine& e, std::vector<pd::TokenId>* ids) {
-  std::string text = f.prompt;
   if (f.chat) {
+    // As the router does it: the template's control tokens parsed, the messages' text not.
     auto tmpl = pd::ChatTemplate::from_gguf(*e.gguf);
     if (!tmpl.is_ok()) return ToolError{tmpl.status().to_string()};
     std::vector<pd::ChatMessage> msgs;
     if (!f.system_prompt.empty()) msgs.push_back({"system", f.system_prompt});
     msgs.push_back({"user", f.prompt});
-    auto rendered = tmpl->apply(msgs, true);
-    if (!rendered.is_ok()) return ToolError{rendered.status().to_string()};
-    text = *rendered;
+    auto encoded = tmpl->encode(*e.tok, msgs, true);
+    if (!encoded.is_ok()) return ToolError{encoded.status().to_string()};
+    *ids = std::move(encoded).value();
+    return std::nullopt;
   }
-  // The chat template's own control tokens are always parsed; user text only with --parse-special.
-  *ids = e.tok->encode(text, f.chat || f.raw_specials);
+  // User text parses special-token text only with --parse-special.
+  *ids = e.tok->encode(f.prompt, f.raw_specials);
   if (ids->empty()) return ToolError{"the prompt encodes to zero tokens (--prompt)", kExitUsage};
   if (e.tok->add_bos() && e.tok->bos_id() >= 0) ids->insert(ids->begin(), e.tok->bos_id());
   return std::nullopt;
@@ -313,9 +316,8 @@ int run_single(const GenerateFlags& f, Engine& e) {
   pd::GenerateOptions opt;
   opt.eos_id = e.tok->eos_id();
   if (f.chat) {
-    // ChatML turns end with <|im_end|>, which may differ from the EOS id.
-    const pd::TokenId im_end = e.tok->find_token("<|im_end|>");
-    if (im_end >= 0 && im_end != opt.eos_id) req.sampling.stop_token_ids.push_back(im_end);
+    // A turn ends at the template's end-of-turn tokens (<|im_end|>, <end_of_turn>, ...), which may differ from EOS.
+    if (auto tmpl = pd::ChatTemplate::from_gguf(*e.gguf); tmpl.is_ok()) req.sampling.stop_token_ids = tmpl->stop_ids(*e.tok);
   }
   opt.on_token = [&](size_t, pd::TokenId t) {
     const pd::StopReason stop = pd::check_stop(req.sampling, t, opt.eos_id, /*n_generated=*/0);

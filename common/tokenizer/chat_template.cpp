@@ -392,4 +392,29 @@ Result<std::string> ChatTemplate::apply(const std::vector<ChatMessage>& messages
   return out;
 }
 
+Result<std::vector<TokenId>> ChatTemplate::encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                                  bool add_generation_prompt) const {
+  PD_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, render(messages, add_generation_prompt));
+  std::vector<TokenId> ids;
+  // One BOS: the template's own (Gemma, Llama 3 write bos_token) or the vocabulary's.
+  if ((writes_bos() || tok.add_bos()) && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  bool first = true;
+  for (const ChatSegment& s : segments) {
+    if (s.text.empty()) continue;
+    const std::vector<TokenId> part = tok.encode(s.text, /*parse_special=*/!s.is_content, /*starts_input=*/first);
+    ids.insert(ids.end(), part.begin(), part.end());
+    first = false;
+  }
+  return ids;
+}
+
+std::vector<TokenId> ChatTemplate::stop_ids(const Tokenizer& tok) const {
+  std::vector<TokenId> ids;
+  for (const std::string& text : end_of_turn_tokens()) {
+    const TokenId id = tok.find_token(text);
+    if (id >= 0 && id != tok.eos_id()) ids.push_back(id);
+  }
+  return ids;
+}
+
 }  // namespace pd

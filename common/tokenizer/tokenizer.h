@@ -176,6 +176,15 @@ class ChatTemplate {
   // Texts of the tokens that end an assistant turn ("<|im_end|>",
   // "<end_of_turn>", "<|eot_id|>" and "<|eom_id|>"): generation stops there.
   std::vector<std::string> end_of_turn_tokens() const;
+  // The messages as token ids: the template's text encoded with special
+  // tokens, each message's content without (a user cannot inject control
+  // tokens), one BOS first when the template writes one or `tok` adds one.
+  // What the router and pd-generate both send to the engine.
+  Result<std::vector<TokenId>> encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                      bool add_generation_prompt = true) const;
+  // The ids of end_of_turn_tokens() that `tok` has, its EOS excluded: a chat
+  // reply stops there.
+  std::vector<TokenId> stop_ids(const Tokenizer& tok) const;
 
  private:
   ChatFormat format_ = ChatFormat::kChatml;
