@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/q8_kernels.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "test_support.h"
@@ -31,8 +33,21 @@ struct Loaded {
   }
 };
 
-Loaded load(bool int8, pd::GgmlType weight_type) {
+// The types the integer path repacks; the K-quants' rows are 256-element super-blocks.
+constexpr pd::GgmlType kPackedTypes[] = {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0,
+                                         pd::GgmlType::kQ5_0, pd::GgmlType::kQ5_1, pd::GgmlType::kQ4_K,
+                                         pd::GgmlType::kQ5_K, pd::GgmlType::kQ6_K};
+
+// A tiny model whose matrices (or embeddings) are of `type`: hidden 256 where
+// the type's blocks are 256 elements.
+pd::TinyLlamaSpec spec_for(pd::GgmlType type) {
   pd::TinyLlamaSpec spec;
+  if (type != pd::GgmlType::kF32 && pd::ggml_traits(type).block_elems > 64) spec.hidden = 256, spec.ffn = 512;
+  return spec;
+}
+
+Loaded load(bool int8, pd::GgmlType weight_type) {
+  pd::TinyLlamaSpec spec = spec_for(weight_type);
   spec.weight_type = weight_type;
   auto f = pd::GgufFile::from_bytes(pd::make_tiny_llama_gguf(spec), "tiny.gguf");
   REQUIRE(f.is_ok());
@@ -55,7 +70,9 @@ pd::Tensor f32_tensor(std::vector<float>& v, int64_t ne0, int64_t ne1) {
 
 TEST_CASE("cpu backend: matmul_multi equals one matmul per weight, packed or not", "[cpu][backend]") {
   for (bool int8 : {true, false}) {
-    for (pd::GgmlType wt : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kF32}) {
+    std::vector<pd::GgmlType> types(std::begin(kPackedTypes), std::end(kPackedTypes));
+    types.push_back(pd::GgmlType::kF32);
+    for (pd::GgmlType wt : types) {
       INFO((int8 ? "int8" : "fp32") << " activations, " << pd::ggml_type_name(wt));
       Loaded l = load(int8, wt);
       const pd::Tensor wq = l.weight("blk.0.attn_q.weight"), wk = l.weight("blk.0.attn_k.weight"),
@@ -90,8 +107,8 @@ TEST_CASE("cpu backend: matmul_multi equals one matmul per weight, packed or not
 }
 
 TEST_CASE("cpu backend: get_rows of a repacked table equals the ggml dequantization", "[cpu][backend]") {
-  for (pd::GgmlType et : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ8_0}) {
-    pd::TinyLlamaSpec spec;
+  for (pd::GgmlType et : kPackedTypes) {
+    pd::TinyLlamaSpec spec = spec_for(et);
     spec.embed_type = et;
     auto f = pd::GgufFile::from_bytes(pd::make_tiny_llama_gguf(spec), "tiny.gguf");
     REQUIRE(f.is_ok());
@@ -101,7 +118,7 @@ TEST_CASE("cpu backend: get_rows of a repacked table equals the ggml dequantizat
     std::unique_ptr<pd::BackendBuffer> buf;
     auto table = be.value()->load_weight(*info, &buf);
     REQUIRE(table.is_ok());
-    REQUIRE(table->layout != 0);
+    REQUIRE(table->layout == static_cast<uint8_t>(pd::cpu::packed_format_for(et)));
     const int64_t d = info->ne[0];
     const std::vector<int32_t> ids{0, 7, 3, static_cast<int32_t>(info->ne[1] - 1), 7};
     std::vector<float> out(d * ids.size());
@@ -118,6 +135,103 @@ TEST_CASE("cpu backend: get_rows of a repacked table equals the ggml dequantizat
     const pd::Status st = be.value()->copy_to_host(*table, host.data(), host.size());
     CHECK(st.is_unsupported());
     CHECK(st.message().find("repacked") != std::string::npos);
+  }
+}
+
+// Every packed type through the backend: a matrix of 21 rows (the last 8-row
+// group padded) that takes its activations in one 8-bit pass (ffn_down) and
+// one in two (attn_q, CpuBackendConfig::int8x2_matmul_kinds' default), against
+// the fp32 path on the same file: within the 8-bit activations' error (the
+// kernel tests' bound), the two-pass one within ~1/100 of it; the same bits
+// on every ISA path, in matmul_multi, and for a token alone or in a batch.
+TEST_CASE("cpu backend: every packed type's int8 matmuls agree with the fp32 path, on every ISA path",
+          "[cpu][backend]") {
+  for (pd::GgmlType type : kPackedTypes) {
+    const int64_t k = 512, n = 21, m = 6;
+    pd::GgufWriter gw;
+    const char* names[2] = {"blk.0.ffn_down.weight", "blk.0.attn_q.weight"};  // one pass, two passes
+    for (int i = 0; i < 2; ++i) gw.add_tensor(names[i], {k, n}, type, pd::test::random_floats(k * n, 90 + i, 0.05f));
+    auto file = pd::GgufFile::from_bytes(gw.to_bytes(), "types.gguf");
+    REQUIRE(file.is_ok());
+    std::vector<float> x = pd::test::random_floats(k * m, 93);
+    for (int64_t t = 0; t < m; ++t) x[t * k + 5 * t] *= 30.0f;  // a large value in a block, as in hidden states
+    pd::Tensor xt = f32_tensor(x, k, m);
+
+    // Each weight dequantized, for the error bound; the fp32 path's products.
+    std::vector<std::vector<float>> deq(2, std::vector<float>(k * n)), want(2, std::vector<float>(n * m));
+    pd::CpuBackendConfig fp32_cfg;
+    fp32_cfg.n_threads = 2;
+    fp32_cfg.int8_activations = false;
+    auto fp32 = pd::make_cpu_backend(fp32_cfg);
+    for (int i = 0; i < 2; ++i) {
+      const pd::GgufTensorInfo* info = file.value()->find_tensor(names[i]);
+      const size_t rb = pd::ggml_row_bytes(type, k);
+      for (int64_t r = 0; r < n; ++r) pd::dequantize_row(type, info->data + r * rb, deq[i].data() + r * k, k);
+      auto w = fp32->load_weight(*info, nullptr);
+      REQUIRE(w.is_ok());
+      CHECK(w->layout == 0);
+      pd::Tensor ot = f32_tensor(want[i], n, m);
+      REQUIRE(fp32->matmul(xt, w.value(), ot).is_ok());
+    }
+
+    std::vector<std::vector<float>> first_isa;
+    for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni}) {
+      if (!pd::cpu::isa_supported(isa)) continue;
+      INFO(pd::ggml_type_name(type) << ", " << pd::cpu::isa_name(isa));
+      pd::CpuBackendConfig cfg;
+      cfg.n_threads = 2;
+      cfg.isa = pd::cpu::isa_name(isa);
+      auto be = pd::make_cpu_backend(cfg);
+      std::vector<std::unique_ptr<pd::BackendBuffer>> storage(2);
+      pd::Tensor ws[2];
+      std::vector<std::vector<float>> got(2, std::vector<float>(n * m, -1.0f));
+      for (int i = 0; i < 2; ++i) {
+        auto w = be->load_weight(*file.value()->find_tensor(names[i]), &storage[i]);
+        REQUIRE(w.is_ok());
+        ws[i] = w.value();
+        REQUIRE(ws[i].layout == static_cast<uint8_t>(pd::cpu::packed_format_for(type)));
+        pd::Tensor ot = f32_tensor(got[i], n, m);
+        REQUIRE(be->matmul(xt, ws[i], ot).is_ok());
+      }
+      double err[2] = {0, 0}, total_mag[2] = {0, 0};
+      for (int i = 0; i < 2; ++i) {
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t r = 0; r < n; ++r) {
+            double mag = 0.0;
+            for (int64_t j = 0; j < k; ++j) mag += std::fabs(static_cast<double>(deq[i][r * k + j]) * x[t * k + j]);
+            const double e = std::fabs(got[i][t * n + r] - want[i][t * n + r]);
+            INFO(names[i] << " token " << t << " row " << r);
+            CHECK(e <= 0.02 * mag + 1e-5);                    // 8-bit activations
+            if (i == 1) CHECK(e <= 2e-4 * mag + 1e-5);        // two passes: ~15 bits
+            err[i] += e, total_mag[i] += mag;
+          }
+        }
+      }
+      CHECK(err[1] * 20 < err[0]);  // the second pass is taken
+      // matmul_multi: both weights (one pass and two) in one call, the same bits.
+      std::vector<std::vector<float>> multi(2, std::vector<float>(n * m, -1.0f));
+      pd::Tensor mo[2] = {f32_tensor(multi[0], n, m), f32_tensor(multi[1], n, m)};
+      const pd::Tensor* wp[2] = {&ws[0], &ws[1]};
+      pd::Tensor* op[2] = {&mo[0], &mo[1]};
+      REQUIRE(be->matmul_multi(xt, wp, op).is_ok());
+      for (int i = 0; i < 2; ++i) CHECK(std::memcmp(multi[i].data(), got[i].data(), n * m * sizeof(float)) == 0);
+      // Each token alone gives its row of the batch.
+      for (int64_t t = 0; t < m; ++t) {
+        std::vector<float> xa(x.begin() + t * k, x.begin() + (t + 1) * k), one(n);
+        pd::Tensor xat = f32_tensor(xa, k, 1), ot = f32_tensor(one, n, 1);
+        for (int i = 0; i < 2; ++i) {
+          REQUIRE(be->matmul(xat, ws[i], ot).is_ok());
+          INFO(names[i] << " token " << t << " alone");
+          CHECK(std::memcmp(one.data(), got[i].data() + t * n, n * sizeof(float)) == 0);
+        }
+      }
+      if (first_isa.empty()) {
+        first_isa = got;
+        std::printf("int8 path, %s: mean |error| one pass %.3g, two passes %.3g (of mean |w*x| sums %.3g)\n",
+                    pd::ggml_type_name(type), err[0] / (n * m), err[1] / (n * m), total_mag[0] / (n * m));
+      }
+      for (int i = 0; i < 2; ++i) CHECK(std::memcmp(got[i].data(), first_isa[i].data(), n * m * sizeof(float)) == 0);
+    }
   }
 }
 

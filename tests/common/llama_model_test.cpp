@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/q8_kernels.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "kv/kv_block_manager.h"
@@ -106,9 +107,10 @@ std::vector<std::vector<float>> reference_forward(const pd::GgufFile& f, const p
                                                   pd::GgmlType kv = pd::GgmlType::kF32) {
   const int d = c.hidden, hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, n = static_cast<int>(ids.size());
   const pd::GgmlType wt = f.find_tensor("blk.0.attn_q.weight")->type;
-  const bool q8_layers = path == Path::kInt8 && pd::ggml_traits(wt).block_elems == 32;
+  // The int8 path takes the weights it repacks (all quantized types here).
+  const bool q8_layers = path == Path::kInt8 && pd::cpu::packed_format_for(wt) != pd::cpu::PackedFormat::kNone;
   const pd::GgmlType et = f.find_tensor(c.tied_embeddings ? "token_embd.weight" : "output.weight")->type;
-  const bool q8_head = path == Path::kInt8 && pd::ggml_traits(et).block_elems == 32;
+  const bool q8_head = path == Path::kInt8 && pd::cpu::packed_format_for(et) != pd::cpu::PackedFormat::kNone;
   const uint32_t x2_kinds = kSimulatedX2Kinds;
   auto matvec = [&](const std::vector<float>& w, const std::vector<float>& x_in, int rows, int cols, bool q8,
                     uint32_t kind = 0) {
@@ -236,10 +238,13 @@ constexpr float kTol = 2e-3f;  // fp32 accumulation-order differences vs the dou
 
 TEST_CASE("prefill logits equal the plain dense implementation", "[model]") {
   for (Path path : {Path::kFp32, Path::kInt8})
-  for (pd::GgmlType wt : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kF32}) {
+  for (pd::GgmlType wt : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kF32,
+                          pd::GgmlType::kQ5_0, pd::GgmlType::kQ5_1, pd::GgmlType::kQ4_K, pd::GgmlType::kQ5_K,
+                          pd::GgmlType::kQ6_K}) {
     pd::TinyLlamaSpec spec;
     spec.weight_type = wt;
     spec.tied_embeddings = (wt != pd::GgmlType::kF32);
+    if (pd::ggml_traits(wt).block_elems == 256) spec.hidden = 256, spec.ffn = 512;  // whole super-blocks
     Fixture fx(spec, path);
     const auto& c = fx.model->config();
     const auto ids = random_tokens(37, c.vocab, 7);

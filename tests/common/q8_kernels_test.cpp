@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -54,17 +55,61 @@ struct Weights {
   std::vector<uint8_t> packed;
 };
 
-Weights make_weights(pd::GgmlType type, int64_t n, int64_t k, uint64_t seed) {
+// Every weight type the integer kernels take, and the row lengths to test
+// them at (the K-quants' rows are whole 256-element super-blocks).
+constexpr pd::GgmlType kPackedTypes[] = {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0,
+                                         pd::GgmlType::kQ5_0, pd::GgmlType::kQ5_1, pd::GgmlType::kQ4_K,
+                                         pd::GgmlType::kQ5_K, pd::GgmlType::kQ6_K};
+bool is_kquant(pd::GgmlType type) { return pd::ggml_traits(type).block_elems == 256; }
+std::vector<int64_t> row_lengths(pd::GgmlType type, bool few = false) {
+  if (is_kquant(type)) return few ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{256, 512, 768};
+  return few ? std::vector<int64_t>{32, 608} : std::vector<int64_t>{32, 96, 608};
+}
+
+// Random block bytes with valid scales: every bit pattern of the quants
+// (the whole range of q, which the quantizers may not reach), fp16 scales of
+// either sign and moderate size (|d| in [2^-12, 2^-4]; Q4_0's -8d stays exact).
+void randomize_rows(pd::GgmlType type, uint8_t* rows, size_t bytes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < bytes; ++i) rows[i] = static_cast<uint8_t>(rng());
+  auto scale = [&](uint8_t* p) {
+    const float mag = std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -12 + static_cast<int>(rng() % 8));
+    const uint16_t h = pd::fp32_to_fp16(rng() % 2 ? -mag : mag);
+    std::memcpy(p, &h, 2);
+  };
+  const size_t bb = pd::ggml_traits(type).block_bytes;
+  for (size_t at = 0; at < bytes; at += bb) {
+    uint8_t* b = rows + at;
+    switch (type) {
+      case pd::GgmlType::kQ4_0:
+      case pd::GgmlType::kQ8_0:
+      case pd::GgmlType::kQ5_0: scale(b); break;
+      case pd::GgmlType::kQ4_1:
+      case pd::GgmlType::kQ5_1:
+      case pd::GgmlType::kQ4_K:
+      case pd::GgmlType::kQ5_K: scale(b), scale(b + 2); break;
+      case pd::GgmlType::kQ6_K: scale(b + 208); break;
+      default: FAIL("no random blocks for " << pd::ggml_type_name(type));
+    }
+  }
+}
+
+// n rows of type `type`: quantized from N(0, 0.25) floats, or random blocks (raw).
+Weights make_weights(pd::GgmlType type, int64_t n, int64_t k, uint64_t seed, bool raw = false) {
   Weights w{type, n, k, {}, {}, {}};
   const size_t row_bytes = pd::ggml_row_bytes(type, k);
   w.rows.resize(row_bytes * n);
   w.deq.resize(n * k);
-  const std::vector<float> f = random_floats(n * k, seed, 0.5f);
-  for (int64_t r = 0; r < n; ++r) {
-    pd::quantize_row(type, f.data() + r * k, w.rows.data() + r * row_bytes, k);
-    pd::dequantize_row(type, w.rows.data() + r * row_bytes, w.deq.data() + r * k, k);
+  if (raw) {
+    randomize_rows(type, w.rows.data(), w.rows.size(), seed);
+  } else {
+    const std::vector<float> f = random_floats(n * k, seed, 0.5f);
+    for (int64_t r = 0; r < n; ++r) pd::quantize_row(type, f.data() + r * k, w.rows.data() + r * row_bytes, k);
   }
+  for (int64_t r = 0; r < n; ++r)
+    pd::dequantize_row(type, w.rows.data() + r * row_bytes, w.deq.data() + r * k, k);
   const auto fmt = pd::cpu::packed_format_for(type);
+  REQUIRE(fmt != pd::cpu::PackedFormat::kNone);
   w.packed.resize(pd::cpu::packed_bytes(fmt, n, k));
   REQUIRE(pd::cpu::pack_rows(type, w.rows.data(), n, k, w.packed.data()));
   return w;
@@ -76,13 +121,8 @@ std::vector<float> run_gemm(const pd::cpu::Kernels& kern, const Weights& w, cons
   const int64_t nb = w.k / pd::cpu::kQBlock, groups = (w.n + 7) / 8;
   std::vector<float> out(m * groups * 8, -1.0f);
   const size_t gb = pd::cpu::packed_group_bytes(fmt, w.k);
-  for (int64_t g = 0; g < groups; ++g) {
-    const void* grp = w.packed.data() + g * gb;
-    if (pd::cpu::is_q4x8(fmt))
-      kern.gemm_q4x8(static_cast<const pd::cpu::PackedQ4x8*>(grp), nb, xq.data(), m, out.data() + g * 8, groups * 8);
-    else
-      kern.gemm_q8x8(static_cast<const pd::cpu::PackedQ8x8*>(grp), nb, xq.data(), m, out.data() + g * 8, groups * 8);
-  }
+  for (int64_t g = 0; g < groups; ++g)
+    pd::cpu::gemm_group(kern, fmt, w.packed.data() + g * gb, nb, xq.data(), m, out.data() + g * 8, groups * 8);
   return out;
 }
 
@@ -122,55 +162,65 @@ TEST_CASE("q8 quantize: every path equals the scalar one bit for bit, error with
   }
 }
 
-TEST_CASE("packing moves bytes only: unpacked rows equal the ggml dequantization", "[cpu][kernels]") {
-  for (pd::GgmlType type : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0}) {
-    for (int64_t n : {8, 13, 1}) {  // whole groups, a padded tail, a lone row
-      const Weights w = make_weights(type, n, 96, 3 + n);
-      std::vector<float> row(96);
-      for (int64_t r = 0; r < n; ++r) {
-        pd::cpu::unpack_row(pd::cpu::packed_format_for(type), w.packed.data(), 96, r, row.data());
-        INFO(pd::ggml_type_name(type) << " n=" << n << " row " << r);
-        CHECK(std::memcmp(row.data(), w.deq.data() + r * 96, 96 * sizeof(float)) == 0);
+TEST_CASE("packing keeps every value: unpacked rows equal the ggml dequantization bit for bit", "[cpu][kernels]") {
+  for (pd::GgmlType type : kPackedTypes) {
+    const int64_t k = is_kquant(type) ? 512 : 96;
+    for (bool raw : {false, true}) {
+      for (int64_t n : {8, 13, 1}) {  // whole groups, a padded tail, a lone row
+        const Weights w = make_weights(type, n, k, 3 + n, raw);
+        std::vector<float> row(k);
+        for (int64_t r = 0; r < n; ++r) {
+          pd::cpu::unpack_row(pd::cpu::packed_format_for(type), w.packed.data(), k, r, row.data());
+          INFO(pd::ggml_type_name(type) << (raw ? " random blocks" : " quantized") << " n=" << n << " row " << r);
+          CHECK(std::memcmp(row.data(), w.deq.data() + r * k, k * sizeof(float)) == 0);
+        }
       }
     }
   }
   CHECK(pd::cpu::packed_format_for(pd::GgmlType::kF16) == pd::cpu::PackedFormat::kNone);
+  CHECK(pd::cpu::packed_format_for(pd::GgmlType::kQ8_K) == pd::cpu::PackedFormat::kNone);
+  // A K-quant row is whole super-blocks.
+  std::vector<uint8_t> rows(pd::ggml_row_bytes(pd::GgmlType::kQ4_K, 256)), dst(4096);
+  CHECK_FALSE(pd::cpu::pack_rows(pd::GgmlType::kQ4_K, rows.data(), 1, 128, dst.data()));
 }
 
 TEST_CASE("integer gemm equals the scalar dot of the dequantized operands on every ISA path", "[cpu][kernels]") {
-  for (pd::GgmlType type : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0}) {
-    for (int64_t k : {32, 96, 608}) {
+  for (pd::GgmlType type : kPackedTypes) {
+    for (int64_t k : row_lengths(type)) {
       for (int64_t n : {8, 21}) {
-        const Weights w = make_weights(type, n, k, 7 * k + n);
-        for (int m : {1, 2, 3, 4, 5, 7, 9}) {  // full token tiles of 4 and every tail
-          const std::vector<float> x = random_floats(k * m, 31 + m);
-          const int64_t nb = k / 32;
-          std::vector<BlockQ8A> xq(m * nb);
-          pd::cpu::kernels(Isa::kScalar).quantize_rows(x.data(), k, k, m, xq.data());
-          const std::vector<float> ref = run_gemm(pd::cpu::kernels(Isa::kScalar), w, xq, m);
-          const int64_t ld = (n + 7) / 8 * 8;
-          for (int t = 0; t < m; ++t) {
-            for (int64_t r = 0; r < n; ++r) {
-              // What the kernel computes exactly: dequantized weights times
-              // dequantized activations. And what it approximates: times x.
-              double want = 0.0, want_x = 0.0, mag = 0.0;
-              for (int64_t j = 0; j < k; ++j) {
-                const BlockQ8A& b = xq[t * nb + j / 32];
-                const double xd = static_cast<double>(b.d) * b.qs[j % 32];
-                want += w.deq[r * k + j] * xd;
-                want_x += static_cast<double>(w.deq[r * k + j]) * x[t * k + j];
-                mag += std::fabs(w.deq[r * k + j] * xd);
+        for (bool raw : {false, true}) {
+          const Weights w = make_weights(type, n, k, 7 * k + n, raw);
+          for (int m : {1, 2, 3, 4, 5, 7, 9}) {  // full token tiles of 4 and every tail
+            const std::vector<float> x = random_floats(k * m, 31 + m);
+            const int64_t nb = k / 32;
+            std::vector<BlockQ8A> xq(m * nb);
+            pd::cpu::kernels(Isa::kScalar).quantize_rows(x.data(), k, k, m, xq.data());
+            const std::vector<float> ref = run_gemm(pd::cpu::kernels(Isa::kScalar), w, xq, m);
+            const int64_t ld = (n + 7) / 8 * 8;
+            for (int t = 0; t < m; ++t) {
+              for (int64_t r = 0; r < n; ++r) {
+                // What the kernel computes exactly: dequantized weights times
+                // dequantized activations. And what it approximates: times x.
+                double want = 0.0, want_x = 0.0, mag = 0.0;
+                for (int64_t j = 0; j < k; ++j) {
+                  const BlockQ8A& b = xq[t * nb + j / 32];
+                  const double xd = static_cast<double>(b.d) * b.qs[j % 32];
+                  want += w.deq[r * k + j] * xd;
+                  want_x += static_cast<double>(w.deq[r * k + j]) * x[t * k + j];
+                  mag += std::fabs(w.deq[r * k + j] * xd);
+                }
+                INFO(pd::ggml_type_name(type) << (raw ? " random blocks" : " quantized") << " k=" << k << " n=" << n
+                                              << " m=" << m << " t=" << t << " r=" << r);
+                CHECK(std::fabs(ref[t * ld + r] - want) <= 1e-5 * mag + 1e-6);
+                CHECK(std::fabs(ref[t * ld + r] - want_x) <= 0.02 * mag + 1e-5);  // 8-bit activations
               }
-              INFO(pd::ggml_type_name(type) << " k=" << k << " n=" << n << " m=" << m << " t=" << t << " r=" << r);
-              CHECK(std::fabs(ref[t * ld + r] - want) <= 1e-5 * mag + 1e-6);
-              CHECK(std::fabs(ref[t * ld + r] - want_x) <= 0.02 * mag + 1e-5);  // 8-bit activations
             }
-          }
-          for (Isa isa : runnable_isas()) {
-            const std::vector<float> got = run_gemm(pd::cpu::kernels(isa), w, xq, m);
-            INFO(pd::cpu::isa_name(isa) << " " << pd::ggml_type_name(type) << " k=" << k << " n=" << n
-                                        << " m=" << m);
-            CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+            for (Isa isa : runnable_isas()) {
+              const std::vector<float> got = run_gemm(pd::cpu::kernels(isa), w, xq, m);
+              INFO(pd::cpu::isa_name(isa) << " " << pd::ggml_type_name(type) << (raw ? " random blocks" : " quantized")
+                                          << " k=" << k << " n=" << n << " m=" << m);
+              CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+            }
           }
         }
       }
@@ -181,8 +231,8 @@ TEST_CASE("integer gemm equals the scalar dot of the dequantized operands on eve
 // Two-pass activations (CpuBackendConfig::int8x2_matmul_kinds): x ~ d1*q1 +
 // d2*q2, q2 the quantized residual, each pass through the same kernels.
 TEST_CASE("two-pass activations: the same bits on every ISA path, error bounded by the second step", "[cpu][kernels]") {
-  for (pd::GgmlType type : {pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0}) {
-    const int64_t k = 576, n = 21, nb = k / 32, ld = (n + 7) / 8 * 8;
+  for (pd::GgmlType type : {pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0, pd::GgmlType::kQ4_K, pd::GgmlType::kQ6_K}) {
+    const int64_t k = is_kquant(type) ? 512 : 576, n = 21, nb = k / 32, ld = (n + 7) / 8 * 8;
     const Weights w = make_weights(type, n, k, 11);
     for (int m : {1, 5}) {
       // One large value per block (as in a transformer's hidden state): with one
@@ -237,9 +287,11 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
   pd::cpu::Kernels emulated = pd::cpu::kernels(Isa::kAvx2);
   emulated.gemm_q4x8 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8;
   emulated.gemm_q8x8 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8;
-  for (pd::GgmlType type : {pd::GgmlType::kQ4_0, pd::GgmlType::kQ4_1, pd::GgmlType::kQ8_0}) {
-    for (int64_t k : {32, 608}) {
-      const Weights w = make_weights(type, 21, k, 3 * k);
+  emulated.gemm_q4x8f = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8f;
+  emulated.gemm_q8x8h = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8h;
+  for (pd::GgmlType type : kPackedTypes) {
+    for (int64_t k : row_lengths(type, true)) {
+      const Weights w = make_weights(type, 21, k, 3 * k, /*raw=*/k > 256);
       for (int m : {1, 2, 3, 4, 5, 9}) {
         const std::vector<float> x = random_floats(k * m, 13 + m);
         std::vector<BlockQ8A> xq(m * (k / 32));
@@ -254,19 +306,22 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
 }
 
 TEST_CASE("integer gemm is batch invariant: a row's result does not depend on its neighbours", "[cpu][kernels]") {
-  const Weights w = make_weights(pd::GgmlType::kQ4_1, 16, 192, 5);
-  const int m = 11;
-  const std::vector<float> x = random_floats(192 * m, 77);
-  std::vector<BlockQ8A> xq(m * 6);
-  for (Isa isa : runnable_isas()) {
-    const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
-    kern.quantize_rows(x.data(), 192, 192, m, xq.data());
-    const std::vector<float> all = run_gemm(kern, w, xq, m);
-    for (int t = 0; t < m; ++t) {
-      std::vector<BlockQ8A> one(xq.begin() + t * 6, xq.begin() + (t + 1) * 6);
-      const std::vector<float> alone = run_gemm(kern, w, one, 1);
-      INFO(pd::cpu::isa_name(isa) << " token " << t);
-      CHECK(std::memcmp(alone.data(), all.data() + t * 16, 16 * sizeof(float)) == 0);
+  for (pd::GgmlType type : kPackedTypes) {
+    const int64_t k = is_kquant(type) ? 256 : 192, nb = k / 32;
+    const Weights w = make_weights(type, 16, k, 5);
+    const int m = 11;
+    const std::vector<float> x = random_floats(k * m, 77);
+    std::vector<BlockQ8A> xq(m * nb);
+    for (Isa isa : runnable_isas()) {
+      const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
+      kern.quantize_rows(x.data(), k, k, m, xq.data());
+      const std::vector<float> all = run_gemm(kern, w, xq, m);
+      for (int t = 0; t < m; ++t) {
+        std::vector<BlockQ8A> one(xq.begin() + t * nb, xq.begin() + (t + 1) * nb);
+        const std::vector<float> alone = run_gemm(kern, w, one, 1);
+        INFO(pd::cpu::isa_name(isa) << " " << pd::ggml_type_name(type) << " token " << t);
+        CHECK(std::memcmp(alone.data(), all.data() + t * 16, 16 * sizeof(float)) == 0);
+      }
     }
   }
 }

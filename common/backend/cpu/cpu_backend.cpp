@@ -600,10 +600,7 @@ class CpuBackend final : public Backend {
           float* dst = whole ? os + i0 * n + g * kR : tail;
           const int64_t stride = whole ? n : kR;
           auto gemm = [&](const cpu::BlockQ8A* xa, float* o, int64_t o_stride) {
-            if (cpu::is_q4x8(f))
-              kern.gemm_q4x8(static_cast<const cpu::PackedQ4x8*>(group), nb, xa, mt, o, o_stride);
-            else
-              kern.gemm_q8x8(static_cast<const cpu::PackedQ8x8*>(group), nb, xa, mt, o, o_stride);
+            cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride);
           };
           gemm(xc, dst, stride);
           if (two_pass) {

@@ -35,10 +35,11 @@ struct CpuBackendConfig {
   // token for token under continuous batching and preemption. Off = the
   // sgemm path above gemm_min_rows (faster prefill, batch-dependent rounding).
   bool batch_invariant = true;
-  // Quantized weights (Q4_0/Q4_1/Q8_0) repacked at load and multiplied by
-  // activations quantized to 8 bits per 32-block, in integer arithmetic
-  // (q8_kernels.h): the fast path, batch invariant. Off = fp32 activations
-  // against the weights as stored (the reference path, slower).
+  // Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+  // repacked at load and multiplied by activations quantized to 8 bits per
+  // 32-block, in integer arithmetic (q8_kernels.h): the fast path, batch
+  // invariant. Off = fp32 activations against the weights as stored (the
+  // reference path, slower).
   bool int8_activations = true;
   // Kernel instruction set: "" = the widest this CPU runs (or PD_CPU_ISA),
   // else "scalar", "avx2" or "avx512vnni" (ignored when this CPU cannot run

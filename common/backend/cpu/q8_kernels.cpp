@@ -75,6 +75,47 @@ void gemm_q8x8_scalar(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m,
   }
 }
 
+void gemm_q4x8f_scalar(const PackedQ4x8F* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  for (int t = 0; t < m; ++t) {
+    const BlockQ8A* xt = x + t * nb;
+    for (int r = 0; r < kPackRows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const PackedQ4x8F& B = w[b];
+        int32_t isum = 0;
+        for (int c = 0; c < 4; ++c) {
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = B.qs[32 * c + 4 * r + i];
+            isum += (byte & 0x0F) * xt[b].qs[4 * c + i] + (byte >> 4) * xt[b].qs[16 + 4 * c + i];
+          }
+        }
+        acc = std::fmaf(static_cast<float>(isum), B.d[r] * xt[b].d, acc);
+        acc = std::fmaf(B.m[r], xt[b].s, acc);
+      }
+      out[t * out_stride + r] = acc;
+    }
+  }
+}
+
+void gemm_q8x8h_scalar(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  for (int t = 0; t < m; ++t) {
+    const BlockQ8A* xt = x + t * nb;
+    for (int r = 0; r < kPackRows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const PackedQ8x8H& B = w[b];
+        int32_t isum[2] = {0, 0};
+        for (int g = 0; g < 8; ++g)
+          for (int i = 0; i < 4; ++i) isum[g / 4] += B.qs[32 * g + 4 * r + i] * xt[b].qs[4 * g + i];
+        acc = std::fmaf(static_cast<float>(isum[0]), B.d[r] * xt[b].d, acc);
+        acc = std::fmaf(static_cast<float>(isum[1]), B.d[8 + r] * xt[b].d, acc);
+        acc = std::fmaf(B.m[r], xt[b].s, acc);
+      }
+      out[t * out_stride + r] = acc;
+    }
+  }
+}
+
 void qk_scores_scalar(const float* q, int64_t q_stride, int nr, const float* k, int64_t hd, int n, float scale,
                       float* s, int64_t s_stride) {
   for (int i = 0; i < nr; ++i) {
@@ -122,8 +163,9 @@ void silu_mul_scalar(const float* gate, const float* up, int64_t n, float* out) 
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
 }
 
-const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar,  gemm_q8x8_scalar,    qk_scores_scalar,
-                             softmax_step_scalar,  pv_accumulate_scalar, silu_mul_scalar};
+const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar,     gemm_q8x8_scalar,
+                             gemm_q4x8f_scalar,   gemm_q8x8h_scalar,    qk_scores_scalar,
+                             softmax_step_scalar, pv_accumulate_scalar, silu_mul_scalar};
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -158,17 +200,38 @@ PackedFormat packed_format_for(GgmlType type) {
     case GgmlType::kQ4_0: return PackedFormat::kQ4_0x8;
     case GgmlType::kQ4_1: return PackedFormat::kQ4_1x8;
     case GgmlType::kQ8_0: return PackedFormat::kQ8_0x8;
+    case GgmlType::kQ4_K: return PackedFormat::kQ4_Kx8;
+    case GgmlType::kQ5_0: return PackedFormat::kQ5_0x8;
+    case GgmlType::kQ5_1: return PackedFormat::kQ5_1x8;
+    case GgmlType::kQ5_K: return PackedFormat::kQ5_Kx8;
+    case GgmlType::kQ6_K: return PackedFormat::kQ6_Kx8;
     default: return PackedFormat::kNone;
   }
 }
 
-size_t packed_group_bytes(PackedFormat f, int64_t k) {
-  const size_t nb = static_cast<size_t>(k / kQBlock);
+PackedLayout packed_layout(PackedFormat f) {
   switch (f) {
     case PackedFormat::kQ4_0x8:
-    case PackedFormat::kQ4_1x8: return nb * sizeof(PackedQ4x8);
-    case PackedFormat::kQ8_0x8: return nb * sizeof(PackedQ8x8);
+    case PackedFormat::kQ4_1x8: return PackedLayout::kQ4x8;
+    case PackedFormat::kQ8_0x8: return PackedLayout::kQ8x8;
+    case PackedFormat::kQ4_Kx8: return PackedLayout::kQ4x8F;
+    case PackedFormat::kQ5_0x8:
+    case PackedFormat::kQ5_1x8:
+    case PackedFormat::kQ5_Kx8:
+    case PackedFormat::kQ6_Kx8: return PackedLayout::kQ8x8H;
     case PackedFormat::kNone: break;
+  }
+  return PackedLayout::kNone;
+}
+
+size_t packed_group_bytes(PackedFormat f, int64_t k) {
+  const size_t nb = static_cast<size_t>(k / kQBlock);
+  switch (packed_layout(f)) {
+    case PackedLayout::kQ4x8: return nb * sizeof(PackedQ4x8);
+    case PackedLayout::kQ4x8F: return nb * sizeof(PackedQ4x8F);
+    case PackedLayout::kQ8x8: return nb * sizeof(PackedQ8x8);
+    case PackedLayout::kQ8x8H: return nb * sizeof(PackedQ8x8H);
+    case PackedLayout::kNone: break;
   }
   return 0;
 }
@@ -178,9 +241,92 @@ size_t packed_bytes(PackedFormat f, int64_t n_rows, int64_t k) {
   return static_cast<size_t>(groups) * packed_group_bytes(f, k);
 }
 
+namespace {
+
+// Block b (32 elements) of a ggml row of a PackedQ4x8F / PackedQ8x8H type
+// as w = d[e / 16] * q[e] + m: the scales computed with the float operations
+// of dequantize_row, so that unpacking gives its bits.
+struct Block32 {
+  int8_t q[32];
+  float d[2];  // elements [0, 16) and [16, 32)
+  float m;
+};
+
+Block32 decode_block32(GgmlType type, const uint8_t* row, int64_t b) {
+  Block32 o{};
+  switch (type) {
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: {
+      const bool has_min = type == GgmlType::kQ5_1;
+      const uint8_t* p = row + b * (has_min ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
+      uint16_t dh, mh = 0;
+      std::memcpy(&dh, p, 2);
+      if (has_min) std::memcpy(&mh, p + 2, 2);
+      uint32_t qh;
+      std::memcpy(&qh, p + (has_min ? 4 : 2), 4);
+      const uint8_t* qs = p + (has_min ? 8 : 6);
+      for (int j = 0; j < 16; ++j) {
+        const int x0 = (qs[j] & 0x0F) | static_cast<int>(((qh >> j) << 4) & 0x10);
+        const int x1 = (qs[j] >> 4) | static_cast<int>((qh >> (j + 12)) & 0x10);
+        o.q[j] = static_cast<int8_t>(has_min ? x0 : x0 - 16);
+        o.q[j + 16] = static_cast<int8_t>(has_min ? x1 : x1 - 16);
+      }
+      o.d[0] = o.d[1] = fp16_to_fp32(dh);
+      o.m = has_min ? fp16_to_fp32(mh) : 0.0f;
+      return o;
+    }
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: {
+      const bool five = type == GgmlType::kQ5_K;
+      const int64_t sb = b / 8;
+      const int j = static_cast<int>(b % 8);
+      const uint8_t* p = row + sb * (five ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K));
+      uint16_t dh, mh;
+      std::memcpy(&dh, p, 2);
+      std::memcpy(&mh, p + 2, 2);
+      uint8_t sc, mn;
+      kquant_scale_min(j, p + 4, &sc, &mn);
+      const uint8_t* qh = five ? p + 16 : nullptr;
+      const uint8_t* qs = (five ? p + 48 : p + 16) + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = j % 2 == 0 ? (qs[l] & 0xF) : (qs[l] >> 4);
+        o.q[l] = static_cast<int8_t>(lo + (qh && (qh[l] >> j) & 1 ? 16 : 0));
+      }
+      o.d[0] = o.d[1] = fp16_to_fp32(dh) * sc;     // ggml: d * sc, then (d * sc) * q - min * m
+      o.m = -(fp16_to_fp32(mh) * mn);
+      return o;
+    }
+    case GgmlType::kQ6_K: {
+      // Block b is elements 128n + 32k + l of super-block b / 8 (n = b % 8 / 4,
+      // k = b % 4, l < 32), sub-blocks 2 (b % 8) and 2 (b % 8) + 1.
+      const uint8_t* p = row + (b / 8) * sizeof(BlockQ6_K);
+      const int n = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
+      const uint8_t* ql = p + 64 * n + 32 * (k & 1);
+      const uint8_t* qh = p + 128 + 32 * n;
+      const auto* scales = reinterpret_cast<const int8_t*>(p + 192);
+      uint16_t dh;
+      std::memcpy(&dh, p + 208, 2);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = k >= 2 ? ql[l] >> 4 : ql[l] & 0xF;
+        o.q[l] = static_cast<int8_t>((lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
+      }
+      const float d = fp16_to_fp32(dh);
+      o.d[0] = d * static_cast<float>(scales[2 * (b % 8)]);
+      o.d[1] = d * static_cast<float>(scales[2 * (b % 8) + 1]);
+      o.m = 0.0f;
+      return o;
+    }
+    default: break;
+  }
+  return o;
+}
+
+}  // namespace
+
 bool pack_rows(GgmlType type, const void* src, int64_t n_rows, int64_t k, void* dst) {
   const PackedFormat f = packed_format_for(type);
-  if (f == PackedFormat::kNone || k % kQBlock != 0) return false;
+  if (f == PackedFormat::kNone || k % kQBlock != 0 || k % ggml_traits(type).block_elems != 0) return false;
+  const PackedLayout layout = packed_layout(f);
   const int64_t nb = k / kQBlock, groups = (n_rows + kPackRows - 1) / kPackRows;
   const size_t src_row = ggml_row_bytes(type, k);
   const uint8_t* s = static_cast<const uint8_t*>(src);
@@ -189,6 +335,25 @@ bool pack_rows(GgmlType type, const void* src, int64_t n_rows, int64_t k, void* 
     for (int r = 0; r < kPackRows && g * kPackRows + r < n_rows; ++r) {
       const uint8_t* row = s + static_cast<size_t>(g * kPackRows + r) * src_row;
       for (int64_t b = 0; b < nb; ++b) {
+        if (layout == PackedLayout::kQ4x8F) {
+          PackedQ4x8F& P = static_cast<PackedQ4x8F*>(dst)[g * nb + b];
+          const Block32 q = decode_block32(type, row, b);
+          P.d[r] = q.d[0];
+          P.m[r] = q.m;
+          for (int c = 0; c < 4; ++c)
+            for (int i = 0; i < 4; ++i)
+              P.qs[32 * c + 4 * r + i] = static_cast<uint8_t>(q.q[4 * c + i] | (q.q[16 + 4 * c + i] << 4));
+          continue;
+        }
+        if (layout == PackedLayout::kQ8x8H) {
+          PackedQ8x8H& P = static_cast<PackedQ8x8H*>(dst)[g * nb + b];
+          const Block32 q = decode_block32(type, row, b);
+          P.d[r] = q.d[0];
+          P.d[8 + r] = q.d[1];
+          P.m[r] = q.m;
+          for (int gg = 0; gg < 8; ++gg) std::memcpy(&P.qs[32 * gg + 4 * r], &q.q[4 * gg], 4);
+          continue;
+        }
         if (f == PackedFormat::kQ8_0x8) {
           PackedQ8x8& P = static_cast<PackedQ8x8*>(dst)[g * nb + b];
           const BlockQ8_0& q = reinterpret_cast<const BlockQ8_0*>(row)[b];
@@ -221,13 +386,33 @@ bool pack_rows(GgmlType type, const void* src, int64_t n_rows, int64_t k, void* 
 void unpack_row(PackedFormat f, const void* packed, int64_t k, int64_t row, float* dst) {
   const int64_t nb = k / kQBlock, g = row / kPackRows;
   const int r = static_cast<int>(row % kPackRows);
+  const PackedLayout layout = packed_layout(f);
   for (int64_t b = 0; b < nb; ++b) {
     float* o = dst + b * kQBlock;
-    if (f == PackedFormat::kQ8_0x8) {
+    if (layout == PackedLayout::kQ8x8) {
       const PackedQ8x8& P = static_cast<const PackedQ8x8*>(packed)[g * nb + b];
       const float d = fp16_to_fp32(P.d[r]);
       for (int gg = 0; gg < 8; ++gg)
         for (int i = 0; i < 4; ++i) o[4 * gg + i] = d * static_cast<float>(P.qs[32 * gg + 4 * r + i]);
+    } else if (layout == PackedLayout::kQ8x8H) {
+      // ggml's operations: Q5_0 (q5 - 16) * d and Q6_K (d * sc) * (q6 - 32),
+      // one product; Q5_1 q * d + m and Q5_K (d * sc) * q - dmin * m (the
+      // product is exact, and a - b is a + (-b)).
+      const PackedQ8x8H& P = static_cast<const PackedQ8x8H*>(packed)[g * nb + b];
+      const bool offset = f == PackedFormat::kQ5_1x8 || f == PackedFormat::kQ5_Kx8;
+      for (int e = 0; e < kQBlock; ++e) {
+        const float v = P.d[e < 16 ? r : 8 + r] * static_cast<float>(P.qs[32 * (e / 4) + 4 * r + e % 4]);
+        o[e] = offset ? v + P.m[r] : v;
+      }
+    } else if (layout == PackedLayout::kQ4x8F) {
+      const PackedQ4x8F& P = static_cast<const PackedQ4x8F*>(packed)[g * nb + b];
+      for (int c = 0; c < 4; ++c) {
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t byte = P.qs[32 * c + 4 * r + i];
+          o[4 * c + i] = P.d[r] * static_cast<float>(byte & 0x0F) + P.m[r];
+          o[16 + 4 * c + i] = P.d[r] * static_cast<float>(byte >> 4) + P.m[r];
+        }
+      }
     } else {
       const PackedQ4x8& P = static_cast<const PackedQ4x8*>(packed)[g * nb + b];
       const float d = fp16_to_fp32(P.d[r]), m = fp16_to_fp32(P.m[r]);
@@ -244,6 +429,21 @@ void unpack_row(PackedFormat f, const void* packed, int64_t k, int64_t row, floa
         }
       }
     }
+  }
+}
+
+void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
+                float* out, int64_t out_stride) {
+  switch (packed_layout(f)) {
+    case PackedLayout::kQ4x8: kern.gemm_q4x8(static_cast<const PackedQ4x8*>(group), nb, x, m, out, out_stride); break;
+    case PackedLayout::kQ4x8F:
+      kern.gemm_q4x8f(static_cast<const PackedQ4x8F*>(group), nb, x, m, out, out_stride);
+      break;
+    case PackedLayout::kQ8x8: kern.gemm_q8x8(static_cast<const PackedQ8x8*>(group), nb, x, m, out, out_stride); break;
+    case PackedLayout::kQ8x8H:
+      kern.gemm_q8x8h(static_cast<const PackedQ8x8H*>(group), nb, x, m, out, out_stride);
+      break;
+    case PackedLayout::kNone: break;
   }
 }
 
@@ -287,6 +487,8 @@ const Kernels& kernels(Isa isa) {
       Kernels k = *avx2_kernels();
       k.gemm_q4x8 = avx512vnni_gemm()->gemm_q4x8;
       k.gemm_q8x8 = avx512vnni_gemm()->gemm_q8x8;
+      k.gemm_q4x8f = avx512vnni_gemm()->gemm_q4x8f;
+      k.gemm_q8x8h = avx512vnni_gemm()->gemm_q8x8h;
       if (const AttentionKernels* a = avx512_attention()) {
         k.qk_scores = a->qk_scores;
         k.softmax_step = a->softmax_step;

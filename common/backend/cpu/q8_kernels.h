@@ -15,7 +15,12 @@
 // Numbers. For weights w = d*q + m (Q4_1; Q4_0 is packed as m = -8d) and
 // activations x = dx*qx with sx = dx * sum(qx):
 //   dot(w, x) = sum over blocks [ (float)isum_b * (d_b*dx_b) + m_b * sx_b ]
-// accumulated with fused multiply-adds in block order. The same sequence of
+// accumulated with fused multiply-adds in block order. The K-quants and the
+// 5-bit types are the same sum: each of their 32-element blocks is w = D*q +
+// M with q a small integer and D, M exact fp32 products of the file's fp16
+// scales and small integers (PackedQ4x8F, PackedQ8x8H below); Q6_K's
+// 16-element sub-blocks make two integer sums per block, one per half, each
+// scaled by its own D. The same sequence of
 // operations runs for a (row, token) pair whatever the other rows and tokens
 // of the call are, so results are batch invariant; the scalar and AVX2
 // paths perform the same operations and agree bit for bit (tested).
@@ -66,17 +71,57 @@ struct PackedQ8x8 {
 };
 static_assert(sizeof(PackedQ8x8) == 272);
 
-// Packed formats; Q4_0 and Q4_1 share PackedQ4x8 and its kernel (Q4_0 is
-// kept apart only so that unpacking reproduces d*(q-8) exactly).
-enum class PackedFormat : uint8_t { kNone = 0, kQ4_0x8 = 1, kQ4_1x8 = 2, kQ8_0x8 = 3 };
+// 8 rows x 32 elements of Q4_K weights: PackedQ4x8 with fp32 scales. Block
+// b of a row is ggml sub-block j = b % 8 of super-block b / 8: d = d_sb *
+// sc_j and m = -(dmin_sb * m_j), both exact in fp32 (11 x 6 significant bits),
+// so w = d*q + m is exactly ggml's d*sc_j*q - dmin*m_j. qs as PackedQ4x8.
+struct PackedQ4x8F {
+  float d[8];
+  float m[8];
+  uint8_t qs[128];
+};
+static_assert(sizeof(PackedQ4x8F) == 192);
+
+// 8 rows x 32 elements of int8 weights (|q| <= 32) with one scale per
+// 16-element half: element e of row r is d[r]*q + m[r] for e < 16 and
+// d[8+r]*q + m[r] for e >= 16; qs as PackedQ8x8 (runs g < 4 hold the first
+// half). Q5_0: q = q5 - 16, d = d (both halves), m = 0. Q5_1: q = q5, d,
+// m = m. Q5_K: as Q4_K with q in [0, 31]. Q6_K: q = q6 - 32, the two
+// 16-element sub-blocks' d_sb * scales[j] (exact: 11 x 8 bits), m = 0.
+struct PackedQ8x8H {
+  float d[16];
+  float m[8];
+  int8_t qs[256];
+};
+static_assert(sizeof(PackedQ8x8H) == 352);
+
+// Packed formats, one per GGUF type (so that unpacking reproduces ggml's
+// dequantization exactly); they share four block layouts and kernels:
+// PackedQ4x8 (Q4_0, Q4_1), PackedQ4x8F (Q4_K), PackedQ8x8 (Q8_0) and
+// PackedQ8x8H (Q5_0, Q5_1, Q5_K, Q6_K). The values are stored in
+// Tensor::layout.
+enum class PackedFormat : uint8_t {
+  kNone = 0,
+  kQ4_0x8 = 1,
+  kQ4_1x8 = 2,
+  kQ8_0x8 = 3,
+  kQ4_Kx8 = 4,
+  kQ5_0x8 = 5,
+  kQ5_1x8 = 6,
+  kQ5_Kx8 = 7,
+  kQ6_Kx8 = 8,
+};
+enum class PackedLayout : uint8_t { kNone, kQ4x8, kQ4x8F, kQ8x8, kQ8x8H };
+PackedLayout packed_layout(PackedFormat f);
 inline bool is_q4x8(PackedFormat f) { return f == PackedFormat::kQ4_0x8 || f == PackedFormat::kQ4_1x8; }
 
 // The packed format for a GGUF weight type (kNone: not packable).
 PackedFormat packed_format_for(GgmlType type);
 size_t packed_group_bytes(PackedFormat f, int64_t k);  // one 8-row group, k elements per row
 size_t packed_bytes(PackedFormat f, int64_t n_rows, int64_t k);
-// Repacks n_rows ggml rows of k elements (k a multiple of 32) into dst
-// (packed_bytes() long). Fails only if Q4_0's -8d offset overflows fp16.
+// Repacks n_rows ggml rows of k elements (k a multiple of the type's block
+// size) into dst (packed_bytes() long). Fails only if Q4_0's -8d offset
+// overflows fp16.
 bool pack_rows(GgmlType type, const void* src, int64_t n_rows, int64_t k, void* dst);
 // Row `row` of a packed matrix back to k floats (exactly what dequantizing the
 // original ggml row gives).
@@ -120,6 +165,12 @@ struct Kernels {
   // blocks: out[t * out_stride + r] = dot(row r, x_t), r < 8, t < m.
   void (*gemm_q4x8)(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
   void (*gemm_q8x8)(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
+  // The same for PackedQ4x8F (gemm_q4x8's arithmetic with fp32 scales) and
+  // PackedQ8x8H: per block isum_lo (runs g < 4) and isum_hi (g >= 4), then
+  // acc = fma(isum_lo, d[r]*dx, acc), fma(isum_hi, d[8+r]*dx, acc),
+  // fma(m[r], sx, acc).
+  void (*gemm_q4x8f)(const PackedQ4x8F* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
+  void (*gemm_q8x8h)(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
 
   // Attention pieces (fp32; hd a multiple of 8), over many query rows at
   // once: the rows share every key and value load. Each score and each output
@@ -151,6 +202,11 @@ struct Kernels {
 // The table for one instruction set; isa must be supported.
 const Kernels& kernels(Isa isa);
 
+// One packed group (8 rows, nb blocks, format f) against m quantized
+// activation rows through kern's kernel for f's layout.
+void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
+                float* out, int64_t out_stride);
+
 // The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
 const Kernels* avx2_kernels();
 // The AVX512-VNNI integer matmul kernels (q8_kernels_avx512vnni.cpp); that
@@ -159,6 +215,8 @@ const Kernels* avx2_kernels();
 struct IntegerGemm {
   decltype(Kernels::gemm_q4x8) gemm_q4x8;
   decltype(Kernels::gemm_q8x8) gemm_q8x8;
+  decltype(Kernels::gemm_q4x8f) gemm_q4x8f;
+  decltype(Kernels::gemm_q8x8h) gemm_q8x8h;
 };
 const IntegerGemm* avx512vnni_gemm();
 // The attention kernels compiled for AVX-512 (q8_kernels_avx512vnni.cpp, from

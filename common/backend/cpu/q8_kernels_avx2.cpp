@@ -61,22 +61,30 @@ void quantize_rows_avx2(const float* x, int64_t k, int64_t x_stride, int m, Bloc
 // (decode), and one core's hardware prefetcher alone leaves bandwidth unused.
 constexpr int kPrefetchBytes = 2048;
 
+// The 8 rows' scales of a Q4 block: fp16 (PackedQ4x8) or fp32 (PackedQ4x8F).
+inline __m256 load_fp16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load_d(const PackedQ4x8& B) { return load_fp16x8(B.d); }
+inline __m256 load_m(const PackedQ4x8& B) { return load_fp16x8(B.m); }
+inline __m256 load_d(const PackedQ4x8F& B) { return _mm256_loadu_ps(B.d); }
+inline __m256 load_m(const PackedQ4x8F& B) { return _mm256_loadu_ps(B.m); }
+
 // T tokens against one packed group of 8 Q4 rows. Per block: the 128 bytes of
 // nibbles are loaded once for all T tokens; each token's 8 broadcast
 // 4-byte runs are multiplied (u8 x s8 -> pairs of i16) and summed in i16
 // (at most 16 products of |15 * 127| per lane: no overflow), widened once.
-template <int T>
-inline void q4x8_tile(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+template <typename Block, int T>
+inline void q4x8_tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
                       int64_t out_stride) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const PackedQ4x8& B = w[b];
-    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 128, _MM_HINT_T0);
+    const Block& B = w[b];
+    for (int l = 0; l < static_cast<int>((sizeof(Block) + 63) / 64); ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
     __m256i s[T];
     for (int c = 0; c < 4; ++c) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * c));
@@ -89,8 +97,8 @@ inline void q4x8_tile(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int64_
         s[t] = c == 0 ? p : _mm256_add_epi16(s[t], p);
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
-    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.m)));
+    const __m256 d = load_d(B);
+    const __m256 mn = load_m(B);
     for (int t = 0; t < T; ++t) {
       const BlockQ8A& xb = x[t * x_rows_stride + b];
       const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));
@@ -132,6 +140,44 @@ inline void q8x8_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
+// T tokens against one packed group of 8 rows of PackedQ8x8H (|q| <= 32):
+// signed x signed as in q8x8_tile, the products of runs g < 4 and g >= 4
+// summed apart in i16 (4 pairs of at most 2 * 32 * 127 per lane: 32512, no
+// overflow), each half widened once and scaled by its own d.
+template <int T>
+inline void q8x8h_tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+                       int64_t out_stride) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PackedQ8x8H& B = w[b];
+    for (int l = 0; l < 6; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+    __m256i s[2][T];
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = broadcast4(x[t * x_rows_stride + b].qs + 4 * g);
+        const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(xv, v));
+        s[g / 4][t] = g % 4 == 0 ? p : _mm256_add_epi16(s[g / 4][t], p);
+      }
+    }
+    const __m256 dlo = _mm256_loadu_ps(B.d), dhi = _mm256_loadu_ps(B.d + 8), mn = _mm256_loadu_ps(B.m);
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8A& xb = x[t * x_rows_stride + b];
+      const __m256 xd = _mm256_set1_ps(xb.d);
+      const __m256 flo = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[0][t], ones));
+      const __m256 fhi = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[1][t], ones));
+      acc[t] = _mm256_fmadd_ps(flo, _mm256_mul_ps(dlo, xd), acc[t]);
+      acc[t] = _mm256_fmadd_ps(fhi, _mm256_mul_ps(dhi, xd), acc[t]);
+      acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb.s), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
 constexpr int kTileTokens = 4;
 
 // Tiles of kTileTokens tokens, then one tile for the remaining 1-3.
@@ -151,7 +197,17 @@ void gemm_tiles(const Block* w, int64_t nb, const BlockQ8A* x, int m, float* out
 }
 
 void gemm_q4x8_avx2(const PackedQ4x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  gemm_tiles<PackedQ4x8, q4x8_tile<4>, q4x8_tile<3>, q4x8_tile<2>, q4x8_tile<1>>(w, nb, x, m, out, out_stride);
+  using B = PackedQ4x8;
+  gemm_tiles<B, q4x8_tile<B, 4>, q4x8_tile<B, 3>, q4x8_tile<B, 2>, q4x8_tile<B, 1>>(w, nb, x, m, out, out_stride);
+}
+
+void gemm_q4x8f_avx2(const PackedQ4x8F* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  using B = PackedQ4x8F;
+  gemm_tiles<B, q4x8_tile<B, 4>, q4x8_tile<B, 3>, q4x8_tile<B, 2>, q4x8_tile<B, 1>>(w, nb, x, m, out, out_stride);
+}
+
+void gemm_q8x8h_avx2(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  gemm_tiles<PackedQ8x8H, q8x8h_tile<4>, q8x8h_tile<3>, q8x8h_tile<2>, q8x8h_tile<1>>(w, nb, x, m, out, out_stride);
 }
 
 void gemm_q8x8_avx2(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
@@ -178,8 +234,9 @@ void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-const Kernels kAvx2Kernels{quantize_rows_avx2,  gemm_q4x8_avx2,     gemm_q8x8_avx2, qk_scores_simd,
-                           softmax_step_simd,   pv_accumulate_simd, silu_mul_avx2};
+const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2,     gemm_q8x8_avx2, gemm_q4x8f_avx2,
+                           gemm_q8x8h_avx2,    qk_scores_simd,     softmax_step_simd, pv_accumulate_simd,
+                           silu_mul_avx2};
 
 }  // namespace
 
