@@ -108,7 +108,9 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& f) {
     return Status::unsupported(f.path() + ": RoPE scaling '" + scaling + "' (" + p +
                                "rope.scaling.type) is not supported (none, linear; Llama 3's rope_freqs)");
   }
-  c.rope_freq_factors = f.find_tensor("rope_freqs.weight") != nullptr;
+  // Llama 3.x's scaling, baked into per-pair factors by llama.cpp's converter
+  // (llama only: other architectures' files never carry it).
+  c.rope_freq_factors = c.arch == "llama" && f.find_tensor("rope_freqs.weight") != nullptr;
   if (f.find(p + "rope.freq_base")) {
     PD_ASSIGN_OR_RETURN(double b, f.get_float(p + "rope.freq_base"));
     if (!(b > 1.0)) return Status::invalid_argument(f.path() + ": " + p + "rope.freq_base must be > 1");
