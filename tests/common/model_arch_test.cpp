@@ -23,6 +23,7 @@
 #include "gguf/gguf_writer.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
+#include "plan/model_spec.h"
 #include "test_support.h"
 
 // Named, not anonymous: the unit tests build as unity sources beside other files' helpers.
@@ -394,4 +395,30 @@ TEST_CASE("architectures: each variant changes the logits", "[model][arch]") {
   g_small.sliding_window = 4;
   g_wide.sliding_window = 100;  // wider than the prompt: full attention everywhere
   CHECK(last_logits(g_small) != last_logits(g_wide));
+}
+
+// The planner's parameter count (ModelSpec from the GGUF) equals the file's
+// for each variant: the Q/K norms, post-norms and biases are counted.
+TEST_CASE("architectures: the planner counts each variant's parameters as the file holds them", "[model][arch]") {
+  std::vector<Variant> variants(4);
+  variants[1].arch = "qwen2";
+  variants[2].arch = "qwen3";
+  variants[3].arch = "gemma3";
+  variants[3].sliding_window = 4;
+  for (const Variant& v : variants) {
+    INFO(v.arch);
+    auto spec = pd::plan::model_from_gguf(*open_variant(v));
+    INFO(spec.status().to_string());
+    REQUIRE(spec.is_ok());
+    CHECK(spec->file_params == pd::plan::parameter_count(*spec));
+  }
+  const std::string gemma = std::string(PD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
+  if (auto f = pd::GgufFile::open(gemma); f.is_ok()) {
+    auto spec = pd::plan::model_from_gguf(**f);
+    REQUIRE(spec.is_ok());
+    CHECK(spec->qk_norm);
+    CHECK(spec->post_norms);
+    CHECK(spec->head_dim == 256);
+    CHECK(spec->file_params == pd::plan::parameter_count(*spec));
+  }
 }
