@@ -78,6 +78,21 @@ struct KvCacheLayout {
   size_t total_bytes() const { return static_cast<size_t>(n_layers) * 2 * num_blocks * block_bytes(); }
 };
 
+// How rope() rotates (ggml's rope modes and frequency scalings). Pair i of a
+// head turns by angle position * freq_scale * freq_base^(-2i / head_dim) /
+// freq_factors[i] (ggml_rope_ext with ext_factor 0: no YaRN).
+struct RopeSpec {
+  float freq_base = 10000.0f;
+  // false: adjacent pairs (x[2i], x[2i+1]), ggml's "normal" mode, matching the
+  // permuted Q/K rows llama.cpp writes for Llama; true: pairs (x[i], x[i + d/2])
+  // (GPT-NeoX's, used by Qwen2, Qwen3, Gemma 3, whose rows are not permuted).
+  bool neox = false;
+  float freq_scale = 1.0f;  // linear RoPE scaling: 1 / factor
+  // Empty, or head_dim / 2 per-pair divisors of the frequency (Llama 3.x's
+  // rope_freqs.weight). Host memory, read during the call.
+  std::span<const float> freq_factors;
+};
+
 // Per query token: where it sits and which sequence's blocks it attends over.
 struct AttentionToken {
   int32_t position;  // absolute position in its sequence; attends to [0, position]
@@ -113,14 +128,27 @@ class Backend {
     for (size_t i = 0; i < ws.size(); ++i) PD_RETURN_IF_ERROR(matmul(x, *ws[i], *outs[i]));
     return Status::ok();
   }
-  // Rotary embedding in place over adjacent pairs (x[2i], x[2i+1]) of each head
-  // (ggml's "normal" mode, matching GGUF's permuted Q/K rows).
+  // Rotary embedding in place, as `spec` says, of each head of each token.
   // x [head_dim, n_heads, n_tokens]; positions[n_tokens].
-  virtual Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) = 0;
+  virtual Status rope(Tensor& x, std::span<const int32_t> positions, const RopeSpec& spec) = 0;
+  // The plain Llama rotation: adjacent pairs, no scaling.
+  Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) {
+    RopeSpec spec;
+    spec.freq_base = freq_base;
+    return rope(x, positions, spec);
+  }
   // out = silu(gate) * up, elementwise.
   virtual Status swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // out = a + b, elementwise (out may alias a).
+  // out = gelu(gate) * up, elementwise, with GELU's tanh approximation
+  // 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))) in fp32 (ggml's
+  // ggml_gelu_f32 and PyTorch's gelu(approximate="tanh"); ggml's CPU build
+  // looks the GELU up in an fp16 table instead).
+  virtual Status geglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // out = a + b, elementwise (out may alias a). b either has a's element
+  // count or is one row of a.ne[0] elements, added to every row of a (a bias).
   virtual Status add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // out = x * s, elementwise (out may alias x).
+  virtual Status scale(const Tensor& x, float s, Tensor& out) = 0;
 
   // ---- paged KV cache
   // Writes token i's K and V (k, v: [head_dim, n_kv_heads, n_tokens]) of `layer`
@@ -131,10 +159,19 @@ class Backend {
   // (positions 0..tokens[i].position, written beforehand with kv_write).
   // q, out: [head_dim, n_heads, n_tokens]; block_tables[s] lists sequence s's
   // blocks in order; n_heads must be a multiple of n_kv_heads (grouped-query).
+  // window > 0: sliding-window attention, a token at position p attends to
+  // positions (p - window, p] only (Gemma 3's local layers); blocks wholly
+  // before that are not read. 0: the whole prefix.
   virtual Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& layout,
                                  int layer, std::span<const AttentionToken> tokens,
-                                 std::span<const std::span<const int32_t>> block_tables, float scale,
+                                 std::span<const std::span<const int32_t>> block_tables, float scale, int window,
                                  Tensor& out) = 0;
+  // Full causal attention (no window).
+  Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& layout, int layer,
+                         std::span<const AttentionToken> tokens,
+                         std::span<const std::span<const int32_t>> block_tables, float scale, Tensor& out) {
+    return paged_attention(q, cache, layout, layer, tokens, block_tables, scale, 0, out);
+  }
   // Copies one block (all layers, K and V) — copy-on-write of a shared block.
   virtual Status kv_copy_block(BackendBuffer& cache, const KvCacheLayout& layout, int64_t src, int64_t dst) = 0;
 

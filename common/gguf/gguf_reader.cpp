@@ -568,10 +568,11 @@ Result<std::vector<float>> GgufFile::get_float_array(const std::string& key) con
 
 Status check_llama_family(const GgufFile& file) {
   PD_ASSIGN_OR_RETURN(const std::string arch, file.get_string("general.architecture"));
-  if (arch != "llama") {
-    return Status::unsupported("unsupported architecture '" + arch + "' in " + file.path() + " (supported: llama)");
+  for (const char* a : {"llama", "qwen2", "qwen3", "gemma3"}) {
+    if (arch == a) return Status::ok();
   }
-  return Status::ok();
+  return Status::unsupported("unsupported architecture '" + arch + "' in " + file.path() +
+                             " (supported: llama, qwen2, qwen3, gemma3)");
 }
 
 }  // namespace pd

@@ -114,9 +114,10 @@ class GgufFile {
 };
 
 // Refuses a model whose general.architecture is not one this project runs
-// (supported: "llama"). Unsupported names the architecture found and the file:
-// "unsupported architecture 'gpt2' in m.gguf (supported: llama)". A missing key
-// is NotFound, a non-string one InvalidArgument (as get_string).
+// (the Llama family of LlamaConfig: llama, qwen2, qwen3, gemma3). Unsupported
+// names the architecture found and the file: "unsupported architecture 'gpt2'
+// in m.gguf (supported: llama, qwen2, qwen3, gemma3)". A missing key is
+// NotFound, a non-string one InvalidArgument (as get_string).
 Status check_llama_family(const GgufFile& file);
 
 }  // namespace pd

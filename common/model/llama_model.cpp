@@ -1,6 +1,7 @@
 #include "model/llama_model.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "gguf/gguf_reader.h"
@@ -41,48 +42,100 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
 
 LlamaModel::~LlamaModel() = default;
 
-Result<Tensor> LlamaModel::weight(const std::string& name, std::vector<int64_t> expected_ne) {
+Result<Tensor> LlamaModel::weight(const std::string& name, std::vector<int64_t> expected_ne, bool f32_only) {
   const GgufTensorInfo* info = file_->find_tensor(name);
   if (!info) return Status::invalid_argument(file_->path() + ": missing tensor " + name);
   if (info->ne != expected_ne)
     return Status::invalid_argument(file_->path() + ": tensor " + name + " has shape " + shape_str(info->ne) +
                                     ", expected " + shape_str(expected_ne));
+  if (f32_only && info->type != GgmlType::kF32)
+    return Status::unsupported(file_->path() + ": tensor " + name + " must be F32, got " +
+                               ggml_type_name(info->type));
   std::unique_ptr<BackendBuffer> storage;
   PD_ASSIGN_OR_RETURN(Tensor t, backend_.load_weight(*info, &storage));
   if (storage) weight_storage_.push_back(std::move(storage));
   weight_bytes_ += info->nbytes;
+  ++tensors_used_;
   return t;
 }
 
 Status LlamaModel::load_weights() {
   const int64_t d = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
   PD_ASSIGN_OR_RETURN(tok_embd_, weight("token_embd.weight", {d, cfg_.vocab}));
-  PD_ASSIGN_OR_RETURN(output_norm_, weight("output_norm.weight", {d}));
+  PD_ASSIGN_OR_RETURN(output_norm_, weight("output_norm.weight", {d}, true));
   if (cfg_.tied_embeddings) {
     output_ = tok_embd_;
   } else {
     PD_ASSIGN_OR_RETURN(output_, weight("output.weight", {d, cfg_.vocab}));
   }
+  if (cfg_.rope_freq_factors) {
+    // Read on the host: rope() takes them with each call.
+    const GgufTensorInfo* info = file_->find_tensor("rope_freqs.weight");
+    if (info->ne != std::vector<int64_t>{hd / 2} || info->type != GgmlType::kF32)
+      return Status::invalid_argument(file_->path() + ": tensor rope_freqs.weight has shape " + shape_str(info->ne) +
+                                      " of " + ggml_type_name(info->type) + ", expected [" + std::to_string(hd / 2) +
+                                      "] of F32");
+    rope_factors_.resize(static_cast<size_t>(hd / 2));
+    std::memcpy(rope_factors_.data(), info->data, rope_factors_.size() * sizeof(float));
+    for (float f : rope_factors_) {
+      if (!(f > 0.0f) || !std::isfinite(f))
+        return Status::invalid_argument(file_->path() + ": tensor rope_freqs.weight holds a factor that is not positive");
+    }
+    weight_bytes_ += info->nbytes;
+    ++tensors_used_;
+  }
   layers_.resize(cfg_.n_layers);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer& L = layers_[l];
-    PD_ASSIGN_OR_RETURN(L.attn_norm, weight(p + "attn_norm.weight", {d}));
+    PD_ASSIGN_OR_RETURN(L.attn_norm, weight(p + "attn_norm.weight", {d}, true));
     PD_ASSIGN_OR_RETURN(L.wq, weight(p + "attn_q.weight", {d, nh * hd}));
     PD_ASSIGN_OR_RETURN(L.wk, weight(p + "attn_k.weight", {d, nkv * hd}));
     PD_ASSIGN_OR_RETURN(L.wv, weight(p + "attn_v.weight", {d, nkv * hd}));
     PD_ASSIGN_OR_RETURN(L.wo, weight(p + "attn_output.weight", {nh * hd, d}));
-    PD_ASSIGN_OR_RETURN(L.ffn_norm, weight(p + "ffn_norm.weight", {d}));
+    PD_ASSIGN_OR_RETURN(L.ffn_norm, weight(p + "ffn_norm.weight", {d}, true));
     PD_ASSIGN_OR_RETURN(L.w_gate, weight(p + "ffn_gate.weight", {d, cfg_.ffn}));
     PD_ASSIGN_OR_RETURN(L.w_up, weight(p + "ffn_up.weight", {d, cfg_.ffn}));
     PD_ASSIGN_OR_RETURN(L.w_down, weight(p + "ffn_down.weight", {cfg_.ffn, d}));
-    for (const Tensor* norm : {&L.attn_norm, &L.ffn_norm}) {
-      if (norm->type != GgmlType::kF32)
-        return Status::unsupported(file_->path() + ": " + p + " norm weights must be F32");
+    if (cfg_.qkv_bias) {
+      PD_ASSIGN_OR_RETURN(L.bq, weight(p + "attn_q.bias", {nh * hd}, true));
+      PD_ASSIGN_OR_RETURN(L.bk, weight(p + "attn_k.bias", {nkv * hd}, true));
+      PD_ASSIGN_OR_RETURN(L.bv, weight(p + "attn_v.bias", {nkv * hd}, true));
+    }
+    if (cfg_.qk_norm) {
+      PD_ASSIGN_OR_RETURN(L.q_norm, weight(p + "attn_q_norm.weight", {hd}, true));
+      PD_ASSIGN_OR_RETURN(L.k_norm, weight(p + "attn_k_norm.weight", {hd}, true));
+    }
+    if (cfg_.post_norms) {
+      PD_ASSIGN_OR_RETURN(L.post_attn_norm, weight(p + "post_attention_norm.weight", {d}, true));
+      PD_ASSIGN_OR_RETURN(L.post_ffn_norm, weight(p + "post_ffw_norm.weight", {d}, true));
     }
   }
-  if (output_norm_.type != GgmlType::kF32)
-    return Status::unsupported(file_->path() + ": output_norm.weight must be F32");
+  // A tensor the forward pass would not use means a variant it does not
+  // implement (an output bias, a different block layout): refuse it by name
+  // rather than compute something else.
+  if (tensors_used_ != file_->tensors().size()) {
+    for (const GgufTensorInfo& t : file_->tensors()) {
+      bool used = t.name == "token_embd.weight" || t.name == "output_norm.weight" || t.name == "output.weight" ||
+                  (t.name == "rope_freqs.weight" && cfg_.rope_freq_factors);
+      if (!used && t.name.rfind("blk.", 0) == 0) {
+        const size_t dot = t.name.find('.', 4);
+        const std::string rest = dot == std::string::npos ? "" : t.name.substr(dot + 1);
+        for (const char* n : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                              "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                              "ffn_down.weight"})
+          used = used || rest == n;
+        if (cfg_.qkv_bias) used = used || rest == "attn_q.bias" || rest == "attn_k.bias" || rest == "attn_v.bias";
+        if (cfg_.qk_norm) used = used || rest == "attn_q_norm.weight" || rest == "attn_k_norm.weight";
+        if (cfg_.post_norms) used = used || rest == "post_attention_norm.weight" || rest == "post_ffw_norm.weight";
+      }
+      if (!used)
+        return Status::unsupported(file_->path() + ": tensor " + t.name + " is not part of the " + cfg_.arch +
+                                   " model this project runs");
+    }
+    return Status::invalid_argument(file_->path() + ": has " + std::to_string(file_->tensors().size()) +
+                                    " tensors, the model uses " + std::to_string(tensors_used_));
+  }
   return Status::ok();
 }
 
@@ -184,7 +237,7 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
 
   // ---- run
   const int64_t d = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = cfg_.attn_scale;
   Backend& be = backend_;
   Tensor x = reshape(x_, d, n), h = reshape(h_, d, n), o = reshape(o_, d, n);
   Tensor q = reshape(q_, hd, nh, n), k = reshape(k_, hd, nkv, n), v = reshape(v_, hd, nkv, n);
@@ -192,7 +245,14 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
   Tensor attn = reshape(attn_, hd, nh, n), attn2 = reshape(attn_, hd * nh, n);
   Tensor gate = reshape(gate_, cfg_.ffn, n), up = reshape(up_, cfg_.ffn, n);
 
+  // Q/K as rows of one head, for the per-head norms.
+  Tensor q_heads = reshape(q_, hd, nh * n), k_heads = reshape(k_, hd, nkv * n);
+  RopeSpec rope;
+  rope.neox = cfg_.rope_neox;
+  rope.freq_factors = rope_factors_;
+
   PD_RETURN_IF_ERROR(be.get_rows(tok_embd_, ids_, x));
+  if (cfg_.embed_scale != 1.0f) PD_RETURN_IF_ERROR(be.scale(x, cfg_.embed_scale, x));
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Layer& W = layers_[l];
     PD_RETURN_IF_ERROR(be.rms_norm(x, W.attn_norm, cfg_.rms_eps, h));
@@ -201,15 +261,27 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
       Tensor* out[] = {&q2, &k2, &v2};
       PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
     }
-    PD_RETURN_IF_ERROR(be.rope(q, positions_, cfg_.rope_base));
-    PD_RETURN_IF_ERROR(be.rope(k, positions_, cfg_.rope_base));
+    if (cfg_.qkv_bias) {
+      PD_RETURN_IF_ERROR(be.add(q2, W.bq, q2));
+      PD_RETURN_IF_ERROR(be.add(k2, W.bk, k2));
+      PD_RETURN_IF_ERROR(be.add(v2, W.bv, v2));
+    }
+    if (cfg_.qk_norm) {
+      PD_RETURN_IF_ERROR(be.rms_norm(q_heads, W.q_norm, cfg_.rms_eps, q_heads));
+      PD_RETURN_IF_ERROR(be.rms_norm(k_heads, W.k_norm, cfg_.rms_eps, k_heads));
+    }
+    rope.freq_base = cfg_.layer_rope_base(l);
+    rope.freq_scale = cfg_.layer_rope_scale(l);
+    PD_RETURN_IF_ERROR(be.rope(q, positions_, rope));
+    PD_RETURN_IF_ERROR(be.rope(k, positions_, rope));
     PD_RETURN_IF_ERROR(be.kv_write(*cache.buffer, L, l, k, v, slots_));
     if (kv_written_hook_) {
       PD_RETURN_IF_ERROR(be.synchronize());
       kv_written_hook_(l);
     }
-    PD_RETURN_IF_ERROR(be.paged_attention(q, *cache.buffer, L, l, att_tokens_, tables_, scale, attn));
+    PD_RETURN_IF_ERROR(be.paged_attention(q, *cache.buffer, L, l, att_tokens_, tables_, scale, cfg_.window(l), attn));
     PD_RETURN_IF_ERROR(be.matmul(attn2, W.wo, o));
+    if (cfg_.post_norms) PD_RETURN_IF_ERROR(be.rms_norm(o, W.post_attn_norm, cfg_.rms_eps, o));
     PD_RETURN_IF_ERROR(be.add(x, o, x));
     PD_RETURN_IF_ERROR(be.rms_norm(x, W.ffn_norm, cfg_.rms_eps, h));
     {
@@ -217,8 +289,13 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
       Tensor* out[] = {&gate, &up};
       PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
     }
-    PD_RETURN_IF_ERROR(be.swiglu(gate, up, gate));
+    if (cfg_.gelu_ffn) {
+      PD_RETURN_IF_ERROR(be.geglu(gate, up, gate));
+    } else {
+      PD_RETURN_IF_ERROR(be.swiglu(gate, up, gate));
+    }
     PD_RETURN_IF_ERROR(be.matmul(gate, W.w_down, o));
+    if (cfg_.post_norms) PD_RETURN_IF_ERROR(be.rms_norm(o, W.post_ffn_norm, cfg_.rms_eps, o));
     PD_RETURN_IF_ERROR(be.add(x, o, x));
   }
   if (n_logits == 0) {

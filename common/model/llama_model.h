@@ -1,5 +1,8 @@
-// The Llama-architecture transformer (RMSNorm, RoPE, grouped-query attention,
-// SwiGLU, tied or separate LM head), written once against the Backend.
+// The Llama-family transformer (RMSNorm, RoPE, grouped-query attention, a
+// gated MLP, tied or separate LM head), written once against the Backend, with
+// the variants of Qwen2 (Q/K/V biases), Qwen3 (Q/K norms), Gemma 3 (Q/K norms,
+// post-norms, GeGLU, scaled embeddings, sliding-window layers) and Llama 3.x
+// (RoPE frequency factors) as LlamaConfig describes them.
 //
 // One entry point runs any mix of sequences: each contributes a run of new
 // tokens at consecutive positions; their K and V are written into the paged
@@ -68,11 +71,15 @@ class LlamaModel {
  private:
   struct Layer {
     Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    Tensor bq, bk, bv;                  // qkv_bias
+    Tensor q_norm, k_norm;              // qk_norm
+    Tensor post_attn_norm, post_ffn_norm;  // post_norms
   };
   LlamaModel(std::shared_ptr<const GgufFile> file, Backend& backend, LlamaConfig cfg)
       : file_(std::move(file)), backend_(backend), cfg_(std::move(cfg)) {}
   Status load_weights();
-  Result<Tensor> weight(const std::string& name, std::vector<int64_t> expected_ne);
+  // A tensor of the file on the backend; `f32_only` for norms, biases and the like.
+  Result<Tensor> weight(const std::string& name, std::vector<int64_t> expected_ne, bool f32_only = false);
   Status ensure_scratch(int64_t n_tokens, int64_t n_logits);
 
   // Constant after load.
@@ -83,6 +90,8 @@ class LlamaModel {
   std::vector<Layer> layers_;
   std::vector<std::unique_ptr<BackendBuffer>> weight_storage_;
   size_t weight_bytes_ = 0;
+  size_t tensors_used_ = 0;
+  std::vector<float> rope_factors_;  // rope_freqs.weight (host), empty when the file has none
 
   // Scratch activations, grown on demand.
   int64_t scratch_tokens_ = 0, scratch_logits_ = 0;

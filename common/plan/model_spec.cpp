@@ -42,7 +42,7 @@ ParamBreakdown parameter_breakdown(const ModelSpec& m) {
   const int64_t mlp_matrices = 3 * d * m.ffn;                                 // gate, up, down
   b.attention = attn_matrices + (m.qkv_bias ? q_width + 2 * kv_width : 0);
   b.mlp = mlp_matrices;
-  b.norms = 2 * d;
+  b.norms = (m.post_norms ? 4 : 2) * d + (m.qk_norm ? 2 * int64_t{m.head_dim} : 0);
   b.final_norm = d;
   b.lm_head = m.tied_embeddings ? 0 : int64_t{m.vocab} * d;
   b.linear_per_layer = attn_matrices + mlp_matrices;
@@ -213,7 +213,10 @@ Result<ModelSpec> model_from_json(std::string_view json_text, std::string_view s
   m.max_context = max_ctx;
   // Qwen2's config.json has no attention_bias key; its Q/K/V projections carry biases.
   if (const nlohmann::json* t = find_field(j, {"model_type"}); t != nullptr && t->is_string()) {
-    if (t->get<std::string>() == "qwen2") m.qkv_bias = true;
+    const std::string type = t->get<std::string>();
+    if (type == "qwen2") m.qkv_bias = true;
+    if (type == "qwen3" || type == "gemma3" || type == "gemma3_text") m.qk_norm = true;
+    if (type == "gemma3" || type == "gemma3_text") m.post_norms = true;
   }
   PD_RETURN_IF_ERROR(read_bool(j, source, {"tied_embeddings", "tie_word_embeddings"}, &m.tied_embeddings));
   PD_RETURN_IF_ERROR(read_bool(j, source, {"qkv_bias", "attention_bias"}, &m.qkv_bias));
@@ -291,6 +294,8 @@ Result<ModelSpec> model_from_gguf(const GgufFile& f) {
   PD_RETURN_IF_ERROR(to_int(vocab, src, "vocab_size", &m.vocab));
   m.max_context = ctx;
   m.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  m.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
+  m.post_norms = f.find_tensor("blk.0.post_attention_norm.weight") != nullptr;
   m.tied_embeddings = !f.tensors().empty() && f.find_tensor("output.weight") == nullptr;
   for (const GgufTensorInfo& t : f.tensors()) {
     m.file_params += t.n_elements();

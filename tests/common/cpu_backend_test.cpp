@@ -280,8 +280,9 @@ struct AttentionFixture {
     for (int s = 0; s < 2; ++s) queries.push_back(pd::test::random_floats(lens[s] * kRow, 70 + s));
   }
 
-  // Layer 1's attention output for `toks` (their queries in order) on a backend of `threads`.
-  std::vector<float> run(int threads, const std::vector<pd::AttentionToken>& toks) const {
+  // Layer 1's attention output for `toks` (their queries in order) on a backend of `threads`
+  // (window > 0: sliding-window attention).
+  std::vector<float> run(int threads, const std::vector<pd::AttentionToken>& toks, int window = 0) const {
     pd::BackendConfig bc;
     bc.n_threads = threads;
     auto be = pd::create_backend(bc);
@@ -296,27 +297,29 @@ struct AttentionFixture {
     pd::Tensor qt, ot;
     qt.ne = {kHd, kHeads, static_cast<int64_t>(toks.size()), 1}, qt.data = q.data();
     ot.ne = qt.ne, ot.data = out.data();
-    REQUIRE(be.value()->paged_attention(qt, *buf.value(), L, 1, toks, spans, 0.125f, ot).is_ok());
+    REQUIRE(be.value()->paged_attention(qt, *buf.value(), L, 1, toks, spans, 0.125f, window, ot).is_ok());
     return out;
   }
 
-  // Softmax attention in double over the cache's values: head h of (s, p).
-  std::vector<double> softmax(int s, int p, int h) const {
+  // Softmax attention in double over the cache's values: head h of (s, p),
+  // over positions (p - window, p] when window > 0.
+  std::vector<double> softmax(int s, int p, int h, int window = 0) const {
     const int g = h / (kHeads / kKvHeads);
     auto at = [&](int kind, int pos) {
       const int64_t blk = tables[s][pos / kBlock];
       return deq.data() + ((kind * L.num_blocks + blk) * kKvHeads * kBlock + g * kBlock + pos % kBlock) * kHd;
     };
     const float* qv = queries[s].data() + p * kRow + h * kHd;
-    std::vector<double> sc(p + 1), out(kHd, 0.0);
+    const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
+    std::vector<double> sc(p + 1, 0.0), out(kHd, 0.0);
     double mx = -1e300, z = 0;
-    for (int j = 0; j <= p; ++j) {
+    for (int j = lo; j <= p; ++j) {
       double d = 0;
       for (int e = 0; e < kHd; ++e) d += static_cast<double>(qv[e]) * at(0, j)[e];
       sc[j] = d * 0.125, mx = std::max(mx, sc[j]);
     }
-    for (double& x : sc) z += (x = std::exp(x - mx));
-    for (int j = 0; j <= p; ++j)
+    for (int j = lo; j <= p; ++j) z += (sc[j] = std::exp(sc[j] - mx));
+    for (int j = lo; j <= p; ++j)
       for (int e = 0; e < kHd; ++e) out[e] += sc[j] / z * at(1, j)[e];
     return out;
   }
@@ -382,4 +385,147 @@ TEST_CASE("cpu backend: paged attention gives a token the same bits in any tile 
           }
         }
   }
+}
+
+// Sliding-window attention (Gemma 3's local layers): a token at p attends to
+// (p - window, p]. Windows inside one 64-key step, exactly one, across steps
+// and past the whole context; for each, a token's output equals windowed
+// softmax attention done in double and has the same bits alone, in any tile,
+// chunk or batch (the rows whose window starts mid-step run apart from the
+// others); a window covering the context gives full attention's bits.
+TEST_CASE("cpu backend: sliding-window paged attention is the windowed softmax, the same bits in any tile or batch",
+          "[cpu][backend]") {
+  using F = AttentionFixture;
+  for (auto [dtype, block] : {std::pair{pd::GgmlType::kF32, 16}, std::pair{pd::GgmlType::kF16, 7},
+                              std::pair{pd::GgmlType::kQ8_0, 1}}) {
+    const F fx(dtype, block);
+    for (int window : {1, 5, 64, 70, 100, 1000}) {
+      INFO("KV " << pd::ggml_type_name(dtype) << ", blocks of " << block << ", window " << window);
+      std::vector<std::vector<float>> alone(2);
+      for (int s = 0; s < 2; ++s)
+        for (int p = 0; p < fx.lens[s]; ++p) {
+          const std::vector<float> o = fx.run(3, {{p, s}}, window);
+          alone[s].insert(alone[s].end(), o.begin(), o.end());
+        }
+      for (int s = 0; s < 2; ++s)
+        for (int p = 0; p < fx.lens[s]; p += 3)
+          for (int h = 0; h < F::kHeads; h += 2) {
+            const std::vector<double> want = fx.softmax(s, p, h, window);
+            for (int e = 0; e < F::kHd; ++e) {
+              INFO("seq " << s << " pos " << p << " head " << h << " elem " << e);
+              CHECK(std::fabs(alone[s][p * F::kRow + h * F::kHd + e] - want[e]) <= 1e-5 * (1 + std::fabs(want[e])));
+            }
+          }
+      for (bool chunked : {false, true})
+        for (const auto& toks : attention_calls(fx.lens, chunked)) {
+          const std::vector<float> out = fx.run(2, toks, window);
+          for (size_t t = 0; t < toks.size(); ++t) {
+            INFO("call of " << toks.size() << " tokens: seq " << toks[t].seq << " pos " << toks[t].position);
+            CHECK(std::memcmp(out.data() + t * F::kRow, alone[toks[t].seq].data() + toks[t].position * F::kRow,
+                              F::kRow * sizeof(float)) == 0);
+          }
+        }
+      if (window >= fx.lens[0]) {
+        const std::vector<float> full = fx.run(1, {{fx.lens[0] - 1, 0}});
+        CHECK(std::memcmp(full.data(), alone[0].data() + (fx.lens[0] - 1) * F::kRow, F::kRow * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+namespace {
+
+std::unique_ptr<pd::Backend> cpu_backend(int threads) {
+  pd::BackendConfig bc;
+  bc.n_threads = threads;
+  auto be = pd::create_backend(bc);
+  REQUIRE(be.is_ok());
+  return std::move(be).value();
+}
+
+}  // namespace
+
+// rope in each mode against the rotation done in double: adjacent pairs or
+// NEOX halves, linear scaling, per-pair frequency factors (Llama 3.x).
+TEST_CASE("cpu backend: rope rotates the pairs of each mode by the scaled, factored angles", "[cpu][backend]") {
+  constexpr int64_t kHd = 64, kHeads = 3;
+  const std::vector<int32_t> pos{0, 1, 7, 130, 4095, 100000};
+  const int64_t nt = static_cast<int64_t>(pos.size());
+  const std::vector<float> x0 = pd::test::random_floats(kHd * kHeads * nt, 11);
+  std::vector<float> factors(kHd / 2);
+  for (int64_t i = 0; i < kHd / 2; ++i) factors[i] = 1.0f + static_cast<float>(i % 5) * 1.75f;
+  auto be = cpu_backend(2);
+  for (bool neox : {false, true})
+    for (float scale : {1.0f, 0.25f})
+      for (bool with_factors : {false, true}) {
+        INFO("neox " << neox << ", freq_scale " << scale << ", factors " << with_factors);
+        pd::RopeSpec spec;
+        spec.freq_base = 500000.0f;
+        spec.neox = neox;
+        spec.freq_scale = scale;
+        if (with_factors) spec.freq_factors = factors;
+        std::vector<float> x = x0;
+        pd::Tensor t;
+        t.ne = {kHd, kHeads, nt, 1}, t.data = x.data();
+        REQUIRE(be->rope(t, pos, spec).is_ok());
+        for (int64_t tok = 0; tok < nt; ++tok)
+          for (int64_t h = 0; h < kHeads; ++h)
+            for (int64_t i = 0; i < kHd / 2; ++i) {
+              const int64_t a = neox ? i : 2 * i, b = neox ? i + kHd / 2 : 2 * i + 1;
+              double theta = pos[tok] * static_cast<double>(scale) * std::pow(500000.0, -2.0 * i / kHd);
+              if (with_factors) theta /= factors[i];
+              const float* v0 = x0.data() + (tok * kHeads + h) * kHd;
+              const double ra = v0[a] * std::cos(theta) - v0[b] * std::sin(theta);
+              const double rb = v0[a] * std::sin(theta) + v0[b] * std::cos(theta);
+              const float* v = x.data() + (tok * kHeads + h) * kHd;
+              INFO("token " << tok << " head " << h << " pair " << i);
+              CHECK(std::fabs(v[a] - ra) <= 1e-6 * (1 + std::fabs(ra)));
+              CHECK(std::fabs(v[b] - rb) <= 1e-6 * (1 + std::fabs(rb)));
+            }
+        // The plain overload is the default spec.
+        if (!neox && scale == 1.0f && !with_factors) {
+          std::vector<float> y = x0;
+          pd::Tensor u;
+          u.ne = t.ne, u.data = y.data();
+          REQUIRE(be->rope(u, pos, 500000.0f).is_ok());
+          CHECK(y == x);
+        }
+      }
+  std::vector<float> x = x0;
+  pd::Tensor t;
+  t.ne = {kHd, kHeads, nt, 1}, t.data = x.data();
+  pd::RopeSpec bad;
+  bad.freq_factors = std::span<const float>(factors.data(), 5);
+  const pd::Status st = be->rope(t, pos, bad);
+  CHECK(st.is_invalid_argument());
+  CHECK(st.message().find("frequency factors") != std::string::npos);
+}
+
+// geglu against GELU's tanh form in double; add with a one-row b (a bias) and
+// scale exactly.
+TEST_CASE("cpu backend: geglu, bias add and scale", "[cpu][backend]") {
+  auto be = cpu_backend(2);
+  constexpr int64_t kD = 48, kRows = 200;  // past the parallel threshold
+  std::vector<float> g = pd::test::random_floats(kD * kRows, 21, 6.0f), u = pd::test::random_floats(kD * kRows, 22);
+  g[0] = 0.0f, g[1] = -12.0f, g[2] = 12.0f;
+  std::vector<float> out(g.size());
+  pd::Tensor gt = f32_tensor(g, kD, kRows), ut = f32_tensor(u, kD, kRows), ot = f32_tensor(out, kD, kRows);
+  REQUIRE(be->geglu(gt, ut, ot).is_ok());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double x = g[i];
+    const double want = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+    INFO("element " << i << " gate " << g[i]);
+    CHECK(std::fabs(out[i] - want) <= 2e-6 * (1 + std::fabs(want)));
+  }
+  std::vector<float> bias = pd::test::random_floats(kD, 23);
+  pd::Tensor bt = f32_tensor(bias, kD, 1);
+  REQUIRE(be->add(gt, bt, ot).is_ok());
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t j = 0; j < kD; ++j) CHECK(out[r * kD + j] == g[r * kD + j] + bias[j]);
+  REQUIRE(be->scale(gt, 8.0f, ot).is_ok());
+  for (size_t i = 0; i < g.size(); ++i) CHECK(out[i] == g[i] * 8.0f);
+  std::vector<float> odd(kD + 1);
+  pd::Tensor odd_t = f32_tensor(odd, kD + 1, 1);
+  CHECK(be->add(gt, odd_t, ot).is_invalid_argument());
+  CHECK(be->geglu(gt, odd_t, ot).is_invalid_argument());
 }

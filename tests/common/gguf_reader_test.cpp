@@ -613,7 +613,19 @@ TEST_CASE("gguf: check_llama_family refuses other architectures", "[gguf]") {
   REQUIRE(r.is_ok());
   const Status s = check_llama_family(**r);
   CHECK(s.is_unsupported());
-  CHECK(s.message() == "unsupported architecture 'gpt2' in gpt2.gguf (supported: llama)");
+  CHECK(s.message() == "unsupported architecture 'gpt2' in gpt2.gguf (supported: llama, qwen2, qwen3, gemma3)");
+  for (const char* ok : {"llama", "qwen2", "qwen3", "gemma3"}) {
+    GgufWriter wa;
+    wa.set_string("general.architecture", ok);
+    auto ra = GgufFile::from_bytes(wa.to_bytes(), "a.gguf");
+    REQUIRE(ra.is_ok());
+    CHECK(check_llama_family(**ra).is_ok());
+  }
+  GgufWriter g2;
+  g2.set_string("general.architecture", "gemma2");
+  auto r2 = GgufFile::from_bytes(g2.to_bytes(), "g2.gguf");
+  REQUIRE(r2.is_ok());
+  CHECK(check_llama_family(**r2).message().find("'gemma2'") != std::string::npos);
 
   GgufWriter none;
   none.set_u32("x", 1);

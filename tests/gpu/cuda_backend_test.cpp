@@ -331,25 +331,40 @@ TEST_CASE("cuda: rope matches the CPU backend", "[gpu]") {
     std::uniform_int_distribution<int32_t> pick(0, 100000);
     for (int32_t& p : pos) p = pick(rng);
     pos[0] = 0;
-    std::vector<float> results[2];
-    for (int side = 0; side < 2; ++side) {
-      Backend& be = side == 0 ? *b.cpu : *b.gpu;
-      DeviceTensor xt = f32_tensor(be, {c.hd, c.nh, c.nt, 1}, x);
-      REQUIRE_OK(be.rope(xt.t, pos, c.base));
-      results[side] = download(be, xt.t);
+    std::vector<float> factors(static_cast<size_t>(c.hd / 2));
+    for (float& f : factors) f = std::uniform_real_distribution<float>(1.0f, 8.0f)(rng);
+    // The plain rotation, then NEOX pairs, linear scaling and frequency factors (Llama 3.x).
+    for (int variant = 0; variant < 4; ++variant) {
+      RopeSpec spec;
+      spec.freq_base = c.base;
+      spec.neox = variant >= 1;
+      spec.freq_scale = variant >= 2 ? 0.25f : 1.0f;
+      if (variant == 3) spec.freq_factors = factors;
+      std::vector<float> results[2];
+      for (int side = 0; side < 2; ++side) {
+        Backend& be = side == 0 ? *b.cpu : *b.gpu;
+        DeviceTensor xt = f32_tensor(be, {c.hd, c.nh, c.nt, 1}, x);
+        if (variant == 0) {
+          REQUIRE_OK(be.rope(xt.t, pos, c.base));
+        } else {
+          REQUIRE_OK(be.rope(xt.t, pos, spec));
+        }
+        results[side] = download(be, xt.t);
+      }
+      INFO("head_dim " << c.hd << " heads " << c.nh << " tokens " << c.nt << " base " << c.base << " variant "
+                       << variant);
+      CHECK(nmax_err(results[1], results[0]) <= kTolRope);
     }
-    INFO("head_dim " << c.hd << " heads " << c.nh << " tokens " << c.nt << " base " << c.base);
-    CHECK(nmax_err(results[1], results[0]) <= kTolRope);
   }
 }
 
-TEST_CASE("cuda: swiglu and add match the CPU backend", "[gpu]") {
+TEST_CASE("cuda: swiglu, geglu, add and scale match the CPU backend", "[gpu]") {
   Backends b = both_or_skip();
   std::mt19937 rng(6);
   for (int64_t n : {1, 31, 1000, 100003}) {
     const std::vector<float> g = random_floats(static_cast<size_t>(n), rng, -10.0f, 10.0f);
     const std::vector<float> u = random_floats(static_cast<size_t>(n), rng);
-    std::vector<float> sw[2], sum[2], sum_in_place[2];
+    std::vector<float> sw[2], gg[2], sum[2], sum_in_place[2], bias_sum[2], scaled[2];
     for (int side = 0; side < 2; ++side) {
       Backend& be = side == 0 ? *b.cpu : *b.gpu;
       DeviceTensor gt = f32_tensor(be, {n, 1, 1, 1}, g);
@@ -357,6 +372,15 @@ TEST_CASE("cuda: swiglu and add match the CPU backend", "[gpu]") {
       DeviceTensor ot = f32_tensor(be, {n, 1, 1, 1}, std::vector<float>(static_cast<size_t>(n), 0.0f));
       REQUIRE_OK(be.swiglu(gt.t, ut.t, ot.t));
       sw[side] = download(be, ot.t);
+      REQUIRE_OK(be.geglu(gt.t, ut.t, ot.t));
+      gg[side] = download(be, ot.t);
+      REQUIRE_OK(be.scale(gt.t, 25.25f, ot.t));
+      scaled[side] = download(be, ot.t);
+      // A bias row: g as rows of 1 (n of them) plus u's first element, when n > 1.
+      DeviceTensor rows = f32_tensor(be, {1, n, 1, 1}, g);
+      DeviceTensor bias = f32_tensor(be, {1, 1, 1, 1}, std::vector<float>{u[0]});
+      REQUIRE_OK(be.add(rows.t, bias.t, ot.t));
+      bias_sum[side] = download(be, ot.t);
       REQUIRE_OK(be.add(gt.t, ut.t, ot.t));
       sum[side] = download(be, ot.t);
       REQUIRE_OK(be.add(gt.t, ut.t, gt.t));  // out aliases a
@@ -364,6 +388,9 @@ TEST_CASE("cuda: swiglu and add match the CPU backend", "[gpu]") {
     }
     INFO("n " << n);
     CHECK(nmax_err(sw[1], sw[0]) <= kTolSwiglu);
+    CHECK(nmax_err(gg[1], gg[0]) <= kTolSwiglu);  // tanhf vs std::tanh
+    CHECK(scaled[1] == scaled[0]);
+    CHECK(bias_sum[1] == bias_sum[0]);
     CHECK(sum[1] == sum[0]);
     CHECK(sum_in_place[1] == sum[0]);
   }
@@ -473,19 +500,27 @@ TEST_CASE("cuda: paged_attention matches the CPU backend (GQA, mixed sequences, 
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     CachePair cache = random_cache(b, L, rng);
     const std::array<int64_t, 4> ne{c.head_dim, c.n_heads, nt, 1};
-    std::vector<float> results[2];
-    for (int side = 0; side < 2; ++side) {
-      Backend& be = side == 0 ? *b.cpu : *b.gpu;
-      const BackendBuffer& buf = side == 0 ? *cache.cpu : *cache.gpu;
-      DeviceTensor qt = f32_tensor(be, ne, q);
-      DeviceTensor ot = f32_tensor(be, ne, std::vector<float>(q.size(), 0.0f));
-      REQUIRE_OK(be.paged_attention(qt.t, buf, L, c.layer, tokens, table_spans, scale, ot.t));
-      results[side] = download(be, ot.t);
+    // Full attention, then sliding windows (Gemma 3's local layers): inside one
+    // block, across blocks, longer than every sequence.
+    for (int window : {0, 1, 37, 1000}) {
+      std::vector<float> results[2];
+      for (int side = 0; side < 2; ++side) {
+        Backend& be = side == 0 ? *b.cpu : *b.gpu;
+        const BackendBuffer& buf = side == 0 ? *cache.cpu : *cache.gpu;
+        DeviceTensor qt = f32_tensor(be, ne, q);
+        DeviceTensor ot = f32_tensor(be, ne, std::vector<float>(q.size(), 0.0f));
+        if (window == 0) {
+          REQUIRE_OK(be.paged_attention(qt.t, buf, L, c.layer, tokens, table_spans, scale, ot.t));
+        } else {
+          REQUIRE_OK(be.paged_attention(qt.t, buf, L, c.layer, tokens, table_spans, scale, window, ot.t));
+        }
+        results[side] = download(be, ot.t);
+      }
+      INFO(ggml_type_name(dtype) << " heads " << c.n_heads << "/" << c.n_kv_heads << " head_dim " << c.head_dim
+                                 << " block_size " << c.block_size << " tokens " << nt << " q scale " << c.q_scale
+                                 << " window " << window);
+      CHECK(nmax_err(results[1], results[0]) <= kTolAttention);
     }
-    INFO(ggml_type_name(dtype) << " heads " << c.n_heads << "/" << c.n_kv_heads << " head_dim " << c.head_dim
-                               << " block_size "
-                  << c.block_size << " tokens " << nt << " q scale " << c.q_scale);
-    CHECK(nmax_err(results[1], results[0]) <= kTolAttention);
   }
 }
 

@@ -115,19 +115,21 @@ class FlakyBackend final : public Backend {
     if (fail_ops) return Status::resource_exhausted("flaky: matmul refused");
     return inner_->matmul_multi(x, ws, outs);
   }
-  Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) override {
-    return inner_->rope(x, positions, freq_base);
+  Status rope(Tensor& x, std::span<const int32_t> positions, const RopeSpec& spec) override {
+    return inner_->rope(x, positions, spec);
   }
   Status swiglu(const Tensor& g, const Tensor& u, Tensor& out) override { return inner_->swiglu(g, u, out); }
+  Status geglu(const Tensor& g, const Tensor& u, Tensor& out) override { return inner_->geglu(g, u, out); }
   Status add(const Tensor& a, const Tensor& b, Tensor& out) override { return inner_->add(a, b, out); }
+  Status scale(const Tensor& x, float s, Tensor& out) override { return inner_->scale(x, s, out); }
   Status kv_write(BackendBuffer& cache, const KvCacheLayout& L, int layer, const Tensor& k, const Tensor& v,
                   std::span<const int32_t> slots) override {
     return inner_->kv_write(cache, L, layer, k, v, slots);
   }
   Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& L, int layer,
                          std::span<const AttentionToken> tokens, std::span<const std::span<const int32_t>> tables,
-                         float scale, Tensor& out) override {
-    return inner_->paged_attention(q, cache, L, layer, tokens, tables, scale, out);
+                         float scale, int window, Tensor& out) override {
+    return inner_->paged_attention(q, cache, L, layer, tokens, tables, scale, window, out);
   }
   Status kv_copy_block(BackendBuffer& cache, const KvCacheLayout& L, int64_t src, int64_t dst) override {
     return inner_->kv_copy_block(cache, L, src, dst);

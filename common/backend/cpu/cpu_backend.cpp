@@ -158,6 +158,15 @@ Status check_kv_layout(const KvCacheLayout& L) {
 // its own position, and the kernels give each row the same operations
 // whatever the other rows are; so a token's output does not depend on what
 // it is computed with.
+//
+// Sliding-window attention (AttentionTile::window > 0): a row's keys start at
+// its own first position lo = position - window + 1. Windows wholly before a
+// row's lo count as empty for it (the softmax and sums are left unchanged:
+// c = 1); in the window holding its lo it runs alone, on the scores and value
+// rows from lo on; later windows as above. Scores do not depend on which keys
+// are scored with them, so this is still per-row arithmetic that no other row
+// changes; the tile's walk starts at the window holding the smallest lo of
+// its rows, so blocks before every row's window are never read.
 constexpr int64_t kKeyWindow = 64;
 constexpr int kTileRows = 48;
 
@@ -175,12 +184,13 @@ struct AttentionTile {
   std::span<const int32_t> table;
   float scale;
   bool f16c;              // convert f16/q8_0 rows with F16C/AVX2
+  int window;             // > 0: each row attends to its last `window` positions only
 };
 
 // Per-thread scratch of attend_tile (grow-only).
 struct AttentionScratch {
   std::vector<float> q, acc, s, k, v, m, l, c;
-  std::vector<int> n_ctx, n_valid;
+  std::vector<int> n_ctx, n_valid, lo;
 };
 
 // Rows [p0, p0 + n) of one kv head's K (kind 0) or V (kind 1) as fp32, from
@@ -211,24 +221,44 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a) {
   };
   fit(w.q, nr * hd), fit(w.acc, nr * hd), fit(w.s, nr * kKeyWindow);
   fit(w.k, kKeyWindow * hd), fit(w.v, kKeyWindow * hd);
-  fit(w.m, nr), fit(w.l, nr), fit(w.c, nr), fit(w.n_ctx, nr), fit(w.n_valid, nr);
-  int64_t max_ctx = 0;
+  fit(w.m, nr), fit(w.l, nr), fit(w.c, nr), fit(w.n_ctx, nr), fit(w.n_valid, nr), fit(w.lo, nr);
+  int64_t max_ctx = 0, min_lo = std::numeric_limits<int64_t>::max();
   for (int u = 0; u < nt; ++u) {
     std::memcpy(&w.q[u * a.nq * hd], a.q + u * a.tok_stride, static_cast<size_t>(a.nq * hd) * sizeof(float));
-    for (int h = 0; h < a.nq; ++h) w.n_ctx[u * a.nq + h] = a.tokens[u].position + 1;
-    max_ctx = std::max<int64_t>(max_ctx, a.tokens[u].position + 1);
+    const int32_t pos = a.tokens[u].position;
+    const int lo = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
+    for (int h = 0; h < a.nq; ++h) w.n_ctx[u * a.nq + h] = pos + 1, w.lo[u * a.nq + h] = lo;
+    max_ctx = std::max<int64_t>(max_ctx, pos + 1);
+    min_lo = std::min<int64_t>(min_lo, lo);
   }
   std::fill_n(w.m.begin(), nr, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l.begin(), nr, 0.0f);
   std::fill_n(w.acc.begin(), nr * hd, 0.0f);
-  for (int64_t p0 = 0; p0 < max_ctx; p0 += kKeyWindow) {
+  for (int64_t p0 = min_lo / kKeyWindow * kKeyWindow; p0 < max_ctx; p0 += kKeyWindow) {
     const int n_in = static_cast<int>(std::min(kKeyWindow, max_ctx - p0));
     gather_kv_rows(a, 0, p0, n_in, w.k.data());
     gather_kv_rows(a, 1, p0, n_in, w.v.data());
     kern.qk_scores(w.q.data(), hd, nr, w.k.data(), hd, n_in, a.scale, w.s.data(), kKeyWindow);
-    for (int i = 0; i < nr; ++i) w.n_valid[i] = static_cast<int>(std::clamp<int64_t>(w.n_ctx[i] - p0, 0, n_in));
+    // Rows whose keys start inside this window (lo > p0) take no part in the
+    // shared pass (0 valid keys: left as they are) and run alone below.
+    bool starts_inside = false;
+    for (int i = 0; i < nr; ++i) {
+      const bool inside = w.lo[i] > p0;
+      starts_inside = starts_inside || inside;
+      w.n_valid[i] = inside ? 0 : static_cast<int>(std::clamp<int64_t>(w.n_ctx[i] - p0, 0, n_in));
+    }
     kern.softmax_step(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.m.data(), w.l.data(), w.c.data());
     kern.pv_accumulate(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.c.data(), w.v.data(), hd, w.acc.data(), hd);
+    if (!starts_inside) continue;
+    for (int i = 0; i < nr; ++i) {
+      const int64_t first = w.lo[i] - p0;
+      if (first <= 0 || first >= n_in) continue;  // shared above, or starts in a later window
+      int n = static_cast<int>(std::clamp<int64_t>(w.n_ctx[i] - p0, 0, n_in) - first);
+      if (n <= 0) continue;
+      float* si = w.s.data() + i * kKeyWindow + first;
+      kern.softmax_step(si, kKeyWindow, 1, &n, &w.m[i], &w.l[i], &w.c[i]);
+      kern.pv_accumulate(si, kKeyWindow, 1, &n, &w.c[i], w.v.data() + first * hd, hd, w.acc.data() + i * hd, hd);
+    }
   }
   for (int u = 0; u < nt; ++u) {
     for (int h = 0; h < a.nq; ++h) {
@@ -618,17 +648,35 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
-  Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) override {
+  using Backend::rope;
+  Status rope(Tensor& x, std::span<const int32_t> positions, const RopeSpec& spec) override {
     PD_RETURN_IF_ERROR(expect_f32(x, "rope", "x"));
     const int64_t hd = x.ne[0], nh = x.ne[1], nt = x.ne[2];
-    if (hd % 2 != 0 || static_cast<int64_t>(positions.size()) < nt)
-      return Status::invalid_argument("rope: odd head_dim or too few positions");
-    if (static_cast<int64_t>(inv_freq_.size()) != hd / 2 || inv_freq_base_ != freq_base) {
+    if (hd % 2 != 0 || hd > 512 || static_cast<int64_t>(positions.size()) < nt)
+      return Status::invalid_argument("rope: odd head_dim (or over 512) or too few positions");
+    if (!spec.freq_factors.empty() && static_cast<int64_t>(spec.freq_factors.size()) != hd / 2)
+      return Status::invalid_argument("rope: " + std::to_string(spec.freq_factors.size()) +
+                                      " frequency factors for head_dim " + std::to_string(hd) + " (need head_dim / 2)");
+    // Angles per unit of position, cached across calls with the same spec (a
+    // model alternates between at most two).
+    const bool same = static_cast<int64_t>(inv_freq_.size()) == hd / 2 && inv_freq_base_ == spec.freq_base &&
+                      inv_freq_scale_ == spec.freq_scale &&
+                      std::equal(spec.freq_factors.begin(), spec.freq_factors.end(), inv_freq_factors_.begin(),
+                                 inv_freq_factors_.end());
+    if (!same) {
       inv_freq_.resize(hd / 2);
-      for (int64_t i = 0; i < hd / 2; ++i)
-        inv_freq_[i] = std::pow(static_cast<double>(freq_base), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-      inv_freq_base_ = freq_base;
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        double f = std::pow(static_cast<double>(spec.freq_base), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+        if (spec.freq_scale != 1.0f) f *= spec.freq_scale;
+        if (!spec.freq_factors.empty()) f /= spec.freq_factors[i];
+        inv_freq_[i] = f;
+      }
+      inv_freq_base_ = spec.freq_base;
+      inv_freq_scale_ = spec.freq_scale;
+      inv_freq_factors_.assign(spec.freq_factors.begin(), spec.freq_factors.end());
     }
+    // Pair i is (x[2i], x[2i+1]) or, NEOX, (x[i], x[i + hd/2]).
+    const int64_t stride = spec.neox ? 1 : 2, second = spec.neox ? hd / 2 : 1;
     float* xs = f32(x);
 #pragma omp parallel for num_threads(n_threads_) schedule(static) if (nt > 4)
     for (int64_t t = 0; t < nt; ++t) {
@@ -642,9 +690,10 @@ class CpuBackend final : public Backend {
       for (int64_t h = 0; h < nh; ++h) {
         float* v = xs + (t * nh + h) * hd;
         for (int64_t i = 0; i < hd / 2; ++i) {
-          const float a = v[2 * i], b = v[2 * i + 1];
-          v[2 * i] = a * cs[i] - b * sn[i];
-          v[2 * i + 1] = a * sn[i] + b * cs[i];
+          float* p = v + stride * i;
+          const float a = p[0], b = p[second];
+          p[0] = a * cs[i] - b * sn[i];
+          p[second] = a * sn[i] + b * cs[i];
         }
       }
     }
@@ -665,14 +714,48 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
+  Status geglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    const int64_t n = gate.n_elements();
+    if (up.n_elements() != n || out.n_elements() < n) return Status::invalid_argument("geglu: shape mismatch");
+    PD_RETURN_IF_ERROR(expect_f32(gate, "geglu", "gate"));
+    PD_RETURN_IF_ERROR(expect_f32(up, "geglu", "up"));
+    PD_RETURN_IF_ERROR(expect_f32(out, "geglu", "out"));
+    const float* g = f32(gate);
+    const float* u = f32(up);
+    float* o = f32(out);
+#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
+    for (int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_tanh(g[i]) * u[i];
+    return Status::ok();
+  }
+
   Status add(const Tensor& a, const Tensor& b, Tensor& out) override {
     const int64_t n = a.n_elements();
-    if (b.n_elements() != n || out.n_elements() < n) return Status::invalid_argument("add: shape mismatch");
+    if (out.n_elements() < n) return Status::invalid_argument("add: shape mismatch");
     const float* as = f32(a);
     const float* bs = f32(b);
     float* o = f32(out);
+    if (b.n_elements() != n) {  // one row added to every row (a bias)
+      const int64_t d = a.ne[0];
+      if (b.n_elements() != d) return Status::invalid_argument("add: shape mismatch");
+#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
+      for (int64_t r = 0; r < a.n_rows(); ++r)
+        for (int64_t j = 0; j < d; ++j) o[r * d + j] = as[r * d + j] + bs[j];
+      return Status::ok();
+    }
 #pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
     for (int64_t i = 0; i < n; ++i) o[i] = as[i] + bs[i];
+    return Status::ok();
+  }
+
+  Status scale(const Tensor& x, float s, Tensor& out) override {
+    const int64_t n = x.n_elements();
+    if (out.n_elements() < n) return Status::invalid_argument("scale: shape mismatch");
+    PD_RETURN_IF_ERROR(expect_f32(x, "scale", "x"));
+    PD_RETURN_IF_ERROR(expect_f32(out, "scale", "out"));
+    const float* xs = f32(x);
+    float* o = f32(out);
+#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
+    for (int64_t i = 0; i < n; ++i) o[i] = xs[i] * s;
     return Status::ok();
   }
 
@@ -706,11 +789,13 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
+  using Backend::paged_attention;
   Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& L, int layer,
                          std::span<const AttentionToken> tokens,
-                         std::span<const std::span<const int32_t>> block_tables, float scale,
+                         std::span<const std::span<const int32_t>> block_tables, float scale, int window,
                          Tensor& out) override {
     PD_RETURN_IF_ERROR(check_kv_layout(L));
+    if (window < 0) return Status::invalid_argument("paged_attention: negative window");
     const int64_t hd = q.ne[0], nh = q.ne[1], nt = static_cast<int64_t>(tokens.size());
     const int64_t nkv = L.n_kv_heads, bs = L.block_size;
     if (hd != L.head_dim || nh % nkv != 0 || q.ne[2] < nt || hd > 256)
@@ -756,7 +841,8 @@ class CpuBackend final : public Backend {
                                 g,
                                 block_tables[tokens[t0].seq],
                                 scale,
-                                isa_ != cpu::Isa::kScalar};
+                                isa_ != cpu::Isa::kScalar,
+                                window};
           attend_tile(kern, a);
         }
       }
@@ -802,9 +888,10 @@ class CpuBackend final : public Backend {
   std::vector<PackedWeight> packed_weights_;    // every repacked weight and how its activations are taken
   std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
-  std::vector<double> inv_freq_;
+  std::vector<double> inv_freq_;                // rope: angle per position of each pair, for the spec below
   std::vector<std::pair<int64_t, int64_t>> attention_tiles_;  // paged_attention's work (grow-only)
-  float inv_freq_base_ = 0.0f;
+  float inv_freq_base_ = 0.0f, inv_freq_scale_ = 0.0f;
+  std::vector<float> inv_freq_factors_;
 };
 
 }  // namespace

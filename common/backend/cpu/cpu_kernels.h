@@ -6,6 +6,7 @@
 // Single-threaded: the CPU backend splits work across threads around them.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "gguf/ggml_types.h"
@@ -32,5 +33,12 @@ void dot_rows_grouped(GgmlType type, const void* const* w_rows, int n_rows, int6
 
 // dst[0..k) = dequantized row.
 void dequant_row(GgmlType type, const void* w_row, int64_t k, float* dst);
+
+// GELU, tanh approximation, in fp32 with ggml's constants (ggml_gelu_f32).
+inline float gelu_tanh(float x) {
+  constexpr float kCoefA = 0.044715f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoefA * x * x)));
+}
 
 }  // namespace pd::cpu

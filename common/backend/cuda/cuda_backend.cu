@@ -440,18 +440,24 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
-  Status rope(Tensor& x, std::span<const int32_t> positions, float freq_base) override {
+  using Backend::rope;
+  Status rope(Tensor& x, std::span<const int32_t> positions, const RopeSpec& spec) override {
     PD_RETURN_IF_ERROR(expect_f32(x, "rope", "x"));
     const int64_t hd = x.ne[0], nh = x.ne[1], nt = x.ne[2];
     if (hd % 2 != 0 || static_cast<int64_t>(positions.size()) < nt)
       return Status::invalid_argument("rope: odd head_dim or too few positions");
+    if (!spec.freq_factors.empty() && static_cast<int64_t>(spec.freq_factors.size()) != hd / 2)
+      return Status::invalid_argument("rope: " + std::to_string(spec.freq_factors.size()) +
+                                      " frequency factors for head_dim " + std::to_string(hd) + " (need head_dim / 2)");
     if (nt <= 0 || nh <= 0 || hd <= 0) return Status::ok();
     PD_RETURN_IF_ERROR(activate());
     args_.clear();
     const size_t pos_at = args_.put(positions.data(), static_cast<size_t>(nt) * sizeof(int32_t));
+    const size_t factors_at = args_.put(spec.freq_factors.data(), spec.freq_factors.size_bytes());
     PD_ASSIGN_OR_RETURN(const uint8_t* dev, upload_args());
+    const float* factors = spec.freq_factors.empty() ? nullptr : reinterpret_cast<const float*>(dev + factors_at);
     PD_CUDA_LAUNCH("rope kernel", cuda::rope(f32(x), hd, nh, nt, reinterpret_cast<const int32_t*>(dev + pos_at),
-                                             freq_base, stream_));
+                                             spec.freq_base, spec.neox, spec.freq_scale, factors, stream_));
     return Status::ok();
   }
 
@@ -466,14 +472,41 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  Status geglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    const int64_t n = gate.n_elements();
+    if (up.n_elements() != n || out.n_elements() < n) return Status::invalid_argument("geglu: shape mismatch");
+    PD_RETURN_IF_ERROR(expect_f32(gate, "geglu", "gate"));
+    PD_RETURN_IF_ERROR(expect_f32(up, "geglu", "up"));
+    PD_RETURN_IF_ERROR(expect_f32(out, "geglu", "out"));
+    PD_RETURN_IF_ERROR(activate());
+    PD_CUDA_LAUNCH("geglu kernel", cuda::geglu(f32(gate), f32(up), n, f32(out), stream_));
+    return Status::ok();
+  }
+
   Status add(const Tensor& a, const Tensor& b, Tensor& out) override {
     const int64_t n = a.n_elements();
-    if (b.n_elements() != n || out.n_elements() < n) return Status::invalid_argument("add: shape mismatch");
+    const bool row = b.n_elements() != n;  // one row added to every row (a bias)
+    if ((row && b.n_elements() != a.ne[0]) || out.n_elements() < n)
+      return Status::invalid_argument("add: shape mismatch");
     PD_RETURN_IF_ERROR(expect_f32(a, "add", "a"));
     PD_RETURN_IF_ERROR(expect_f32(b, "add", "b"));
     PD_RETURN_IF_ERROR(expect_f32(out, "add", "out"));
     PD_RETURN_IF_ERROR(activate());
-    PD_CUDA_LAUNCH("add kernel", cuda::add(f32(a), f32(b), n, f32(out), stream_));
+    if (row) {
+      PD_CUDA_LAUNCH("add kernel", cuda::add_row(f32(a), f32(b), a.ne[0], a.n_rows(), f32(out), stream_));
+    } else {
+      PD_CUDA_LAUNCH("add kernel", cuda::add(f32(a), f32(b), n, f32(out), stream_));
+    }
+    return Status::ok();
+  }
+
+  Status scale(const Tensor& x, float s, Tensor& out) override {
+    const int64_t n = x.n_elements();
+    if (out.n_elements() < n) return Status::invalid_argument("scale: shape mismatch");
+    PD_RETURN_IF_ERROR(expect_f32(x, "scale", "x"));
+    PD_RETURN_IF_ERROR(expect_f32(out, "scale", "out"));
+    PD_RETURN_IF_ERROR(activate());
+    PD_CUDA_LAUNCH("scale kernel", cuda::scale(f32(x), s, n, f32(out), stream_));
     return Status::ok();
   }
 
@@ -505,11 +538,13 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  using Backend::paged_attention;
   Status paged_attention(const Tensor& q, const BackendBuffer& cache, const KvCacheLayout& L, int layer,
                          std::span<const AttentionToken> tokens,
-                         std::span<const std::span<const int32_t>> block_tables, float scale,
+                         std::span<const std::span<const int32_t>> block_tables, float scale, int window,
                          Tensor& out) override {
     PD_RETURN_IF_ERROR(check_kv_dtype(L));
+    if (window < 0) return Status::invalid_argument("paged_attention: negative window");
     const int64_t hd = q.ne[0], nh = q.ne[1], nt = static_cast<int64_t>(tokens.size());
     const int64_t nkv = L.n_kv_heads, bs = L.block_size;
     if (hd != L.head_dim || nkv <= 0 || nh % nkv != 0 || q.ne[2] < nt || hd > cuda::kMaxAttnHeadDim)
@@ -564,8 +599,8 @@ class CudaBackend final : public Backend {
                    cuda::paged_attention(layer_view(const_cast<BackendBuffer&>(cache), L, layer), f32(q),
                                          static_cast<int>(nh), reinterpret_cast<const int32_t*>(dev + tokens_at), nt,
                                          reinterpret_cast<const int32_t*>(dev + offsets_at),
-                                         reinterpret_cast<const int32_t*>(dev + tables_at), scale, f32(out),
-                                         stream_));
+                                         reinterpret_cast<const int32_t*>(dev + tables_at), scale, window,
+                                         f32(out), stream_));
     return Status::ok();
   }
 

@@ -193,21 +193,25 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int64_t d, int64
 
 // One thread block per token; thread i owns pair i of every head. Angles in
 // double like the CPU backend (positions reach 1e5+, where fp32 angles drift).
+// Pair i is (2i, 2i+1), or (i, i + hd/2) in NEOX mode.
 __global__ void rope_kernel(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions,
-                            float freq_base) {
+                            float freq_base, bool neox, float freq_scale, const float* freq_factors) {
+  const int64_t stride = neox ? 1 : 2, second = neox ? hd / 2 : 1;
   for (int64_t t = blockIdx.x; t < nt; t += gridDim.x) {
     const double pos = positions[t];
     for (int64_t i = threadIdx.x; i < hd / 2; i += blockDim.x) {
-      const double inv_freq =
+      double inv_freq =
           pow(static_cast<double>(freq_base), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      if (freq_scale != 1.0f) inv_freq *= freq_scale;
+      if (freq_factors != nullptr) inv_freq /= freq_factors[i];
       double s, c;
       sincos(pos * inv_freq, &s, &c);
       const float cs = static_cast<float>(c), sn = static_cast<float>(s);
       for (int64_t h = 0; h < nh; ++h) {
-        float* v = x + (t * nh + h) * hd;
-        const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-        v[2 * i + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+        float* v = x + (t * nh + h) * hd + stride * i;
+        const float a = v[0], b = v[second];
+        v[0] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        v[second] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
       }
     }
   }
@@ -221,10 +225,33 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
   }
 }
 
+// GELU, tanh approximation, with ggml's constants (ggml_gelu_f32; cpu_kernels.h's gelu_tanh).
+__global__ void geglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kCoefA = 0.044715f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * g * (1.0f + kCoefA * g * g))) * up[i];
+  }
+}
+
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = a[i] + b[i];
+}
+
+__global__ void add_row_kernel(const float* a, const float* b, int64_t d, int64_t n, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i % d];
+}
+
+__global__ void scale_kernel(const float* x, float s, int64_t n, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = x[i] * s;
 }
 
 // ---- paged KV cache
@@ -287,7 +314,8 @@ static_assert(kAttnChunk <= kAttnThreads, "one thread per position of a chunk co
 template <GgmlType T>
 __global__ void __launch_bounds__(kAttnThreads)
     paged_attention_kernel(KvLayerView kv, const float* q, int n_heads, const int32_t* tokens, int64_t n_tokens,
-                           const int32_t* table_offsets, const int32_t* tables, float scale, float* out) {
+                           const int32_t* table_offsets, const int32_t* tables, float scale, int window,
+                           float* out) {
   __shared__ float q_sh[kMaxAttnHeadDim];
   __shared__ float s_sh[kAttnChunk];
   __shared__ float p_sh[kAttnChunk];
@@ -311,7 +339,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     float acc0 = 0.0f, acc1 = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const int64_t n_ctx = static_cast<int64_t>(position) + 1;
-    for (int64_t c0 = 0; c0 < n_ctx; c0 += kAttnChunk) {
+    const int64_t first = window > 0 && n_ctx > window ? n_ctx - window : 0;  // sliding window: (p - window, p]
+    for (int64_t c0 = first; c0 < n_ctx; c0 += kAttnChunk) {
       const int n_in = n_ctx - c0 < kAttnChunk ? static_cast<int>(n_ctx - c0) : kAttnChunk;
       for (int r = warp; r < n_in; r += kWarps) {
         const int64_t p = c0 + r;
@@ -416,10 +445,11 @@ cudaError_t rms_norm(const float* x, const float* w, int64_t d, int64_t n, float
   return cudaGetLastError();
 }
 
-cudaError_t rope(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions, float freq_base,
-                 cudaStream_t stream) {
+cudaError_t rope(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions, float freq_base, bool neox,
+                 float freq_scale, const float* freq_factors, cudaStream_t stream) {
   if (nt <= 0 || nh <= 0 || hd <= 0) return cudaSuccess;
-  rope_kernel<<<grid_for(nt, 1), 128, 0, stream>>>(x, hd, nh, nt, positions, freq_base);
+  rope_kernel<<<grid_for(nt, 1), 128, 0, stream>>>(x, hd, nh, nt, positions, freq_base, neox, freq_scale,
+                                                   freq_factors);
   return cudaGetLastError();
 }
 
@@ -429,9 +459,27 @@ cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* out, cu
   return cudaGetLastError();
 }
 
+cudaError_t geglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  geglu_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, n, out);
+  return cudaGetLastError();
+}
+
 cudaError_t add(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t add_row(const float* a, const float* b, int64_t d, int64_t rows, float* out, cudaStream_t stream) {
+  if (d <= 0 || rows <= 0) return cudaSuccess;
+  add_row_kernel<<<grid_for(d * rows, kThreads), kThreads, 0, stream>>>(a, b, d, d * rows, out);
+  return cudaGetLastError();
+}
+
+cudaError_t scale(const float* x, float s, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, s, n, out);
   return cudaGetLastError();
 }
 
@@ -450,24 +498,19 @@ cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, cons
 
 cudaError_t paged_attention(const KvLayerView& kv, const float* q, int n_heads, const int32_t* tokens,
                             int64_t n_tokens, const int32_t* table_offsets, const int32_t* tables, float scale,
-                            float* out, cudaStream_t stream) {
+                            int window, float* out, cudaStream_t stream) {
   if (n_tokens <= 0 || n_heads <= 0) return cudaSuccess;
   if (kv.head_dim > kMaxAttnHeadDim || kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0)
     return cudaErrorInvalidValue;
   const unsigned grid = grid_for(n_tokens * n_heads, 1);
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens, table_offsets, tables, scale, window,
+                                              out);
+  };
   switch (kv.dtype) {
-    case GgmlType::kF32:
-      paged_attention_kernel<GgmlType::kF32><<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens,
-                                                                                table_offsets, tables, scale, out);
-      break;
-    case GgmlType::kF16:
-      paged_attention_kernel<GgmlType::kF16><<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens,
-                                                                                table_offsets, tables, scale, out);
-      break;
-    case GgmlType::kQ8_0:
-      paged_attention_kernel<GgmlType::kQ8_0><<<grid, kAttnThreads, 0, stream>>>(kv, q, n_heads, tokens, n_tokens,
-                                                                                 table_offsets, tables, scale, out);
-      break;
+    case GgmlType::kF32: launch(paged_attention_kernel<GgmlType::kF32>); break;
+    case GgmlType::kF16: launch(paged_attention_kernel<GgmlType::kF16>); break;
+    case GgmlType::kQ8_0: launch(paged_attention_kernel<GgmlType::kQ8_0>); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -36,13 +36,21 @@ cudaError_t matvec(GgmlType type, const void* w, size_t row_bytes, int64_t k, in
 cudaError_t rms_norm(const float* x, const float* w, int64_t d, int64_t n, float eps, float* out,
                      cudaStream_t stream);
 
-// Rotary embedding in place over adjacent pairs.  x [hd, nh, nt]; positions: device [nt].
-cudaError_t rope(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions, float freq_base,
-                 cudaStream_t stream);
+// Rotary embedding in place (see RopeSpec in backend.h): pairs (2i, 2i+1), or
+// (i, i + hd/2) with neox; pair i turns by position * freq_scale *
+// freq_base^(-2i/hd) / freq_factors[i].  x [hd, nh, nt]; positions: device [nt];
+// freq_factors: device [hd/2] or nullptr (all 1).
+cudaError_t rope(float* x, int64_t hd, int64_t nh, int64_t nt, const int32_t* positions, float freq_base, bool neox,
+                 float freq_scale, const float* freq_factors, cudaStream_t stream);
 
-// out = silu(gate) * up and out = a + b, elementwise over n (out may alias an input).
+// out = silu(gate) * up, out = gelu_tanh(gate) * up, out = a + b and out = x * s,
+// elementwise over n (out may alias an input).
 cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+cudaError_t geglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 cudaError_t add(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
+cudaError_t scale(const float* x, float s, int64_t n, float* out, cudaStream_t stream);
+// out[r, j] = a[r, j] + b[j] for r < rows, j < d (out may alias a).
+cudaError_t add_row(const float* a, const float* b, int64_t d, int64_t rows, float* out, cudaStream_t stream);
 
 // One layer of the paged KV cache (see KvCacheLayout): F32, F16 or Q8_0 rows.
 struct KvLayerView {
@@ -67,8 +75,9 @@ cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, cons
 //  tokens:        device [n_tokens] pairs {position, seq} (AttentionToken's layout)
 //  table_offsets: device [n_seqs + 1]; sequence s's blocks are tables[table_offsets[s] ..]
 //  q, out:        [head_dim, n_heads, n_tokens]; head_dim <= kMaxAttnHeadDim
+//  window:        > 0: a token at position p attends to (p - window, p] only
 cudaError_t paged_attention(const KvLayerView& kv, const float* q, int n_heads, const int32_t* tokens,
                             int64_t n_tokens, const int32_t* table_offsets, const int32_t* tables, float scale,
-                            float* out, cudaStream_t stream);
+                            int window, float* out, cudaStream_t stream);
 
 }  // namespace pd::cuda
