@@ -91,6 +91,7 @@ uint32_t llama_file_type(pd::GgmlType t) {  // llama.cpp's LLAMA_FTYPE_* ("mostl
     case pd::GgmlType::kQ4_1: return 3;
     case pd::GgmlType::kQ8_0: return 7;
     case pd::GgmlType::kBF16: return 32;
+    default: break;  // only kTypes' types are offered
   }
   return 0;
 }
@@ -201,6 +202,9 @@ class RowFiller {
         }
         return;
       }
+      default:  // only kTypes' types are offered (parse_type)
+        std::memset(dst, 0, static_cast<size_t>(rows) * pd::ggml_row_bytes(t_.type, t_.ne[0]));
+        return;
     }
   }
 

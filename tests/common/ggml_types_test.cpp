@@ -203,6 +203,7 @@ TEST_CASE("quantize then dequantize stays within the error bound of each type", 
             case GgmlType::kQ4_1:
               bound = (mx - mn) / 15 * 0.5f + (std::fabs(mn) + std::fabs(mx)) * 0x1.0p-9f;
               break;
+            default: FAIL("no bound for this type"); break;
           }
           REQUIRE(err <= bound);
         }
