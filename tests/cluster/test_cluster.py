@@ -2,7 +2,7 @@
 """Whole-cluster tests: real MPI jobs (router + prefill + decode ranks under
 mpirun --oversubscribe) driven over HTTP. Run one suite per process:
 
-    tests/cluster/test_cluster.py {api,identity,preemption,colocated,lifecycle}
+    tests/cluster/test_cluster.py {api,identity,preemption,colocated,lifecycle,models,gemma3,...}
 
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
 import concurrent.futures
@@ -16,7 +16,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (BUILD, DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check, completion_text,  # noqa: E402
+from cluster import (BUILD, DEFAULT_MODEL, ROOT, SKIP, Cluster, blocks_all_free, check, completion_text,  # noqa: E402
                      joined_stream, need_default_model, path_of, reference, request_body, run_suite, tiny_model,
                      wait_for)
 
@@ -483,7 +483,50 @@ def suite_limits(tmp):
     check(not left, "processes of the launched cluster still running: %s" % left)
 
 
-SUITES = {"limits": suite_limits, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
+ARCH_DATA = os.path.join(ROOT, "tests", "data", "arch")
+GEMMA3_MODEL = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+MODEL_PROMPTS = ["The capital of France is", "Once upon a time, in a small village,",
+                 "def fibonacci(n):", "Les fleurs du jardin sont"]
+
+
+def model_identity(model, prompts, max_tokens, ignore_eos):
+    """1 prefill + 1 decode serving `model`: each completion (streamed and not) is pd-generate's greedy text."""
+    cases = [("completion", p, max_tokens) for p in prompts]
+    refs = references(model, cases, ignore_eos=ignore_eos)
+    with Cluster(1, 1, model=model) as c:
+        for i, (case, ref) in enumerate(zip(cases, refs)):
+            expect_same(case, run_case(c, case[0], case[1], case[2], i % 2 == 1, ignore_eos=ignore_eos), ref)
+        check(c.stop() == 0, "clean exit")
+    return refs
+
+
+def suite_models(tmp):
+    """Every architecture and weight type through a 1P+1D cluster, each equal to pd-generate: the random-weight
+    Llama 3 / Qwen2 / Qwen3 / Gemma 3 reference files and the K-quant and Q5 files of tests/data/arch."""
+    for name in ("llama3.q8_0", "qwen2.q8_0", "qwen3.q8_0", "gemma3.q8_0", "llama-quant.q4_k_m",
+                 "llama-quant.q5_k_m", "llama-quant.q6_k", "llama-quant.q5_0", "llama-quant.q5_1"):
+        model_identity(os.path.join(ARCH_DATA, name + ".gguf"), MODEL_PROMPTS[:2], 12, ignore_eos=True)
+        print("%s: cluster == pd-generate" % name)
+
+
+def suite_gemma3(tmp):
+    """Gemma 3 270M (real weights, Q4_K_M, SentencePiece vocabulary of 262k) through 1P+1D: completions equal
+    pd-generate; the file has no chat template, so a chat gets a 400 naming messages."""
+    if not os.path.exists(GEMMA3_MODEL):
+        print("SKIP: %s missing; run scripts/fetch_model.sh gemma3-270m" % GEMMA3_MODEL)
+        sys.exit(SKIP)
+    refs = model_identity(GEMMA3_MODEL, MODEL_PROMPTS, 16, ignore_eos=False)
+    print("gemma-3-270m: " + " | ".join(repr(r["text"]) for r in refs))
+    with Cluster(1, 1, model=GEMMA3_MODEL) as c:
+        r = c.post("/v1/chat/completions", request_body("chat", "Hello", 8))
+        check(r.status == 400, "a chat to a model without a chat template: HTTP %d %s" % (r.status, r.body))
+        err = r.json()["error"]
+        check(err.get("param") == "messages" and "chat template" in err.get("message", ""),
+              "the 400 must name messages and the missing template: %s" % r.body)
+        check(c.stop() == 0, "clean exit")
+
+
+SUITES = {"limits": suite_limits, "models": suite_models, "gemma3": suite_gemma3, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
           "kv_types": suite_kv_types,
           "colocated": suite_colocated, "chunked": suite_chunked, "kv_reuse": suite_kv_reuse, "lifecycle": suite_lifecycle}
 
