@@ -231,10 +231,12 @@ void dot_row_multi(GgmlType type, const void* w_row, int64_t k, const float* x, 
       thread_local std::vector<float> w;
       w.resize(static_cast<size_t>(k));
       dequantize_row(type, w_row, w.data(), k);
+      const float* wr = w.data();
       for (int i = 0; i < m; ++i) {
         const float* xi = x + i * x_stride;
         float s = 0.0f;
-        for (int64_t j = 0; j < k; ++j) s += w[j] * xi[j];
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < k; ++j) s += wr[j] * xi[j];
         acc[i] += s;
       }
       return;
