@@ -52,7 +52,7 @@ int fail(const std::string& msg, int code = pd::tools::kExitFailure) {
 int fail(const ToolError& e) { return fail(e.message, e.exit_code); }
 
 struct GenerateFlags {
-  std::string model_path, prompt, batch_path, system_prompt, kv_dtype = "f16";
+  std::string model_path, prompt, batch_path, system_prompt, chat_template, kv_dtype = "f16";
   bool has_prompt = false, has_batch = false;
   bool chat = false, raw_specials = false, ignore_eos = false;
   int n_predict = 64, block_size = 16;
@@ -73,6 +73,9 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   prompt_opt->excludes(batch_opt);
   app.add_flag("--chat", f->chat, "wrap the prompt in the model's chat template");
   app.add_option("--system", f->system_prompt, "system message for --chat (default: the template's own)");
+  app.add_option("--chat-template", f->chat_template,
+                 "chat template for --chat and --batch chats instead of the file's: chatml, gemma or llama3 "
+                 "(as cluster.json's \"chat_template\")");
   app.add_option("-n,--n-predict", f->n_predict, "tokens to generate")->check(CLI::Range(1, 1 << 20));
   app.add_option("--temp", f->temp, "sampling temperature (0 = greedy)")->check(CLI::Range(0.0f, 100.0f));
   app.add_option("--top-k", f->top_k, "top-k (0 = off)")->check(CLI::NonNegativeNumber);
@@ -153,6 +156,16 @@ bool messages_from(const nlohmann::json& array, std::vector<pd::ChatMessage>* ou
   return true;
 }
 
+// The chat template: --chat-template's when given, else the file's.
+pd::Result<pd::ChatTemplate> chat_template_of(const GenerateFlags& f, const Engine& e) {
+  if (!f.chat_template.empty()) {
+    auto t = pd::ChatTemplate::from_name(f.chat_template);
+    if (!t.is_ok()) return pd::Status::invalid_argument("--chat-template: " + t.status().message());
+    return t;
+  }
+  return pd::ChatTemplate::from_gguf(*e.gguf);
+}
+
 // The request of one --batch line; a line the tool cannot use is a usage
 // error naming FILE:LINE, a chat template that fails a runtime failure.
 std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
@@ -195,7 +208,7 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
 std::optional<ToolError> read_batch(const GenerateFlags& f, const Engine& e, std::vector<pd::GenerateRequest>* reqs) {
   std::ifstream in(f.batch_path);
   if (!in) return ToolError{"cannot read --batch file '" + f.batch_path + "'", kExitUsage};
-  const auto tmpl = pd::ChatTemplate::from_gguf(*e.gguf);
+  const auto tmpl = chat_template_of(f, e);
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.empty()) continue;
@@ -252,7 +265,7 @@ int run_batch(const GenerateFlags& f, Engine& e) {
 std::optional<ToolError> encode_prompt(const GenerateFlags& f, const Engine& e, std::vector<pd::TokenId>* ids) {
   if (f.chat) {
     // As the router does it: the template's control tokens parsed, the messages' text not.
-    auto tmpl = pd::ChatTemplate::from_gguf(*e.gguf);
+    auto tmpl = chat_template_of(f, e);
     if (!tmpl.is_ok()) return ToolError{tmpl.status().to_string()};
     std::vector<pd::ChatMessage> msgs;
     if (!f.system_prompt.empty()) msgs.push_back({"system", f.system_prompt});
@@ -317,7 +330,7 @@ int run_single(const GenerateFlags& f, Engine& e) {
   opt.eos_id = e.tok->eos_id();
   if (f.chat) {
     // A turn ends at the template's end-of-turn tokens (<|im_end|>, <end_of_turn>, ...), which may differ from EOS.
-    if (auto tmpl = pd::ChatTemplate::from_gguf(*e.gguf); tmpl.is_ok()) req.sampling.stop_token_ids = tmpl->stop_ids(*e.tok);
+    if (auto tmpl = chat_template_of(f, e); tmpl.is_ok()) req.sampling.stop_token_ids = tmpl->stop_ids(*e.tok);
   }
   opt.on_token = [&](size_t, pd::TokenId t) {
     const pd::StopReason stop = pd::check_stop(req.sampling, t, opt.eos_id, /*n_generated=*/0);

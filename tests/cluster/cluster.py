@@ -24,15 +24,16 @@ def tiny_model(path, layers=2, seed=1, context=512):
     return path
 
 
-def reference(model, prompts, kv_dtype=None):
-    """pd-generate --batch: [{"prompt", "chat", "max_tokens", "ignore_eos"}] -> list of result dicts."""
+def reference(model, prompts, kv_dtype=None, args=()):
+    """pd-generate --batch: [{"prompt", "chat", "max_tokens", "ignore_eos"}] -> list of result dicts.
+    args: more pd-generate flags (e.g. --chat-template gemma)."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for p in prompts:
             f.write(json.dumps(p) + "\n")
         path = f.name
     try:
         cmd = [os.path.join(BUILD, "tools", "pd-generate"), "-m", model, "--batch", path, "-t", "2"]
-        out = subprocess.run(cmd + (["--kv-dtype", kv_dtype] if kv_dtype else []),
+        out = subprocess.run(cmd + (["--kv-dtype", kv_dtype] if kv_dtype else []) + list(args),
                              check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)

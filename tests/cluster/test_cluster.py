@@ -55,9 +55,9 @@ def mixed_prompts(n):
     return out
 
 
-def references(model, cases, ignore_eos=False, kv_dtype=None):
+def references(model, cases, ignore_eos=False, kv_dtype=None, args=()):
     return reference(model, [{"prompt": p, "chat": e == "chat", "max_tokens": m, "ignore_eos": ignore_eos}
-                             for e, p, m in cases], kv_dtype)
+                             for e, p, m in cases], kv_dtype, args)
 
 
 def run_case(c, endpoint, prompt, max_tokens, stream, **extra):
@@ -511,7 +511,9 @@ def suite_models(tmp):
 
 def suite_gemma3(tmp):
     """Gemma 3 270M (real weights, Q4_K_M, SentencePiece vocabulary of 262k) through 1P+1D: completions equal
-    pd-generate; the file has no chat template, so a chat gets a 400 naming messages."""
+    pd-generate; the file has no chat template, so a chat gets a 400 naming messages; with cluster.json's
+    "chat_template": "gemma" chats work and equal pd-generate --chat-template gemma, and prompts past the
+    512-token sliding window, chunked, equal pd-generate too."""
     if not os.path.exists(GEMMA3_MODEL):
         print("SKIP: %s missing; run scripts/fetch_model.sh gemma3-270m" % GEMMA3_MODEL)
         sys.exit(SKIP)
@@ -524,6 +526,19 @@ def suite_gemma3(tmp):
         check(err.get("param") == "messages" and "chat template" in err.get("message", ""),
               "the 400 must name messages and the missing template: %s" % r.body)
         check(c.stop() == 0, "clean exit")
+    long_prompts = [("completion", " ".join(SENTENCES[(i + j) % len(SENTENCES)] for j in range(50 + 12 * i)), 8)
+                    for i in range(2)]  # ~550 and ~680 tokens: past the local layers' 512-token window
+    chats = [("chat", q, 16) for q in QUESTIONS[:3]]
+    cases = long_prompts + chats
+    refs = references(GEMMA3_MODEL, cases, args=("--chat-template", "gemma"))
+    check(all(r["prompt_tokens"] > 512 for r in refs[:2]), "the long prompts must pass the 512-token window: %s"
+          % [r["prompt_tokens"] for r in refs[:2]])
+    cfg = {"chat_template": "gemma", "prefill": {"chunk_tokens": 256, "token_budget": 512}}
+    with Cluster(1, 1, model=GEMMA3_MODEL, config=cfg) as c:
+        for i, (case, ref) in enumerate(zip(cases, refs)):
+            expect_same(case, run_case(c, case[0], case[1], case[2], i % 2 == 0), ref)
+        check(c.stop() == 0, "clean exit")
+    print("gemma-3-270m chat: " + " | ".join(repr(r["text"]) for r in refs[2:]))
 
 
 SUITES = {"limits": suite_limits, "models": suite_models, "gemma3": suite_gemma3, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
