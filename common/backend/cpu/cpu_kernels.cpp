@@ -200,6 +200,17 @@ void dequant_blocks(const void* w_row, int64_t k, float* dst) {
   for (int64_t b = 0; b < k / kQK; ++b) Decode(blocks[b], dst + b * kQK);
 }
 
+// acc[i] += dot(w, x_i) for i < m, fp32 rows of k.
+void dot_rows_f32(const float* w, int64_t k, const float* x, int64_t x_stride, int m, float* acc) {
+  for (int i = 0; i < m; ++i) {
+    const float* xi = x + i * x_stride;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < k; ++j) s += w[j] * xi[j];
+    acc[i] += s;
+  }
+}
+
 }  // namespace
 
 int64_t block_elems(GgmlType type) { return ggml_traits(type).block_elems; }
@@ -216,30 +227,12 @@ void dot_row_multi(GgmlType type, const void* w_row, int64_t k, const float* x, 
     case GgmlType::kQ4_1: return dot_blocks<BlockQ4_1, decode_q4_1>(w_row, k, x, x_stride, m, acc);
     case GgmlType::kQ8_0: return dot_blocks<BlockQ8_0, decode_q8_0>(w_row, k, x, x_stride, m, acc);
 #endif
-    case GgmlType::kF32: {
-      const float* w = static_cast<const float*>(w_row);
-      for (int i = 0; i < m; ++i) {
-        const float* xi = x + i * x_stride;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < k; ++j) s += w[j] * xi[j];
-        acc[i] += s;
-      }
-      return;
-    }
+    case GgmlType::kF32: return dot_rows_f32(static_cast<const float*>(w_row), k, x, x_stride, m, acc);
     default: {  // the other quantized types: the whole row decoded once for all m inputs
       thread_local std::vector<float> w;
       w.resize(static_cast<size_t>(k));
       dequantize_row(type, w_row, w.data(), k);
-      const float* wr = w.data();
-      for (int i = 0; i < m; ++i) {
-        const float* xi = x + i * x_stride;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < k; ++j) s += wr[j] * xi[j];
-        acc[i] += s;
-      }
-      return;
+      return dot_rows_f32(w.data(), k, x, x_stride, m, acc);
     }
     case GgmlType::kF16:
     case GgmlType::kBF16: {
