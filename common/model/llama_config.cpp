@@ -47,20 +47,9 @@ Result<std::vector<uint8_t>> swa_pattern(const GgufFile& f, const std::string& k
   return layers;
 }
 
-}  // namespace
-
-Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& f) {
-  PD_RETURN_IF_ERROR(check_llama_family(f));
-  LlamaConfig c;
-  PD_ASSIGN_OR_RETURN(c.arch, f.get_string("general.architecture"));
-  const std::string p = c.arch + ".";
-  const bool gemma3 = c.arch == "gemma3";
-  if (auto n = f.get_string("general.name"); n.is_ok()) c.name = *n;
-  PD_ASSIGN_OR_RETURN(c.n_layers, get_positive(f, p + "block_count"));
-  PD_ASSIGN_OR_RETURN(c.hidden, get_positive(f, p + "embedding_length"));
-  PD_ASSIGN_OR_RETURN(c.n_heads, get_positive(f, p + "attention.head_count"));
-  PD_ASSIGN_OR_RETURN(c.ffn, get_positive(f, p + "feed_forward_length"));
-  PD_ASSIGN_OR_RETURN(c.context, get_positive(f, p + "context_length"));
+// Key/value head counts and the head dim (key_length, else hidden / heads),
+// checked against what the kernels support. `p` is "<arch>.".
+Status read_attention_heads(const GgufFile& f, const std::string& p, LlamaConfig& c) {
   c.n_kv_heads = c.n_heads;
   if (f.find(p + "attention.head_count_kv")) {
     PD_ASSIGN_OR_RETURN(c.n_kv_heads, get_positive(f, p + "attention.head_count_kv"));
@@ -89,9 +78,12 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& f) {
   }
   if (c.head_dim % 2 != 0 || c.head_dim > 256)
     return Status::unsupported(f.path() + ": head dim " + std::to_string(c.head_dim) + " is not supported (even, <= 256)");
+  return Status::ok();
+}
 
-  // RoPE: llama.cpp's rope type per architecture, and its reading of the
-  // scaling keys (a factor without a type is linear).
+// RoPE: llama.cpp's rope type per architecture, and its reading of the
+// scaling keys (a factor without a type is linear).
+Status read_rope(const GgufFile& f, const std::string& p, LlamaConfig& c) {
   c.rope_neox = c.arch != "llama";
   std::string scaling = "none";
   if (f.find(p + "rope.scaling.type")) {
@@ -116,6 +108,55 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& f) {
     if (!(b > 1.0)) return Status::invalid_argument(f.path() + ": " + p + "rope.freq_base must be > 1");
     c.rope_base = static_cast<float>(b);
   }
+  return Status::ok();
+}
+
+// Gemma 3: post-norms, GeGLU, scaled embeddings and interleaved
+// sliding-window (local) and global layers.
+Status setup_gemma3(const GgufFile& f, const std::string& p, LlamaConfig& c) {
+  c.post_norms = true;
+  c.gelu_ffn = true;
+  c.embed_scale = std::sqrt(static_cast<float>(c.hidden));
+  // llama.cpp (llm_build_gemma3_iswa): queries scaled by 1/sqrt(key_length),
+  // except Gemma 3 27B (62 layers), whose query_pre_attn_scalar is
+  // hidden / heads; GGUF files carry no key for it.
+  if (c.n_layers == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden / c.n_heads));
+  PD_ASSIGN_OR_RETURN(c.sliding_window, get_positive(f, p + "attention.sliding_window"));
+  PD_ASSIGN_OR_RETURN(c.swa_layers, swa_pattern(f, p + "attention.sliding_window_pattern", c.n_layers, 6));
+  c.rope_base_swa = 10000.0f;  // llama.cpp: rope_freq_base_train_swa, hard-coded for gemma3
+  return Status::ok();
+}
+
+// Block structure: the architecture variants (biases, norms, FFN kind).
+Status read_block_structure(const GgufFile& f, const std::string& p, LlamaConfig& c) {
+  const bool gemma3 = c.arch == "gemma3";
+  // Q/K/V biases wherever the file has them (qwen2 always).
+  c.qkv_bias = c.arch == "qwen2" || f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = c.arch == "qwen3" || gemma3;
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (f.find(p + key))
+      return Status::unsupported(f.path() + ": " + p + key + " (logit soft-capping) is not supported");
+  }
+  if (gemma3) PD_RETURN_IF_ERROR(setup_gemma3(f, p, c));
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& f) {
+  PD_RETURN_IF_ERROR(check_llama_family(f));
+  LlamaConfig c;
+  PD_ASSIGN_OR_RETURN(c.arch, f.get_string("general.architecture"));
+  const std::string p = c.arch + ".";
+  if (auto n = f.get_string("general.name"); n.is_ok()) c.name = *n;
+  PD_ASSIGN_OR_RETURN(c.n_layers, get_positive(f, p + "block_count"));
+  PD_ASSIGN_OR_RETURN(c.hidden, get_positive(f, p + "embedding_length"));
+  PD_ASSIGN_OR_RETURN(c.n_heads, get_positive(f, p + "attention.head_count"));
+  PD_ASSIGN_OR_RETURN(c.ffn, get_positive(f, p + "feed_forward_length"));
+  PD_ASSIGN_OR_RETURN(c.context, get_positive(f, p + "context_length"));
+  PD_RETURN_IF_ERROR(read_attention_heads(f, p, c));
+  PD_RETURN_IF_ERROR(read_rope(f, p, c));
   if (f.find(p + "attention.layer_norm_rms_epsilon")) {
     PD_ASSIGN_OR_RETURN(double e, f.get_float(p + "attention.layer_norm_rms_epsilon"));
     if (!(e > 0.0 && e < 1.0)) return Status::invalid_argument(f.path() + ": layer_norm_rms_epsilon out of range");
@@ -129,27 +170,7 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& f) {
     return Status::invalid_argument(f.path() + ": cannot determine vocab size");
   }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-
-  // Block structure. Q/K/V biases wherever the file has them (qwen2 always).
-  c.qkv_bias = c.arch == "qwen2" || f.find_tensor("blk.0.attn_q.bias") != nullptr;
-  c.qk_norm = c.arch == "qwen3" || gemma3;
-  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (f.find(p + key))
-      return Status::unsupported(f.path() + ": " + p + key + " (logit soft-capping) is not supported");
-  }
-  if (gemma3) {
-    c.post_norms = true;
-    c.gelu_ffn = true;
-    c.embed_scale = std::sqrt(static_cast<float>(c.hidden));
-    // llama.cpp (llm_build_gemma3_iswa): queries scaled by 1/sqrt(key_length),
-    // except Gemma 3 27B (62 layers), whose query_pre_attn_scalar is
-    // hidden / heads; GGUF files carry no key for it.
-    if (c.n_layers == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden / c.n_heads));
-    PD_ASSIGN_OR_RETURN(c.sliding_window, get_positive(f, p + "attention.sliding_window"));
-    PD_ASSIGN_OR_RETURN(c.swa_layers, swa_pattern(f, p + "attention.sliding_window_pattern", c.n_layers, 6));
-    c.rope_base_swa = 10000.0f;  // llama.cpp: rope_freq_base_train_swa, hard-coded for gemma3
-  }
+  PD_RETURN_IF_ERROR(read_block_structure(f, p, c));
   return c;
 }
 

@@ -182,12 +182,9 @@ Status LlamaModel::decode(std::span<const SequenceBatch> steps, KvCache& cache, 
   return forward(steps, cache, logits);
 }
 
-Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache, std::vector<float>* logits) {
-  const KvCacheLayout& L = cache.layout;
-  if (L.n_layers != cfg_.n_layers || L.n_kv_heads != cfg_.n_kv_heads || L.head_dim != cfg_.head_dim)
-    return Status::invalid_argument("forward: KV cache layout does not match the model");
-
-  // ---- plan: validate everything and build the index arrays; no state changes yet.
+// Validates the batch and builds the index arrays (ids_, positions_, slots_,
+// att_tokens_, tables_, logit_rows_); changes no other state.
+Status LlamaModel::plan_batch(std::span<const SequenceBatch> batch, const KvCacheLayout& L) {
   ids_.clear();
   positions_.clear();
   slots_.clear();
@@ -227,6 +224,87 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
       logit_rows_.push_back(static_cast<int32_t>(ids_.size() - 1));
     }
   }
+  return Status::ok();
+}
+
+// Layer l's attention sub-block over the n tokens in x_: norm, Q/K/V, RoPE,
+// K/V into the cache (then kv_written_hook_), paged attention, output
+// projection, residual add.
+Status LlamaModel::attention_block(int l, int64_t n, KvCache& cache, RopeSpec& rope) {
+  const KvCacheLayout& L = cache.layout;
+  const int64_t d = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const float scale = cfg_.attn_scale;
+  Backend& be = backend_;
+  Tensor x = reshape(x_, d, n), h = reshape(h_, d, n), o = reshape(o_, d, n);
+  Tensor q = reshape(q_, hd, nh, n), k = reshape(k_, hd, nkv, n), v = reshape(v_, hd, nkv, n);
+  Tensor q2 = reshape(q_, hd * nh, n), k2 = reshape(k_, hd * nkv, n), v2 = reshape(v_, hd * nkv, n);
+  Tensor attn = reshape(attn_, hd, nh, n), attn2 = reshape(attn_, hd * nh, n);
+  // Q/K as rows of one head, for the per-head norms.
+  Tensor q_heads = reshape(q_, hd, nh * n), k_heads = reshape(k_, hd, nkv * n);
+
+  const Layer& W = layers_[l];
+  PD_RETURN_IF_ERROR(be.rms_norm(x, W.attn_norm, cfg_.rms_eps, h));
+  {
+    const Tensor* w[] = {&W.wq, &W.wk, &W.wv};
+    Tensor* out[] = {&q2, &k2, &v2};
+    PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
+  }
+  if (cfg_.qkv_bias) {
+    PD_RETURN_IF_ERROR(be.add(q2, W.bq, q2));
+    PD_RETURN_IF_ERROR(be.add(k2, W.bk, k2));
+    PD_RETURN_IF_ERROR(be.add(v2, W.bv, v2));
+  }
+  if (cfg_.qk_norm) {
+    PD_RETURN_IF_ERROR(be.rms_norm(q_heads, W.q_norm, cfg_.rms_eps, q_heads));
+    PD_RETURN_IF_ERROR(be.rms_norm(k_heads, W.k_norm, cfg_.rms_eps, k_heads));
+  }
+  rope.freq_base = cfg_.layer_rope_base(l);
+  rope.freq_scale = cfg_.layer_rope_scale(l);
+  PD_RETURN_IF_ERROR(be.rope(q, positions_, rope));
+  PD_RETURN_IF_ERROR(be.rope(k, positions_, rope));
+  PD_RETURN_IF_ERROR(be.kv_write(*cache.buffer, L, l, k, v, slots_));
+  if (kv_written_hook_) {
+    PD_RETURN_IF_ERROR(be.synchronize());
+    kv_written_hook_(l);
+  }
+  PD_RETURN_IF_ERROR(be.paged_attention(q, *cache.buffer, L, l, att_tokens_, tables_, scale, cfg_.window(l), attn));
+  PD_RETURN_IF_ERROR(be.matmul(attn2, W.wo, o));
+  if (cfg_.post_norms) PD_RETURN_IF_ERROR(be.rms_norm(o, W.post_attn_norm, cfg_.rms_eps, o));
+  return be.add(x, o, x);
+}
+
+// Layer l's FFN sub-block over the n tokens in x_: norm, gated MLP (GeGLU or
+// SwiGLU), down projection, residual add.
+Status LlamaModel::ffn_block(int l, int64_t n) {
+  const int64_t d = cfg_.hidden;
+  Backend& be = backend_;
+  Tensor x = reshape(x_, d, n), h = reshape(h_, d, n), o = reshape(o_, d, n);
+  Tensor gate = reshape(gate_, cfg_.ffn, n), up = reshape(up_, cfg_.ffn, n);
+
+  const Layer& W = layers_[l];
+  PD_RETURN_IF_ERROR(be.rms_norm(x, W.ffn_norm, cfg_.rms_eps, h));
+  {
+    const Tensor* w[] = {&W.w_gate, &W.w_up};
+    Tensor* out[] = {&gate, &up};
+    PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
+  }
+  if (cfg_.gelu_ffn) {
+    PD_RETURN_IF_ERROR(be.geglu(gate, up, gate));
+  } else {
+    PD_RETURN_IF_ERROR(be.swiglu(gate, up, gate));
+  }
+  PD_RETURN_IF_ERROR(be.matmul(gate, W.w_down, o));
+  if (cfg_.post_norms) PD_RETURN_IF_ERROR(be.rms_norm(o, W.post_ffn_norm, cfg_.rms_eps, o));
+  return be.add(x, o, x);
+}
+
+Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache, std::vector<float>* logits) {
+  const KvCacheLayout& L = cache.layout;
+  if (L.n_layers != cfg_.n_layers || L.n_kv_heads != cfg_.n_kv_heads || L.head_dim != cfg_.head_dim)
+    return Status::invalid_argument("forward: KV cache layout does not match the model");
+
+  // ---- plan: validate everything and build the index arrays; no state changes yet.
+  PD_RETURN_IF_ERROR(plan_batch(batch, L));
   const int64_t n = static_cast<int64_t>(ids_.size());
   const int64_t n_logits = static_cast<int64_t>(logit_rows_.size());
   if (n == 0) {
@@ -236,17 +314,9 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
   PD_RETURN_IF_ERROR(ensure_scratch(n, std::max<int64_t>(n_logits, 1)));
 
   // ---- run
-  const int64_t d = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
-  const float scale = cfg_.attn_scale;
+  const int64_t d = cfg_.hidden;
   Backend& be = backend_;
-  Tensor x = reshape(x_, d, n), h = reshape(h_, d, n), o = reshape(o_, d, n);
-  Tensor q = reshape(q_, hd, nh, n), k = reshape(k_, hd, nkv, n), v = reshape(v_, hd, nkv, n);
-  Tensor q2 = reshape(q_, hd * nh, n), k2 = reshape(k_, hd * nkv, n), v2 = reshape(v_, hd * nkv, n);
-  Tensor attn = reshape(attn_, hd, nh, n), attn2 = reshape(attn_, hd * nh, n);
-  Tensor gate = reshape(gate_, cfg_.ffn, n), up = reshape(up_, cfg_.ffn, n);
-
-  // Q/K as rows of one head, for the per-head norms.
-  Tensor q_heads = reshape(q_, hd, nh * n), k_heads = reshape(k_, hd, nkv * n);
+  Tensor x = reshape(x_, d, n);
   RopeSpec rope;
   rope.neox = cfg_.rope_neox;
   rope.freq_factors = rope_factors_;
@@ -254,49 +324,8 @@ Status LlamaModel::forward(std::span<const SequenceBatch> batch, KvCache& cache,
   PD_RETURN_IF_ERROR(be.get_rows(tok_embd_, ids_, x));
   if (cfg_.embed_scale != 1.0f) PD_RETURN_IF_ERROR(be.scale(x, cfg_.embed_scale, x));
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    const Layer& W = layers_[l];
-    PD_RETURN_IF_ERROR(be.rms_norm(x, W.attn_norm, cfg_.rms_eps, h));
-    {
-      const Tensor* w[] = {&W.wq, &W.wk, &W.wv};
-      Tensor* out[] = {&q2, &k2, &v2};
-      PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
-    }
-    if (cfg_.qkv_bias) {
-      PD_RETURN_IF_ERROR(be.add(q2, W.bq, q2));
-      PD_RETURN_IF_ERROR(be.add(k2, W.bk, k2));
-      PD_RETURN_IF_ERROR(be.add(v2, W.bv, v2));
-    }
-    if (cfg_.qk_norm) {
-      PD_RETURN_IF_ERROR(be.rms_norm(q_heads, W.q_norm, cfg_.rms_eps, q_heads));
-      PD_RETURN_IF_ERROR(be.rms_norm(k_heads, W.k_norm, cfg_.rms_eps, k_heads));
-    }
-    rope.freq_base = cfg_.layer_rope_base(l);
-    rope.freq_scale = cfg_.layer_rope_scale(l);
-    PD_RETURN_IF_ERROR(be.rope(q, positions_, rope));
-    PD_RETURN_IF_ERROR(be.rope(k, positions_, rope));
-    PD_RETURN_IF_ERROR(be.kv_write(*cache.buffer, L, l, k, v, slots_));
-    if (kv_written_hook_) {
-      PD_RETURN_IF_ERROR(be.synchronize());
-      kv_written_hook_(l);
-    }
-    PD_RETURN_IF_ERROR(be.paged_attention(q, *cache.buffer, L, l, att_tokens_, tables_, scale, cfg_.window(l), attn));
-    PD_RETURN_IF_ERROR(be.matmul(attn2, W.wo, o));
-    if (cfg_.post_norms) PD_RETURN_IF_ERROR(be.rms_norm(o, W.post_attn_norm, cfg_.rms_eps, o));
-    PD_RETURN_IF_ERROR(be.add(x, o, x));
-    PD_RETURN_IF_ERROR(be.rms_norm(x, W.ffn_norm, cfg_.rms_eps, h));
-    {
-      const Tensor* w[] = {&W.w_gate, &W.w_up};
-      Tensor* out[] = {&gate, &up};
-      PD_RETURN_IF_ERROR(be.matmul_multi(h, w, out));
-    }
-    if (cfg_.gelu_ffn) {
-      PD_RETURN_IF_ERROR(be.geglu(gate, up, gate));
-    } else {
-      PD_RETURN_IF_ERROR(be.swiglu(gate, up, gate));
-    }
-    PD_RETURN_IF_ERROR(be.matmul(gate, W.w_down, o));
-    if (cfg_.post_norms) PD_RETURN_IF_ERROR(be.rms_norm(o, W.post_ffn_norm, cfg_.rms_eps, o));
-    PD_RETURN_IF_ERROR(be.add(x, o, x));
+    PD_RETURN_IF_ERROR(attention_block(l, n, cache, rope));
+    PD_RETURN_IF_ERROR(ffn_block(l, n));
   }
   if (n_logits == 0) {
     if (logits) logits->clear();

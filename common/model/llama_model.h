@@ -81,6 +81,11 @@ class LlamaModel {
   // A tensor of the file on the backend; `f32_only` for norms, biases and the like.
   Result<Tensor> weight(const std::string& name, std::vector<int64_t> expected_ne, bool f32_only = false);
   Status ensure_scratch(int64_t n_tokens, int64_t n_logits);
+  // forward()'s steps: validate the batch into the index arrays, then per
+  // layer the attention and FFN sub-blocks over the n tokens in x_.
+  Status plan_batch(std::span<const SequenceBatch> batch, const KvCacheLayout& L);
+  Status attention_block(int l, int64_t n, KvCache& cache, RopeSpec& rope);
+  Status ffn_block(int l, int64_t n);
 
   // Constant after load.
   std::shared_ptr<const GgufFile> file_;

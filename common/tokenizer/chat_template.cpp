@@ -187,6 +187,140 @@ class Segments {
   std::vector<ChatSegment> out_;
 };
 
+// Qwen3: the last user message (not a tool response); assistant turns after
+// it keep their reasoning.
+size_t qwen3_last_query(const std::vector<ChatMessage>& messages) {
+  size_t last_query = messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    const bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                               c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+    if (messages[i].role == "user" && !tool_response) {
+      last_query = i;
+      break;
+    }
+  }
+  return last_query;
+}
+
+// Qwen3's assistant turn: <think>...</think> split off the content and kept
+// only for turns after the last query.
+void qwen3_assistant_turn(Segments& out, const std::vector<ChatMessage>& messages, size_t i, size_t last_query) {
+  std::string_view content = messages[i].content, reasoning;
+  const size_t close = content.rfind("</think>");
+  if (close != std::string_view::npos) {
+    const std::string_view before = rstrip_nl(content.substr(0, content.find("</think>")));
+    const size_t open = before.rfind("<think>");
+    reasoning = lstrip_nl(open == std::string_view::npos ? before : before.substr(open + 7));
+    content = lstrip_nl(content.substr(close + 8));
+  }
+  out.text(kImStart);
+  out.text("assistant\n");
+  if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+    out.text("<think>\n");
+    out.content(rstrip_nl(lstrip_nl(reasoning)));
+    out.text("\n</think>\n\n");
+    out.content(lstrip_nl(content));
+  } else {
+    out.content(content);
+  }
+  out.text(kImEnd);
+  out.text("\n");
+}
+
+// ChatML (and Qwen3, which reworks its assistant turns).
+void render_chatml(Segments& out, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                   std::string_view default_system, bool qwen3) {
+  auto turn = [&](std::string_view role, std::string_view content) {
+    out.text(kImStart);
+    out.text(role);
+    out.text("\n");
+    out.content(content);
+    out.text(kImEnd);
+    out.text("\n");
+  };
+  if (!default_system.empty() && messages[0].role != "system") {
+    out.text(kSystemHeader);
+    out.text(default_system);
+    out.text(kImEnd);
+    out.text("\n");
+  }
+  const size_t last_query = qwen3_last_query(messages);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (!qwen3 || m.role != "assistant") {
+      turn(m.role, m.content);
+      continue;
+    }
+    qwen3_assistant_turn(out, messages, i, last_query);
+  }
+  if (add_generation_prompt) {
+    out.text(kImStart);
+    out.text("assistant\n");
+  }
+}
+
+// Gemma: the system message folds into the first user turn; roles alternate.
+Status render_gemma(Segments& out, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                    bool system_allowed) {
+  size_t first = 0;
+  std::string_view system;
+  if (messages[0].role == "system") {
+    if (!system_allowed) return Status::invalid_argument("messages[0]: this model's template refuses a system message");
+    system = messages[0].content;
+    first = 1;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != ((i - first) % 2 == 0)) {
+      return Status::invalid_argument("messages[" + std::to_string(i) +
+                                      "]: conversation roles must alternate user/assistant/user/assistant/...");
+    }
+    out.text("<start_of_turn>");
+    out.text(m.role == "assistant" ? "model" : m.role);
+    out.text("\n");
+    if (i == first && first == 1) {
+      out.content(system);
+      out.text("\n\n");
+    }
+    out.content(py_strip(m.content));
+    out.text("<end_of_turn>\n");
+  }
+  if (add_generation_prompt) out.text("<start_of_turn>model\n");
+  return Status::ok();
+}
+
+// Llama 3 (3.1+ with date_header: a system header with the knowledge and
+// today's dates, holding the system message if any).
+void render_llama3(Segments& out, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                   bool date_header, const std::string& date) {
+  auto header = [&](std::string_view role) {
+    out.text("<|start_header_id|>");
+    out.text(role);
+    out.text("<|end_header_id|>\n\n");
+  };
+  size_t first = 0;
+  if (date_header) {
+    std::string_view system;
+    if (messages[0].role == "system") {
+      first = 1;
+      system = messages[0].content;
+    }
+    header("system");
+    out.text("Cutting Knowledge Date: December 2023\nToday Date: ");
+    out.text(date.empty() ? today_date() : date);
+    out.text("\n\n");
+    out.content(py_strip(system));
+    out.text("<|eot_id|>");
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    header(messages[i].role);
+    out.content(py_strip(messages[i].content));
+    out.text("<|eot_id|>");
+  }
+  if (add_generation_prompt) header("assistant");
+}
+
 }  // namespace
 
 Result<ChatTemplate> ChatTemplate::from_gguf(const GgufFile& file) {
@@ -266,121 +400,13 @@ Result<std::vector<ChatSegment>> ChatTemplate::render(const std::vector<ChatMess
   Segments out;
   switch (format_) {
     case ChatFormat::kChatml:
-    case ChatFormat::kQwen3: {
-      auto turn = [&](std::string_view role, std::string_view content) {
-        out.text(kImStart);
-        out.text(role);
-        out.text("\n");
-        out.content(content);
-        out.text(kImEnd);
-        out.text("\n");
-      };
-      if (!default_system_.empty() && messages[0].role != "system") {
-        out.text(kSystemHeader);
-        out.text(default_system_);
-        out.text(kImEnd);
-        out.text("\n");
-      }
-      // Qwen3: the last user message (not a tool response); assistant turns
-      // after it keep their reasoning.
-      size_t last_query = messages.size() - 1;
-      for (size_t i = messages.size(); i-- > 0;) {
-        const std::string& c = messages[i].content;
-        const bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
-                                   c.compare(c.size() - 16, 16, "</tool_response>") == 0;
-        if (messages[i].role == "user" && !tool_response) {
-          last_query = i;
-          break;
-        }
-      }
-      for (size_t i = 0; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        if (format_ != ChatFormat::kQwen3 || m.role != "assistant") {
-          turn(m.role, m.content);
-          continue;
-        }
-        std::string_view content = m.content, reasoning;
-        const size_t close = content.rfind("</think>");
-        if (close != std::string_view::npos) {
-          const std::string_view before = rstrip_nl(content.substr(0, content.find("</think>")));
-          const size_t open = before.rfind("<think>");
-          reasoning = lstrip_nl(open == std::string_view::npos ? before : before.substr(open + 7));
-          content = lstrip_nl(content.substr(close + 8));
-        }
-        out.text(kImStart);
-        out.text("assistant\n");
-        if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
-          out.text("<think>\n");
-          out.content(rstrip_nl(lstrip_nl(reasoning)));
-          out.text("\n</think>\n\n");
-          out.content(lstrip_nl(content));
-        } else {
-          out.content(content);
-        }
-        out.text(kImEnd);
-        out.text("\n");
-      }
-      if (add_generation_prompt) {
-        out.text(kImStart);
-        out.text("assistant\n");
-      }
+    case ChatFormat::kQwen3:
+      render_chatml(out, messages, add_generation_prompt, default_system_, format_ == ChatFormat::kQwen3);
       break;
-    }
-    case ChatFormat::kGemma: {
-      size_t first = 0;
-      std::string_view system;
-      if (messages[0].role == "system") {
-        if (!system_allowed_) return Status::invalid_argument("messages[0]: this model's template refuses a system message");
-        system = messages[0].content;
-        first = 1;
-      }
-      for (size_t i = first; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        if ((m.role == "user") != ((i - first) % 2 == 0)) {
-          return Status::invalid_argument("messages[" + std::to_string(i) +
-                                          "]: conversation roles must alternate user/assistant/user/assistant/...");
-        }
-        out.text("<start_of_turn>");
-        out.text(m.role == "assistant" ? "model" : m.role);
-        out.text("\n");
-        if (i == first && first == 1) {
-          out.content(system);
-          out.text("\n\n");
-        }
-        out.content(py_strip(m.content));
-        out.text("<end_of_turn>\n");
-      }
-      if (add_generation_prompt) out.text("<start_of_turn>model\n");
+    case ChatFormat::kGemma:
+      PD_RETURN_IF_ERROR(render_gemma(out, messages, add_generation_prompt, system_allowed_));
       break;
-    }
-    case ChatFormat::kLlama3: {
-      auto header = [&](std::string_view role) {
-        out.text("<|start_header_id|>");
-        out.text(role);
-        out.text("<|end_header_id|>\n\n");
-      };
-      size_t first = 0;
-      if (date_header_) {
-        std::string_view system;
-        if (messages[0].role == "system") {
-          first = 1;
-          system = messages[0].content;
-        }
-        header("system");
-        out.text("Cutting Knowledge Date: December 2023\nToday Date: ");
-        out.text(date_.empty() ? today_date() : date_);
-        out.text("\n\n");
-        out.content(py_strip(system));
-        out.text("<|eot_id|>");
-      }
-      for (size_t i = first; i < messages.size(); ++i) {
-        header(messages[i].role);
-        out.content(py_strip(messages[i].content));
-        out.text("<|eot_id|>");
-      }
-      if (add_generation_prompt) header("assistant");
-      break;
-    }
+    case ChatFormat::kLlama3: render_llama3(out, messages, add_generation_prompt, date_header_, date_); break;
   }
   return out.take();
 }

@@ -208,6 +208,54 @@ std::string byte_piece(unsigned b) {
   return std::string{'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
 }
 
+// Checks the vocabulary's sizes and special ids (shared by both kinds); fills
+// in all-normal token types when there are none.
+Status check_vocab(TokenizerVocab& vocab) {
+  const size_t n = vocab.tokens.size();
+  if (n == 0) return Status::invalid_argument("tokenizer vocabulary (tokens) is empty");
+  if (n > size_t(INT32_MAX)) return Status::invalid_argument("tokenizer vocabulary has too many tokens");
+  if (vocab.types.empty()) vocab.types.assign(n, TokenType::kNormal);
+  if (vocab.types.size() != n) {
+    return Status::invalid_argument("token_type has " + std::to_string(vocab.types.size()) +
+                                    " entries but tokens has " + std::to_string(n));
+  }
+  const std::pair<const char*, TokenId> ids[] = {
+      {"bos_id", vocab.bos_id}, {"eos_id", vocab.eos_id}, {"unk_id", vocab.unk_id}, {"pad_id", vocab.pad_id}};
+  for (const auto& [name, id] : ids) {
+    if (id < -1 || id >= TokenId(n)) {
+      return Status::invalid_argument(std::string(name) + " " + std::to_string(id) + " is out of range [0, " +
+                                      std::to_string(n) + ")");
+    }
+  }
+  if (vocab.kind == VocabKind::kSentencePiece && !vocab.scores.empty() && vocab.scores.size() != n) {
+    return Status::invalid_argument("scores has " + std::to_string(vocab.scores.size()) +
+                                    " entries but tokens has " + std::to_string(n));
+  }
+  return Status::ok();
+}
+
+// Appends the bytes a byte-level token's text stands for: each GPT-2
+// character (cp_to_byte) becomes its byte; other text is copied as-is.
+void append_byte_level_bytes(const std::string& text, const std::array<int32_t, 324>& cp_to_byte,
+                             std::string& bytes) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  for (size_t i = 0; i < text.size();) {
+    const utf8::Step st = utf8::step(s + i, text.size() - i);
+    if (st.kind != utf8::StepKind::kValid) {  // not byte-level text: copy the byte as-is
+      bytes.push_back(char(s[i]));
+      ++i;
+      continue;
+    }
+    const uint32_t cp = utf8::decode_valid(s + i, st.len);
+    if (cp < cp_to_byte.size() && cp_to_byte[cp] >= 0) {
+      bytes.push_back(char(cp_to_byte[cp]));
+    } else {
+      bytes.append(text, i, st.len);
+    }
+    i += st.len;
+  }
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -417,35 +465,66 @@ struct Tokenizer::Impl {
     pre->split(text, sc.pieces);
     for (std::string_view piece : sc.pieces) bpe_piece(piece, sc, out);
   }
+
+  // Byte-level BPE: token_to_id, what each token decodes to (its GPT-2
+  // characters mapped back to bytes), and the single-byte tokens.
+  void index_byte_level_tokens() {
+    const size_t n = vocab.tokens.size();
+    const std::array<uint32_t, 256> byte_cp = make_byte_to_codepoint();
+    std::array<int32_t, 324> cp_to_byte;  // all GPT-2 codepoints are < 256 + 68
+    cp_to_byte.fill(-1);
+    for (uint32_t b = 0; b < 256; ++b) {
+      utf8::append(byte_unicode[b], byte_cp[b]);
+      cp_to_byte[byte_cp[b]] = int32_t(b);
+    }
+
+    token_to_id.reserve(n);
+    token_bytes.resize(n);
+    for (size_t id = 0; id < n; ++id) {
+      const std::string& text = vocab.tokens[id];
+      token_to_id[text] = TokenId(id);  // a later duplicate wins, as in llama.cpp
+      const TokenType type = vocab.types[id];
+      if (type == TokenType::kControl || type == TokenType::kUserDefined || type == TokenType::kUnknown) {
+        token_bytes[id] = text;  // added tokens render as their literal text (HF, llama.cpp)
+        continue;
+      }
+      append_byte_level_bytes(text, cp_to_byte, token_bytes[id]);
+    }
+    for (size_t b = 0; b < 256; ++b) {
+      auto it = token_to_id.find(std::string_view(byte_unicode[b]));
+      byte_token[b] = it == token_to_id.end() ? -1 : it->second;
+    }
+  }
+
+  // Byte-level BPE: the merge table from vocab.merges ("left right", by rank).
+  Status build_merges() {
+    merges.build_capacity(vocab.merges.size());
+    std::string joined;
+    for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
+      const std::string& m = vocab.merges[rank];
+      const size_t sp = m.find(' ', 1);
+      if (sp == std::string::npos || sp + 1 >= m.size()) {
+        return Status::invalid_argument("merges[" + std::to_string(rank) + "] '" + m + "' is not 'left right'");
+      }
+      const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
+      auto l = token_to_id.find(left), r = token_to_id.find(right);
+      joined.assign(left);
+      joined.append(right);
+      auto res = token_to_id.find(std::string_view(joined));
+      // A merge naming tokens absent from the vocabulary can never fire; skip it.
+      if (l == token_to_id.end() || r == token_to_id.end() || res == token_to_id.end()) continue;
+      merges.insert(pair_key(l->second, r->second), Merge{int32_t(rank), res->second});
+    }
+    return Status::ok();
+  }
 };
 
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::create(TokenizerVocab vocab) {
-  const size_t n = vocab.tokens.size();
-  if (n == 0) return Status::invalid_argument("tokenizer vocabulary (tokens) is empty");
-  if (n > size_t(INT32_MAX)) return Status::invalid_argument("tokenizer vocabulary has too many tokens");
-  if (vocab.types.empty()) vocab.types.assign(n, TokenType::kNormal);
-  if (vocab.types.size() != n) {
-    return Status::invalid_argument("token_type has " + std::to_string(vocab.types.size()) +
-                                    " entries but tokens has " + std::to_string(n));
-  }
-  const std::pair<const char*, TokenId> ids[] = {
-      {"bos_id", vocab.bos_id}, {"eos_id", vocab.eos_id}, {"unk_id", vocab.unk_id}, {"pad_id", vocab.pad_id}};
-  for (const auto& [name, id] : ids) {
-    if (id < -1 || id >= TokenId(n)) {
-      return Status::invalid_argument(std::string(name) + " " + std::to_string(id) + " is out of range [0, " +
-                                      std::to_string(n) + ")");
-    }
-  }
-  if (vocab.kind == VocabKind::kSentencePiece) {
-    if (!vocab.scores.empty() && vocab.scores.size() != n) {
-      return Status::invalid_argument("scores has " + std::to_string(vocab.scores.size()) +
-                                      " entries but tokens has " + std::to_string(n));
-    }
-    return create_sentencepiece(std::move(vocab));
-  }
+  PD_RETURN_IF_ERROR(check_vocab(vocab));
+  if (vocab.kind == VocabKind::kSentencePiece) return create_sentencepiece(std::move(vocab));
   PD_ASSIGN_OR_RETURN(auto pre, PreTokenizer::create(vocab.pre));
 
   std::unique_ptr<Tokenizer> tok(new Tokenizer());
@@ -454,65 +533,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::create(TokenizerVocab vocab) {
   im.pre = std::move(pre);
   im.vocab = std::move(vocab);
   const TokenizerVocab& v = im.vocab;
+  const size_t n = v.tokens.size();
 
-  const std::array<uint32_t, 256> byte_cp = make_byte_to_codepoint();
-  std::array<int32_t, 324> cp_to_byte;  // all GPT-2 codepoints are < 256 + 68
-  cp_to_byte.fill(-1);
-  for (uint32_t b = 0; b < 256; ++b) {
-    utf8::append(im.byte_unicode[b], byte_cp[b]);
-    cp_to_byte[byte_cp[b]] = int32_t(b);
-  }
-
-  im.token_to_id.reserve(n);
-  im.token_bytes.resize(n);
-  for (size_t id = 0; id < n; ++id) {
-    const std::string& text = v.tokens[id];
-    im.token_to_id[text] = TokenId(id);  // a later duplicate wins, as in llama.cpp
-    const TokenType type = v.types[id];
-    if (type == TokenType::kControl || type == TokenType::kUserDefined || type == TokenType::kUnknown) {
-      im.token_bytes[id] = text;  // added tokens render as their literal text (HF, llama.cpp)
-      continue;
-    }
-    std::string& bytes = im.token_bytes[id];
-    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-    for (size_t i = 0; i < text.size();) {
-      const utf8::Step st = utf8::step(s + i, text.size() - i);
-      if (st.kind != utf8::StepKind::kValid) {  // not byte-level text: copy the byte as-is
-        bytes.push_back(char(s[i]));
-        ++i;
-        continue;
-      }
-      const uint32_t cp = utf8::decode_valid(s + i, st.len);
-      if (cp < cp_to_byte.size() && cp_to_byte[cp] >= 0) {
-        bytes.push_back(char(cp_to_byte[cp]));
-      } else {
-        bytes.append(text, i, st.len);
-      }
-      i += st.len;
-    }
-  }
-  for (size_t b = 0; b < 256; ++b) {
-    auto it = im.token_to_id.find(std::string_view(im.byte_unicode[b]));
-    im.byte_token[b] = it == im.token_to_id.end() ? -1 : it->second;
-  }
-
-  im.merges.build_capacity(v.merges.size());
-  std::string joined;
-  for (size_t rank = 0; rank < v.merges.size(); ++rank) {
-    const std::string& m = v.merges[rank];
-    const size_t sp = m.find(' ', 1);
-    if (sp == std::string::npos || sp + 1 >= m.size()) {
-      return Status::invalid_argument("merges[" + std::to_string(rank) + "] '" + m + "' is not 'left right'");
-    }
-    const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
-    auto l = im.token_to_id.find(left), r = im.token_to_id.find(right);
-    joined.assign(left);
-    joined.append(right);
-    auto res = im.token_to_id.find(std::string_view(joined));
-    // A merge naming tokens absent from the vocabulary can never fire; skip it.
-    if (l == im.token_to_id.end() || r == im.token_to_id.end() || res == im.token_to_id.end()) continue;
-    im.merges.insert(pair_key(l->second, r->second), Merge{int32_t(rank), res->second});
-  }
+  im.index_byte_level_tokens();
+  PD_RETURN_IF_ERROR(im.build_merges());
 
   for (size_t id = 0; id < n; ++id) {
     if (im.is_special_type(TokenId(id)) && !v.tokens[id].empty()) im.specials.insert(v.tokens[id], TokenId(id));
