@@ -25,6 +25,16 @@ void require_default_model() {
   }
 }
 
+std::string gemma3_model_path() {
+  if (const char* env = std::getenv("PD_GEMMA_MODEL"); env && *env) return env;
+  return std::string(PD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
+}
+
+void require_gemma3_model() {
+  const std::string path = gemma3_model_path();
+  if (!std::filesystem::exists(path)) skip("Gemma 3 270M not found at " + path + " (run scripts/fetch_model.sh gemma3-270m)");
+}
+
 std::string test_data_dir() { return PD_TEST_DATA_DIR; }
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale) {

@@ -21,6 +21,11 @@ inline constexpr int kSkipExitCode = 77;
 std::string default_model_path();
 // Skips the current test when the default model file is absent.
 void require_default_model();
+// Path of Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf, from
+// scripts/fetch_model.sh gemma3-270m), or PD_GEMMA_MODEL when set; and a skip
+// naming the fetch command when it is absent.
+std::string gemma3_model_path();
+void require_gemma3_model();
 
 std::string test_data_dir();
 

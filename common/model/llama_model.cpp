@@ -55,7 +55,7 @@ Result<Tensor> LlamaModel::weight(const std::string& name, std::vector<int64_t> 
   PD_ASSIGN_OR_RETURN(Tensor t, backend_.load_weight(*info, &storage));
   if (storage) weight_storage_.push_back(std::move(storage));
   weight_bytes_ += info->nbytes;
-  ++tensors_used_;
+  tensors_used_.insert(name);
   return t;
 }
 
@@ -82,7 +82,7 @@ Status LlamaModel::load_weights() {
         return Status::invalid_argument(file_->path() + ": tensor rope_freqs.weight holds a factor that is not positive");
     }
     weight_bytes_ += info->nbytes;
-    ++tensors_used_;
+    tensors_used_.insert(info->name);
   }
   layers_.resize(cfg_.n_layers);
   for (int l = 0; l < cfg_.n_layers; ++l) {
@@ -114,28 +114,12 @@ Status LlamaModel::load_weights() {
   // A tensor the forward pass would not use means a variant it does not
   // implement (an output bias, a different block layout): refuse it by name
   // rather than compute something else.
-  if (tensors_used_ != file_->tensors().size()) {
-    for (const GgufTensorInfo& t : file_->tensors()) {
-      bool used = t.name == "token_embd.weight" || t.name == "output_norm.weight" || t.name == "output.weight" ||
-                  (t.name == "rope_freqs.weight" && cfg_.rope_freq_factors);
-      if (!used && t.name.rfind("blk.", 0) == 0) {
-        const size_t dot = t.name.find('.', 4);
-        const std::string rest = dot == std::string::npos ? "" : t.name.substr(dot + 1);
-        for (const char* n : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                              "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                              "ffn_down.weight"})
-          used = used || rest == n;
-        if (cfg_.qkv_bias) used = used || rest == "attn_q.bias" || rest == "attn_k.bias" || rest == "attn_v.bias";
-        if (cfg_.qk_norm) used = used || rest == "attn_q_norm.weight" || rest == "attn_k_norm.weight";
-        if (cfg_.post_norms) used = used || rest == "post_attention_norm.weight" || rest == "post_ffw_norm.weight";
-      }
-      if (!used)
-        return Status::unsupported(file_->path() + ": tensor " + t.name + " is not part of the " + cfg_.arch +
-                                   " model this project runs");
-    }
-    return Status::invalid_argument(file_->path() + ": has " + std::to_string(file_->tensors().size()) +
-                                    " tensors, the model uses " + std::to_string(tensors_used_));
+  for (const GgufTensorInfo& t : file_->tensors()) {
+    if (!tensors_used_.count(t.name))
+      return Status::unsupported(file_->path() + ": tensor " + t.name + " is not part of the " + cfg_.arch +
+                                 " model this project runs");
   }
+  tensors_used_.clear();
   return Status::ok();
 }
 

@@ -17,6 +17,8 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/backend.h"
@@ -95,7 +97,7 @@ class LlamaModel {
   std::vector<Layer> layers_;
   std::vector<std::unique_ptr<BackendBuffer>> weight_storage_;
   size_t weight_bytes_ = 0;
-  size_t tensors_used_ = 0;
+  std::unordered_set<std::string> tensors_used_;  // while loading: the file's tensors the model took
   std::vector<float> rope_factors_;  // rope_freqs.weight (host), empty when the file has none
 
   // Scratch activations, grown on demand.

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -40,18 +39,16 @@ constexpr float kGemmaLogitTol = 0.02f;
 // ("long" step 1).
 constexpr float kGemmaNearTie = 0.3f;
 
-std::string gemma3_model_path() { return std::string(PD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf"; }
 
 }  // namespace
 
 TEST_CASE("gemma 3 270M: transformers' logits and llama.cpp's greedy tokens, teacher-forced",
           "[model][gemma3]") {
-  if (!std::filesystem::exists(gemma3_model_path()))
-    pd::test::skip("Gemma 3 model not found at " + gemma3_model_path() + " (see tests/data/gemma3/README.md)");
+  pd::test::require_gemma3_model();
   std::ifstream in(pd::test::test_data_dir() + "/gemma3/greedy.json");
   REQUIRE(in.good());
   const nlohmann::json ref = nlohmann::json::parse(in);
-  auto f = pd::GgufFile::open(gemma3_model_path());
+  auto f = pd::GgufFile::open(pd::test::gemma3_model_path());
   REQUIRE(f.is_ok());
   std::shared_ptr<const pd::GgufFile> file(std::move(f).value());
   pd::BackendConfig bc;

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,11 +23,6 @@
 
 namespace {
 
-std::string gemma_path() {
-  if (const char* env = std::getenv("PD_GEMMA_MODEL"); env && *env) return env;
-  return std::string(PD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
-}
-
 pd::Tensor f32_tensor(std::vector<float>& v, int64_t ne0, int64_t ne1) {
   pd::Tensor t;
   t.ne = {ne0, ne1, 1, 1};
@@ -39,9 +33,8 @@ pd::Tensor f32_tensor(std::vector<float>& v, int64_t ne0, int64_t ne1) {
 }  // namespace
 
 TEST_CASE("gemma-3-270m Q4_K_M: every quantized weight loads repacked and unpacks exactly", "[model][kquant]") {
-  const std::string path = gemma_path();
-  if (!std::filesystem::exists(path))
-    pd::test::skip("gemma-3-270m Q4_K_M not found at " + path + " (run scripts/fetch_model.sh gemma3-270m)");
+  pd::test::require_gemma3_model();
+  const std::string path = pd::test::gemma3_model_path();
   auto file = pd::GgufFile::open(path);
   REQUIRE(file.is_ok());
   pd::CpuBackendConfig cfg;

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -18,11 +17,9 @@
 namespace pd {
 namespace {
 
-std::string gemma3_path() { return std::string(PD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf"; }
-
 std::unique_ptr<GgufFile> open_gemma3() {
-  const std::string path = gemma3_path();
-  if (!std::filesystem::exists(path)) test::skip("Gemma 3 model file " + path + " is absent");
+  test::require_gemma3_model();
+  const std::string path = test::gemma3_model_path();
   auto file = GgufFile::open(path);
   REQUIRE(file.status().to_string() == "OK");
   return std::move(file).value();
