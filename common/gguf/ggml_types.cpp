@@ -74,17 +74,33 @@ int round_to_int(float x) {
   return static_cast<int>(std::roundf(x));
 }
 
+// The element of largest magnitude, sign kept (the first of equals), as
+// ggml's Q4_0/Q5_0 reference quantizers pick it.
+float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+// Smallest and largest of n floats (ggml's Q4_1/Q5_1 reference quantizers).
+void min_max(const float* x, int n, float* mn, float* mx) {
+  *mn = HUGE_VALF;
+  *mx = -HUGE_VALF;
+  for (int j = 0; j < n; ++j) {
+    if (x[j] < *mn) *mn = x[j];
+    if (x[j] > *mx) *mx = x[j];
+  }
+}
+
 void quantize_q4_0(const float* x, uint8_t* out, int64_t nb) {
   constexpr int qk = 32;
   for (int64_t i = 0; i < nb; ++i, x += qk, out += sizeof(BlockQ4_0)) {
-    float amax = 0.0f;
-    float max = 0.0f;
-    for (int j = 0; j < qk; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
+    const float max = signed_absmax(x, qk);
     const float d = max / -8;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     store_u16(out, fp32_to_fp16(d));
@@ -100,12 +116,8 @@ void quantize_q4_0(const float* x, uint8_t* out, int64_t nb) {
 void quantize_q4_1(const float* x, uint8_t* out, int64_t nb) {
   constexpr int qk = 32;
   for (int64_t i = 0; i < nb; ++i, x += qk, out += sizeof(BlockQ4_1)) {
-    float min = HUGE_VALF;
-    float max = -HUGE_VALF;
-    for (int j = 0; j < qk; ++j) {
-      if (x[j] < min) min = x[j];
-      if (x[j] > max) max = x[j];
-    }
+    float min, max;
+    min_max(x, qk, &min, &max);
     const float d = (max - min) / ((1 << 4) - 1);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     store_u16(out, fp32_to_fp16(d));
@@ -137,14 +149,7 @@ void quantize_q8_0(const float* x, uint8_t* out, int64_t nb) {
 void quantize_q5_0(const float* x, uint8_t* out, int64_t nb) {
   constexpr int qk = 32;
   for (int64_t i = 0; i < nb; ++i, x += qk, out += sizeof(BlockQ5_0)) {
-    float amax = 0.0f;
-    float max = 0.0f;
-    for (int j = 0; j < qk; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
+    const float max = signed_absmax(x, qk);
     const float d = max / -16;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     store_u16(out, fp32_to_fp16(d));
@@ -165,12 +170,8 @@ void quantize_q5_0(const float* x, uint8_t* out, int64_t nb) {
 void quantize_q5_1(const float* x, uint8_t* out, int64_t nb) {
   constexpr int qk = 32;
   for (int64_t i = 0; i < nb; ++i, x += qk, out += sizeof(BlockQ5_1)) {
-    float min = HUGE_VALF;
-    float max = -HUGE_VALF;
-    for (int j = 0; j < qk; ++j) {
-      if (x[j] < min) min = x[j];
-      if (x[j] > max) max = x[j];
-    }
+    float min, max;
+    min_max(x, qk, &min, &max);
     const float d = (max - min) / ((1 << 5) - 1);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     store_u16(out, fp32_to_fp16(d));
