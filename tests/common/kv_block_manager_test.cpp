@@ -346,7 +346,7 @@ TEST_CASE("kv: cached blocks are evicted tail first when the pool is tight", "[k
   REQUIRE(m.check_invariants().is_ok());
 }
 
-TEST_CASE("kv: fork shares blocks; copy-on-write exactly for a shared partial last block", "[kv]") {
+TEST_CASE("kv: fork shares blocks, copy-on-write exactly for a shared partial last block", "[kv]") {
   KvBlockManager m(config(16, 8));
   std::vector<BlockCopy> copies;
 
@@ -639,7 +639,7 @@ TEST_CASE("kv: chained block hash depends on the parent and the tokens", "[kv]")
 namespace pd {
 namespace {
 
-TEST_CASE("kv: an unpublished sequence shares nothing until its KV is written; publish registers it", "[kv]") {
+TEST_CASE("kv: an unpublished sequence shares nothing until its KV is written, publish registers it", "[kv]") {
   KvBlockManager m(config(4, 16));
   const auto p = iota_tokens(10);  // 2 full blocks + 2 tokens
   REQUIRE(m.allocate(SeqId{1}, p, {.reuse = false, .publish = false}).is_ok());

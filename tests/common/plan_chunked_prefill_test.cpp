@@ -131,7 +131,7 @@ TEST_CASE("plan: a chunk after p cached tokens pays attention over them", "[plan
   CHECK(cost.prefill_pass_seconds(two) == cost.prefill_seconds(1000, 2, 300.0 * 300 + 700.0 * 700));
 }
 
-TEST_CASE("plan: a long prompt is prefilled in chunks; its KV handoff overlaps only the last chunk", "[plan][chunk]") {
+TEST_CASE("plan: a long prompt is prefilled in chunks, its KV handoff overlaps only the last chunk", "[plan][chunk]") {
   LinearCosts lc;
   lc.prefill_fixed = 0.01;
   lc.prefill_per_token = 1e-4;

@@ -211,7 +211,7 @@ TEST_CASE("plan: KV capacity limits the decode batch and forces preemption", "[p
   CHECK(f.failed == 10);
 }
 
-TEST_CASE("plan: colocated prefill stalls decode; disaggregation isolates TPOT", "[plan][sim]") {
+TEST_CASE("plan: colocated prefill stalls decode, disaggregation isolates TPOT", "[plan][sim]") {
   LinearCosts lc;
   lc.prefill_fixed = 0.002;
   lc.prefill_per_token = 1e-4;  // 2048-token prompt: ~0.2 s pass

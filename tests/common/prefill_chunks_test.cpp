@@ -55,7 +55,7 @@ TEST_CASE("prefill chunks: who computes how much in one pass", "[chunks]") {
   }
 }
 
-TEST_CASE("prefill chunks: a pass is budgeted in cost; a token at position p costs 1 + p/K", "[chunks]") {
+TEST_CASE("prefill chunks: a pass is budgeted in cost, a token at position p costs 1 + p/K", "[chunks]") {
   CHECK(pd::chunk_cost(0, 10, 0) == 10);
   CHECK(pd::chunk_cost(1000, 10, 0) == 10);
   CHECK(pd::chunk_cost(0, 4, 2) == Approx(4 + (0 + 1 + 2 + 3) / 2.0));

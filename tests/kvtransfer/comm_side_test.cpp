@@ -273,7 +273,7 @@ TEST_CASE("comm side: operations are posted in order, move without the compute s
   CHECK(p.transport[1]->test(sends[0]).status().code() == StatusCode::kNotFound);  // reported once
 }
 
-TEST_CASE("comm side: cancel ends an unmatched receive; abandon forgets an operation; refusals reach test()") {
+TEST_CASE("comm side: cancel ends an unmatched receive, abandon forgets an operation, refusals reach test()") {
   Pair p;
   std::vector<uint8_t> buf(1024), small(512), big(1024, 3);
   auto r = p.transport[2]->post_recv(1, 9, bytes_region(buf, 1024));

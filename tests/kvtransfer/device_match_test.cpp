@@ -96,7 +96,7 @@ TEST_CASE("device ops: arrivals match posted receives oldest first, per peer and
   CHECK(t.size() == 3);
 }
 
-TEST_CASE("device ops: a cancelled receive is skipped; what arrives for it is drained", "[device_match]") {
+TEST_CASE("device ops: a cancelled receive is skipped, what arrives for it is drained", "[device_match]") {
   pd::DeviceOpTable t;
   const int64_t r1 = t.add(false, 1, 1000);
   const int64_t r2 = t.add(false, 1, 1000);

@@ -86,7 +86,7 @@ TEST_CASE("handoff receiver: cancelled before anything was sent, it ends broken 
   CHECK(rx_t->pending() == 0);
 }
 
-TEST_CASE("handoff receiver: receives matched by a stopped sender wait; abandoned once it is gone") {
+TEST_CASE("handoff receiver: receives matched by a stopped sender wait, abandoned once it is gone") {
   LoopbackNetwork net;
   auto rx_t = net.endpoint(kDecode);
   auto tx_t = net.endpoint(kPrefill);

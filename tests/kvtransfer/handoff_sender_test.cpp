@@ -59,7 +59,7 @@ struct Receiver {
 
 const auto kT0 = std::chrono::steady_clock::time_point(std::chrono::hours(1));
 
-TEST_CASE("handoff sender: a chunked prompt's complete segments go before its last pass; the rest layer by layer") {
+TEST_CASE("handoff sender: a chunked prompt's complete segments go before its last pass, the rest layer by layer") {
   LoopbackNetwork net;
   auto t = net.endpoint(kPrefill);
   Cache cache;
@@ -122,7 +122,7 @@ TEST_CASE("handoff sender: accepted before the pass, each layer goes as it is wr
   CHECK(h.in_flight() == 0);
 }
 
-TEST_CASE("handoff sender: accepted after its pass, everything goes at once; nothing goes before the accept") {
+TEST_CASE("handoff sender: accepted after its pass, everything goes at once, nothing goes before the accept") {
   LoopbackNetwork net;
   auto t = net.endpoint(kPrefill);
   Cache cache;

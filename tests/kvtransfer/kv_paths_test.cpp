@@ -85,7 +85,7 @@ TEST_CASE("kv path: both ends choose the same path from the two endpoints", "[kv
   CHECK(dev.paths == std::vector<std::string>{"nccl", "cuda_ipc"});
 }
 
-TEST_CASE("kv paths: a peer's region ops take its selected path; trailers always take mpi", "[kvtransfer]") {
+TEST_CASE("kv paths: a peer's region ops take its selected path, trailers always take mpi", "[kvtransfer]") {
   pd::test::LoopbackNetwork mpi_net, other_net;
   pd::KvPaths a(mpi_net.endpoint(0));
   a.add(KvPath::kNccl, other_net.endpoint(0));  // any transport stands in for a device path here
@@ -204,7 +204,7 @@ TEST_CASE("staged transport: contiguous host bytes meet a plain region end, both
   CHECK(staged.pending() == 0);
 }
 
-TEST_CASE("backend kv copies: gather and scatter move pieces in the order given; a piece past the buffer is refused",
+TEST_CASE("backend kv copies: gather and scatter move pieces in the order given, a piece past the buffer is refused",
           "[kvtransfer]") {
   auto backend = cpu();
   auto buf = backend->alloc(256);

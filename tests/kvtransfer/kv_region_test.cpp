@@ -29,7 +29,7 @@ TEST_CASE("kv region: K blocks then V blocks of the layer, in table order", "[kv
   CHECK(pd::kv_region_checksum(r) != h);
 }
 
-TEST_CASE("kv trailer: round trip; a wrong size is Corruption", "[kvtransfer]") {
+TEST_CASE("kv trailer: round trip, a wrong size is Corruption", "[kvtransfer]") {
   pd::KvTrailer t;
   t.request_id = 0x1234567890ULL;
   t.epoch = 7;
@@ -48,7 +48,7 @@ TEST_CASE("kv trailer: round trip; a wrong size is Corruption", "[kvtransfer]") 
   CHECK(pd::KvTrailer::deserialize(bytes, 4).status().is_corruption());
 }
 
-TEST_CASE("kv region: offsets from a cache's base; an empty region or a piece outside the cache is refused",
+TEST_CASE("kv region: offsets from a cache's base, an empty region or a piece outside the cache is refused",
           "[kvtransfer]") {
   std::vector<uint8_t> cache(1000);
   pd::KvRegion r{cache.data() + 100, {0, 200, 40}, 50};  // a region described from inside the buffer

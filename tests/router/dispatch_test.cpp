@@ -19,7 +19,7 @@ pd::proto::LoadReport report(int64_t free_blocks, int waiting = 0) {
 }
 }  // namespace
 
-TEST_CASE("dispatch: least outstanding prefill work; decode with room for the request", "[router]") {
+TEST_CASE("dispatch: least outstanding prefill work, decode with room for the request", "[router]") {
   WorkerTable t({1, 2}, {3, 4}, 16);
   t.on_report(1, report(100));
   t.on_report(2, report(100));
@@ -39,7 +39,7 @@ TEST_CASE("dispatch: least outstanding prefill work; decode with room for the re
   CHECK(t.decode()[1].outstanding == 0);
 }
 
-TEST_CASE("dispatch: full workers queue in the router; readiness needs every rank", "[router]") {
+TEST_CASE("dispatch: full workers queue in the router, readiness needs every rank", "[router]") {
   WorkerTable t({1}, {2}, 16);
   std::string why;
   CHECK(!t.ready(&why));
@@ -113,7 +113,7 @@ TEST_CASE("dispatch: a rank that never reports is declared down after the startu
   CHECK(t.degraded());
 }
 
-TEST_CASE("dispatch: a joined rank is paired only with the ranks it linked to; a draining rank gets nothing",
+TEST_CASE("dispatch: a joined rank is paired only with the ranks it linked to, a draining rank gets nothing",
           "[router]") {
   using pd::router::RankState;
   WorkerTable t({1, 2}, {3}, 16);
@@ -248,7 +248,7 @@ TEST_CASE("dispatch: a cached prefix draws a rank only while its queue is not lo
   CHECK(t.pick({500, 10, hashes}, 64)->prefill_rank == 1);  // 4 + 600 > 500 + 0
 }
 
-TEST_CASE("dispatch: uniform prompts spread evenly; a shared head does not pile them onto one rank", "[router]") {
+TEST_CASE("dispatch: uniform prompts spread evenly, a shared head does not pile them onto one rank", "[router]") {
   WorkerTable t({1, 2, 3}, {4}, 16);
   for (int r : {1, 2, 3, 4}) t.on_report(r, report(1 << 20));
   const auto head = prompt_of(400, 400, 0);
@@ -263,8 +263,9 @@ TEST_CASE("dispatch: uniform prompts spread evenly; a shared head does not pile 
     ++share[c->prefill_rank];
     t.on_dispatch(*c, 500, 16);
     live.push_back(*c);
-    if (live.size() > 6) {  // a steady state: the oldest prefill finishes
+    if (live.size() > 6) {  // a steady state: the oldest request finishes
       t.on_prefill_done(live.front().prefill_rank, live.front().prefill_work);
+      t.on_request_done(live.front().decode_rank, 500, 16);
       live.erase(live.begin());
     }
     holds(t, c->prefill_rank, head, 25);  // whoever computed it now holds the head too
@@ -305,7 +306,7 @@ TEST_CASE("dispatch: a follow-up goes back to the decode rank holding all but a 
   CHECK(t.pick({600, 32, hashes}, 64)->prefill_rank == 1);
 }
 
-TEST_CASE("dispatch: a rank's index entry goes when it goes down, rejoins or leaves; stale events are dropped",
+TEST_CASE("dispatch: a rank's index entry goes when it goes down, rejoins or leaves, stale events are dropped",
           "[router]") {
   WorkerTable t({1, 2}, {3}, 16);
   for (int r : {1, 2, 3}) t.on_report(r, report(1000));

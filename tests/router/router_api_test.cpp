@@ -6,7 +6,7 @@
 namespace pd::router::test_router {
 namespace {
 
-TEST_CASE("router: a request without a seed gets a fresh one; a given seed is kept", "[router]") {
+TEST_CASE("router: a request without a seed gets a fresh one, a given seed is kept", "[router]") {
   Harness h;
   std::set<uint64_t> seeds;
   for (int i = 0; i < 3; ++i) {

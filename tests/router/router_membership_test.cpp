@@ -6,7 +6,7 @@
 namespace pd::router::test_router {
 namespace {
 
-TEST_CASE("router: a prefill rank that goes silent is declared down; its request re-runs on the other one", "[router]") {
+TEST_CASE("router: a prefill rank that goes silent is declared down, its request re-runs on the other one", "[router]") {
   Harness h;
   auto f = h.post(kBody);
   auto d = h.dispatched();

@@ -45,7 +45,7 @@ TEST_CASE("text stream: a stop string ends the text before it, across tokens", "
   for (const auto& p : pieces) CHECK(p.find('S') == std::string::npos);  // never emitted, even partly
 }
 
-TEST_CASE("text stream: the earliest stop string wins; a near-miss prefix is released", "[router]") {
+TEST_CASE("text stream: the earliest stop string wins, a near-miss prefix is released", "[router]") {
   auto tok = tiny_tokenizer();
   TextStream a(*tok, {"world", "lo w"}, {});
   CHECK(run(a, *tok, "hello world") == "hel");

@@ -592,7 +592,7 @@ TEST_CASE("workers: a host-staged end (a device-memory cache's path) talks to a 
   }
 }
 
-TEST_CASE("workers: a failing op fails its requests; a failed device stops the rank", "[workers]") {
+TEST_CASE("workers: a failing op fails its requests, a failed device stops the rank", "[workers]") {
   FlakyBackend* prefill_backend = nullptr;
   FlakyBackend* decode_backend = nullptr;
   MiniCluster c(small_config(), {}, {}, [&](bool prefill_side) {
@@ -837,7 +837,7 @@ std::map<proto::RequestId, std::vector<int32_t>> clean_run(const std::vector<pro
   return out;
 }
 
-TEST_CASE("kv tags: a retired tag is never reissued; a released one is", "[workers]") {
+TEST_CASE("kv tags: a retired tag is never reissued, a released one is", "[workers]") {
   KvTagPool pool(1000, 3);
   const int a = *pool.acquire(), b = *pool.acquire(), c = *pool.acquire();
   CHECK(!pool.acquire());  // all in use
@@ -1165,7 +1165,7 @@ TEST_CASE("workers: a drained prefill rank hands queued prompts back, finishes t
   CHECK(c.drained.size() == 1);  // said once
 }
 
-TEST_CASE("workers: a drained decode rank finishes its sequences before Drained; PeerLeft makes the prefill rank forget it",
+TEST_CASE("workers: a drained decode rank finishes its sequences before Drained, PeerLeft makes the prefill rank forget it",
           "[workers]") {
   MiniCluster c(small_config());
   c.submit(MiniCluster::request(1, 20, 12));
@@ -1225,7 +1225,7 @@ void check_greedy_logprobs(const std::vector<proto::TokenEvent>& events, size_t 
   }
 }
 
-TEST_CASE("workers: logprobs come from both ranks; prompt logprobs from every prompt position", "[workers]") {
+TEST_CASE("workers: logprobs come from both ranks, prompt logprobs from every prompt position", "[workers]") {
   MiniCluster c(small_config());
   constexpr int kTop = 20;
   proto::PrefillRequest r = MiniCluster::request(1, 40, 6);
