@@ -145,7 +145,11 @@ class Picker {
       }
     }
     if (!best) return std::nullopt;
-    return DispatchChoice{-1, best->rank, best_cached, 0, RouteReason::kDecodeReuse};
+    // A decode rank computes between its running sequences' steps: while it has other
+    // follow-ups to compute, an idle prefill rank may answer sooner though it holds less.
+    const double reuse_cost = p_.decode_reuse_weight * static_cast<double>(n_ - best_cached + best->reuse_tokens);
+    if (!prefills_.empty() && prefills_.front().cost < reuse_cost) return std::nullopt;
+    return DispatchChoice{-1, best->rank, best_cached, n_ - best_cached, RouteReason::kDecodeReuse};
   }
 
   // The decode rank for `prefill` (nullptr: colocated, the decode rank computes the
@@ -258,14 +262,19 @@ void WorkerTable::on_dispatch(const DispatchChoice& c, int64_t prompt_tokens, in
     ++d->outstanding;
     ++d->dispatched;
     d->outstanding_tokens += prompt_tokens + max_tokens;
+    if (c.prefill_rank < 0) d->reuse_tokens += c.prefill_work;
   }
 }
 
 void WorkerTable::on_prefill_done(int rank, int64_t prefill_work) {
-  if (WorkerView* p = find(rank); p && p->is_prefill) {  // 0 after the rank went down: clamp
-    p->outstanding = std::max(0, p->outstanding - 1);
-    p->outstanding_tokens = std::max<int64_t>(0, p->outstanding_tokens - prefill_work);
+  WorkerView* w = find(rank);
+  if (w == nullptr) return;
+  if (!w->is_prefill) {  // a decode reuse's suffix (0 after the rank went down: clamp)
+    w->reuse_tokens = std::max<int64_t>(0, w->reuse_tokens - prefill_work);
+    return;
   }
+  w->outstanding = std::max(0, w->outstanding - 1);
+  w->outstanding_tokens = std::max<int64_t>(0, w->outstanding_tokens - prefill_work);
 }
 
 void WorkerTable::on_request_done(int rank, int64_t prompt_tokens, int64_t max_tokens) {
@@ -319,6 +328,7 @@ void WorkerTable::mark_down(int rank) {
     index_.purge(rank);
     w->outstanding = 0;  // the router ends or re-runs everything it had there
     w->outstanding_tokens = 0;
+    w->reuse_tokens = 0;
   }
 }
 

@@ -38,6 +38,9 @@ struct WorkerView {
   int outstanding = 0;             // requests the router sent it that are not finished there
   int64_t dispatched = 0;          // requests ever sent to it (ties go to the rank sent fewer)
   int64_t outstanding_tokens = 0;  // prompt tokens (prefill) / prompt + max_tokens (decode) of those
+  // Decode ranks: prompt tokens of follow-ups sent back to it (decode reuse)
+  // that it has still to compute (until each one's first token).
+  int64_t reuse_tokens = 0;
   proto::LoadReport load;          // last report
   std::chrono::steady_clock::time_point last_report{};
   bool reported = false;
@@ -67,6 +70,11 @@ struct RoutingPolicy {
   double balance_ratio = 1.5;
   int64_t balance_tokens = 1024;
   int64_t decode_reuse_tokens = 256;
+  // The cost of a prompt token computed on a decode rank, in prefill-rank
+  // tokens: a follow-up goes back to a decode rank only while
+  // decode_reuse_weight x (its suffix + the reuse tokens that rank has still
+  // to compute) is no more than the best prefill rank's expected cost.
+  double decode_reuse_weight = 1.0;
   // A rank's cache counts only when it holds at least this fraction of the
   // prompt: a short common head (a chat template's default system prompt)
   // must not draw every prompt to the first rank that computed it.
@@ -86,7 +94,8 @@ struct DispatchChoice {
   int prefill_rank = -1;  // -1 in colocated mode, and for a decode-rank reuse
   int decode_rank = -1;
   int64_t cached_tokens = 0;  // of the prompt, in the computing rank's cache (as last reported)
-  // Prompt tokens the prefill rank computes (counted against it until its leg ends).
+  // Prompt tokens the computing rank (the prefill rank; a decode reuse's
+  // decode rank) computes, counted against it until its first token.
   int64_t prefill_work = 0;
   RouteReason reason = RouteReason::kLeastWork;
 };
@@ -105,7 +114,10 @@ class WorkerTable {
   //  - decode-rank reuse (cache_aware, not colocated): a decode rank whose
   //    cache holds all but at most decode_reuse_tokens of the prompt, and more
   //    of it than any prefill rank, with room for the request and within the
-  //    imbalance bound, gets it alone (it computes the rest);
+  //    imbalance bound, gets it alone (it computes the rest) -- unless
+  //    decode_reuse_weight x (the rest + the reuse tokens it has still to
+  //    compute) exceeds the best prefill rank's expected cost below: a busy
+  //    decode rank leaves the follow-up to an idle prefill rank;
   //  - prefill, cache_aware: the least (uncached prompt tokens + queue_weight x
   //    outstanding prompt tokens), a rank's cache counting only while its
   //    outstanding tokens are within balance_ratio x the least loaded rank's
@@ -124,7 +136,9 @@ class WorkerTable {
   void set_policy(const RoutingPolicy& p) { policy_ = p; }
   const RoutingPolicy& policy() const { return policy_; }
   void on_dispatch(const DispatchChoice& c, int64_t prompt_tokens, int64_t max_tokens);
-  // The prefill leg is over (first token or failure): `prefill_work` as chosen / the whole request is over.
+  // The prompt is computed (first token or failure) on `rank` -- the prefill
+  // rank, or the decode rank of a decode reuse -- `prefill_work` as chosen / the
+  // whole request is over.
   void on_prefill_done(int rank, int64_t prefill_work);
   void on_request_done(int rank, int64_t prompt_tokens, int64_t max_tokens);
   void on_report(int rank, const proto::LoadReport& r);

@@ -68,7 +68,7 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
     if (ev.first_index == 0 && !r.prefill_done) {
       r.prefill_done = true;
       r.cached_tokens = ev.cached_tokens;
-      if (r.where.prefill_rank >= 0) workers_.on_prefill_done(source, r.where.prefill_work);
+      workers_.on_prefill_done(source, r.where.prefill_work);  // the prefill rank, or a decode reuse's
       metrics_.stage.observe({"prefill_queue"}, ev.queue_s);
       metrics_.stage.observe({"prefill"}, ev.prefill_s);
     }
@@ -158,7 +158,9 @@ void Router::release_workers(const Request& r, bool tell_workers) {
     if (r.where.prefill_rank >= 0 && !r.prefill_done) membership_.cancel_on(r.where.prefill_rank, r.wire_id);
     membership_.cancel_on(r.where.decode_rank, r.wire_id);
   }
-  if (!r.prefill_done && r.where.prefill_rank >= 0) workers_.on_prefill_done(r.where.prefill_rank, r.where.prefill_work);
+  if (!r.prefill_done)
+    workers_.on_prefill_done(r.where.prefill_rank >= 0 ? r.where.prefill_rank : r.where.decode_rank,
+                             r.where.prefill_work);
   workers_.on_request_done(r.where.decode_rank, r.sent_prompt_tokens, r.sent_max_tokens);
 }
 

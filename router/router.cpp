@@ -46,7 +46,8 @@ Router::Router(const ClusterConfig& cfg, const RoleTable& roles, ModelInfo model
                   [this](int rank, const std::string& name, const std::string& why) { on_rank_down(rank, name, why); }) {
   workers_.set_policy(RoutingPolicy{cfg_.router.policy == "cache_aware", cfg_.router.queue_weight,
                                     cfg_.router.balance_ratio, cfg_.router.balance_tokens,
-                                    cfg_.router.decode_reuse_tokens, cfg_.router.min_cached_fraction});
+                                    cfg_.router.decode_reuse_tokens, cfg_.router.decode_reuse_weight,
+                                    cfg_.router.min_cached_fraction});
   sampling_defaults_.temperature = static_cast<float>(cfg_.sampling.temperature);
   sampling_defaults_.top_p = static_cast<float>(cfg_.sampling.top_p);
   sampling_defaults_.top_k = cfg_.sampling.top_k;

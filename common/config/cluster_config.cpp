@@ -163,6 +163,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("migrate", c.router.migrate).get("policy", c.router.policy).get("queue_weight", c.router.queue_weight)
         .get("balance_ratio", c.router.balance_ratio).get("balance_tokens", c.router.balance_tokens)
         .get("decode_reuse_tokens", c.router.decode_reuse_tokens)
+        .get("decode_reuse_weight", c.router.decode_reuse_weight)
         .get("min_cached_fraction", c.router.min_cached_fraction).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "sampling", [&](const json& j, std::string p) {
@@ -238,6 +239,7 @@ Status ClusterConfig::validate() const {
   };
   PD_RETURN_IF_ERROR(real_range("router.queue_weight", router.queue_weight, 0.0, 1000.0, false));
   PD_RETURN_IF_ERROR(real_range("router.balance_ratio", router.balance_ratio, 1.0, 1000.0, false));
+  PD_RETURN_IF_ERROR(real_range("router.decode_reuse_weight", router.decode_reuse_weight, 0.0, 1000.0, true));
   PD_RETURN_IF_ERROR(real_range("router.min_cached_fraction", router.min_cached_fraction, 0.0, 1.0, false));
   PD_RETURN_IF_ERROR(real_range("sampling.temperature", sampling.temperature, 0.0, 2.0, false));
   PD_RETURN_IF_ERROR(real_range("sampling.top_p", sampling.top_p, 0.0, 1.0, true));

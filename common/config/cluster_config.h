@@ -111,6 +111,11 @@ struct ClusterConfig {
     // A prompt a decode rank holds all but at most this many tokens of goes
     // to that decode rank, which computes the rest itself (0 = never).
     int decode_reuse_tokens = 256;
+    // The cost of a prompt token a decode rank computes, in prefill-rank tokens:
+    // a decode rank with follow-ups of its own still to compute leaves a new one
+    // to a prefill rank whose expected cost is lower than this x (the new
+    // suffix + those tokens).
+    double decode_reuse_weight = 1.0;
     // A rank's cache draws a prompt only when it holds at least this fraction
     // of it (a short common head, e.g. a template's default system prompt, must
     // not pile prompts onto the first rank that computed it).

@@ -38,6 +38,7 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->router.balance_tokens == d.router.balance_tokens);
   CHECK(c->router.min_cached_fraction == d.router.min_cached_fraction);
   CHECK(c->router.decode_reuse_tokens == d.router.decode_reuse_tokens);
+  CHECK(c->router.decode_reuse_weight == d.router.decode_reuse_weight);
   CHECK(c->kv.prefix_cache == d.kv.prefix_cache);
   CHECK(c->timeouts.handoff_ms == d.timeouts.handoff_ms);
   CHECK(c->timeouts.transfer_ms == d.timeouts.transfer_ms);
@@ -92,6 +93,7 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
   CHECK(err(R"({"router": {"min_cached_fraction": 1.5}})").find("'router.min_cached_fraction'") != std::string::npos);
   CHECK(err(R"({"router": {"decode_reuse_tokens": -1}})").find("'router.decode_reuse_tokens'") != std::string::npos);
   CHECK(err(R"({"router": {"queue_weight": -1}})").find("'router.queue_weight'") != std::string::npos);
+  CHECK(err(R"({"router": {"decode_reuse_weight": 0}})").find("'router.decode_reuse_weight'") != std::string::npos);
   CHECK(err(R"({"kv": {"prefix_cache": 1}})").find("'kv.prefix_cache' has the wrong type") != std::string::npos);
   auto ok = ClusterConfig::parse(R"({"kv": {"block_size": 32}, "served_model_name": "m",
                                      "engine": {"int8_activations": false, "backend": "cuda", "devices": [1, 0]}})");

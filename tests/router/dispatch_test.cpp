@@ -306,6 +306,46 @@ TEST_CASE("dispatch: a follow-up goes back to the decode rank holding all but a 
   CHECK(t.pick({600, 32, hashes}, 64)->prefill_rank == 1);
 }
 
+TEST_CASE("dispatch: a decode rank busy with follow-ups leaves the next one to an idle prefill rank", "[router]") {
+  WorkerTable t({1, 2}, {3}, 16);
+  for (int r : {1, 2, 3}) t.on_report(r, report(1000));
+  // Two conversations: decode rank 3 holds each one's turn 1 prompt + answer (560
+  // tokens); prefill rank 1 holds each one's turn 1 prompt (432).
+  const auto a = prompt_of(720, 0, 1), b = prompt_of(720, 0, 2);
+  const auto ha = pd::router::prompt_block_hashes(a, 16), hb = pd::router::prompt_block_hashes(b, 16);
+  for (const auto* p : {&a, &b}) {
+    holds(t, 3, *p, 35);
+    holds(t, 1, *p, 27);
+  }
+  // a: the decode rank computes its 160 new tokens (rank 1 would compute 288).
+  auto first = t.pick({720, 32, ha}, 64);
+  REQUIRE(first);
+  CHECK(first->reason == RouteReason::kDecodeReuse);
+  CHECK(first->prefill_work == 160);
+  t.on_dispatch(*first, 720, 32);
+  CHECK(t.find(3)->reuse_tokens == 160);
+  // b, while a's 160 are still to compute there: 160 + 160 > 288 at rank 1.
+  auto second = t.pick({720, 32, hb}, 64);
+  REQUIRE(second);
+  CHECK(second->prefill_rank == 1);
+  CHECK(second->reason == RouteReason::kCacheAware);
+  CHECK(second->cached_tokens == 432);
+  // A decode rank's tokens weighted less (a decode rank with cores to spare): back to it.
+  t.set_policy({.decode_reuse_weight = 0.5});
+  CHECK(t.pick({720, 32, hb}, 64)->reason == RouteReason::kDecodeReuse);
+  t.set_policy({});
+  // a's first token: the decode rank is free of prompt work again, and b goes back to it.
+  t.on_prefill_done(3, first->prefill_work);
+  CHECK(t.find(3)->reuse_tokens == 0);
+  CHECK(t.find(3)->outstanding == 1);  // a is still decoding there
+  auto third = t.pick({720, 32, hb}, 64);
+  REQUIRE(third);
+  CHECK(third->reason == RouteReason::kDecodeReuse);
+  t.on_dispatch(*third, 720, 32);
+  t.mark_down(3);
+  CHECK(t.find(3)->reuse_tokens == 0);
+}
+
 TEST_CASE("dispatch: a rank's index entry goes when it goes down, rejoins or leaves, stale events are dropped",
           "[router]") {
   WorkerTable t({1, 2}, {3}, 16);
