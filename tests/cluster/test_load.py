@@ -10,9 +10,11 @@ load (default model): long prompts at a concurrency above what the pools run at
   none fails for time spent waiting its turn. Then requests cancelled while they
   still wait in a prefill rank's queue leave the cluster serving.
 soak (tiny model): 2,000 mixed requests (chat/completion, stream or not, a fifth
-  of the clients leaving at random moments, including while queued) on a decode
-  pool small enough to preempt: every request ends exactly once, every KV block
-  comes back, no request is left in flight, and the router's memory stays flat.
+  of the clients leaving at random moments, including while queued) on a small
+  decode pool, with a burst of long generations in the middle that cannot all fit
+  in it, so it must preempt whatever the machine's speed: every request ends
+  exactly once, every KV block comes back, no request is left in flight, and the
+  router's memory stays flat.
 
 Exit 0 = pass, 1 = fail, 77 = skipped (printed why)."""
 import os
@@ -115,10 +117,22 @@ def suite_load(tmp):
 
 # ------------------------------------------------------------------ soak
 
+def preempting_burst(c, block_size, rng):
+    """Long generations, all in flight at once, whose KV together is 1.6x the
+    decode pool and each of which fits alone: the pool must preempt. (The mixed
+    requests alone preempt only when enough of them meet in the decode rank,
+    which depends on the machine's speed.)"""
+    pool_tokens = sum(v for k, v in c.metrics().items() if k.startswith('pd_kv_blocks{role="decode"')) * block_size
+    n, prompt, new = 16, 10, 400  # 16 x ~410 tokens; the tiny model's context is 512
+    check(n * (prompt + new) > 1.5 * pool_tokens, "the burst (%d tokens) does not overfill the decode pool (%d)"
+          % (n * (prompt + new), pool_tokens))
+    return [Spec(rng.choice(("completion", "chat")), words(prompt, rng), new, i % 2 == 0) for i in range(n)]
+
+
 def suite_soak(tmp):
     model = tiny_model(os.path.join(tmp, "tiny.gguf"))
     total = int(os.environ.get("PD_SOAK_REQUESTS", "2000"))
-    cfg = {"kv": {"decode_budget_mb": 1},  # a few hundred tokens: preemption under load
+    cfg = {"kv": {"decode_budget_mb": 1, "block_size": 16},  # 256 blocks on the tiny model
            "prefill": {"max_batch": 4, "token_budget": 256},
            "router": {"max_queued": 100000}}
     with Cluster(1, 1, model=model, config=cfg) as c:
@@ -130,6 +144,9 @@ def suite_soak(tmp):
         rss0 = rss_kib(pid)
         before = outcomes(c)
         specs = mixed_specs(total, seed=101, prompt_tokens=(2, 50), max_tokens=(1, 48), abandon_s=(0.0, 0.08))
+        burst = preempting_burst(c, cfg["kv"]["block_size"], random.Random(102))
+        specs[total // 2:total // 2 + len(burst)] = burst  # in flight together (concurrency 32), amid the churn
+        total = len(specs)
         t0 = time.time()
         res = run_load(c.port, specs, 32)
         took = time.time() - t0
