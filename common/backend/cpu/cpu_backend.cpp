@@ -187,10 +187,21 @@ struct AttentionTile {
   int window;             // > 0: each row attends to its last `window` positions only
 };
 
-// Per-thread scratch of attend_tile (grow-only).
+// One thread's scratch for attend_tile: grow-only, sized by reserve() for the
+// largest tile of a call before its parallel loop, so what a thread allocates
+// does not depend on which tiles the dynamic schedule hands it.
 struct AttentionScratch {
   std::vector<float> q, acc, s, k, v, m, l, c;
   std::vector<int> n_ctx, n_valid, lo;
+
+  void reserve(int64_t rows, int64_t hd) {
+    const auto fit = [](auto& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    };
+    fit(q, rows * hd), fit(acc, rows * hd), fit(s, rows * kKeyWindow);
+    fit(k, kKeyWindow * hd), fit(v, kKeyWindow * hd);
+    fit(m, rows), fit(l, rows), fit(c, rows), fit(n_ctx, rows), fit(n_valid, rows), fit(lo, rows);
+  }
 };
 
 // Rows [p0, p0 + n) of one kv head's K (kind 0) or V (kind 1) as fp32, from
@@ -211,17 +222,11 @@ void gather_kv_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n, flo
   }
 }
 
-void attend_tile(const cpu::Kernels& kern, const AttentionTile& a) {
+// `w` holds at least the tile's rows (AttentionScratch::reserve).
+void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScratch& w) {
   const int nt = static_cast<int>(a.tokens.size());
   const int nr = nt * a.nq;
   const int64_t hd = a.hd;
-  thread_local AttentionScratch w;
-  auto fit = [](auto& v, size_t n) {
-    if (v.size() < n) v.resize(n);
-  };
-  fit(w.q, nr * hd), fit(w.acc, nr * hd), fit(w.s, nr * kKeyWindow);
-  fit(w.k, kKeyWindow * hd), fit(w.v, kKeyWindow * hd);
-  fit(w.m, nr), fit(w.l, nr), fit(w.c, nr), fit(w.n_ctx, nr), fit(w.n_valid, nr), fit(w.lo, nr);
   int64_t max_ctx = 0, min_lo = std::numeric_limits<int64_t>::max();
   for (int u = 0; u < nt; ++u) {
     std::memcpy(&w.q[u * a.nq * hd], a.q + u * a.tok_stride, static_cast<size_t>(a.nq * hd) * sizeof(float));
@@ -822,6 +827,10 @@ class CpuBackend final : public Backend {
     const std::vector<std::pair<int64_t, int64_t>>& tiles =
         attention_tiles(tokens, std::max<int64_t>(1, kTileRows / per_item));
     const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+    int64_t most_tokens = 0;
+    for (const auto& [t0, count] : tiles) most_tokens = std::max(most_tokens, count);
+    if (static_cast<int>(attention_scratch_.size()) < n_threads_) attention_scratch_.resize(n_threads_);
+    for (AttentionScratch& w : attention_scratch_) w.reserve(most_tokens * per_item, hd);
 #pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
     for (int64_t ti = 0; ti < n_tiles; ++ti) {
       for (int64_t g = 0; g < nkv; ++g) {
@@ -843,7 +852,7 @@ class CpuBackend final : public Backend {
                                 scale,
                                 isa_ != cpu::Isa::kScalar,
                                 window};
-          attend_tile(kern, a);
+          attend_tile(kern, a, attention_scratch_[omp_get_thread_num()]);
         }
       }
     }
@@ -885,6 +894,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<HostBuffer> arena_;  // where the next repacked weight goes
   size_t arena_used_ = 0;
   std::vector<std::vector<float>> panel_bufs_;  // per-thread dequantized weight panels
+  std::vector<AttentionScratch> attention_scratch_;  // per-thread (paged_attention)
   std::vector<PackedWeight> packed_weights_;    // every repacked weight and how its activations are taken
   std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
