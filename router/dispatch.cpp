@@ -133,6 +133,19 @@ class Picker {
   // pool computes it (a decode rank's steps are its running sequences' time).
   std::optional<DispatchChoice> decode_reuse() const {
     if (!use_cache_ || p_.decode_reuse_tokens <= 0) return std::nullopt;
+    int64_t cached = 0;
+    const WorkerView* best = reuse_candidate(&cached);
+    if (!best) return std::nullopt;
+    // A decode rank computes between its running sequences' steps: while it has other
+    // follow-ups to compute, an idle prefill rank may answer sooner though it holds less.
+    const double reuse_cost = p_.decode_reuse_weight * static_cast<double>(n_ - cached + best->reuse_tokens);
+    if (!prefills_.empty() && prefills_.front().cost < reuse_cost) return std::nullopt;
+    return DispatchChoice{-1, best->rank, cached, n_ - cached, RouteReason::kDecodeReuse};
+  }
+
+  // The decode rank that holds the most of the prompt, all but a short suffix of it,
+  // with room and within the bound (nullptr: none); its cached tokens in *cached_out.
+  const WorkerView* reuse_candidate(int64_t* cached_out) const {
     const WorkerView* best = nullptr;
     int64_t best_cached = 0;
     for (const WorkerView* w : open_decode_) {
@@ -144,12 +157,8 @@ class Picker {
         best_cached = cached;
       }
     }
-    if (!best) return std::nullopt;
-    // A decode rank computes between its running sequences' steps: while it has other
-    // follow-ups to compute, an idle prefill rank may answer sooner though it holds less.
-    const double reuse_cost = p_.decode_reuse_weight * static_cast<double>(n_ - best_cached + best->reuse_tokens);
-    if (!prefills_.empty() && prefills_.front().cost < reuse_cost) return std::nullopt;
-    return DispatchChoice{-1, best->rank, best_cached, n_ - best_cached, RouteReason::kDecodeReuse};
+    *cached_out = best_cached;
+    return best;
   }
 
   // The decode rank for `prefill` (nullptr: colocated, the decode rank computes the
