@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chaos tests: a rank dies, or stops and comes back, while the cluster is under load.
 
-    tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont,router_kill,colocated_kill}
+    tests/cluster/test_chaos.py {decode_kill,prefill_kill,stop_cont,router_kill,colocated_kill,reuse_stop}
 
 Each suite starts 1 router + 2 prefill + 2 decode ranks (default model, one
 thread each, timeouts.heartbeat_ms 4000) and sends 32 concurrent streamed
@@ -19,6 +19,12 @@ stop_cont:    kill -STOP the busiest decode rank once most streams have started;
               block of every rank comes back.
 colocated_kill: decode_kill on 1 router + 2 colocated ranks (each prefills and
               decodes): the streams of the killed rank migrate to the other.
+reuse_stop:   two conversations' first turns, then kill -STOP a decode rank holding
+              one's answer, and the follow-ups (stream and not) of both: those the
+              router sends back to the stopped rank (decode_reuse) are re-run through
+              the prefill pool once it is declared down; every one ends once, within
+              the bound, with pd-generate's text; kill -CONT: re-admitted, every KV
+              block back. (Not under the 32-stream load below: its own checks.)
 router_kill:  kill -9 the router under load (timeouts.router_ms 3000): every
               stream's connection ends (none hangs), every worker rank stops
               within router_ms plus MPI's bounded finalize, saying why, and
@@ -555,6 +561,86 @@ def suite_stop_cont(tmp):
         check(c.stop() == 0, "clean exit after re-admission:\n" + c.logs())
 
 
+def suite_reuse_stop(tmp):
+    """A decode rank hangs holding conversations' last answers; their follow-ups go back to it."""
+    need_default_model()
+    heads = [" ".join(["The history of the printing press begins in the fifteenth century, when movable type "
+                       "changed how books were made and shared across Europe."] * 8),
+             " ".join(["A river rises in the hills, runs past farms and mills, and reaches the sea at a "
+                       "harbour town where ships load grain."] * 8)]
+    ask = " Tell me more about it, and say what came after."
+    with chaos_cluster() as c:
+        ranks = workers(c)
+        before = outcomes(c)
+        # First turns: each answer's KV stays on the decode rank that generated it.
+        firsts = []
+        for head in heads:
+            r = c.post("/v1/completions", {"prompt": head, "max_tokens": 32, "temperature": 0})
+            check(r.status == 200, "first turn: HTTP %d %s" % (r.status, r.body[:300]))
+            firsts.append(r.json()["choices"][0]["text"])
+        served = per_rank(c.metrics(), "pd_rank_requests_total")
+        decode = sorted(r for r, role in ranks.items() if role == "decode" and served.get(r, 0) >= 1)
+        victim = decode[0]
+        time.sleep(0.5)  # the first turns' KV events reach the router
+        reuse0 = c.metric('pd_router_routing_decisions_total{reason="decode_reuse"}', 0)
+        pid = signal_rank(c, victim, signal.SIGSTOP)
+        t_fault = time.time()
+        what = "kill -STOP decode rank %d (holding %d of 2 conversations)" % (victim, served.get(victim, 0))
+        print("%s (pid %d)" % (what, pid))
+        # Follow-ups, streamed and not: the router still counts the rank up and sends
+        # the follow-up it holds back to it; once the rank is declared down each is re-run
+        # through the prefill pool.
+        follows = [head + first + ask for head, first in zip(heads, firsts)]
+        cases = [{"prompt": f, "chat": False, "max_tokens": 24, "ignore_eos": True, "temperature": 0.0}
+                 for f in follows]
+        want = [x["text"] for x in reference(DEFAULT_MODEL, cases)]
+        results = [None] * (2 * len(follows))
+
+        def one(i):
+            f = follows[i % len(follows)]
+            body = {"prompt": f, "max_tokens": 24, "ignore_eos": True, "temperature": 0, "stream": i >= len(follows)}
+            try:
+                if body["stream"]:
+                    status, events = c.stream("/v1/completions", body)
+                    finals = [e for e in events if e != "[DONE]" and e.get("choices")
+                              and e["choices"][0].get("finish_reason")]
+                    text = "".join(e["choices"][0]["text"] for e in events if e != "[DONE]" and e.get("choices"))
+                    ok = status == 200 and len(finals) == 1 and events[-1:] == ["[DONE]"]
+                    results[i] = ("ok", text) if ok else ("error", "HTTP %d %s" % (status, events[-3:]))
+                else:
+                    r = c.post("/v1/completions", body)
+                    results[i] = (("ok", r.json()["choices"][0]["text"]) if r.status == 200
+                                  else ("error", "HTTP %d %s" % (r.status, r.body[:300])))
+            except OSError as e:
+                results[i] = ("error", str(e))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(results))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND_S + 5)
+        took = time.time() - t_fault
+        for i, res in enumerate(results):
+            check(res is not None, "%s: follow-up %d did not end within %d s" % (what, i, BOUND_S + 5))
+            check(res == ("ok", want[i % len(follows)]), "%s: follow-up %d: %s, want pd-generate's %r"
+                  % (what, i, res, want[i % len(follows)]))
+        check(took <= BOUND_S, "%s: the follow-ups took %.0f s" % (what, took))
+        reused = c.metric('pd_router_routing_decisions_total{reason="decode_reuse"}', 0) - reuse0
+        check(reused >= 1, "%s: no follow-up was sent back to a decode rank (decode_reuse +%d)" % (what, reused))
+        sent = per_rank(c.metrics(), "pd_rank_requests_total").get(victim, 0) - served.get(victim, 0)
+        check(sent >= 1, "%s: no follow-up was sent to the stopped rank" % what)
+        check_down(c, victim, ranks, what)
+        print("%s: %d follow-ups (%d sent back to a decode rank first, %d to the stopped one) ended with "
+              "pd-generate's text in %.1f s" % (what, len(results), reused, sent, took))
+        signal_rank(c, victim, signal.SIGCONT)
+        wait_for(lambda: health_shows(c, set(), ranks)[0], SETTLE_S, "rank %d re-admitted" % victim)
+        new_requests(c, "after re-admission")
+        d = delta(outcomes(c), before)
+        want_n = len(heads) + len(results) + 4
+        check(d == {"finished": want_n}, "router outcomes moved by %s, want finished=%d" % (d, want_n))
+        wait_blocks_back(c, list(ranks), "after re-admission")
+        check(c.stop() == 0, "clean exit after re-admission:\n" + c.logs())
+
+
 ROUTER_MS = 3000
 
 
@@ -601,7 +687,7 @@ def suite_router_kill(tmp):
 
 
 SUITES = {"decode_kill": suite_decode_kill, "prefill_kill": suite_prefill_kill, "stop_cont": suite_stop_cont,
-          "router_kill": suite_router_kill, "colocated_kill": suite_colocated_kill}
+          "router_kill": suite_router_kill, "colocated_kill": suite_colocated_kill, "reuse_stop": suite_reuse_stop}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_chaos.py")
