@@ -166,7 +166,7 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
     spdlog::error("prefill rank {}: duplicate request {}", roles_.self, id);
     return;
   }
-  if (peers_.is_down(req.decode_rank)) {  // the router sent it before it learned; it will hear it failed
+  if (req.decode_rank >= 0 && peers_.is_down(req.decode_rank)) {  // the router sent it before it learned; it will hear it failed
     channel_->send(roles_.router, proto::RequestFailed{id, "decode rank " + std::to_string(req.decode_rank) + " is down",
                                                        proto::FailureKind::kPeerDown});
     return;
@@ -177,6 +177,10 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
   // network, not from when this loop got to it.
   job.arrived = channel_->arrival().value_or(env_->now());
   job.offered = env_->now();
+  if (job.warm()) {  // no handoff: the prompt only goes into the prefix cache
+    queue_.push_back(id);
+    return;
+  }
   const int64_t bs = engine_->blocks->block_size();
   job.handoff = HandoffSender(job.req.decode_rank, id, epoch_, header_.n_layers,
                               kv_segments((static_cast<int64_t>(job.req.prompt.size()) + bs - 1) / bs));
@@ -201,7 +205,7 @@ void PrefillWorker::on_cancel(proto::RequestId id) {
     case JobState::kComputing:
     case JobState::kPrefilling:
     case JobState::kHeld:
-      channel_->send(job->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});
+      if (!job->warm()) channel_->send(job->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});
       end(id);
       break;
     case JobState::kSending:  // the decode rank was cancelled too; the transfer completes, then we free
@@ -435,8 +439,16 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span
   if (sp.prompt_logprobs)
     append_prompt_logprobs(job.req.prompt, job.done, job.chunk_end, rows, vocab, sp.logprobs, job.prompt_logprobs);
   job.done = job.chunk_end;
+  if (job.warm() && job.last_chunk()) {  // in the cache now (its blocks stay there as the job ends)
+    // Not in the rank's prompt-token counts: those add up to the prompts the router dispatched.
+    const int64_t n = static_cast<int64_t>(job.req.prompt.size());
+    channel_->send(roles_.router, proto::Warmed{job.req.id, n - job.cached});
+    end(job.req.id);
+    return std::nullopt;
+  }
   if (job.done < static_cast<int64_t>(job.req.prompt.size())) {
     set_state(job, JobState::kPrefilling);
+    if (job.warm()) return std::nullopt;
     // The KV segments every layer of which is now written go behind the next passes.
     job.handoff.segments_done(static_cast<int>(job.done / (int64_t{kKvSegmentBlocks} * engine_->blocks->block_size())));
     post_written(job);
@@ -503,7 +515,8 @@ void PrefillWorker::check_deadlines() {
       expired.push_back({id, {"waited " + std::to_string(cfg_.timeouts.prefill_queue_ms) + " ms in prefill rank " +
                                   std::to_string(roles_.self) + "'s queue without starting (timeouts.prefill_queue_ms)",
                               proto::FailureKind::kOverloaded}});
-    } else if (!job.handoff.accepted() && job.state != JobState::kAborted && now - job.offered > handoff) {
+    } else if (!job.warm() && !job.handoff.accepted() && job.state != JobState::kAborted &&
+               now - job.offered > handoff) {
       expired.push_back({id, {"decode rank " + std::to_string(job.req.decode_rank) +
                                   " did not accept the KV handoff within " + std::to_string(cfg_.timeouts.handoff_ms) +
                                   " ms",
@@ -523,7 +536,7 @@ void PrefillWorker::fail(Job& job, const std::string& reason, proto::FailureKind
   if (job.state == JobState::kAborted) return;
   spdlog::warn("prefill rank {}: request {} failed: {}", roles_.self, job.req.id, reason);
   channel_->send(roles_.router, proto::RequestFailed{job.req.id, reason, kind});
-  if (tell_decode) channel_->send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason, epoch_});
+  if (tell_decode && !job.warm()) channel_->send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason, epoch_});
   end(job.req.id);
 }
 
@@ -539,7 +552,10 @@ void PrefillWorker::end(proto::RequestId id) {
     set_state(job, JobState::kAborted);
     return;
   }
-  release_blocks(id, job.has_seq, job.state == JobState::kSending || job.state == JobState::kHeld);
+  // Blocks whose KV was computed stay in the prefix cache (free); others are discarded.
+  const bool computed = job.state == JobState::kSending || job.state == JobState::kHeld ||
+                        (job.warm() && job.done == static_cast<int64_t>(job.req.prompt.size()));
+  release_blocks(id, job.has_seq, computed);
   // A prompt stays in queue_ until its last chunk is computed, in any of
   // kQueued, kComputing and kPrefilling: leave nothing of it there.
   std::erase(queue_, id);

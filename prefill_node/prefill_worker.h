@@ -67,6 +67,8 @@ class PrefillWorker final : public WorkerCore {
     int64_t chunk_end = 0;               // end of the chunk placed for the running (or last) pass
     std::vector<LogprobEntry> prompt_logprobs;  // gathered chunk by chunk
     bool last_chunk() const { return chunk_end == static_cast<int64_t>(req.prompt.size()); }
+    // A warm-up (decode_rank -1): computed into this rank's prefix cache, handed to no one.
+    bool warm() const { return req.decode_rank < 0; }
     std::vector<int32_t> table;          // block ids (valid while has_seq)
     HandoffSender handoff;               // the KV's way to the decode rank (tag, sends, trailer, checksums)
     int64_t hidden_bytes = 0;            // bytes sent when the last layer was computed

@@ -208,6 +208,19 @@ const char* route_reason_name(RouteReason r) {
   return "?";
 }
 
+std::optional<DispatchChoice> WorkerTable::pick_warm(std::span<const uint64_t> hashes, int64_t n,
+                                                     int64_t max_compute) const {
+  std::optional<DispatchChoice> best;
+  const int64_t cap = n > 0 ? (n - 1) / block_size_ : 0;
+  for (const WorkerView& w : prefill_) {
+    if (w.state != RankState::kUp || w.outstanding > 0) continue;
+    const int64_t cached = std::min(index_.matched_blocks(w.rank, hashes), cap) * block_size_;
+    if (cached == 0 || n - cached > max_compute || (best && cached <= best->cached_tokens)) continue;
+    best = DispatchChoice{w.rank, -1, cached, n - cached, RouteReason::kCacheAware};
+  }
+  return best;
+}
+
 std::optional<DispatchChoice> WorkerTable::pick(const DispatchRequest& q, int max_inflight) const {
   return Picker(*this, index_, block_size_, q, max_inflight).run();
 }

@@ -133,6 +133,12 @@ class WorkerTable {
   //  - the pair must be linked (ranks that joined later reach only some ranks):
   //    prefill ranks are tried in order of preference until one has a decode rank.
   std::optional<DispatchChoice> pick(const DispatchRequest& q, int max_inflight) const;
+  // A warm-up of `n` tokens (a finished request's prompt and answer, whose
+  // block hashes are `hashes`): the idle prefill rank (nothing outstanding)
+  // whose cache holds most of it, when that leaves at most `max_compute`
+  // tokens to compute; nullopt: none. Count it with on_dispatch (a choice
+  // with no decode rank) and end it with on_prefill_done.
+  std::optional<DispatchChoice> pick_warm(std::span<const uint64_t> hashes, int64_t n, int64_t max_compute) const;
   void set_policy(const RoutingPolicy& p) { policy_ = p; }
   const RoutingPolicy& policy() const { return policy_; }
   void on_dispatch(const DispatchChoice& c, int64_t prompt_tokens, int64_t max_tokens);

@@ -104,7 +104,36 @@ bool Router::on_token(Request& r, int32_t index, const PendingToken& t) {
   return false;
 }
 
+// The warm-up computes at most this many tokens (the answer, and what of the
+// prompt the rank's cache no longer holds).
+constexpr int64_t kWarmMaxTokens = 512;
+
+void Router::warm_prefill(const Request& r) {
+  if (!cfg_.router.warm_prefill || !workers_.policy().cache_aware || workers_.colocated() || r.generated.empty())
+    return;
+  std::vector<TokenId> tokens = r.prompt;
+  tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+  const std::vector<uint64_t> hashes = prompt_block_hashes(tokens, cfg_.kv.block_size);
+  const std::optional<DispatchChoice> c =
+      workers_.pick_warm(hashes, static_cast<int64_t>(tokens.size()), kWarmMaxTokens);
+  if (!c) return;
+  const uint64_t id = requests_.new_id();
+  workers_.on_dispatch(*c, c->prefill_work, 0);
+  warm_[id] = *c;
+  metrics_.warm_prefills_total.inc({"sent"});
+  channel_->send(c->prefill_rank, proto::PrefillRequest{id, std::move(tokens), {}, -1});
+}
+
+void Router::end_warm(uint64_t id, const char* outcome) {
+  auto it = warm_.find(id);
+  if (it == warm_.end()) return;
+  workers_.on_prefill_done(it->second.prefill_rank, it->second.prefill_work);
+  warm_.erase(it);
+  metrics_.warm_prefills_total.inc({outcome});
+}
+
 void Router::on_failed(int source, const proto::RequestFailed& m) {
+  if (warm_.count(m.id)) return end_warm(m.id, "failed");
   Request* r = requests_.find(m.id);
   if (r == nullptr || !serves(*r, source)) return;
   spdlog::warn("router: request {} failed on rank {} ({}): {}", m.id, source, proto::failure_kind_name(m.kind),
@@ -114,6 +143,7 @@ void Router::on_failed(int source, const proto::RequestFailed& m) {
 }
 
 void Router::on_rank_down(int rank, const std::string& name, const std::string& why) {
+  std::erase_if(warm_, [&](const auto& w) { return w.second.prefill_rank == rank; });  // its work was zeroed
   const std::vector<uint64_t> hit = requests_.held_by(rank);
   for (uint64_t id : hit) {
     Request* r = requests_.find(id);
@@ -182,6 +212,7 @@ void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reaso
   switch (how) {
     case End::kFinished: {
       metrics_.requests_total.inc({"finished"});
+      warm_prefill(r);
       if (resp.ended) break;
       const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated(),
                         r.counts_prompt ? std::clamp<int64_t>(r.cached_tokens, 0, static_cast<int64_t>(r.prompt.size())) : 0};

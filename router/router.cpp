@@ -185,6 +185,7 @@ void Router::handle_messages() {
               else if constexpr (std::is_same_v<T, proto::Leave>) membership_.begin_drain(source, "the rank asked to leave");
               else if constexpr (std::is_same_v<T, proto::Drained>) membership_.on_drained(source);
               else if constexpr (std::is_same_v<T, proto::TransferStats>) metrics_.observe_transfer(m);
+              else if constexpr (std::is_same_v<T, proto::Warmed>) end_warm(m.id, "done");
               else if constexpr (std::is_same_v<T, proto::KvEvents>) workers_.on_kv_events(source, m);
               else spdlog::warn("router: unexpected {} from rank {}", proto::message_name(m), source);
             },

@@ -126,6 +126,11 @@ class Router {
   // Token `index` of `r` reached its turn. False once `r` ended.
   bool on_token(Request& r, int32_t index, const PendingToken& t);
   void on_failed(int source, const proto::RequestFailed& m);
+  // router.warm_prefill: a finished request's prompt and answer go to an idle
+  // prefill rank holding most of them, which computes the rest into its cache.
+  void warm_prefill(const Request& r);
+  // A warm-up ended on its rank (Warmed, or failed there): the rank's work is released.
+  void end_warm(uint64_t id, const char* outcome);
   // What `rank`, just declared down, held: re-run or failed.
   void on_rank_down(int rank, const std::string& name, const std::string& why);
   void check_deadlines();
@@ -168,6 +173,7 @@ class Router {
   const Env* env_ = &system_env();  // set_env()
   WorkerTable workers_;
   Membership membership_;
+  std::unordered_map<uint64_t, DispatchChoice> warm_;  // warm-ups in flight, by wire id
   std::optional<Clock::time_point> stop_deadline_;
   Clock::time_point started_{}, last_housekeeping_{};
   bool startup_warned_ = false;

@@ -62,6 +62,11 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
           "rank's prefix cache held part of it), balance (a cache held part, its rank was over the imbalance "
           "bound), decode_reuse (a decode rank held all but a short suffix and computed it)",
           {"reason"})),
+      warm_prefills_total(registry.counter(
+          "pd_router_warm_prefills_total",
+          "Warm-ups (router.warm_prefill): a finished request's prompt and answer computed into an idle prefill "
+          "rank's cache, by outcome: sent, done, failed",
+          {"outcome"})),
       prefix_index_blocks(registry.gauge("pd_router_prefix_index_blocks",
                                           "Prefix blocks the router's index holds for the rank (from its KV events)",
                                           {"role", "rank"})),

@@ -56,6 +56,7 @@ struct RouterMetrics {
   Gauge& quarantined_blocks;
   Counter& rank_requests_total;
   Counter& routing_decisions_total;
+  Counter& warm_prefills_total;
   Gauge& prefix_index_blocks;
   Counter& joined_total;
   Counter& left_total;

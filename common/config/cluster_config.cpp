@@ -163,7 +163,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("migrate", c.router.migrate).get("policy", c.router.policy).get("queue_weight", c.router.queue_weight)
         .get("balance_ratio", c.router.balance_ratio).get("balance_tokens", c.router.balance_tokens)
         .get("decode_reuse_tokens", c.router.decode_reuse_tokens)
-        .get("decode_reuse_weight", c.router.decode_reuse_weight)
+        .get("decode_reuse_weight", c.router.decode_reuse_weight).get("warm_prefill", c.router.warm_prefill)
         .get("min_cached_fraction", c.router.min_cached_fraction).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "sampling", [&](const json& j, std::string p) {

@@ -116,6 +116,13 @@ struct ClusterConfig {
     // to a prefill rank whose expected cost is lower than this x (the new
     // suffix + those tokens).
     double decode_reuse_weight = 1.0;
+    // cache_aware, disaggregated: when a request finishes, an idle prefill rank
+    // that holds most of its prompt computes the answer's tokens into its cache
+    // (a warm-up), so the conversation's next turn finds its whole history on a
+    // prefill rank, not only on the decode rank that generated the answer.
+    // Off by default: it measured no gain on the multi-turn chat benchmark
+    // (docs/BENCHMARKS.md).
+    bool warm_prefill = false;
     // A rank's cache draws a prompt only when it holds at least this fraction
     // of it (a short common head, e.g. a template's default system prompt, must
     // not pile prompts onto the first rank that computed it).

@@ -158,6 +158,7 @@ struct ToJson {
     return {{"t", "xfer"},         {"id", m.id},         {"bytes", m.bytes},
             {"exposed_s", m.exposed_s}, {"wire_s", m.wire_s}, {"hidden", m.hidden_bytes}};
   }
+  json operator()(const Warmed& m) const { return {{"t", "warmed"}, {"id", m.id}, {"computed", m.computed}}; }
   json operator()(const RequestFailed& m) const {
     return {{"t", "failed"}, {"id", m.id}, {"reason", m.reason}, {"kind", static_cast<int32_t>(m.kind)}};
   }
@@ -254,6 +255,7 @@ Message from_json(const json& j) {
   if (t == "xfer")
     return TransferStats{j.at("id").get<RequestId>(), j.at("bytes").get<int64_t>(), j.at("exposed_s").get<double>(),
                          j.at("wire_s").get<double>(), j.value("hidden", int64_t{0})};
+  if (t == "warmed") return Warmed{j.at("id").get<RequestId>(), j.at("computed").get<int64_t>()};
   if (t == "failed") {
     const int32_t k = j.at("kind").get<int32_t>();
     if (k < 1 || k > kFailureKindMax) throw std::out_of_range("failure kind " + std::to_string(k));
@@ -282,7 +284,7 @@ const char* message_name(const Message& m) {
                                            "PeerUp",         "Rejoin",        "Listening",    "Join",
                                            "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
                                            "Drain",          "Drained",       "PeerLeft",     "RouterBeat",
-                                           "PeerGone",       "KvEvents"};
+                                           "PeerGone",       "KvEvents",      "Warmed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }

@@ -42,6 +42,8 @@
 // an epoch it knows to be over, so a rank that was stopped, declared down and
 // resumed cannot act on work that was given to someone else.
 //   P -> R   TransferStats    a handoff's last byte left: its size and timings
+//   P -> R   Warmed           a warm-up prompt (a PrefillRequest with decode_rank -1: computed into
+//                             the prefix cache, handed to no one) is in the cache
 #pragma once
 
 #include <cstdint>
@@ -100,7 +102,11 @@ struct PrefillRequest {
   RequestId id = 0;
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int32_t decode_rank = -1;
+  int32_t decode_rank = -1;  // -1: a warm-up, computed into the prefill rank's cache only (Warmed)
+};
+struct Warmed {
+  RequestId id = 0;
+  int64_t computed = 0;  // prompt tokens it computed (the rest were in its cache)
 };
 struct Cancel { RequestId id = 0; };
 struct Shutdown {};
@@ -228,7 +234,7 @@ std::vector<KvEvents> kv_events_messages(Epoch epoch, bool reset, const std::vec
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
                              Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft,
-                             RouterBeat, PeerGone, KvEvents>;
+                             RouterBeat, PeerGone, KvEvents, Warmed>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

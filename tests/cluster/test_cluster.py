@@ -340,14 +340,18 @@ def suite_kv_reuse(tmp):
     rank, which computes only the new suffix (decode_reuse); a prompt sharing a long head with one a prefill
     rank computed goes to that prefill rank (cache_aware). Each gives pd-generate's text, and usage counts
     the cached tokens. Then concurrent multi-turn conversations, every answer against pd-generate's. On
-    2 prefill + 1 decode (chunked prefill) and on 1 + 1 with whole-prompt prefill; then with
-    kv.prefix_cache off, nothing cached and nothing routed by a cache."""
+    2 prefill + 1 decode (chunked prefill) and on 1 + 1 with whole-prompt prefill, router.warm_prefill off;
+    then with it on: the answer is warmed into the prefill rank's cache and the follow-up
+    goes there; then with kv.prefix_cache off, nothing cached and nothing routed by a cache."""
     need_default_model()
     head = " ".join(["The history of the printing press begins in the fifteenth century, when movable type "
                      "changed how books were made and shared across Europe."] * 8)  # 200 tokens
     rest = " ".join("Another continuation sentence, number %d, says something new." % i for i in range(28))
-    for layout, cfg in (({"prefill": 2, "decode": 1}, {}),
-                        ({"prefill": 1, "decode": 1}, {"prefill": {"chunk_tokens": 0}})):
+    # router.warm_prefill off (the default): the answer's KV is on the decode rank only, so the
+    # follow-up goes back there.
+    no_warm = {"router": {"warm_prefill": False}}
+    for layout, cfg in (({"prefill": 2, "decode": 1}, no_warm),
+                        ({"prefill": 1, "decode": 1}, dict(no_warm, prefill={"chunk_tokens": 0}))):
         with Cluster(config=cfg, **layout) as c:
             first, usage = completion(c, head, 32)
             check(usage["prompt_tokens_details"]["cached_tokens"] == 0, "a first prompt found a cache: %s" % usage)
@@ -358,6 +362,20 @@ def suite_kv_reuse(tmp):
             print("%s: routing decisions %s" % (layout, routing(c)))
             wait_for(lambda: blocks_all_free(c), 30, "every KV block to return to its pool")
             check(c.stop() == 0, "clean exit")
+    # router.warm_prefill on: once the first turn ends, the prefill rank that computed its prompt
+    # computes the answer into its cache too, so the follow-up goes to that prefill rank, which then
+    # holds as much of it as the decode rank does.
+    with Cluster(2, 1, config={"router": {"warm_prefill": True}}) as c:
+        first, _ = completion(c, head, 32)
+        wait_for(lambda: c.metric('pd_router_warm_prefills_total{outcome="done"}') >= 1, 30, "the warm-up to end")
+        reused_turn(c, head + first + " Tell me more about it.", 16, "cache_aware", 192 + 16)
+        conversations(c, 3, 3, 24)
+        warm = {k.split('"')[1]: v for k, v in c.metrics().items() if k.startswith("pd_router_warm_prefills_total{")}
+        print("warm-ups: %s; routing decisions %s" % (warm, routing(c)))
+        check(warm.get("sent", 0) >= 2 and warm.get("done", 0) + warm.get("failed", 0) == warm["sent"],
+              "warm-ups %s: want several sent, each done or failed" % warm)
+        wait_for(lambda: blocks_all_free(c), 30, "every KV block to return to its pool")
+        check(c.stop() == 0, "clean exit")
     # kv.prefix_cache false: nothing is cached anywhere, so nothing is routed by it; the text is the same.
     with Cluster(1, 1, config={"kv": {"prefix_cache": False}}) as c:
         ref = reference(DEFAULT_MODEL, [{"prompt": head, "chat": False, "max_tokens": 16, "ignore_eos": False}])[0]
@@ -367,6 +385,7 @@ def suite_kv_reuse(tmp):
             check(usage["prompt_tokens_details"]["cached_tokens"] == 0, "prefix_cache off, yet cached: %s" % usage)
             time.sleep(0.3)
         check(routing(c) == {"least_work": 2}, "prefix_cache off: routing decisions %s" % routing(c))
+        check(c.metric('pd_router_warm_prefills_total{outcome="sent"}') == 0, "prefix_cache off, yet warm-ups")
         check(c.stop() == 0, "clean exit")
 
 

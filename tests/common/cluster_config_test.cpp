@@ -39,6 +39,7 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->router.min_cached_fraction == d.router.min_cached_fraction);
   CHECK(c->router.decode_reuse_tokens == d.router.decode_reuse_tokens);
   CHECK(c->router.decode_reuse_weight == d.router.decode_reuse_weight);
+  CHECK(c->router.warm_prefill == d.router.warm_prefill);
   CHECK(c->kv.prefix_cache == d.kv.prefix_cache);
   CHECK(c->timeouts.handoff_ms == d.timeouts.handoff_ms);
   CHECK(c->timeouts.transfer_ms == d.timeouts.transfer_ms);

@@ -145,6 +145,8 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   const std::vector<uint8_t> bytes = serialize(TokenEvents{{uneven}});
   CHECK(deserialize(bytes.data(), bytes.size()).status().is_corruption());
   CHECK(round_trip(TransferStats{3, 1000, 0.5, 0.25}).bytes == 1000);
+  const Warmed w = round_trip(Warmed{5, 61});
+  CHECK((w.id == 5 && w.computed == 61));
   const RequestFailed f = round_trip(RequestFailed{4, "boom", FailureKind::kPeerDown});
   CHECK((f.reason == "boom" && f.kind == FailureKind::kPeerDown));
   // A failure kind outside the enum is a malformed message, not a value.

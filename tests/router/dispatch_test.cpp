@@ -346,6 +346,40 @@ TEST_CASE("dispatch: a decode rank busy with follow-ups leaves the next one to a
   CHECK(t.find(3)->reuse_tokens == 0);
 }
 
+TEST_CASE("dispatch: a warm-up goes to the idle prefill rank holding most of a finished request", "[router]") {
+  WorkerTable t({1, 2}, {3}, 16);
+  for (int r : {1, 2, 3}) t.on_report(r, report(1000));
+  // The finished request's prompt + answer: 600 tokens; rank 1 holds its prompt (512),
+  // rank 2 a shorter head (256).
+  const auto p = prompt_of(600, 0, 1);
+  const auto h = pd::router::prompt_block_hashes(p, 16);
+  holds(t, 1, p, 32);
+  holds(t, 2, p, 16);
+  auto w = t.pick_warm(h, 600, 512);
+  REQUIRE(w);
+  CHECK(w->prefill_rank == 1);
+  CHECK(w->decode_rank == -1);
+  CHECK(w->cached_tokens == 512);
+  CHECK(w->prefill_work == 88);
+  // Counted against rank 1 until it ends; a busy rank is not warmed.
+  t.on_dispatch(*w, w->prefill_work, 0);
+  CHECK(t.find(1)->outstanding_tokens == 88);
+  auto next = t.pick_warm(h, 600, 512);
+  REQUIRE(next);
+  CHECK(next->prefill_rank == 2);
+  CHECK(next->prefill_work == 344);
+  // More than max_compute left to compute: none.
+  CHECK_FALSE(t.pick_warm(h, 600, 300));
+  t.on_prefill_done(1, w->prefill_work);
+  CHECK(t.find(1)->outstanding == 0);
+  CHECK(t.find(1)->outstanding_tokens == 0);
+  // Nothing cached anywhere, or the rank down: none.
+  CHECK_FALSE(t.pick_warm(pd::router::prompt_block_hashes(prompt_of(600, 0, 9), 16), 600, 512));
+  t.mark_down(1);
+  t.mark_down(2);
+  CHECK_FALSE(t.pick_warm(h, 600, 512));
+}
+
 TEST_CASE("dispatch: a rank's index entry goes when it goes down, rejoins or leaves, stale events are dropped",
           "[router]") {
   WorkerTable t({1, 2}, {3}, 16);
