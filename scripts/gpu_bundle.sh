@@ -11,7 +11,7 @@
 #               (default build-gpu/: Release, CUDA sm_90 code for the H100/H200, x86-64-v3 host code),
 #               stripped, at their paths in the build tree (deploy/launch.sh --build finds them)
 #   gpu_tests.json  the gpu-labelled ctest tests (`ctest --show-only=json-v1`) with the build tree, the
-#               source tree and mpirun as placeholders: gpu_check.sh runs them with ctest from there
+#               source tree, mpirun and python3 as placeholders: gpu_check.sh runs them with ctest from there
 #   debs/       Debian packages, unpacked there with `dpkg -x` into a private prefix (never into /):
 #               the executables' shared libraries and OpenMPI's runtime (mpirun, its MCA plugins and
 #               help files; relocated with OPAL_PREFIX), and, unless --no-dev, the -dev packages
@@ -90,9 +90,10 @@ done
 # ---- 3. the gpu tests, with placeholders for the paths that differ there
 ctest --test-dir "$BUILD" -L gpu --show-only=json-v1 | python3 -c '
 import json, sys
-build, root, mpirun = sys.argv[1:4]
+build, root, mpirun, python = sys.argv[1:5]
 def fix(s):
-    return s.replace(build, "@BUILD@").replace(mpirun, "@MPIRUN@").replace(root, "@ROOT@")
+    s = s.replace(build, "@BUILD@").replace(mpirun, "@MPIRUN@").replace(root, "@ROOT@")
+    return s.replace(python, "@PYTHON@") if python else s
 tests = []
 for t in json.load(sys.stdin).get("tests", []):
     props = {p["name"]: p["value"] for p in t.get("properties", [])}
@@ -101,9 +102,10 @@ for t in json.load(sys.stdin).get("tests", []):
                   "skip_return_code": props.get("SKIP_RETURN_CODE"),
                   "environment": [fix(e) for e in props.get("ENVIRONMENT", [])],
                   "working_directory": fix(props.get("WORKING_DIRECTORY", "@BUILD@"))})
-json.dump({"tests": tests}, open(sys.argv[4], "w"), indent=1)
+json.dump({"tests": tests}, open(sys.argv[5], "w"), indent=1)
 print("gpu_bundle.sh: %d gpu tests listed" % len(tests))' \
-  "$BUILD" "$ROOT" "$(readlink -f "$MPIRUN_HERE")" "$BUNDLE/gpu_tests.json"
+  "$BUILD" "$ROOT" "$(readlink -f "$MPIRUN_HERE")" \
+  "$(sed -n 's/^_\{0,1\}Python3_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt" | head -1)" "$BUNDLE/gpu_tests.json"
 # mpirun is named by its resolved path in the tests' commands when CMake resolved it; cover both.
 sed -i "s#$MPIRUN_HERE#@MPIRUN@#g" "$BUNDLE/gpu_tests.json"
 

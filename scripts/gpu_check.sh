@@ -223,10 +223,13 @@ stage_setup() {
 write_ctest_file() {
   local dir="$WORK/ctest" mpirun; mpirun="$(command -v mpirun)"
   rm -rf "$dir"; mkdir -p "$dir"
-  python3 - "$BUNDLE/gpu_tests.json" "$dir/CTestTestfile.cmake" "$PD_BUILD" "$ROOT" "$mpirun" <<'PY'
+  python3 - "$BUNDLE/gpu_tests.json" "$dir/CTestTestfile.cmake" "$PD_BUILD" "$ROOT" "$mpirun" \
+    "$(command -v python3)" <<'PY'
 import json, sys
-src, dst, build, root, mpirun = sys.argv[1:]
-def fix(s): return s.replace("@BUILD@", build).replace("@ROOT@", root).replace("@MPIRUN@", mpirun)
+src, dst, build, root, mpirun, python = sys.argv[1:]
+def fix(s):
+    s = s.replace("@BUILD@", build).replace("@ROOT@", root).replace("@MPIRUN@", mpirun)
+    return s.replace("@PYTHON@", python)
 def q(s): return "[==[" + s + "]==]"
 with open(dst, "w") as f:
     for t in json.load(open(src))["tests"]:
@@ -352,6 +355,8 @@ SUMMARY="$OUT/summary.txt"
 run_stage() {
   local name="$1" log="$OUT/$2" max="$3" reserve="${4:-0}"
   [[ "$REHEARSE" == 1 ]] && max=$((max * 4)) reserve=$((reserve * 4))  # small models, but on a CPU
+  local base=540; [[ "$REHEARSE" == 1 ]] && base=2160
+  reserve=$((reserve * BUDGET / base))  # the reserves are written for the default budget
   local left=$((BUDGET - (SECONDS - START) - reserve))
   local limit=$(( max < left ? max : left ))
   if (( limit < 10 )); then
