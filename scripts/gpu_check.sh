@@ -24,7 +24,8 @@
 #   3 identity  1 prefill + 1 decode rank with engine.backend "cuda" on the one GPU: greedy
 #               chat/completions output (32 tokens) token for token equal to pd-generate --backend
 #               cuda (scripts/gpu_identity.py), on a SmolLM2-135M-shaped random-weight model with
-#               the default model's tokenizer (the 98 MB default model does not fit a device run)
+#               the default model's tokenizer (the 98 MB default model does not fit a device run);
+#               once with the f16 KV cache (the default), once with q8_0
 #   4 bench     pd-bench-engine --backend cuda: prefill tok/s as a fraction of the H200's dense
 #               tensor-core peak, decode tok/s at batch 1/8/32/128 as a fraction of its HBM
 #               bandwidth; SmolLM2-135M shape (Q4_1, Q8_0 embeddings, as the default model) and
@@ -265,8 +266,13 @@ stage_ctest() {
 stage_identity() {
   source "$WORK/env.sh" || return 1
   local threads=4; [[ "$REHEARSE" == 1 ]] && threads=1
-  python3 -u "$ROOT/scripts/gpu_identity.py" --build "$PD_BUILD" --model "$MODELS/smollm2-135m-q4_1.gguf" \
-    --backend "$BACKEND" --tokens 32 --threads "$threads" --json "$RES/identity.json" --pid-file "$WORK/cluster.pid"
+  local rc=0 kv
+  for kv in f16 q8_0; do  # the default KV cache, and the quantized one
+    python3 -u "$ROOT/scripts/gpu_identity.py" --build "$PD_BUILD" --model "$MODELS/smollm2-135m-q4_1.gguf" \
+      --backend "$BACKEND" --kv-dtype "$kv" --tokens 32 --threads "$threads" --json "$RES/identity_$kv.json" \
+      --pid-file "$WORK/cluster.pid" || rc=$?
+  done
+  return $rc
 }
 
 # One benchmark: NAME MODEL [pd-bench-engine flags]; its JSON and profile into RES.
@@ -403,9 +409,9 @@ for name, j in allj.items():
             f = d.get("fraction_of_bandwidth", d.get("fraction_of_triad", 0))
             lines.append("%-30s decode batch %3d: %8.1f tok/s, step %.2f ms, %.0f GB/s = %.1f%% of memory bandwidth" % (
                 "", d["batch"], d["tokens_per_s"], d["median_step_s"] * 1e3, d["streamed_gbs"], 100 * f))
-    if name == "identity":
+    if name.startswith("identity"):
         state = j.get("error", "ok" if j.get("ok") else "differs")
-        lines.append("identity: %s of %s answers identical (%s)" % (j.get("identical"), j.get("compared"), state))
+        lines.append("%s: %s of %s answers identical (%s)" % (name, j.get("identical"), j.get("compared"), state))
 with open(summary, "a") as f:
     f.write("".join("# " + l + "\n" for l in lines))
 PY

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Greedy identity of a cluster on a backend with pd-generate on the same backend.
 
-    scripts/gpu_identity.py --build DIR --model FILE [--backend cuda] [--tokens 32] [--json FILE]
+    scripts/gpu_identity.py --build DIR --model FILE [--backend cuda] [--kv-dtype f16] [--tokens 32]
+                            [--json FILE]
 
 Starts 1 router + 1 prefill + 1 decode rank (deploy/launch.sh, through
 tests/cluster/cluster.py) with "engine": {"backend": BACKEND}, sends a few chat
@@ -43,14 +44,14 @@ PROMPTS = [
 ]
 
 
-def reference(build, model, backend, cases, threads):
+def reference(build, model, backend, cases, threads, kv_dtype):
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for endpoint, prompt, n in cases:
             f.write(json.dumps({"prompt": prompt, "chat": endpoint == "chat", "max_tokens": n}) + "\n")
         path = f.name
     try:
         cmd = [os.path.join(build, "tools", "pd-generate"), "-m", model, "--batch", path, "--temp", "0",
-               "--backend", backend, "-t", str(threads)]
+               "--backend", backend, "-t", str(threads), "--kv-dtype", kv_dtype]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300).stdout
     finally:
         os.unlink(path)
@@ -62,6 +63,8 @@ def main():
     ap.add_argument("--build", required=True, help="build tree with router/, prefill_node/, decode_node/, tools/")
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", default="cuda", choices=["cpu", "cuda"])
+    ap.add_argument("--kv-dtype", default="f16", choices=["f16", "q8_0", "f32"],
+                    help="KV cache elements of the cluster and of pd-generate")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per rank (and for pd-generate)")
     ap.add_argument("--startup-s", type=int, default=180)
@@ -85,10 +88,11 @@ def main():
         return 77
 
     cases = [(e, p, args.tokens) for e, p in PROMPTS]
-    result = {"backend": args.backend, "model": args.model, "tokens": args.tokens, "cases": [], "ok": False}
+    result = {"backend": args.backend, "kv_dtype": args.kv_dtype, "model": args.model, "tokens": args.tokens,
+              "cases": [], "ok": False}
     t0 = time.time()
     try:  # one pd-generate per prompt: each reference runs alone, as the "alone" requests do
-        refs = [reference(args.build, args.model, args.backend, [case], args.threads)[0] for case in cases]
+        refs = [reference(args.build, args.model, args.backend, [case], args.threads, args.kv_dtype)[0] for case in cases]
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         print("pd-generate failed: %s\n%s" % (e, getattr(e, "stderr", "")), file=sys.stderr)
         result["error"] = "pd-generate failed"
@@ -96,7 +100,8 @@ def main():
     result["reference_s"] = round(time.time() - t0, 2)
     print("pd-generate --backend %s: %d references in %.1f s" % (args.backend, len(refs), result["reference_s"]))
 
-    config = {"engine": {"backend": args.backend}, "sampling": {"temperature": 0.0, "top_p": 1.0}}
+    config = {"engine": {"backend": args.backend}, "kv": {"dtype": args.kv_dtype},
+              "sampling": {"temperature": 0.0, "top_p": 1.0}}
     differences = 0  # among the answers that must be identical
     must_match_together = args.backend == "cpu"
     try:
@@ -106,7 +111,8 @@ def main():
             if args.pid_file:
                 with open(args.pid_file, "w") as f:
                     f.write(str(c.proc.pid))
-            print("cluster (1P+1D, backend %s) healthy in %.1f s" % (args.backend, result["startup_s"]))
+            print("cluster (1P+1D, backend %s, KV %s) healthy in %.1f s"
+                  % (args.backend, args.kv_dtype, result["startup_s"]))
             runs = []
             for case in cases:  # each alone, not streamed and streamed
                 for stream in (False, True):
@@ -140,8 +146,8 @@ def main():
     result["compared"] = len(result["cases"])
     result["together_identical"] = sum(1 for r in result["cases"] if r["mode"] == "together" and r["identical"])
     result["ok"] = differences == 0
-    print("note: %d of %d answers identical to pd-generate --backend %s (%.1f s)"
-          % (result["identical"], result["compared"], args.backend, time.time() - t0))
+    print("note: %d of %d answers identical to pd-generate --backend %s --kv-dtype %s (%.1f s)"
+          % (result["identical"], result["compared"], args.backend, args.kv_dtype, time.time() - t0))
     return finish(result, args, 0 if differences == 0 else 1)
 
 
