@@ -95,12 +95,15 @@ def main():
     args = ap.parse_args()
     os.environ["PD_BUILD_DIR"] = os.path.abspath(args.build)
     import bench_cluster as bc  # noqa: E402  (after PD_BUILD_DIR)
+    runs = []
     for spec in args.runs:
-        try:
-            warm, budget, policy = spec.split(":")
-            run(bc, os.path.abspath(args.build), args.model, warm == "1", int(budget), policy)
-        except ValueError:
+        parts = spec.split(":")
+        if len(parts) != 3 or parts[0] not in ("0", "1") or not parts[1].isdigit() or \
+                parts[2] not in ("cache_aware", "least_work"):
             sys.exit("multiturn_burst.py: --runs takes WARM:BUDGET:POLICY, e.g. 1:2048:cache_aware; got %r" % spec)
+        runs.append((parts[0] == "1", int(parts[1]), parts[2]))
+    for warm, budget, policy in runs:
+        run(bc, os.path.abspath(args.build), args.model, warm, budget, policy)
 
 
 if __name__ == "__main__":
