@@ -830,29 +830,37 @@ class CpuBackend final : public Backend {
     int64_t most_tokens = 0;
     for (const auto& [t0, count] : tiles) most_tokens = std::max(most_tokens, count);
     if (static_cast<int>(attention_scratch_.size()) < n_threads_) attention_scratch_.resize(n_threads_);
-    for (AttentionScratch& w : attention_scratch_) w.reserve(most_tokens * per_item, hd);
-#pragma omp parallel for collapse(3) num_threads(n_threads_) schedule(dynamic, 1)
-    for (int64_t ti = 0; ti < n_tiles; ++ti) {
-      for (int64_t g = 0; g < nkv; ++g) {
-        for (int64_t run = 0; run < runs; ++run) {
-          const auto [t0, count] = tiles[ti];
-          const int64_t h0 = g * group + run * per_item;
-          const int nq = static_cast<int>(std::min(per_item, (g + 1) * group - h0));
-          const AttentionTile a{qs + (t0 * nh + h0) * hd,
-                                os + (t0 * nh + h0) * hd,
-                                nh * hd,
-                                tokens.subspan(t0, count),
-                                nq,
-                                hd,
-                                base,
-                                &L,
-                                layer,
-                                g,
-                                block_tables[tokens[t0].seq],
-                                scale,
-                                isa_ != cpu::Isa::kScalar,
-                                window};
-          attend_tile(kern, a, attention_scratch_[omp_get_thread_num()]);
+#pragma omp parallel num_threads(n_threads_)
+    {
+      // Each thread sizes its own scratch, before any tile: what it allocates does
+      // not depend on the schedule, and its buffers come from its own malloc arena
+      // rather than next to another thread's, whose boundary cache lines both
+      // would write (as the thread_local scratch before it; docs/BENCHMARKS.md).
+      AttentionScratch& w = attention_scratch_[omp_get_thread_num()];
+      w.reserve(most_tokens * per_item, hd);
+#pragma omp for collapse(3) schedule(dynamic, 1)
+      for (int64_t ti = 0; ti < n_tiles; ++ti) {
+        for (int64_t g = 0; g < nkv; ++g) {
+          for (int64_t run = 0; run < runs; ++run) {
+            const auto [t0, count] = tiles[ti];
+            const int64_t h0 = g * group + run * per_item;
+            const int nq = static_cast<int>(std::min(per_item, (g + 1) * group - h0));
+            const AttentionTile a{qs + (t0 * nh + h0) * hd,
+                                  os + (t0 * nh + h0) * hd,
+                                  nh * hd,
+                                  tokens.subspan(t0, count),
+                                  nq,
+                                  hd,
+                                  base,
+                                  &L,
+                                  layer,
+                                  g,
+                                  block_tables[tokens[t0].seq],
+                                  scale,
+                                  isa_ != cpu::Isa::kScalar,
+                                  window};
+            attend_tile(kern, a, w);
+          }
         }
       }
     }
