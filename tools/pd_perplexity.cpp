@@ -47,7 +47,9 @@
 // (diagnostics: those matmul kinds take fp32 activations in an int8 path;
 // kinds qkv, attn_out, gate_up, down, lm_head, all), x2=KIND+KIND (those kinds take two-pass 8-bit activations,
 // CpuBackendConfig::int8x2_matmul_kinds, in place of the backend's default
-// choice; x2=none: none) and layers=A-B+C (restricts fp32= and x2= to those
+// choice; x2=none: none), top=NATS (the LM head's second pass only for logits
+// within NATS of the row's largest, CpuBackendConfig::lm_head_two_pass_margin;
+// top=0: for every logit) and layers=A-B+C (restricts fp32= and x2= to those
 // layers). Example: --path int8:avx2:f16 --path int8:fp32=down:layers=0-3.
 // PD_CPU_INT8X2 in the environment overrides x2= in every path (leave it unset).
 //
@@ -105,6 +107,7 @@ struct PathSpec {
   pd::GgmlType kv = pd::GgmlType::kF32;
   uint32_t fp32_kinds = 0;
   int64_t x2_kinds = -1;  // -1: the backend's default
+  float top = -1;         // LM head second-pass margin; -1: the backend's default
   uint64_t layers = ~uint64_t{0};
   std::string layers_text;  // as given, for the label
   bool sgemm = false;       // fp32 matmuls of many rows through OpenBLAS (the reference: faster, not batch invariant)
@@ -123,6 +126,7 @@ struct PathSpec {
     };
     if (x2_kinds >= 0) s += ":x2=" + kinds(static_cast<uint32_t>(x2_kinds));
     if (fp32_kinds) s += ":fp32=" + kinds(fp32_kinds);
+    if (top >= 0) { char b[32]; std::snprintf(b, sizeof b, ":top=%g", top); s += b; }
     if (!layers_text.empty()) s += ":layers=" + layers_text;
     return s;
   }
@@ -179,6 +183,12 @@ std::optional<std::string> parse_path(const std::string& spec, PathSpec* p) {
       }
       if (fp32) p->fp32_kinds = bits;
       else p->x2_kinds = bits;
+    } else if (w.rfind("top=", 0) == 0) {
+      char* end = nullptr;
+      const float t = std::strtof(w.c_str() + 4, &end);
+      if (end == w.c_str() + 4 || *end != '\0' || !(t >= 0.0f) || t > 1000.0f)
+        return "--path '" + spec + "': bad top= margin '" + w.substr(4) + "' (nats, 0 to 1000)";
+      p->top = t;
     } else if (w.rfind("layers=", 0) == 0) {
       auto bits = parse_layers(w.substr(7));
       if (!bits) return "--path '" + spec + "': bad layer list '" + w.substr(7) + "' (e.g. 0-3+7)";
@@ -188,12 +198,12 @@ std::optional<std::string> parse_path(const std::string& spec, PathSpec* p) {
       auto kv = pd::parse_kv_dtype(w.rfind("kv=", 0) == 0 ? w.substr(3) : w, "--path");
       if (!kv.is_ok())
         return "--path '" + spec + "': unknown word '" + w +
-               "' (int8|fp32, scalar|avx2|avx512vnni, sgemm, f32|f16|q8_0, x2=KINDS, fp32=KINDS, layers=LIST)";
+               "' (int8|fp32, scalar|avx2|avx512vnni, sgemm, f32|f16|q8_0, x2=KINDS, fp32=KINDS, top=NATS, layers=LIST)";
       p->kv = *kv;
     }
   }
-  if ((p->fp32_kinds || p->x2_kinds >= 0) && !p->int8)
-    return "--path '" + spec + "': fp32= and x2= apply to int8 paths only";
+  if ((p->fp32_kinds || p->x2_kinds >= 0 || p->top >= 0) && !p->int8)
+    return "--path '" + spec + "': fp32=, x2= and top= apply to int8 paths only";
   return std::nullopt;
 }
 
@@ -220,6 +230,7 @@ pd::Status load_engine(const std::shared_ptr<const pd::GgufFile>& gguf, int thre
     c.int8x2_matmul_kinds = static_cast<uint32_t>(e->spec.x2_kinds);
     c.int8x2_matmul_layers = e->spec.layers;
   }
+  if (e->spec.top >= 0) c.lm_head_two_pass_margin = e->spec.top;
   e->backend = pd::make_cpu_backend(c);
   PD_ASSIGN_OR_RETURN(e->model, pd::LlamaModel::load(gguf, *e->backend));
   constexpr int kBlock = 16;

@@ -235,6 +235,84 @@ TEST_CASE("cpu backend: every packed type's int8 matmuls agree with the fp32 pat
   }
 }
 
+// The LM head's second pass near the top (CpuBackendConfig::
+// lm_head_two_pass_margin): a group of 8 vocabulary rows gets it when one of
+// its one-pass logits is within the margin of the token's largest, and then
+// holds exactly the second-pass-everywhere bits; the other groups hold the
+// one-pass bits. Rows scaled from 0.05x to 3x spread the logits over far more
+// than the margin, so both kinds of group occur; 203 rows leave a padded last
+// group. The same bits for a token alone (the small-batch path: the second
+// pass in the first sweep) as in the batch of 20 (picked groups read again),
+// and on every ISA path.
+TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each token's largest logit",
+          "[cpu][backend]") {
+  const int64_t k = 256, n = 203, m = 20;
+  const float margin = 1.5f;
+  std::vector<float> w = pd::test::random_floats(k * n, 301, 0.05f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < k; ++j) w[r * k + j] *= 0.05f + 3.0f * static_cast<float>((r * 37) % n) / n;
+  pd::GgufWriter gw;
+  gw.add_tensor("output.weight", {k, n}, pd::GgmlType::kQ8_0, w);
+  auto file = pd::GgufFile::from_bytes(gw.to_bytes(), "head.gguf");
+  REQUIRE(file.is_ok());
+  std::vector<float> x = pd::test::random_floats(k * m, 302);
+  pd::Tensor xt = f32_tensor(x, k, m);
+  const pd::GgufTensorInfo& info = *file.value()->find_tensor("output.weight");
+
+  // Logits of one config: the whole batch, then each token alone (same bits).
+  auto logits = [&](pd::CpuBackendConfig cfg) {
+    cfg.n_threads = 2;
+    auto be = pd::make_cpu_backend(cfg);
+    std::unique_ptr<pd::BackendBuffer> storage;
+    auto wt = be->load_weight(info, &storage);
+    REQUIRE(wt.is_ok());
+    std::vector<float> out(n * m);
+    pd::Tensor ot = f32_tensor(out, n, m);
+    REQUIRE(be->matmul(xt, wt.value(), ot).is_ok());
+    for (int64_t t = 0; t < m; ++t) {
+      std::vector<float> xa(x.begin() + t * k, x.begin() + (t + 1) * k), one(n);
+      pd::Tensor xat = f32_tensor(xa, k, 1), oat = f32_tensor(one, n, 1);
+      REQUIRE(be->matmul(xat, wt.value(), oat).is_ok());
+      INFO("token " << t << " alone, margin " << cfg.lm_head_two_pass_margin);
+      CHECK(std::memcmp(one.data(), out.data() + t * n, n * sizeof(float)) == 0);
+    }
+    return out;
+  };
+  pd::CpuBackendConfig one_pass, everywhere, near_top;
+  one_pass.int8x2_matmul_kinds = 0;
+  everywhere.lm_head_two_pass_margin = 0.0f;
+  near_top.lm_head_two_pass_margin = margin;
+  const std::vector<float> a = logits(one_pass), b = logits(everywhere);
+  std::vector<float> first_isa;
+  for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni}) {
+    if (!pd::cpu::isa_supported(isa)) continue;
+    INFO(pd::cpu::isa_name(isa));
+    near_top.isa = pd::cpu::isa_name(isa);
+    const std::vector<float> got = logits(near_top);
+    int groups_with = 0, groups_without = 0;
+    for (int64_t t = 0; t < m; ++t) {
+      const float* at = a.data() + t * n;
+      const float top = *std::max_element(at, at + n);
+      for (int64_t g0 = 0; g0 < n; g0 += 8) {
+        const int64_t g1 = std::min(n, g0 + 8);
+        const bool near = std::any_of(at + g0, at + g1, [&](float v) { return v >= top - margin; });
+        const std::vector<float>& want = near ? b : a;
+        (near ? groups_with : groups_without) += 1;
+        INFO("token " << t << " rows " << g0 << "-" << g1 - 1 << (near ? " (second pass)" : " (one pass)"));
+        CHECK(std::memcmp(got.data() + t * n + g0, want.data() + t * n + g0, (g1 - g0) * sizeof(float)) == 0);
+      }
+      // The largest logit is the same row, of the same value, as with the second pass everywhere.
+      const float* gt = got.data() + t * n;
+      const float* bt = b.data() + t * n;
+      CHECK(std::max_element(gt, gt + n) - gt == std::max_element(bt, bt + n) - bt);
+    }
+    CHECK(groups_with >= m);
+    CHECK(groups_without > groups_with);
+    if (first_isa.empty()) first_isa = got;
+    CHECK(std::memcmp(got.data(), first_isa.data(), n * m * sizeof(float)) == 0);
+  }
+}
+
 namespace {
 
 // A two-layer paged cache for the attention tests: layer 1 holds random K/V

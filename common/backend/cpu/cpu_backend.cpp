@@ -275,6 +275,22 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
   }
 }
 
+// The largest of v[0, n) (SSE where the target has it: the LM head's rows are
+// scanned once per token).
+float largest_of(const float* v, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+#if defined(__SSE2__)
+  __m128 a = _mm_set1_ps(best), b = a;
+  for (; j + 8 <= n; j += 8) a = _mm_max_ps(a, _mm_loadu_ps(v + j)), b = _mm_max_ps(b, _mm_loadu_ps(v + j + 4));
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, _mm_max_ps(a, b));
+  best = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+#endif
+  for (; j < n; ++j) best = std::max(best, v[j]);
+  return best;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendConfig& cfg) : cfg_(cfg) {
@@ -299,6 +315,7 @@ class CpuBackend final : public Backend {
         at = end + 1;
       }
     }
+    if (const char* env = std::getenv("PD_CPU_LM_HEAD_MARGIN")) cfg_.lm_head_two_pass_margin = std::strtof(env, nullptr);
     // We split GEMMs across our own threads; each sgemm call runs on one.
     openblas_set_num_threads(1);
   }
@@ -496,34 +513,48 @@ class CpuBackend final : public Backend {
   // Integer path: x quantized to 8 bits per 32-block once per call, then
   // one parallel pass over the 8-row groups of every weight (so Q/K/V or
   // gate/up share the input and a single fork/join): each thread takes whole
-  // groups and runs them against a chunk of tokens (kChunk rows stay in
+  // groups and runs them against a chunk of tokens (kInt8Chunk rows stay in
   // cache while the weights stream past).
   static constexpr size_t kMaxMulti = 4;
+  static constexpr int64_t kInt8Chunk = 64;  // tokens per pass over the weights
+  // kInt8x2Top: from this many tokens on, the second pass reads the picked
+  // groups again (saving the rest's work); below, it runs for every group in
+  // the first sweep, while the group is in cache. Measured alternated at
+  // batch 8 (docs/BENCHMARKS.md): reading again is 13% faster on Gemma 3's
+  // 262,144-row head and within noise on SmolLM2's 49,152.
+  static constexpr int kTopSweepMinTokens = 8;
   // Splits the weights by how their activations are taken (CpuBackendConfig::
   // int8x2_matmul_kinds, fp32_matmul_kinds): each group shares one input
   // preparation and one parallel pass.
   Status matmul_packed(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
-    const Tensor* sel_ws[3][kMaxMulti];
-    Tensor* sel_outs[3][kMaxMulti];
-    size_t n_sel[3] = {0, 0, 0};  // 0: int8, 1: two-pass int8, 2: fp32 (diagnostics)
+    // 0: int8, 1: two-pass int8, 2: two-pass near the top (the LM head), 3: fp32 (diagnostics)
+    const Tensor* sel_ws[4][kMaxMulti];
+    Tensor* sel_outs[4][kMaxMulti];
+    size_t n_sel[4] = {0, 0, 0, 0};
     for (size_t j = 0; j < ws.size(); ++j) {
-      const ActivationMode mode = activation_mode(ws[j]->data);
-      const int c = mode == ActivationMode::kInt8 ? 0 : mode == ActivationMode::kInt8x2 ? 1 : 2;
+      const auto c = static_cast<int>(activation_mode(ws[j]->data));
       sel_ws[c][n_sel[c]] = ws[j];
       sel_outs[c][n_sel[c]++] = outs[j];
     }
-    for (size_t j = 0; j < n_sel[2]; ++j) matmul_unpacked_fp32(x, *sel_ws[2][j], *sel_outs[2][j]);
-    for (int c = 0; c < 2; ++c) {
-      if (n_sel[c] == 0) continue;
-      PD_RETURN_IF_ERROR(matmul_int8(x, std::span<const Tensor* const>(sel_ws[c], n_sel[c]),
-                                     std::span<Tensor* const>(sel_outs[c], n_sel[c]), c == 1));
+    for (size_t j = 0; j < n_sel[3]; ++j) matmul_unpacked_fp32(x, *sel_ws[3][j], *sel_outs[3][j]);
+    for (int c = 0; c < 3; ++c) {
+      const auto mode = static_cast<ActivationMode>(c);
+      // kInt8x2Top selects per weight: one call each.
+      const size_t per_call = mode == ActivationMode::kInt8x2Top ? 1 : kMaxMulti;
+      for (size_t j = 0; j < n_sel[c]; j += per_call) {
+        const size_t count = std::min(per_call, n_sel[c] - j);
+        PD_RETURN_IF_ERROR(matmul_int8(x, std::span<const Tensor* const>(sel_ws[c] + j, count),
+                                       std::span<Tensor* const>(sel_outs[c] + j, count), mode));
+      }
     }
     return Status::ok();
   }
 
   // How one repacked weight's activations are taken, fixed at load from its
   // GGUF name (the matmul kind and layer) and the config.
-  enum class ActivationMode : uint8_t { kInt8, kInt8x2, kFp32 };
+  // kInt8x2Top: the second pass only where the first pass's logit is within
+  // CpuBackendConfig::lm_head_two_pass_margin of its row's largest.
+  enum class ActivationMode : uint8_t { kInt8, kInt8x2, kInt8x2Top, kFp32 };
   struct PackedWeight {
     const void* data;
     ActivationMode mode;
@@ -546,7 +577,9 @@ class CpuBackend final : public Backend {
     }
     auto in_layers = [&](uint64_t mask) { return layer < 0 || (layer < 64 && ((mask >> layer) & 1) != 0); };
     if ((cfg_.fp32_matmul_kinds & kind) != 0 && in_layers(cfg_.fp32_matmul_layers)) return ActivationMode::kFp32;
-    if ((cfg_.int8x2_matmul_kinds & kind) != 0 && in_layers(cfg_.int8x2_matmul_layers)) return ActivationMode::kInt8x2;
+    if ((cfg_.int8x2_matmul_kinds & kind) != 0 && in_layers(cfg_.int8x2_matmul_layers))
+      return kind == kMatmulLmHead && cfg_.lm_head_two_pass_margin > 0.0f ? ActivationMode::kInt8x2Top
+                                                                          : ActivationMode::kInt8x2;
     return ActivationMode::kInt8;
   }
   // Newest first: a model loaded after another was freed may reuse its addresses.
@@ -582,10 +615,17 @@ class CpuBackend final : public Backend {
 
   // two_pass: x ~ d1*q1 + d2*q2 with q2 the quantized residual x - d1*q1;
   // each group runs against q1 and q2 and the two results are added.
+  // kInt8x2Top (one weight: the LM head): every group runs against q1; then
+  // for each token, the groups with a first-pass logit within the margin of
+  // that token's largest run against q2 too, and only those logits get the
+  // second result added: those are the same bits as kInt8x2's, the others
+  // are the one-pass values. The selection depends on the token's own logits
+  // alone (batch invariant).
   Status matmul_int8(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                     bool two_pass) {
+                     ActivationMode mode) {
     const cpu::Kernels& kern = cpu::kernels(isa_);
     const int64_t k = x.ne[0], m = x.n_rows(), nb = k / cpu::kQBlock;
+    const bool two_pass = mode != ActivationMode::kInt8, top = mode == ActivationMode::kInt8x2Top;
     if (static_cast<int64_t>(xq_.size()) < m * nb) xq_.resize(m * nb);
     cpu::BlockQ8A* xq = xq_.data();
     cpu::BlockQ8A* xq2 = nullptr;
@@ -594,12 +634,19 @@ class CpuBackend final : public Backend {
       if (static_cast<int64_t>(xres_.size()) < n_threads_ * k) xres_.resize(n_threads_ * k);
       xq2 = xq2_.data();
     }
+    const int64_t groups_padded = (ws[0]->n_rows() + cpu::kPackRows - 1) / cpu::kPackRows * cpu::kPackRows;
+    if (top) {
+      if (static_cast<int64_t>(xq2_pick_.size()) < n_threads_ * kInt8Chunk * nb) xq2_pick_.resize(n_threads_ * kInt8Chunk * nb);
+      if (static_cast<int64_t>(top_threshold_.size()) < kInt8Chunk) top_threshold_.resize(kInt8Chunk);
+      // Any chunk of fewer than kTopSweepMinTokens tokens (the whole call, or its last chunk).
+      const int64_t small = std::min<int64_t>(m, kTopSweepMinTokens - 1) * groups_padded;
+      if (static_cast<int64_t>(top_second_.size()) < small) top_second_.resize(small);
+    }
     const float* xs = f32(x);
     constexpr int kR = cpu::kPackRows;
     int64_t first_group[kMaxMulti + 1] = {0};
     for (size_t j = 0; j < ws.size(); ++j) first_group[j + 1] = first_group[j] + (ws[j]->n_rows() + kR - 1) / kR;
     const int64_t total_groups = first_group[ws.size()];
-    constexpr int64_t kChunk = 64;
 #pragma omp parallel num_threads(n_threads_)
     {
 #pragma omp for schedule(static)
@@ -611,8 +658,8 @@ class CpuBackend final : public Backend {
           kern.quantize_rows(res, k, k, 1, xq2 + i * nb);
         }
       }
-      for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
-        const int mt = static_cast<int>(std::min(kChunk, m - i0));
+      for (int64_t i0 = 0; i0 < m; i0 += kInt8Chunk) {
+        const int mt = static_cast<int>(std::min(kInt8Chunk, m - i0));
         const cpu::BlockQ8A* xc = xq + i0 * nb;
         const cpu::BlockQ8A* xc2 = two_pass ? xq2 + i0 * nb : nullptr;
 #pragma omp for schedule(static)
@@ -631,26 +678,70 @@ class CpuBackend final : public Backend {
             for (size_t off = 0; off < group_bytes; off += 64) __builtin_prefetch(wb + (g + 1) * group_bytes + off);
           const void* group = wb + g * group_bytes;
           const bool whole = (g + 1) * kR <= n;
-          float tail[kChunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
+          float tail[kInt8Chunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
           float* dst = whole ? os + i0 * n + g * kR : tail;
           const int64_t stride = whole ? n : kR;
           auto gemm = [&](const cpu::BlockQ8A* xa, float* o, int64_t o_stride) {
             cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride);
           };
           gemm(xc, dst, stride);
-          if (two_pass) {
-            float second[kChunk * kR];
+          if (two_pass && !top) {
+            float second[kInt8Chunk * kR];
             gemm(xc2, second, kR);
             for (int i = 0; i < mt; ++i)
               for (int r = 0; r < kR; ++r) dst[i * stride + r] += second[i * kR + r];
+          } else if (top && mt < kTopSweepMinTokens) {
+            gemm(xc2, top_second_.data() + g * kR, groups_padded);  // kept for second_pass_near_top
           }
           if (!whole)
             for (int i = 0; i < mt; ++i)
               for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
         }
+        if (top)
+          second_pass_near_top(kern, *ws[0], *outs[0], i0, mt, xc2, nb,
+                               mt < kTopSweepMinTokens ? top_second_.data() : nullptr, groups_padded);
       }
     }
     return Status::ok();
+  }
+
+  // kInt8x2Top's second phase, inside matmul_int8's parallel region, for the
+  // tokens [i0, i0 + mt) whose first-pass logits are in `out`. With `second`
+  // (fewer than kTopSweepMinTokens tokens) the second pass already ran for
+  // every group in the first sweep, while the group was in cache (token i,
+  // row j at second[i * stride + j]), and is only added where picked; else the
+  // picked groups are read again for the picked tokens alone. The same bits
+  // either way: the choice depends on the batch, the values do not.
+  void second_pass_near_top(const cpu::Kernels& kern, const Tensor& w, Tensor& out, int64_t i0, int mt,
+                            const cpu::BlockQ8A* xc2, int64_t nb, const float* second_all, int64_t stride) {
+    constexpr int kR = cpu::kPackRows;
+    const int64_t n = w.n_rows(), groups = (n + kR - 1) / kR, k = nb * cpu::kQBlock;
+    const auto f = static_cast<cpu::PackedFormat>(w.layout);
+    const size_t group_bytes = cpu::packed_group_bytes(f, k);
+    float* os = f32(out);
+    float* threshold = top_threshold_.data();
+#pragma omp for schedule(static)
+    for (int i = 0; i < mt; ++i) threshold[i] = largest_of(os + (i0 + i) * n, n) - cfg_.lm_head_two_pass_margin;
+    cpu::BlockQ8A* pick = xq2_pick_.data() + omp_get_thread_num() * kInt8Chunk * nb;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int rows = static_cast<int>(std::min<int64_t>(kR, n - g * kR));
+      int tokens[kInt8Chunk], picked = 0;
+      for (int i = 0; i < mt; ++i) {
+        if (largest_of(os + (i0 + i) * n + g * kR, rows) < threshold[i]) continue;
+        if (second_all != nullptr) {
+          for (int r = 0; r < rows; ++r) os[(i0 + i) * n + g * kR + r] += second_all[i * stride + g * kR + r];
+          continue;
+        }
+        std::copy_n(xc2 + i * nb, nb, pick + picked * nb);
+        tokens[picked++] = i;
+      }
+      if (picked == 0) continue;
+      float second[kInt8Chunk * kR];
+      cpu::gemm_group(kern, f, static_cast<const uint8_t*>(w.data) + g * group_bytes, nb, pick, picked, second, kR);
+      for (int p = 0; p < picked; ++p)
+        for (int r = 0; r < rows; ++r) os[(i0 + tokens[p]) * n + g * kR + r] += second[p * kR + r];
+    }
   }
 
   using Backend::rope;
@@ -906,6 +997,9 @@ class CpuBackend final : public Backend {
   std::vector<PackedWeight> packed_weights_;    // every repacked weight and how its activations are taken
   std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
+  std::vector<cpu::BlockQ8A> xq2_pick_;         // kInt8x2Top: the picked tokens' q2, one chunk per thread
+  std::vector<float> top_threshold_;            // kInt8x2Top: per token of a chunk, the logit a group needs
+  std::vector<float> top_second_;               // kInt8x2Top, small batches: every second-pass result
   std::vector<double> inv_freq_;                // rope: angle per position of each pair, for the spec below
   std::vector<std::pair<int64_t, int64_t>> attention_tiles_;  // paged_attention's work (grow-only)
   float inv_freq_base_ = 0.0f, inv_freq_scale_ = 0.0f;

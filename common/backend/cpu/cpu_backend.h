@@ -57,6 +57,15 @@ struct CpuBackendConfig {
   // (docs/ACCURACY.md). PD_CPU_INT8X2=none|KIND+KIND|all overrides.
   uint32_t int8x2_matmul_kinds = kMatmulQkv | kMatmulLmHead;
   uint64_t int8x2_matmul_layers = ~uint64_t{0};
+  // With the LM head in int8x2_matmul_kinds and this > 0: its second pass
+  // runs only for the logits whose first-pass value is within this many
+  // nats of the row's largest (in groups of 8 vocabulary rows); the rest
+  // keep the one-pass value. Those logits are the same bits as with the
+  // second pass everywhere, so the argmax is too while the one-pass error
+  // stays under half the margin; the tail's softmax mass is too small for
+  // its error to move the distribution measurably (docs/ACCURACY.md).
+  // 0 = the second pass for every logit. PD_CPU_LM_HEAD_MARGIN overrides.
+  float lm_head_two_pass_margin = 12.0f;
   // Diagnostics (pd-perplexity): with int8_activations, the matmuls of these
   // kinds (CpuMatmulKind bits) in these layers (bit l = layer l; the LM head
   // has no layer and follows its kind bit alone) take fp32 activations
