@@ -626,22 +626,10 @@ class CpuBackend final : public Backend {
     const cpu::Kernels& kern = cpu::kernels(isa_);
     const int64_t k = x.ne[0], m = x.n_rows(), nb = k / cpu::kQBlock;
     const bool two_pass = mode != ActivationMode::kInt8, top = mode == ActivationMode::kInt8x2Top;
-    if (static_cast<int64_t>(xq_.size()) < m * nb) xq_.resize(m * nb);
-    cpu::BlockQ8A* xq = xq_.data();
-    cpu::BlockQ8A* xq2 = nullptr;
-    if (two_pass) {
-      if (static_cast<int64_t>(xq2_.size()) < m * nb) xq2_.resize(m * nb);
-      if (static_cast<int64_t>(xres_.size()) < n_threads_ * k) xres_.resize(n_threads_ * k);
-      xq2 = xq2_.data();
-    }
     const int64_t groups_padded = (ws[0]->n_rows() + cpu::kPackRows - 1) / cpu::kPackRows * cpu::kPackRows;
-    if (top) {
-      if (static_cast<int64_t>(xq2_pick_.size()) < n_threads_ * kInt8Chunk * nb) xq2_pick_.resize(n_threads_ * kInt8Chunk * nb);
-      if (static_cast<int64_t>(top_threshold_.size()) < kInt8Chunk) top_threshold_.resize(kInt8Chunk);
-      // Any chunk of fewer than kTopSweepMinTokens tokens (the whole call, or its last chunk).
-      const int64_t small = std::min<int64_t>(m, kTopSweepMinTokens - 1) * groups_padded;
-      if (static_cast<int64_t>(top_second_.size()) < small) top_second_.resize(small);
-    }
+    reserve_int8_buffers(mode, k, m, groups_padded);
+    cpu::BlockQ8A* xq = xq_.data();
+    cpu::BlockQ8A* xq2 = two_pass ? xq2_.data() : nullptr;
     const float* xs = f32(x);
     constexpr int kR = cpu::kPackRows;
     int64_t first_group[kMaxMulti + 1] = {0};
@@ -703,6 +691,22 @@ class CpuBackend final : public Backend {
       }
     }
     return Status::ok();
+  }
+
+  // matmul_int8's grow-only buffers for m rows of k inputs (and, for
+  // kInt8x2Top, an output of groups_padded columns).
+  void reserve_int8_buffers(ActivationMode mode, int64_t k, int64_t m, int64_t groups_padded) {
+    const int64_t nb = k / cpu::kQBlock;
+    auto fit = [](auto& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    };
+    fit(xq_, m * nb);
+    if (mode == ActivationMode::kInt8) return;
+    fit(xq2_, m * nb), fit(xres_, n_threads_ * k);
+    if (mode != ActivationMode::kInt8x2Top) return;
+    fit(xq2_pick_, n_threads_ * kInt8Chunk * nb), fit(top_threshold_, kInt8Chunk);
+    // Any chunk of fewer than kTopSweepMinTokens tokens (the whole call, or its last chunk).
+    fit(top_second_, std::min<int64_t>(m, kTopSweepMinTokens - 1) * groups_padded);
   }
 
   // kInt8x2Top's second phase, inside matmul_int8's parallel region, for the
