@@ -121,8 +121,16 @@ std::vector<float> run_gemm(const pd::cpu::Kernels& kern, const Weights& w, cons
   const int64_t nb = w.k / pd::cpu::kQBlock, groups = (w.n + 7) / 8;
   std::vector<float> out(m * groups * 8, -1.0f);
   const size_t gb = pd::cpu::packed_group_bytes(fmt, w.k);
+  // Where kern has an offset kernel for this layout, through it (the plain
+  // kernel is then not used by the backend for this layout).
+  std::vector<BlockQ8A> xo;
+  if (pd::cpu::uses_offset_activations(kern, fmt)) {
+    xo.resize(xq.size());
+    pd::cpu::offset_activations(xq.data(), static_cast<int64_t>(xq.size()), xo.data());
+  }
   for (int64_t g = 0; g < groups; ++g)
-    pd::cpu::gemm_group(kern, fmt, w.packed.data() + g * gb, nb, xq.data(), m, out.data() + g * 8, groups * 8);
+    pd::cpu::gemm_group(kern, fmt, w.packed.data() + g * gb, nb, xq.data(), m, out.data() + g * 8, groups * 8,
+                        xo.empty() ? nullptr : xo.data());
   return out;
 }
 
@@ -289,6 +297,9 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
   emulated.gemm_q8x8 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8;
   emulated.gemm_q4x8f = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8f;
   emulated.gemm_q8x8h = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8h;
+  pd::cpu::Kernels emulated_offset = emulated;
+  emulated_offset.gemm_q8x8_offset = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8_offset;
+  emulated_offset.gemm_q8x8h_offset = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8h_offset;
   for (pd::GgmlType type : kPackedTypes) {
     for (int64_t k : row_lengths(type, true)) {
       const Weights w = make_weights(type, 21, k, 3 * k, /*raw=*/k > 256);
@@ -298,8 +309,10 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
         pd::cpu::kernels(Isa::kScalar).quantize_rows(x.data(), k, k, m, xq.data());
         const std::vector<float> ref = run_gemm(pd::cpu::kernels(Isa::kScalar), w, xq, m);
         const std::vector<float> got = run_gemm(emulated, w, xq, m);
+        const std::vector<float> got_offset = run_gemm(emulated_offset, w, xq, m);  // the Q8 layouts' offset kernels
         INFO(pd::ggml_type_name(type) << " k=" << k << " m=" << m);
         CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(got_offset.data(), ref.data(), got.size() * sizeof(float)) == 0);
       }
     }
   }

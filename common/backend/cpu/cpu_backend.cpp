@@ -627,9 +627,16 @@ class CpuBackend final : public Backend {
     const int64_t k = x.ne[0], m = x.n_rows(), nb = k / cpu::kQBlock;
     const bool two_pass = mode != ActivationMode::kInt8, top = mode == ActivationMode::kInt8x2Top;
     const int64_t groups_padded = (ws[0]->n_rows() + cpu::kPackRows - 1) / cpu::kPackRows * cpu::kPackRows;
-    reserve_int8_buffers(mode, k, m, groups_padded);
+    // Activations offset by 128 too (after the plain ones in the same
+    // buffers) where a weight's kernel takes them.
+    const bool offset = std::any_of(ws.begin(), ws.end(), [&](const Tensor* w) {
+      return cpu::uses_offset_activations(kern, static_cast<cpu::PackedFormat>(w->layout));
+    });
+    reserve_int8_buffers(mode, k, m, groups_padded, offset);
     cpu::BlockQ8A* xq = xq_.data();
     cpu::BlockQ8A* xq2 = two_pass ? xq2_.data() : nullptr;
+    cpu::BlockQ8A* xqo = offset ? xq + m * nb : nullptr;
+    cpu::BlockQ8A* xq2o = offset && two_pass ? xq2 + m * nb : nullptr;
     const float* xs = f32(x);
     constexpr int kR = cpu::kPackRows;
     int64_t first_group[kMaxMulti + 1] = {0};
@@ -637,19 +644,13 @@ class CpuBackend final : public Backend {
     const int64_t total_groups = first_group[ws.size()];
 #pragma omp parallel num_threads(n_threads_)
     {
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < m; ++i) {
-        kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
-        if (two_pass) {
-          float* res = xres_.data() + omp_get_thread_num() * k;
-          cpu::quantization_residual(xs + i * k, xq + i * nb, k, res);
-          kern.quantize_rows(res, k, k, 1, xq2 + i * nb);
-        }
-      }
+      quantize_inputs(kern, xs, k, m, xq, xqo, xq2, xq2o);
       for (int64_t i0 = 0; i0 < m; i0 += kInt8Chunk) {
         const int mt = static_cast<int>(std::min(kInt8Chunk, m - i0));
         const cpu::BlockQ8A* xc = xq + i0 * nb;
         const cpu::BlockQ8A* xc2 = two_pass ? xq2 + i0 * nb : nullptr;
+        const cpu::BlockQ8A* xco = offset ? xqo + i0 * nb : nullptr;
+        const cpu::BlockQ8A* xc2o = offset && two_pass ? xq2o + i0 * nb : nullptr;
 #pragma omp for schedule(static)
         for (int64_t gg = 0; gg < total_groups; ++gg) {
           size_t j = 0;
@@ -669,42 +670,61 @@ class CpuBackend final : public Backend {
           float tail[kInt8Chunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
           float* dst = whole ? os + i0 * n + g * kR : tail;
           const int64_t stride = whole ? n : kR;
-          auto gemm = [&](const cpu::BlockQ8A* xa, float* o, int64_t o_stride) {
-            cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride);
+          auto gemm = [&](const cpu::BlockQ8A* xa, const cpu::BlockQ8A* xao, float* o, int64_t o_stride) {
+            cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride, xao);
           };
-          gemm(xc, dst, stride);
+          gemm(xc, xco, dst, stride);
           if (two_pass && !top) {
             float second[kInt8Chunk * kR];
-            gemm(xc2, second, kR);
+            gemm(xc2, xc2o, second, kR);
             for (int i = 0; i < mt; ++i)
               for (int r = 0; r < kR; ++r) dst[i * stride + r] += second[i * kR + r];
           } else if (top && mt < kTopSweepMinTokens) {
-            gemm(xc2, top_second_.data() + g * kR, groups_padded);  // kept for second_pass_near_top
+            gemm(xc2, xc2o, top_second_.data() + g * kR, groups_padded);  // kept for second_pass_near_top
           }
           if (!whole)
             for (int i = 0; i < mt; ++i)
               for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
         }
         if (top)
-          second_pass_near_top(kern, *ws[0], *outs[0], i0, mt, xc2, nb,
+          second_pass_near_top(kern, *ws[0], *outs[0], i0, mt, xc2, xc2o, nb,
                                mt < kTopSweepMinTokens ? top_second_.data() : nullptr, groups_padded);
       }
     }
     return Status::ok();
   }
 
-  // matmul_int8's grow-only buffers for m rows of k inputs (and, for
-  // kInt8x2Top, an output of groups_padded columns).
-  void reserve_int8_buffers(ActivationMode mode, int64_t k, int64_t m, int64_t groups_padded) {
+  // matmul_int8's inputs, inside its parallel region: m rows of k floats to
+  // 8-bit blocks xq; with xq2 the second pass's (the residual's); with xqo /
+  // xq2o their offset copies.
+  void quantize_inputs(const cpu::Kernels& kern, const float* xs, int64_t k, int64_t m, cpu::BlockQ8A* xq,
+                       cpu::BlockQ8A* xqo, cpu::BlockQ8A* xq2, cpu::BlockQ8A* xq2o) {
     const int64_t nb = k / cpu::kQBlock;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      kern.quantize_rows(xs + i * k, k, k, 1, xq + i * nb);
+      if (xqo != nullptr) cpu::offset_activations(xq + i * nb, nb, xqo + i * nb);
+      if (xq2 == nullptr) continue;
+      float* res = xres_.data() + omp_get_thread_num() * k;
+      cpu::quantization_residual(xs + i * k, xq + i * nb, k, res);
+      kern.quantize_rows(res, k, k, 1, xq2 + i * nb);
+      if (xq2o != nullptr) cpu::offset_activations(xq2 + i * nb, nb, xq2o + i * nb);
+    }
+  }
+
+  // matmul_int8's grow-only buffers for m rows of k inputs (twice as many
+  // blocks with the offset copies; for kInt8x2Top, an output of
+  // groups_padded columns).
+  void reserve_int8_buffers(ActivationMode mode, int64_t k, int64_t m, int64_t groups_padded, bool offset) {
+    const int64_t nb = k / cpu::kQBlock, copies = offset ? 2 : 1;
     auto fit = [](auto& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
     };
-    fit(xq_, m * nb);
+    fit(xq_, copies * m * nb);
     if (mode == ActivationMode::kInt8) return;
-    fit(xq2_, m * nb), fit(xres_, n_threads_ * k);
+    fit(xq2_, copies * m * nb), fit(xres_, n_threads_ * k);
     if (mode != ActivationMode::kInt8x2Top) return;
-    fit(xq2_pick_, n_threads_ * kInt8Chunk * nb), fit(top_threshold_, kInt8Chunk);
+    fit(xq2_pick_, n_threads_ * 2 * kInt8Chunk * nb), fit(top_threshold_, kInt8Chunk);
     // Any chunk of fewer than kTopSweepMinTokens tokens (the whole call, or its last chunk).
     fit(top_second_, std::min<int64_t>(m, kTopSweepMinTokens - 1) * groups_padded);
   }
@@ -717,7 +737,8 @@ class CpuBackend final : public Backend {
   // picked groups are read again for the picked tokens alone. The same bits
   // either way: the choice depends on the batch, the values do not.
   void second_pass_near_top(const cpu::Kernels& kern, const Tensor& w, Tensor& out, int64_t i0, int mt,
-                            const cpu::BlockQ8A* xc2, int64_t nb, const float* second_all, int64_t stride) {
+                            const cpu::BlockQ8A* xc2, const cpu::BlockQ8A* xc2o, int64_t nb, const float* second_all,
+                            int64_t stride) {
     constexpr int kR = cpu::kPackRows;
     const int64_t n = w.n_rows(), groups = (n + kR - 1) / kR, k = nb * cpu::kQBlock;
     const auto f = static_cast<cpu::PackedFormat>(w.layout);
@@ -726,7 +747,8 @@ class CpuBackend final : public Backend {
     float* threshold = top_threshold_.data();
 #pragma omp for schedule(static)
     for (int i = 0; i < mt; ++i) threshold[i] = largest_of(os + (i0 + i) * n, n) - cfg_.lm_head_two_pass_margin;
-    cpu::BlockQ8A* pick = xq2_pick_.data() + omp_get_thread_num() * kInt8Chunk * nb;
+    cpu::BlockQ8A* pick = xq2_pick_.data() + omp_get_thread_num() * 2 * kInt8Chunk * nb;
+    cpu::BlockQ8A* pick_o = pick + kInt8Chunk * nb;  // their offset copies
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       const int rows = static_cast<int>(std::min<int64_t>(kR, n - g * kR));
@@ -738,11 +760,13 @@ class CpuBackend final : public Backend {
           continue;
         }
         std::copy_n(xc2 + i * nb, nb, pick + picked * nb);
+        if (xc2o != nullptr) std::copy_n(xc2o + i * nb, nb, pick_o + picked * nb);
         tokens[picked++] = i;
       }
       if (picked == 0) continue;
       float second[kInt8Chunk * kR];
-      cpu::gemm_group(kern, f, static_cast<const uint8_t*>(w.data) + g * group_bytes, nb, pick, picked, second, kR);
+      cpu::gemm_group(kern, f, static_cast<const uint8_t*>(w.data) + g * group_bytes, nb, pick, picked, second, kR,
+                      xc2o != nullptr ? pick_o : nullptr);
       for (int p = 0; p < picked; ++p)
         for (int r = 0; r < rows; ++r) os[(i0 + tokens[p]) * n + g * kR + r] += second[p * kR + r];
     }
@@ -1001,7 +1025,7 @@ class CpuBackend final : public Backend {
   std::vector<PackedWeight> packed_weights_;    // every repacked weight and how its activations are taken
   std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
-  std::vector<cpu::BlockQ8A> xq2_pick_;         // kInt8x2Top: the picked tokens' q2, one chunk per thread
+  std::vector<cpu::BlockQ8A> xq2_pick_;         // kInt8x2Top: the picked tokens' q2 (and offset), per thread
   std::vector<float> top_threshold_;            // kInt8x2Top: per token of a chunk, the logit a group needs
   std::vector<float> top_second_;               // kInt8x2Top, small batches: every second-pass result
   std::vector<double> inv_freq_;                // rope: angle per position of each pair, for the spec below

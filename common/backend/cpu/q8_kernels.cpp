@@ -164,8 +164,9 @@ void silu_mul_scalar(const float* gate, const float* up, int64_t n, float* out) 
 }
 
 const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar,     gemm_q8x8_scalar,
-                             gemm_q4x8f_scalar,   gemm_q8x8h_scalar,    qk_scores_scalar,
-                             softmax_step_scalar, pv_accumulate_scalar, silu_mul_scalar};
+                             gemm_q4x8f_scalar,   gemm_q8x8h_scalar,    nullptr,
+                             nullptr,             qk_scores_scalar,     softmax_step_scalar,
+                             pv_accumulate_scalar, silu_mul_scalar};
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -432,8 +433,29 @@ void unpack_row(PackedFormat f, const void* packed, int64_t k, int64_t row, floa
   }
 }
 
+bool uses_offset_activations(const Kernels& kern, PackedFormat f) {
+  const PackedLayout l = packed_layout(f);
+  return (l == PackedLayout::kQ8x8 && kern.gemm_q8x8_offset != nullptr) ||
+         (l == PackedLayout::kQ8x8H && kern.gemm_q8x8h_offset != nullptr);
+}
+
+void offset_activations(const BlockQ8A* x, int64_t n, BlockQ8A* out) {
+  for (int64_t b = 0; b < n; ++b) {
+    out[b].d = x[b].d;
+    out[b].s = x[b].s;
+    for (int j = 0; j < kQBlock; ++j) out[b].qs[j] = static_cast<int8_t>(static_cast<uint8_t>(x[b].qs[j]) ^ 0x80u);
+  }
+}
+
 void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
-                float* out, int64_t out_stride) {
+                float* out, int64_t out_stride, const BlockQ8A* xo) {
+  if (xo != nullptr && uses_offset_activations(kern, f)) {
+    if (packed_layout(f) == PackedLayout::kQ8x8)
+      kern.gemm_q8x8_offset(static_cast<const PackedQ8x8*>(group), nb, xo, m, out, out_stride);
+    else
+      kern.gemm_q8x8h_offset(static_cast<const PackedQ8x8H*>(group), nb, xo, m, out, out_stride);
+    return;
+  }
   switch (packed_layout(f)) {
     case PackedLayout::kQ4x8: kern.gemm_q4x8(static_cast<const PackedQ4x8*>(group), nb, x, m, out, out_stride); break;
     case PackedLayout::kQ4x8F:
@@ -489,6 +511,8 @@ const Kernels& kernels(Isa isa) {
       k.gemm_q8x8 = avx512vnni_gemm()->gemm_q8x8;
       k.gemm_q4x8f = avx512vnni_gemm()->gemm_q4x8f;
       k.gemm_q8x8h = avx512vnni_gemm()->gemm_q8x8h;
+      k.gemm_q8x8_offset = avx512vnni_gemm()->gemm_q8x8_offset;
+      k.gemm_q8x8h_offset = avx512vnni_gemm()->gemm_q8x8h_offset;
       if (const AttentionKernels* a = avx512_attention()) {
         k.qk_scores = a->qk_scores;
         k.softmax_step = a->softmax_step;

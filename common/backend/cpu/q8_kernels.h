@@ -171,6 +171,15 @@ struct Kernels {
   // fma(m[r], sx, acc).
   void (*gemm_q4x8f)(const PackedQ4x8F* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
   void (*gemm_q8x8h)(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride);
+  // Optional (nullptr where the ISA has none): gemm_q8x8 and gemm_q8x8h
+  // against activations stored offset by 128 (offset_activations): a u8 x s8
+  // dot product (vpdpbusd) then takes the signed weights as they are, without
+  // the sign trick, and subtracts 128 * (the block's weight sum) from the
+  // exact integer sum. The same bits as the plain kernels.
+  void (*gemm_q8x8_offset)(const PackedQ8x8* w, int64_t nb, const BlockQ8A* xo, int m, float* out,
+                           int64_t out_stride);
+  void (*gemm_q8x8h_offset)(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* xo, int m, float* out,
+                            int64_t out_stride);
 
   // Attention pieces (fp32; hd a multiple of 8), over many query rows at
   // once: the rows share every key and value load. Each score and each output
@@ -203,9 +212,15 @@ struct Kernels {
 const Kernels& kernels(Isa isa);
 
 // One packed group (8 rows, nb blocks, format f) against m quantized
-// activation rows through kern's kernel for f's layout.
+// activation rows through kern's kernel for f's layout; with xo (the same
+// rows through offset_activations), the offset kernel where kern has one
+// for that layout (uses_offset_activations).
 void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
-                float* out, int64_t out_stride);
+                float* out, int64_t out_stride, const BlockQ8A* xo = nullptr);
+bool uses_offset_activations(const Kernels& kern, PackedFormat f);
+// out[i] = x[i] with every quant byte stored as x + 128 (XOR 0x80; read as
+// unsigned by the offset kernels), d and s unchanged; n blocks.
+void offset_activations(const BlockQ8A* x, int64_t n, BlockQ8A* out);
 
 // The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
 const Kernels* avx2_kernels();
@@ -217,6 +232,8 @@ struct IntegerGemm {
   decltype(Kernels::gemm_q8x8) gemm_q8x8;
   decltype(Kernels::gemm_q4x8f) gemm_q4x8f;
   decltype(Kernels::gemm_q8x8h) gemm_q8x8h;
+  decltype(Kernels::gemm_q8x8_offset) gemm_q8x8_offset;
+  decltype(Kernels::gemm_q8x8h_offset) gemm_q8x8h_offset;
 };
 const IntegerGemm* avx512vnni_gemm();
 // The attention kernels compiled for AVX-512 (q8_kernels_avx512vnni.cpp, from
