@@ -724,7 +724,7 @@ class CpuBackend final : public Backend {
     if (mode == ActivationMode::kInt8) return;
     fit(xq2_, copies * m * nb), fit(xres_, n_threads_ * k);
     if (mode != ActivationMode::kInt8x2Top) return;
-    fit(xq2_pick_, n_threads_ * 2 * kInt8Chunk * nb), fit(top_threshold_, kInt8Chunk);
+    fit(xq2_pick_, n_threads_ * kInt8Chunk * nb), fit(top_threshold_, kInt8Chunk);
     // Any chunk of fewer than kTopSweepMinTokens tokens (the whole call, or its last chunk).
     fit(top_second_, std::min<int64_t>(m, kTopSweepMinTokens - 1) * groups_padded);
   }
@@ -747,8 +747,11 @@ class CpuBackend final : public Backend {
     float* threshold = top_threshold_.data();
 #pragma omp for schedule(static)
     for (int i = 0; i < mt; ++i) threshold[i] = largest_of(os + (i0 + i) * n, n) - cfg_.lm_head_two_pass_margin;
-    cpu::BlockQ8A* pick = xq2_pick_.data() + omp_get_thread_num() * 2 * kInt8Chunk * nb;
-    cpu::BlockQ8A* pick_o = pick + kInt8Chunk * nb;  // their offset copies
+    // The second pass's input as the kernel takes it (the offset copies where
+    // this weight's layout uses them); picked tokens not in one run are
+    // gathered into this thread's buffer.
+    const cpu::BlockQ8A* src = xc2o != nullptr ? xc2o : xc2;
+    cpu::BlockQ8A* pick = xq2_pick_.data() + omp_get_thread_num() * kInt8Chunk * nb;
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       const int rows = static_cast<int>(std::min<int64_t>(kR, n - g * kR));
@@ -759,14 +762,17 @@ class CpuBackend final : public Backend {
           for (int r = 0; r < rows; ++r) os[(i0 + i) * n + g * kR + r] += second_all[i * stride + g * kR + r];
           continue;
         }
-        std::copy_n(xc2 + i * nb, nb, pick + picked * nb);
-        if (xc2o != nullptr) std::copy_n(xc2o + i * nb, nb, pick_o + picked * nb);
         tokens[picked++] = i;
       }
       if (picked == 0) continue;
+      const cpu::BlockQ8A* in = src + tokens[0] * nb;
+      if (tokens[picked - 1] - tokens[0] != picked - 1) {
+        for (int p = 0; p < picked; ++p) std::copy_n(src + tokens[p] * nb, nb, pick + p * nb);
+        in = pick;
+      }
       float second[kInt8Chunk * kR];
-      cpu::gemm_group(kern, f, static_cast<const uint8_t*>(w.data) + g * group_bytes, nb, pick, picked, second, kR,
-                      xc2o != nullptr ? pick_o : nullptr);
+      cpu::gemm_group(kern, f, static_cast<const uint8_t*>(w.data) + g * group_bytes, nb, in, picked, second, kR,
+                      xc2o != nullptr ? in : nullptr);
       for (int p = 0; p < picked; ++p)
         for (int r = 0; r < rows; ++r) os[(i0 + tokens[p]) * n + g * kR + r] += second[p * kR + r];
     }
@@ -1025,7 +1031,7 @@ class CpuBackend final : public Backend {
   std::vector<PackedWeight> packed_weights_;    // every repacked weight and how its activations are taken
   std::vector<cpu::BlockQ8A> xq2_;              // two-pass: the quantized residuals (grow-only)
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
-  std::vector<cpu::BlockQ8A> xq2_pick_;         // kInt8x2Top: the picked tokens' q2 (and offset), per thread
+  std::vector<cpu::BlockQ8A> xq2_pick_;         // kInt8x2Top: the picked tokens' q2, one chunk per thread
   std::vector<float> top_threshold_;            // kInt8x2Top: per token of a chunk, the logit a group needs
   std::vector<float> top_second_;               // kInt8x2Top, small batches: every second-pass result
   std::vector<double> inv_freq_;                // rope: angle per position of each pair, for the spec below
