@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 namespace pd::cpu {
 namespace {
@@ -149,65 +150,52 @@ inline void q8x8h_tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int6
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-// The offset kernels (Kernels::gemm_q8x8_offset): x + 128 is the unsigned
-// operand and the weights the signed one, as stored; sum((x + 128) * w) -
-// 128 * sum(w) is the same exact integer sum as the sign trick's. The weight
-// sums take one vpdpbusd of ones per run, shared by the tile's tokens, where
-// the sign trick takes a vpsignb per run and token.
-template <int T>
-inline void q8x8_offset_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
-                             int64_t out_stride) {
+// The offset kernels (Kernels::gemm_q8x8_offset, gemm_q8x8h_offset): x + 128
+// is the unsigned operand and the weights the signed one, as stored;
+// sum((x + 128) * w) - 128 * sum(w) is the same exact integer sum as the sign
+// trick's. The weight sums take one vpdpbusd of ones per run, shared by the
+// tile's tokens, where the sign trick takes a vpsignb per run and token.
+// PackedQ8x8H keeps a sum per 16-element half, each scaled by its half's d
+// (q8x8h_tile's arithmetic), PackedQ8x8 one (q8x8_tile's).
+template <typename Block, int T>
+inline void q8_offset_tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
+                           int64_t out_stride) {
+  constexpr bool kHalves = std::is_same_v<Block, PackedQ8x8H>;
+  constexpr int kSums = kHalves ? 2 : 1;
   const __m256i ones = _mm256_set1_epi8(1);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const PackedQ8x8& B = w[b];
-    for (int l = 0; l < 5; ++l)
+    const Block& B = w[b];
+    for (int l = 0; l < static_cast<int>((sizeof(Block) + 63) / 64); ++l)
       _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
-    __m256i s[T], wsum = _mm256_setzero_si256();
-    for (int t = 0; t < T; ++t) s[t] = _mm256_setzero_si256();
+    __m256i s[kSums][T], wsum[kSums];
+    for (int h = 0; h < kSums; ++h) {
+      wsum[h] = _mm256_setzero_si256();
+      for (int t = 0; t < T; ++t) s[h][t] = _mm256_setzero_si256();
+    }
     for (int g = 0; g < 8; ++g) {
+      const int h = kHalves ? g / 4 : 0;
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
-      wsum = dpbusd(wsum, ones, v);
-      for (int t = 0; t < T; ++t) s[t] = dpbusd(s[t], broadcast4(x[t * x_rows_stride + b].qs + 4 * g), v);
+      wsum[h] = dpbusd(wsum[h], ones, v);
+      for (int t = 0; t < T; ++t) s[h][t] = dpbusd(s[h][t], broadcast4(x[t * x_rows_stride + b].qs + 4 * g), v);
     }
-    const __m256i offset = _mm256_slli_epi32(wsum, 7);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[t], offset));
-      acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(x[t * x_rows_stride + b].d)), acc[t]);
+    __m256 f[kSums][T];
+    for (int h = 0; h < kSums; ++h) {
+      const __m256i offset = _mm256_slli_epi32(wsum[h], 7);
+      for (int t = 0; t < T; ++t) f[h][t] = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[h][t], offset));
     }
-  }
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
-}
-
-// q8x8h_tile's arithmetic through the offset, a weight sum per half.
-template <int T>
-inline void q8x8h_offset_tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
-                              int64_t out_stride) {
-  const __m256i ones = _mm256_set1_epi8(1);
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const PackedQ8x8H& B = w[b];
-    for (int l = 0; l < 6; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
-    __m256i s[2][T], wsum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int t = 0; t < T; ++t) s[0][t] = s[1][t] = _mm256_setzero_si256();
-    for (int g = 0; g < 8; ++g) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
-      wsum[g / 4] = dpbusd(wsum[g / 4], ones, v);
-      for (int t = 0; t < T; ++t)
-        s[g / 4][t] = dpbusd(s[g / 4][t], broadcast4(x[t * x_rows_stride + b].qs + 4 * g), v);
-    }
-    const __m256i off_lo = _mm256_slli_epi32(wsum[0], 7), off_hi = _mm256_slli_epi32(wsum[1], 7);
-    const __m256 dlo = _mm256_loadu_ps(B.d), dhi = _mm256_loadu_ps(B.d + 8), mn = _mm256_loadu_ps(B.m);
     for (int t = 0; t < T; ++t) {
       const BlockQ8A& xb = x[t * x_rows_stride + b];
       const __m256 xd = _mm256_set1_ps(xb.d);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[0][t], off_lo)), _mm256_mul_ps(dlo, xd), acc[t]);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[1][t], off_hi)), _mm256_mul_ps(dhi, xd), acc[t]);
-      acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb.s), acc[t]);
+      if constexpr (kHalves) {
+        acc[t] = _mm256_fmadd_ps(f[0][t], _mm256_mul_ps(_mm256_loadu_ps(B.d), xd), acc[t]);
+        acc[t] = _mm256_fmadd_ps(f[1][t], _mm256_mul_ps(_mm256_loadu_ps(B.d + 8), xd), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(B.m), _mm256_set1_ps(xb.s), acc[t]);
+      } else {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+        acc[t] = _mm256_fmadd_ps(f[0][t], _mm256_mul_ps(d, xd), acc[t]);
+      }
     }
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
@@ -250,13 +238,15 @@ void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, f
 }
 
 void gemm_q8x8_offset_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  gemm_tiles<PackedQ8x8, q8x8_offset_tile<4>, q8x8_offset_tile<3>, q8x8_offset_tile<2>, q8x8_offset_tile<1>>(
+  using B = PackedQ8x8;
+  gemm_tiles<B, q8_offset_tile<B, 4>, q8_offset_tile<B, 3>, q8_offset_tile<B, 2>, q8_offset_tile<B, 1>>(
       w, nb, x, m, out, out_stride);
 }
 
 void gemm_q8x8h_offset_vnni(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int m, float* out,
                             int64_t out_stride) {
-  gemm_tiles<PackedQ8x8H, q8x8h_offset_tile<4>, q8x8h_offset_tile<3>, q8x8h_offset_tile<2>, q8x8h_offset_tile<1>>(
+  using B = PackedQ8x8H;
+  gemm_tiles<B, q8_offset_tile<B, 4>, q8_offset_tile<B, 3>, q8_offset_tile<B, 2>, q8_offset_tile<B, 1>>(
       w, nb, x, m, out, out_stride);
 }
 
