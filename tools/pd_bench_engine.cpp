@@ -18,7 +18,9 @@
 // streams (weights + KV read), then peak RSS and KV bytes per token.
 // --kv-dtype picks the KV cache's elements for those runs (f16, the serving
 // default). --kv-compare adds decode at long contexts for each listed KV type
-// (tok/s, KV GB/s read, ratio to the first type, all in this run): the cache
+// (tok/s, KV GB/s read, ratio to the first type, all in this run; then the
+// decode attention alone over the same cache: microseconds per layer, one
+// layer's paged_attention for the batch's tokens, and its GFLOP/s): the cache
 // is filled by kv_write with random K/V rather than by prefilling every
 // sequence (attention's cost does not depend on the values).
 // --llamacpp DIR also runs llama.cpp's llama-bench and llama-batched-bench
@@ -50,6 +52,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -225,15 +228,51 @@ struct Engine {
   int block_size = 16;
 };
 
-// Median seconds of a decode step of `batch` sequences at `context` cached
-// tokens, KV elements of `dtype`; -1 on failure. The cache is filled with
-// random K/V through kv_write (the same conversion a prefill does).
-double time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::GgmlType dtype, int batch, int context,
-                                int steps, int block_size) {
+// Decode at a long context: the median step, and the median of the decode
+// attention alone (one layer's paged_attention for the batch's tokens,
+// every layer in turn) over the same cache; -1 on failure.
+struct LongContextTimes {
+  double step_s = -1, attention_layer_s = -1;
+};
+
+// One layer's attention for `tokens` (one per sequence, at the cache's end),
+// `reps` times round the layers; the median seconds of a call.
+double time_attention(pd::Backend& be, const pd::KvCache& cache, const pd::LlamaConfig& c,
+                      std::span<const pd::AttentionToken> tokens, std::span<const std::span<const int32_t>> tables,
+                      int reps) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<float> host(static_cast<size_t>(c.head_dim * c.n_heads * n));
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  for (float& x : host) x = normal(rng);
+  auto qb = be.alloc(host.size() * sizeof(float)), ob = be.alloc(host.size() * sizeof(float));
+  if (!qb.is_ok() || !ob.is_ok()) return -1;
+  pd::Tensor q, out;
+  q.ne = out.ne = {c.head_dim, c.n_heads, n, 1};
+  q.data = (*qb)->data(), out.data = (*ob)->data();
+  if (!be.copy_from_host(host.data(), q, host.size() * sizeof(float)).is_ok()) return -1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  std::vector<double> call_s;
+  for (int i = -c.n_layers; i < reps; ++i) {  // one warm round over the layers first
+    const int layer = (i + c.n_layers) % c.n_layers;
+    const auto t0 = Clock::now();
+    if (!be.paged_attention(q, *cache.buffer, cache.layout, layer, tokens, tables, scale, out).is_ok() ||
+        !be.synchronize().is_ok())
+      return -1;
+    if (i >= 0) call_s.push_back(seconds(Clock::now() - t0));
+  }
+  return median(call_s);
+}
+
+// The cache is filled with random K/V through kv_write (the same conversion a
+// prefill does). attention_reps 0: the step only.
+LongContextTimes time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::GgmlType dtype, int batch,
+                                          int context, int steps, int block_size, int attention_reps = 0) {
   const auto& c = model.config();
   const int per_seq_blocks = (context + steps + block_size - 1) / block_size;
   auto cache = pd::KvCache::create(be, c, block_size, static_cast<int64_t>(batch) * per_seq_blocks, dtype);
-  if (!cache.is_ok()) return -1;
+  LongContextTimes fail_times;
+  if (!cache.is_ok()) return fail_times;
   // One chunk of random K and V, written to every position of every layer.
   constexpr int kChunk = 1024;
   const int64_t row = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
@@ -242,11 +281,11 @@ double time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::Ggml
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& x : host) x = normal(rng);
   auto buf = be.alloc(host.size() * sizeof(float));
-  if (!buf.is_ok()) return -1;
+  if (!buf.is_ok()) return fail_times;
   pd::Tensor kv;
   kv.ne = {c.head_dim, c.n_kv_heads, kChunk, 1};
   kv.data = (*buf)->data();
-  if (!be.copy_from_host(host.data(), kv, host.size() * sizeof(float)).is_ok()) return -1;
+  if (!be.copy_from_host(host.data(), kv, host.size() * sizeof(float)).is_ok()) return fail_times;
   std::vector<std::vector<int32_t>> tables(batch);
   std::vector<int32_t> slots;
   for (int s = 0; s < batch; ++s) {
@@ -258,7 +297,7 @@ double time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::Ggml
         slots.push_back(tables[s][p / block_size] * block_size + p % block_size);
       kv.ne[2] = static_cast<int64_t>(slots.size());
       for (int l = 0; l < c.n_layers; ++l)
-        if (!be.kv_write(*cache->buffer, cache->layout, l, kv, kv, slots).is_ok()) return -1;
+        if (!be.kv_write(*cache->buffer, cache->layout, l, kv, kv, slots).is_ok()) return fail_times;
     }
   }
   std::vector<int32_t> next(batch, 5);
@@ -268,10 +307,13 @@ double time_long_context_decode(pd::Backend& be, pd::LlamaModel& model, pd::Ggml
   for (int i = 0; i < steps; ++i) {
     for (int s = 0; s < batch; ++s) b[s] = {std::span<const int32_t>(&next[s], 1), context + i, tables[s], true};
     const auto t0 = Clock::now();
-    if (!model.decode(b, *cache, &logits).is_ok()) return -1;
+    if (!model.decode(b, *cache, &logits).is_ok()) return fail_times;
     step_s.push_back(seconds(Clock::now() - t0));
   }
-  return median(step_s);
+  std::vector<pd::AttentionToken> tokens;
+  for (int s = 0; s < batch; ++s) tokens.push_back({context + steps - 1, s});
+  const std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
+  return {median(step_s), attention_reps > 0 ? time_attention(be, *cache, c, tokens, spans, attention_reps) : 0.0};
 }
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
@@ -746,7 +788,7 @@ int profile_decode(const BenchFlags& f, Engine& e, int b, const DecodeRun& d, pd
   if (!f.profile_contexts.empty()) {
     for (double ctx : prof->decode_contexts) {
       const double st =
-          time_long_context_decode(*e.backend, *e.model, f.kv_dtype, b, static_cast<int>(ctx), 12, e.block_size);
+          time_long_context_decode(*e.backend, *e.model, f.kv_dtype, b, static_cast<int>(ctx), 12, e.block_size).step_s;
       if (st <= 0) return fail("profile decode failed at batch " + std::to_string(b));
       prof->decode_seconds.push_back(st);
     }
@@ -898,16 +940,23 @@ int compare_kv_types(const BenchFlags& f, Engine& e, int ctx, int b, nlohmann::j
   const auto& c = e.model->config();
   double base_tps = 0;
   for (pd::GgmlType dt : f.kv_compare) {
-    const double step = time_long_context_decode(*e.backend, *e.model, dt, b, ctx, 16, 16);
-    if (step <= 0) return fail(std::string("long-context decode failed (") + pd::kv_dtype_name(dt) + ")");
+    const LongContextTimes lt = time_long_context_decode(*e.backend, *e.model, dt, b, ctx, 16, 16, 4 * c.n_layers);
+    if (lt.step_s <= 0 || lt.attention_layer_s <= 0)
+      return fail(std::string("long-context decode failed (") + pd::kv_dtype_name(dt) + ")");
     const double per_token = static_cast<double>(c.kv_geometry(dt).bytes_per_token());
-    const double tps = b / step, kv_gbs = b * (ctx + 8.0) * per_token / step / 1e9;
+    const double tps = b / lt.step_s, kv_gbs = b * (ctx + 8.0) * per_token / lt.step_s / 1e9;
+    // The attention alone: QK^T and PV, 4 FLOPs per head, cached token and head element.
+    const double attn_flops = 4.0 * b * c.n_heads * (ctx + 16.0) * c.head_dim;
     if (base_tps == 0) base_tps = tps;
-    std::printf("%-8d %-8d %-6s %-12.0f %-14.1f %-12.1f x%.2f\n", ctx, b, pd::kv_dtype_name(dt), per_token, tps,
-                kv_gbs, tps / base_tps);
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "x%.2f", tps / base_tps);
+    std::printf("%-8d %-8d %-6s %-12.0f %-14.1f %-12.1f %-10s %-12.1f %-10.1f\n", ctx, b, pd::kv_dtype_name(dt),
+                per_token, tps, kv_gbs, ratio, lt.attention_layer_s * 1e6, attn_flops / lt.attention_layer_s / 1e9);
     rows->push_back({{"context", ctx}, {"batch", b}, {"kv_dtype", pd::kv_dtype_name(dt)},
                      {"kv_bytes_per_token", per_token}, {"tokens_per_s", tps},
-                     {"kv_gbs", kv_gbs}, {"ratio_to_first", tps / base_tps}});
+                     {"kv_gbs", kv_gbs}, {"ratio_to_first", tps / base_tps},
+                     {"attention_us_per_layer", lt.attention_layer_s * 1e6},
+                     {"attention_gflops", attn_flops / lt.attention_layer_s / 1e9}});
   }
   return 0;
 }
@@ -928,8 +977,8 @@ int run_kv_compare(const BenchFlags& f, const std::shared_ptr<const pd::GgufFile
       f.gpu ? "cuda device " + std::to_string(f.device) : std::to_string(t) + (t > 1 ? " threads" : " thread");
   std::printf("\n== KV cache types at long contexts (%s; ratios to %s, this run)\n", where.c_str(),
               pd::kv_dtype_name(f.kv_compare.front()));
-  std::printf("%-8s %-8s %-6s %-12s %-14s %-12s %-10s\n", "context", "batch", "kv", "bytes/tok", "decode tok/s",
-              "KV GB/s", "vs first");
+  std::printf("%-8s %-8s %-6s %-12s %-14s %-12s %-10s %-12s %-10s\n", "context", "batch", "kv", "bytes/tok",
+              "decode tok/s", "KV GB/s", "vs first", "attn us/lyr", "attn GF/s");
   (*out)["kv_compare"] = nlohmann::json::array();
   for (int ctx : f.kv_contexts) {
     if (ctx + 16 > c.context) {

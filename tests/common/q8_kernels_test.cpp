@@ -46,6 +46,35 @@ std::vector<Isa> runnable_isas() {
   return out;
 }
 
+// n rows of hd floats as the attention kernels take them (row pointers).
+struct F32Rows {
+  std::vector<const void*> ptr;
+  F32Rows(const float* x, int n, int64_t hd) {
+    for (int r = 0; r < n; ++r) ptr.push_back(x + r * hd);
+  }
+  pd::cpu::KvRows at(int first = 0) const { return {ptr.data() + first, pd::GgmlType::kF32}; }
+};
+
+// The same rows stored as `type` (F16 or Q8_0, as the KV cache stores them),
+// and those stored values widened back to floats.
+struct StoredRows {
+  std::vector<uint8_t> bytes;
+  std::vector<const void*> ptr;
+  std::vector<float> widened;
+  pd::GgmlType type;
+  StoredRows(pd::GgmlType t, const float* x, int n, int64_t hd) : type(t) {
+    const size_t row = pd::ggml_row_bytes(t, hd);
+    bytes.resize(row * n);
+    widened.resize(n * hd);
+    for (int r = 0; r < n; ++r) {
+      pd::quantize_row(t, x + r * hd, bytes.data() + r * row, hd);
+      pd::dequantize_row(t, bytes.data() + r * row, widened.data() + r * hd, hd);
+    }
+    for (int r = 0; r < n; ++r) ptr.push_back(bytes.data() + r * row);
+  }
+  pd::cpu::KvRows at(int first = 0) const { return {ptr.data() + first, type}; }
+};
+
 // A quantized weight matrix in ggml rows, its dequantized values, and its packing.
 struct Weights {
   pd::GgmlType type;
@@ -365,34 +394,56 @@ TEST_CASE("attention kernels: a row's bits do not depend on the rows or keys bes
         for (int n : {1, 5, 8, 13, 64}) {
           INFO(name << " hd=" << hd << " rows=" << nr << " keys=" << n);
           const std::vector<float> q = random_floats(nr * hd, 10 + nr + hd), k = random_floats(n * hd, 20 + n);
+          const F32Rows kr(k.data(), n, hd);
           const int64_t stride = n + 3;  // rows of scores further apart than n
           std::vector<float> s(nr * stride, -1.0f), want(nr * stride, -1.0f);
-          kern.qk_scores(q.data(), hd, nr, k.data(), hd, n, 0.125f, s.data(), stride);
-          scalar.qk_scores(q.data(), hd, nr, k.data(), hd, n, 0.125f, want.data(), stride);
+          kern.qk_scores(q.data(), hd, nr, kr.at(), hd, n, 0.125f, s.data(), stride);
+          scalar.qk_scores(q.data(), hd, nr, kr.at(), hd, n, 0.125f, want.data(), stride);
           CHECK(std::memcmp(s.data(), want.data(), s.size() * sizeof(float)) == 0);
           for (int i = 0; i < nr; ++i) {  // each row alone, and its keys in two calls
             std::vector<float> one(n);
-            kern.qk_scores(q.data() + i * hd, hd, 1, k.data(), hd, n, 0.125f, one.data(), n);
+            kern.qk_scores(q.data() + i * hd, hd, 1, kr.at(), hd, n, 0.125f, one.data(), n);
             CHECK(std::memcmp(one.data(), s.data() + i * stride, n * sizeof(float)) == 0);
             const int half = n / 2;
-            kern.qk_scores(q.data() + i * hd, hd, 1, k.data() + half * hd, hd, n - half, 0.125f, one.data() + half,
-                           n);
+            kern.qk_scores(q.data() + i * hd, hd, 1, kr.at(half), hd, n - half, 0.125f, one.data() + half, n);
             CHECK(std::memcmp(one.data(), s.data() + i * stride, n * sizeof(float)) == 0);
           }
           // Values: each row its own number of keys (0 included) and factor.
           const std::vector<float> p = random_floats(nr * stride, 30 + nr), v = random_floats(n * hd, 40 + n);
+          const F32Rows vr(v.data(), n, hd);
           const std::vector<float> acc0 = random_floats(nr * hd, 50 + nr);
           std::vector<int> counts(nr);
           std::vector<float> c(nr);
           for (int i = 0; i < nr; ++i) counts[i] = std::max(0, (n * (i + 1)) / nr - (i % 3 == 2 ? 1 : 0)), c[i] = 0.5f + 0.1f * i;
           std::vector<float> acc = acc0, acc_want = acc0;
-          kern.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), v.data(), hd, acc.data(), hd);
-          scalar.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), v.data(), hd, acc_want.data(), hd);
+          kern.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), vr.at(), hd, acc.data(), hd);
+          scalar.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), vr.at(), hd, acc_want.data(), hd);
           CHECK(std::memcmp(acc.data(), acc_want.data(), acc.size() * sizeof(float)) == 0);
           for (int i = 0; i < nr; ++i) {
             std::vector<float> one(acc0.begin() + i * hd, acc0.begin() + (i + 1) * hd);
-            kern.pv_accumulate(p.data() + i * stride, stride, 1, &counts[i], &c[i], v.data(), hd, one.data(), hd);
+            kern.pv_accumulate(p.data() + i * stride, stride, 1, &counts[i], &c[i], vr.at(), hd, one.data(), hd);
             CHECK(std::memcmp(one.data(), acc.data() + i * hd, hd * sizeof(float)) == 0);
+          }
+          // K and V rows stored as the KV cache stores them, read in place:
+          // the same bits as their values widened to fp32 first, here and
+          // on the scalar path.
+          for (const pd::GgmlType t : {pd::GgmlType::kF16, pd::GgmlType::kQ8_0}) {
+            if (t == pd::GgmlType::kQ8_0 && hd % 32 != 0) continue;  // q8_0 rows are whole blocks
+            INFO("rows stored as " << pd::ggml_type_name(t));
+            const StoredRows ks(t, k.data(), n, hd), vs(t, v.data(), n, hd);
+            const F32Rows kw(ks.widened.data(), n, hd), vw(vs.widened.data(), n, hd);
+            std::vector<float> s_in(nr * stride, -1.0f), s_wide(nr * stride, -1.0f), s_scalar(nr * stride, -1.0f);
+            kern.qk_scores(q.data(), hd, nr, ks.at(), hd, n, 0.125f, s_in.data(), stride);
+            kern.qk_scores(q.data(), hd, nr, kw.at(), hd, n, 0.125f, s_wide.data(), stride);
+            scalar.qk_scores(q.data(), hd, nr, ks.at(), hd, n, 0.125f, s_scalar.data(), stride);
+            CHECK(std::memcmp(s_in.data(), s_wide.data(), s_in.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(s_in.data(), s_scalar.data(), s_in.size() * sizeof(float)) == 0);
+            std::vector<float> a_in = acc0, a_wide = acc0, a_scalar = acc0;
+            kern.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), vs.at(), hd, a_in.data(), hd);
+            kern.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), vw.at(), hd, a_wide.data(), hd);
+            scalar.pv_accumulate(p.data(), stride, nr, counts.data(), c.data(), vs.at(), hd, a_scalar.data(), hd);
+            CHECK(std::memcmp(a_in.data(), a_wide.data(), a_in.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(a_in.data(), a_scalar.data(), a_in.size() * sizeof(float)) == 0);
           }
         }
       }
@@ -409,7 +460,7 @@ TEST_CASE("attention and activation kernels equal plain double arithmetic on eve
         const std::vector<float> q = random_floats(hd, 1 + hd), k = random_floats(hd * n, 2 + n);
         const float scale = 0.125f;
         std::vector<float> s(n);
-        kern.qk_scores(q.data(), hd, 1, k.data(), hd, n, scale, s.data(), n);
+        kern.qk_scores(q.data(), hd, 1, F32Rows(k.data(), n, hd).at(), hd, n, scale, s.data(), n);
         for (int r = 0; r < n; ++r) {
           double dot = 0, mag = 0;
           for (int64_t j = 0; j < hd; ++j) {
@@ -452,7 +503,7 @@ TEST_CASE("attention and activation kernels equal plain double arithmetic on eve
         const std::vector<float> v = random_floats(hd * n, 3 + n), acc0 = random_floats(hd, 4);
         std::vector<float> acc = acc0;
         const float c = 0.75f;
-        kern.pv_accumulate(e.data(), n, 1, &n, &c, v.data(), hd, acc.data(), hd);
+        kern.pv_accumulate(e.data(), n, 1, &n, &c, F32Rows(v.data(), n, hd).at(), hd, acc.data(), hd);
         for (int64_t j = 0; j < hd; ++j) {
           double want = 0.75 * acc0[j], mag = std::fabs(want);
           for (int r = 0; r < n; ++r) {

@@ -149,9 +149,9 @@ Status check_kv_layout(const KvCacheLayout& L) {
 // kTileRows (token, head) pairs of consecutive tokens of one sequence whose
 // heads share one kv head — and walks the keys in fixed windows of
 // kKeyWindow positions ([0, 64), [64, 128), ...). Each window's K and V rows
-// are gathered from their blocks and widened to fp32 once for the whole tile,
-// then every row's scores, softmax step and value sums run through the
-// kernels' row-blocked loops.
+// are found in their blocks (read in place by small tiles, widened to fp32
+// once by large ones: kInPlaceKvRows), then every row's scores, softmax step
+// and value sums run through the kernels' row-blocked loops.
 //
 // Batch invariance: the windows are the same for every row whatever tile it
 // is in (a decode token alone, a prefill chunk, a long prompt), a row stops at
@@ -169,6 +169,12 @@ Status check_kv_layout(const KvCacheLayout& L) {
 // its rows, so blocks before every row's window are never read.
 constexpr int64_t kKeyWindow = 64;
 constexpr int kTileRows = 48;
+// Tiles of up to this many query rows (a decode token's heads) read f16 and
+// q8_0 K/V rows where they lie in the cache: the kernels widen each row in
+// registers, once per pass of kQkRows / kPvRows rows. Larger tiles (prefill)
+// widen each window once into scratch and pass the fp32 copies. The widening
+// is exact, so both give the same bits.
+constexpr int kInPlaceKvRows = 8;
 
 struct AttentionTile {
   const float* q;         // row (token u, head h) at q + u * tok_stride + h * hd
@@ -191,7 +197,8 @@ struct AttentionTile {
 // largest tile of a call before its parallel loop, so what a thread allocates
 // does not depend on which tiles the dynamic schedule hands it.
 struct AttentionScratch {
-  std::vector<float> q, acc, s, k, v, m, l, c;
+  std::vector<float> q, acc, s, k, v, m, l, c;  // k, v: a window's rows widened (large tiles)
+  std::vector<const void*> k_rows, v_rows;      // a window's row pointers
   std::vector<int> n_ctx, n_valid, lo;
 
   void reserve(int64_t rows, int64_t hd) {
@@ -199,27 +206,55 @@ struct AttentionScratch {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
     };
     fit(q, rows * hd), fit(acc, rows * hd), fit(s, rows * kKeyWindow);
-    fit(k, kKeyWindow * hd), fit(v, kKeyWindow * hd);
+    fit(k, kKeyWindow * hd), fit(v, kKeyWindow * hd), fit(k_rows, kKeyWindow), fit(v_rows, kKeyWindow);
     fit(m, rows), fit(l, rows), fit(c, rows), fit(n_ctx, rows), fit(n_valid, rows), fit(lo, rows);
   }
 };
 
-// Rows [p0, p0 + n) of one kv head's K (kind 0) or V (kind 1) as fp32, from
-// however many blocks they span.
-void gather_kv_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n, float* dst) {
+// fn(src, i, seg) for each run of rows [p0, p0 + n) of one kv head's K (kind
+// 0) or V (kind 1) that lies in one block: rows p0 + i ... p0 + i + seg - 1,
+// contiguous at src.
+template <typename Fn>
+void for_each_run(const AttentionTile& a, int kind, int64_t p0, int64_t n, Fn&& fn) {
   const KvCacheLayout& L = *a.L;
   const int64_t bs = L.block_size;
-  const size_t row = L.row_bytes();
   for (int64_t p = p0; p < p0 + n;) {
     const int64_t off = p % bs, seg = std::min(bs - off, p0 + n - p);
-    const uint8_t* src = a.base + L.offset(a.layer, kind, a.table[p / bs]) + (a.kv_head * bs + off) * row;
-    float* d = dst + (p - p0) * a.hd;
-    if (L.dtype == GgmlType::kF32)
-      std::memcpy(d, src, static_cast<size_t>(seg * a.hd) * sizeof(float));
-    else
-      kv_rows_to_f32(L.dtype, a.f16c, src, static_cast<int>(seg), a.hd, d);
+    fn(a.base + L.offset(a.layer, kind, a.table[p / bs]) + (a.kv_head * bs + off) * L.row_bytes(), p - p0, seg);
     p += seg;
   }
+}
+
+// Rows [p0, p0 + n) of K (kind 0) or V (kind 1) as row pointers for the
+// kernels: into the cache itself (its own element type), or, given `widened`
+// (room for n rows), to copies converted to fp32 there.
+cpu::KvRows window_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n, const void** rows, float* widened) {
+  const KvCacheLayout& L = *a.L;
+  const size_t row = L.row_bytes();
+  for_each_run(a, kind, p0, n, [&](const uint8_t* src, int64_t i0, int64_t seg) {
+    if (widened) {
+      float* d = widened + i0 * a.hd;
+      kv_rows_to_f32(L.dtype, a.f16c, src, static_cast<int>(seg), a.hd, d);
+      for (int64_t i = 0; i < seg; ++i) rows[i0 + i] = d + i * a.hd;
+    } else {
+      for (int64_t i = 0; i < seg; ++i) rows[i0 + i] = src + i * row;
+    }
+  });
+  return {rows, widened ? GgmlType::kF32 : L.dtype};
+}
+
+// Asks for rows [p0, p0 + n) of the tile's K and V into L2 (prefetcht1).
+// A window's rows lie in runs of at most block_size rows, one per block, too
+// short for the hardware prefetchers to pick up: asked for one window ahead
+// (and the first window as a tile starts), a decode step's attention over KV
+// in DRAM runs 1.2-1.4x faster (docs/BENCHMARKS.md). Into L1 (prefetcht0)
+// measured no gain.
+void prefetch_window(const AttentionTile& a, int64_t p0, int64_t n) {
+  const size_t row = a.L->row_bytes();
+  for (int kind = 0; kind < 2; ++kind)
+    for_each_run(a, kind, p0, n, [&](const uint8_t* src, int64_t, int64_t seg) {
+      for (size_t o = 0; o < static_cast<size_t>(seg) * row; o += 64) __builtin_prefetch(src + o, 0, 2);
+    });
 }
 
 // `w` holds at least the tile's rows (AttentionScratch::reserve).
@@ -239,11 +274,15 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
   std::fill_n(w.m.begin(), nr, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l.begin(), nr, 0.0f);
   std::fill_n(w.acc.begin(), nr * hd, 0.0f);
-  for (int64_t p0 = min_lo / kKeyWindow * kKeyWindow; p0 < max_ctx; p0 += kKeyWindow) {
+  const bool widen = a.L->dtype != GgmlType::kF32 && nr > kInPlaceKvRows;
+  const int64_t first_window = min_lo / kKeyWindow * kKeyWindow;
+  prefetch_window(a, first_window, std::min(kKeyWindow, max_ctx - first_window));
+  for (int64_t p0 = first_window; p0 < max_ctx; p0 += kKeyWindow) {
     const int n_in = static_cast<int>(std::min(kKeyWindow, max_ctx - p0));
-    gather_kv_rows(a, 0, p0, n_in, w.k.data());
-    gather_kv_rows(a, 1, p0, n_in, w.v.data());
-    kern.qk_scores(w.q.data(), hd, nr, w.k.data(), hd, n_in, a.scale, w.s.data(), kKeyWindow);
+    if (p0 + kKeyWindow < max_ctx) prefetch_window(a, p0 + kKeyWindow, std::min(kKeyWindow, max_ctx - p0 - kKeyWindow));
+    const cpu::KvRows K = window_rows(a, 0, p0, n_in, w.k_rows.data(), widen ? w.k.data() : nullptr);
+    const cpu::KvRows V = window_rows(a, 1, p0, n_in, w.v_rows.data(), widen ? w.v.data() : nullptr);
+    kern.qk_scores(w.q.data(), hd, nr, K, hd, n_in, a.scale, w.s.data(), kKeyWindow);
     // Rows whose keys start inside this window (lo > p0) take no part in the
     // shared pass (0 valid keys: left as they are) and run alone below.
     bool starts_inside = false;
@@ -253,7 +292,7 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
       w.n_valid[i] = inside ? 0 : static_cast<int>(std::clamp<int64_t>(w.n_ctx[i] - p0, 0, n_in));
     }
     kern.softmax_step(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.m.data(), w.l.data(), w.c.data());
-    kern.pv_accumulate(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.c.data(), w.v.data(), hd, w.acc.data(), hd);
+    kern.pv_accumulate(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.c.data(), V, hd, w.acc.data(), hd);
     if (!starts_inside) continue;
     for (int i = 0; i < nr; ++i) {
       const int64_t first = w.lo[i] - p0;
@@ -262,7 +301,8 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
       if (n <= 0) continue;
       float* si = w.s.data() + i * kKeyWindow + first;
       kern.softmax_step(si, kKeyWindow, 1, &n, &w.m[i], &w.l[i], &w.c[i]);
-      kern.pv_accumulate(si, kKeyWindow, 1, &n, &w.c[i], w.v.data() + first * hd, hd, w.acc.data() + i * hd, hd);
+      const cpu::KvRows tail{V.rows + first, V.type};
+      kern.pv_accumulate(si, kKeyWindow, 1, &n, &w.c[i], tail, hd, w.acc.data() + i * hd, hd);
     }
   }
   for (int u = 0; u < nt; ++u) {

@@ -3,9 +3,11 @@
 // block sums, then fmaf in block order), so the two agree bit for bit.
 #include "backend/cpu/q8_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace pd::cpu {
 namespace {
@@ -116,13 +118,22 @@ void gemm_q8x8h_scalar(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int 
   }
 }
 
-void qk_scores_scalar(const float* q, int64_t q_stride, int nr, const float* k, int64_t hd, int n, float scale,
-                      float* s, int64_t s_stride) {
-  for (int i = 0; i < nr; ++i) {
-    const float* qi = q + i * q_stride;
-    for (int r = 0; r < n; ++r) {
+// Row r of `rows` as fp32: the row itself, or widened into buf (hd floats).
+const float* kv_row_f32(KvRows rows, int r, int64_t hd, float* buf) {
+  if (rows.type == GgmlType::kF32) return static_cast<const float*>(rows.rows[r]);
+  dequantize_row(rows.type, rows.rows[r], buf, hd);
+  return buf;
+}
+
+void qk_scores_scalar(const float* q, int64_t q_stride, int nr, KvRows k, int64_t hd, int n, float scale, float* s,
+                      int64_t s_stride) {
+  std::vector<float> buf(k.type == GgmlType::kF32 ? 0 : static_cast<size_t>(hd));
+  for (int r = 0; r < n; ++r) {
+    const float* kr = kv_row_f32(k, r, hd, buf.data());
+    for (int i = 0; i < nr; ++i) {
+      const float* qi = q + i * q_stride;
       float lane[8] = {};
-      for (int64_t j = 0; j < hd; ++j) lane[j % 8] = std::fma(qi[j], k[r * hd + j], lane[j % 8]);
+      for (int64_t j = 0; j < hd; ++j) lane[j % 8] = std::fma(qi[j], kr[j], lane[j % 8]);
       s[i * s_stride + r] = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) * scale;
     }
   }
@@ -148,12 +159,18 @@ void softmax_step_scalar(float* s, int64_t s_stride, int nr, const int* n, float
   }
 }
 
-void pv_accumulate_scalar(const float* p, int64_t p_stride, int nr, const int* n, const float* c, const float* v,
+void pv_accumulate_scalar(const float* p, int64_t p_stride, int nr, const int* n, const float* c, KvRows v,
                           int64_t hd, float* acc, int64_t acc_stride) {
+  int most = 0;
+  for (int i = 0; i < nr; ++i) most = std::max(most, n[i]);
+  const bool f32 = v.type == GgmlType::kF32;
+  std::vector<float> widened(f32 ? 0 : static_cast<size_t>(most * hd));  // the rows as fp32, where they are not
+  for (int r = 0; !f32 && r < most; ++r) dequantize_row(v.type, v.rows[r], widened.data() + r * hd, hd);
+  const auto row = [&](int r) { return f32 ? static_cast<const float*>(v.rows[r]) : widened.data() + r * hd; };
   for (int i = 0; i < nr; ++i) {
     for (int64_t j = 0; j < hd; ++j) {
       float a = acc[i * acc_stride + j] * c[i];
-      for (int r = 0; r < n[i]; ++r) a = std::fma(p[i * p_stride + r], v[r * hd + j], a);
+      for (int r = 0; r < n[i]; ++r) a = std::fma(p[i * p_stride + r], row(r)[j], a);
       acc[i * acc_stride + j] = a;
     }
   }

@@ -157,6 +157,17 @@ const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)
 Isa best_isa();               // widest supported, or PD_CPU_ISA if set and supported
 
+// Key or value rows of the attention kernels: row r's hd elements start at
+// rows[r], stored as `type`: F32, F16, or Q8_0 (hd a multiple of 32; a row is
+// hd / 32 blocks). Both narrow types widen to fp32 exactly (an fp16 value; a
+// q8_0 element is its block's fp16 scale times an int8, at most 19
+// significant bits), so a kernel's results depend on the rows' values only,
+// not on how they are stored.
+struct KvRows {
+  const void* const* rows;
+  GgmlType type;
+};
+
 struct Kernels {
   // Quantizes m rows of k floats (row stride x_stride) to k/32 blocks each,
   // row i at out + i * (k/32).
@@ -181,29 +192,33 @@ struct Kernels {
   void (*gemm_q8x8h_offset)(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* xo, int m, float* out,
                             int64_t out_stride);
 
-  // Attention pieces (fp32; hd a multiple of 8), over many query rows at
-  // once: the rows share every key and value load. Each score and each output
-  // element goes through the same operations whatever the other rows and keys
-  // of the call are (batch invariance). Scores and value sums are the same
-  // bits on every path, scalar included; the softmax step's exps differ
-  // between the portable and SIMD paths within fp32 rounding.
+  // Attention pieces (fp32 arithmetic; hd a multiple of 8), over many query
+  // rows at once: the rows share every key and value load. Keys and values
+  // come as KvRows: a pointer per row, read in the cache's own element type
+  // (f32, f16 or q8_0) and widened to fp32 in registers. Each score and each
+  // output element goes through the same operations whatever the other rows
+  // and keys of the call are, and whatever type its key and value rows are
+  // stored in (the widening is exact), so results are batch invariant. Scores
+  // and value sums are the same bits on every path, scalar included; the
+  // softmax step's exps differ between the portable and SIMD paths within fp32
+  // rounding.
   //
-  // s[i * s_stride + r] = scale * dot(q + i * q_stride, k + r * hd) for rows
+  // s[i * s_stride + r] = scale * dot(q + i * q_stride, k row r) for rows
   // i < nr and keys r < n. A dot product is eight lane sums (lane l takes the
   // elements j = l mod 8 in order, by fused multiply-adds) added as
   // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then scaled.
-  void (*qk_scores)(const float* q, int64_t q_stride, int nr, const float* k, int64_t hd, int n, float scale,
-                    float* s, int64_t s_stride);
+  void (*qk_scores)(const float* q, int64_t q_stride, int nr, KvRows k, int64_t hd, int n, float scale, float* s,
+                    int64_t s_stride);
   // One online-softmax step of rows i < nr over their first n[i] scores
   // s_i = s + i * s_stride: m' = max(m[i], max s_i), s_i[r] = exp(s_i[r] - m'),
   // c[i] = exp(m[i] - m') (~1e-38 when m[i] is -inf: l and acc are 0 then), l[i] = l[i] * c[i] + the sum
   // of s_i, m[i] = m'. A row with n[i] = 0 is left as it is, with c[i] = 1.
   void (*softmax_step)(float* s, int64_t s_stride, int nr, const int* n, float* m, float* l, float* c);
   // For rows i < nr: acc_i = acc_i * c[i] + sum over r < n[i] of
-  // p_i[r] * (v + r * hd), with p_i = p + i * p_stride and acc_i = acc + i *
+  // p_i[r] * (v row r), with p_i = p + i * p_stride and acc_i = acc + i *
   // acc_stride. Each element: one multiply by c[i], then fused multiply-adds
   // in key order.
-  void (*pv_accumulate)(const float* p, int64_t p_stride, int nr, const int* n, const float* c, const float* v,
+  void (*pv_accumulate)(const float* p, int64_t p_stride, int nr, const int* n, const float* c, KvRows v,
                         int64_t hd, float* acc, int64_t acc_stride);
   // out[i] = silu(gate[i]) * up[i] for i < n.
   void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
