@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -243,18 +244,19 @@ cpu::KvRows window_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n,
   return {rows, widened ? GgmlType::kF32 : L.dtype};
 }
 
-// Asks for rows [p0, p0 + n) of the tile's K and V into L2 (prefetcht1).
-// A window's rows lie in runs of at most block_size rows, one per block, too
-// short for the hardware prefetchers to pick up: asked for one window ahead
-// (and the first window as a tile starts), a decode step's attention over KV
-// in DRAM runs 1.2-1.4x faster (docs/BENCHMARKS.md). Into L1 (prefetcht0)
-// measured no gain.
-void prefetch_window(const AttentionTile& a, int64_t p0, int64_t n) {
+// Asks for rows [p0, p0 + n) of the tile's K (kind 0) or V (kind 1) into L2
+// (prefetcht1). A window's rows lie in runs of at most block_size rows, one
+// per block, too short for the hardware prefetchers to pick up. attend_tile
+// asks for the next window's K as a window starts and for its V before the
+// value sums, one window ahead each: over a KV cache in DRAM, a decode step's
+// attention runs 1.3-2.0x faster than without (docs/BENCHMARKS.md). Asking
+// for K and V together (one burst of twice the misses) gained less, into L1
+// (prefetcht0) nothing.
+void prefetch_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n) {
   const size_t row = a.L->row_bytes();
-  for (int kind = 0; kind < 2; ++kind)
-    for_each_run(a, kind, p0, n, [&](const uint8_t* src, int64_t, int64_t seg) {
-      for (size_t o = 0; o < static_cast<size_t>(seg) * row; o += 64) __builtin_prefetch(src + o, 0, 2);
-    });
+  for_each_run(a, kind, p0, n, [&](const uint8_t* src, int64_t, int64_t seg) {
+    for (size_t o = 0; o < static_cast<size_t>(seg) * row; o += 64) __builtin_prefetch(src + o, 0, 2);
+  });
 }
 
 // `w` holds at least the tile's rows (AttentionScratch::reserve).
@@ -276,10 +278,12 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
   std::fill_n(w.acc.begin(), nr * hd, 0.0f);
   const bool widen = a.L->dtype != GgmlType::kF32 && nr > kInPlaceKvRows;
   const int64_t first_window = min_lo / kKeyWindow * kKeyWindow;
-  prefetch_window(a, first_window, std::min(kKeyWindow, max_ctx - first_window));
+  for (int kind = 0; kind < 2; ++kind)
+    prefetch_rows(a, kind, first_window, std::min(kKeyWindow, max_ctx - first_window));
   for (int64_t p0 = first_window; p0 < max_ctx; p0 += kKeyWindow) {
     const int n_in = static_cast<int>(std::min(kKeyWindow, max_ctx - p0));
-    if (p0 + kKeyWindow < max_ctx) prefetch_window(a, p0 + kKeyWindow, std::min(kKeyWindow, max_ctx - p0 - kKeyWindow));
+    const int64_t n_next = std::min(kKeyWindow, max_ctx - p0 - kKeyWindow);  // <= 0 in the last window
+    if (n_next > 0) prefetch_rows(a, 0, p0 + kKeyWindow, n_next);
     const cpu::KvRows K = window_rows(a, 0, p0, n_in, w.k_rows.data(), widen ? w.k.data() : nullptr);
     const cpu::KvRows V = window_rows(a, 1, p0, n_in, w.v_rows.data(), widen ? w.v.data() : nullptr);
     kern.qk_scores(w.q.data(), hd, nr, K, hd, n_in, a.scale, w.s.data(), kKeyWindow);
@@ -292,6 +296,7 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
       w.n_valid[i] = inside ? 0 : static_cast<int>(std::clamp<int64_t>(w.n_ctx[i] - p0, 0, n_in));
     }
     kern.softmax_step(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.m.data(), w.l.data(), w.c.data());
+    if (n_next > 0) prefetch_rows(a, 1, p0 + kKeyWindow, n_next);
     kern.pv_accumulate(w.s.data(), kKeyWindow, nr, w.n_valid.data(), w.c.data(), V, hd, w.acc.data(), hd);
     if (!starts_inside) continue;
     for (int i = 0; i < nr; ++i) {
@@ -355,7 +360,15 @@ class CpuBackend final : public Backend {
         at = end + 1;
       }
     }
-    if (const char* env = std::getenv("PD_CPU_LM_HEAD_MARGIN")) cfg_.lm_head_two_pass_margin = std::strtof(env, nullptr);
+    if (const char* env = std::getenv("PD_CPU_LM_HEAD_MARGIN")) {
+      char* end = nullptr;
+      const float margin = std::strtof(env, &end);
+      if (end != env && *end == '\0' && margin >= 0.0f)
+        cfg_.lm_head_two_pass_margin = margin;
+      else  // a comparison knob: say so and keep the configured margin
+        std::fprintf(stderr, "cpu backend: PD_CPU_LM_HEAD_MARGIN='%s' is not a number >= 0; keeping %g\n", env,
+                     static_cast<double>(cfg_.lm_head_two_pass_margin));
+    }
     // We split GEMMs across our own threads; each sgemm call runs on one.
     openblas_set_num_threads(1);
   }

@@ -64,7 +64,8 @@ struct CpuBackendConfig {
   // second pass everywhere, so the argmax is too while the one-pass error
   // stays under half the margin; the tail's softmax mass is too small for
   // its error to move the distribution measurably (docs/ACCURACY.md).
-  // 0 = the second pass for every logit. PD_CPU_LM_HEAD_MARGIN overrides.
+  // 0 = the second pass for every logit. PD_CPU_LM_HEAD_MARGIN overrides (a
+  // number >= 0; anything else is reported on stderr and ignored).
   float lm_head_two_pass_margin = 12.0f;
   // Diagnostics (pd-perplexity): with int8_activations, the matmuls of these
   // kinds (CpuMatmulKind bits) in these layers (bit l = layer l; the LM head
