@@ -4,8 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <span>
 #include <vector>
@@ -525,6 +528,63 @@ std::unique_ptr<pd::Backend> cpu_backend(int threads) {
 
 // rope in each mode against the rotation done in double: adjacent pairs or
 // NEOX halves, linear scaling, per-pair frequency factors (Llama 3.x).
+// kv_write converts each K and V row into the cache's type: the bytes of
+// ggml's reference quantizers (quantize_row) on every ISA path, serial or
+// parallel, ties, subnormals, overflow and NaN included.
+TEST_CASE("cpu backend: kv_write stores the reference bytes of every KV type on every ISA path", "[cpu][backend]") {
+  constexpr int kHd = 64, kKv = 2, kTokens = 12;
+  std::vector<float> k = pd::test::random_floats(kTokens * kKv * kHd, 81, 4.0f),
+                     v = pd::test::random_floats(kTokens * kKv * kHd, 82, 4.0f);
+  // Values fp16 rounds in every way: exact ties (to even, both directions),
+  // fp16 subnormals and below, the overflow edge, infinities and NaNs.
+  const float special[] = {1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, -(1.0f + 1.0f / 2048), 6.0e-8f, 3.0e-8f,
+                           2.0e-8f, 1.0e-6f, -5.96e-8f, 65504.0f, 65519.0f, 65520.0f, -70000.0f,
+                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                           std::bit_cast<float>(0x7FE00000u), std::bit_cast<float>(0xFF812345u)};  // NaN payloads
+  for (size_t i = 0; i < std::size(special); ++i) k[3 * i + 1] = special[i], v[5 * i + 2] = special[i];
+  for (pd::GgmlType dtype : {pd::GgmlType::kF32, pd::GgmlType::kF16, pd::GgmlType::kQ8_0}) {
+    pd::KvCacheLayout L;
+    L.n_layers = 2, L.n_kv_heads = kKv, L.head_dim = kHd, L.block_size = 4, L.num_blocks = 5, L.dtype = dtype;
+    // Token i to slot 19 - i (blocks in reverse, offsets scattered); layer 1.
+    std::vector<int32_t> slots(kTokens);
+    for (int i = 0; i < kTokens; ++i) slots[i] = 19 - i;
+    std::vector<uint8_t> want(L.total_bytes(), 0);
+    for (int i = 0; i < kTokens; ++i)
+      for (int kind = 0; kind < 2; ++kind)
+        for (int g = 0; g < kKv; ++g) {
+          const int64_t block = slots[i] / L.block_size, off = slots[i] % L.block_size;
+          const float* src = (kind == 0 ? k : v).data() + (i * kKv + g) * kHd;
+          pd::quantize_row(dtype, src, want.data() + L.offset(1, kind, block) + (g * L.block_size + off) * L.row_bytes(),
+                           kHd);
+        }
+    for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni}) {
+      if (!pd::cpu::isa_supported(isa)) continue;
+      for (int tokens : {kTokens, 3}) {  // the parallel loop and the serial one
+        INFO(pd::ggml_type_name(dtype) << ", " << pd::cpu::isa_name(isa) << ", " << tokens << " tokens");
+        pd::CpuBackendConfig cfg;
+        cfg.n_threads = 2;
+        cfg.isa = pd::cpu::isa_name(isa);
+        auto be = pd::make_cpu_backend(cfg);
+        auto buf = be->alloc(L.total_bytes());
+        REQUIRE(buf.is_ok());
+        std::memset(buf.value()->data(), 0, L.total_bytes());
+        pd::Tensor kt, vt;
+        kt.ne = vt.ne = {kHd, kKv, kTokens, 1};
+        kt.data = k.data(), vt.data = v.data();
+        for (int i0 = 0; i0 < kTokens; i0 += tokens) {
+          pd::Tensor ks = kt, vs = vt;
+          ks.ne[2] = vs.ne[2] = tokens;
+          ks.data = k.data() + i0 * kKv * kHd, vs.data = v.data() + i0 * kKv * kHd;
+          const std::span<const int32_t> part(slots.data() + i0, tokens);
+          REQUIRE(be->kv_write(*buf.value(), L, 1, ks, vs, part).is_ok());
+        }
+        CHECK(std::memcmp(buf.value()->data(), want.data(), want.size()) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("cpu backend: rope rotates the pairs of each mode by the scaled, factored angles", "[cpu][backend]") {
   constexpr int64_t kHd = 64, kHeads = 3;
   const std::vector<int32_t> pos{0, 1, 7, 130, 4095, 100000};

@@ -137,6 +137,36 @@ void kv_rows_to_f32(GgmlType dtype, bool f16c, const uint8_t* src, int n, int64_
   kv_rows_to_f32_scalar(dtype, src, n, hd, dst);
 }
 
+// The reverse for f16 rows (kv_write): n floats to fp16, rounded to nearest
+// even as fp32_to_fp16 (ggml's reference) does, with F16C where `f16c`; a NaN
+// lane goes through fp32_to_fp16 too (its quiet NaN, where F16C would keep
+// the payload), so the bytes are the same on every path.
+#if defined(__x86_64__)
+__attribute__((target("avx2,f16c"))) void f32_to_f16_row_f16c(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(src + i);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0)
+      for (int64_t j = i; j < i + 8; ++j) dst[j] = fp32_to_fp16(src[j]);
+  }
+  for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
+#endif
+
+// One K or V row of hd floats into the cache's element type.
+void kv_row_from_f32(GgmlType dtype, bool f16c, const float* src, int64_t hd, uint8_t* dst) {
+  if (dtype == GgmlType::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(hd) * sizeof(float));
+    return;
+  }
+#if defined(__x86_64__)
+  if (f16c && dtype == GgmlType::kF16) return f32_to_f16_row_f16c(src, hd, reinterpret_cast<uint16_t*>(dst));
+#endif
+  (void)f16c;
+  quantize_row(dtype, src, dst, hd);  // ggml's reference rounding: the same bytes on every CPU
+}
+
 Status check_kv_layout(const KvCacheLayout& L) {
   if (L.dtype != GgmlType::kF32 && L.dtype != GgmlType::kF16 && L.dtype != GgmlType::kQ8_0)
     return Status::unsupported(std::string("cpu: KV cache type ") + ggml_type_name(L.dtype) + " (f32, f16 or q8_0)");
@@ -336,6 +366,19 @@ float largest_of(const float* v, int64_t n) {
   return best;
 }
 
+// PD_CPU_LM_HEAD_MARGIN, a comparison knob (like PD_CPU_INT8X2): a number
+// >= 0 replaces `margin`; anything else is reported on stderr and ignored.
+float lm_head_margin_from_env(float margin) {
+  const char* env = std::getenv("PD_CPU_LM_HEAD_MARGIN");
+  if (env == nullptr) return margin;
+  char* end = nullptr;
+  const float v = std::strtof(env, &end);
+  if (end != env && *end == '\0' && v >= 0.0f) return v;
+  std::fprintf(stderr, "cpu backend: PD_CPU_LM_HEAD_MARGIN='%s' is not a number >= 0; keeping %g\n", env,
+               static_cast<double>(margin));
+  return margin;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendConfig& cfg) : cfg_(cfg) {
@@ -360,15 +403,7 @@ class CpuBackend final : public Backend {
         at = end + 1;
       }
     }
-    if (const char* env = std::getenv("PD_CPU_LM_HEAD_MARGIN")) {
-      char* end = nullptr;
-      const float margin = std::strtof(env, &end);
-      if (end != env && *end == '\0' && margin >= 0.0f)
-        cfg_.lm_head_two_pass_margin = margin;
-      else  // a comparison knob: say so and keep the configured margin
-        std::fprintf(stderr, "cpu backend: PD_CPU_LM_HEAD_MARGIN='%s' is not a number >= 0; keeping %g\n", env,
-                     static_cast<double>(cfg_.lm_head_two_pass_margin));
-    }
+    cfg_.lm_head_two_pass_margin = lm_head_margin_from_env(cfg_.lm_head_two_pass_margin);
     // We split GEMMs across our own threads; each sgemm call runs on one.
     openblas_set_num_threads(1);
   }
@@ -949,24 +984,21 @@ class CpuBackend final : public Backend {
     if (k.ne[0] != hd || k.ne[1] != nkv || v.ne[0] != hd || v.ne[1] != nkv)
       return Status::invalid_argument("kv_write: k/v shape does not match the cache layout");
     const int64_t n = static_cast<int64_t>(slots.size());
+    for (int64_t i = 0; i < n; ++i)
+      if (slots[i] < 0 || slots[i] / L.block_size >= L.num_blocks)
+        return Status::invalid_argument("kv_write: slot out of range");
     const size_t row = L.row_bytes();
     uint8_t* base = static_cast<uint8_t*>(cache.data());
+    const bool f16c = isa_ != cpu::Isa::kScalar;
+#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n >= 8)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t block = slots[i] / L.block_size, off = slots[i] % L.block_size;
-      if (slots[i] < 0 || block >= L.num_blocks) return Status::invalid_argument("kv_write: slot out of range");
       uint8_t* kb = base + L.offset(layer, 0, block);
       uint8_t* vb = base + L.offset(layer, 1, block);
       for (int64_t g = 0; g < nkv; ++g) {
         const size_t at = (g * L.block_size + off) * row;
-        const float* ks = f32(k) + (i * nkv + g) * hd;
-        const float* vs = f32(v) + (i * nkv + g) * hd;
-        if (L.dtype == GgmlType::kF32) {
-          std::memcpy(kb + at, ks, row);
-          std::memcpy(vb + at, vs, row);
-        } else {  // ggml's reference rounding: the same bytes on every CPU
-          quantize_row(L.dtype, ks, kb + at, hd);
-          quantize_row(L.dtype, vs, vb + at, hd);
-        }
+        kv_row_from_f32(L.dtype, f16c, f32(k) + (i * nkv + g) * hd, hd, kb + at);
+        kv_row_from_f32(L.dtype, f16c, f32(v) + (i * nkv + g) * hd, hd, vb + at);
       }
     }
     return Status::ok();
