@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -314,6 +315,20 @@ TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each 
     if (first_isa.empty()) first_isa = got;
     CHECK(std::memcmp(got.data(), first_isa.data(), n * m * sizeof(float)) == 0);
   }
+  // PD_CPU_LM_HEAD_MARGIN: a number >= 0 replaces the configured margin (0:
+  // the second pass everywhere); anything else is ignored (and reported).
+  near_top.isa.clear();
+  const std::vector<float> configured = logits(near_top);
+  for (const char* bad : {"abc", "-1", "2x", ""}) {
+    INFO("PD_CPU_LM_HEAD_MARGIN='" << bad << "'");
+    setenv("PD_CPU_LM_HEAD_MARGIN", bad, 1);
+    const std::vector<float> got = logits(near_top);
+    CHECK(std::memcmp(got.data(), configured.data(), n * m * sizeof(float)) == 0);
+  }
+  setenv("PD_CPU_LM_HEAD_MARGIN", "0", 1);
+  const std::vector<float> zero = logits(near_top);
+  unsetenv("PD_CPU_LM_HEAD_MARGIN");
+  CHECK(std::memcmp(zero.data(), b.data(), n * m * sizeof(float)) == 0);
 }
 
 namespace {

@@ -278,10 +278,11 @@ cpu::KvRows window_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n,
 // (prefetcht1). A window's rows lie in runs of at most block_size rows, one
 // per block, too short for the hardware prefetchers to pick up. attend_tile
 // asks for the next window's K as a window starts and for its V before the
-// value sums, one window ahead each: over a KV cache in DRAM, a decode step's
-// attention runs 1.3-2.0x faster than without (docs/BENCHMARKS.md). Asking
-// for K and V together (one burst of twice the misses) gained less, into L1
-// (prefetcht0) nothing.
+// value sums, one window ahead each. Without them, reading the rows in place
+// was slower than widening them first; with them, a decode step's attention
+// over a KV cache in DRAM runs 1.35-2.2x faster than the widening copy did
+// (docs/BENCHMARKS.md). Asking for K and V together (one burst of twice the
+// misses) gained less, into L1 (prefetcht0) nothing.
 void prefetch_rows(const AttentionTile& a, int kind, int64_t p0, int64_t n) {
   const size_t row = a.L->row_bytes();
   for_each_run(a, kind, p0, n, [&](const uint8_t* src, int64_t, int64_t seg) {
