@@ -145,7 +145,10 @@ Weights make_weights(pd::GgmlType type, int64_t n, int64_t k, uint64_t seed, boo
 }
 
 // Runs every group of the packed matrix against m quantized rows.
-std::vector<float> run_gemm(const pd::cpu::Kernels& kern, const Weights& w, const std::vector<BlockQ8A>& xq, int m) {
+// pairs: consecutive groups two at a time through gemm_group_pair (the
+// kernels' 16-row path where kern has one), as the backend runs them.
+std::vector<float> run_gemm(const pd::cpu::Kernels& kern, const Weights& w, const std::vector<BlockQ8A>& xq, int m,
+                            bool pairs = false) {
   const auto fmt = pd::cpu::packed_format_for(w.type);
   const int64_t nb = w.k / pd::cpu::kQBlock, groups = (w.n + 7) / 8;
   std::vector<float> out(m * groups * 8, -1.0f);
@@ -157,9 +160,14 @@ std::vector<float> run_gemm(const pd::cpu::Kernels& kern, const Weights& w, cons
     xo.resize(xq.size());
     pd::cpu::offset_activations(xq.data(), static_cast<int64_t>(xq.size()), xo.data());
   }
-  for (int64_t g = 0; g < groups; ++g)
-    pd::cpu::gemm_group(kern, fmt, w.packed.data() + g * gb, nb, xq.data(), m, out.data() + g * 8, groups * 8,
-                        xo.empty() ? nullptr : xo.data());
+  for (int64_t g = 0; g < groups; g += pairs && g + 1 < groups ? 2 : 1) {
+    const uint8_t* group = w.packed.data() + g * gb;
+    const BlockQ8A* xop = xo.empty() ? nullptr : xo.data();
+    if (pairs && g + 1 < groups)
+      pd::cpu::gemm_group_pair(kern, fmt, group, nb, xq.data(), m, out.data() + g * 8, groups * 8, xop);
+    else
+      pd::cpu::gemm_group(kern, fmt, group, nb, xq.data(), m, out.data() + g * 8, groups * 8, xop);
+  }
   return out;
 }
 
@@ -253,10 +261,13 @@ TEST_CASE("integer gemm equals the scalar dot of the dequantized operands on eve
               }
             }
             for (Isa isa : runnable_isas()) {
-              const std::vector<float> got = run_gemm(pd::cpu::kernels(isa), w, xq, m);
-              INFO(pd::cpu::isa_name(isa) << " " << pd::ggml_type_name(type) << (raw ? " random blocks" : " quantized")
-                                          << " k=" << k << " n=" << n << " m=" << m);
-              CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+              for (bool pairs : {false, true}) {
+                const std::vector<float> got = run_gemm(pd::cpu::kernels(isa), w, xq, m, pairs);
+                INFO(pd::cpu::isa_name(isa) << " " << pd::ggml_type_name(type)
+                                            << (raw ? " random blocks" : " quantized") << " k=" << k << " n=" << n
+                                            << " m=" << m << (pairs ? " groups in pairs" : ""));
+                CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+              }
             }
           }
         }
@@ -329,6 +340,12 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
   pd::cpu::Kernels emulated_offset = emulated;
   emulated_offset.gemm_q8x8_offset = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8_offset;
   emulated_offset.gemm_q8x8h_offset = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8h_offset;
+  // The 16-row kernels (512-bit vectors, here as two 256-bit halves).
+  pd::cpu::Kernels emulated_pairs = emulated_offset;
+  emulated_pairs.gemm_q4x8_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8_x2;
+  emulated_pairs.gemm_q4x8f_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8f_x2;
+  emulated_pairs.gemm_q8x8_offset_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8_offset_x2;
+  emulated_pairs.gemm_q8x8h_offset_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8h_offset_x2;
   for (pd::GgmlType type : kPackedTypes) {
     for (int64_t k : row_lengths(type, true)) {
       const Weights w = make_weights(type, 21, k, 3 * k, /*raw=*/k > 256);
@@ -339,9 +356,11 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
         const std::vector<float> ref = run_gemm(pd::cpu::kernels(Isa::kScalar), w, xq, m);
         const std::vector<float> got = run_gemm(emulated, w, xq, m);
         const std::vector<float> got_offset = run_gemm(emulated_offset, w, xq, m);  // the Q8 layouts' offset kernels
+        const std::vector<float> got_pairs = run_gemm(emulated_pairs, w, xq, m, /*pairs=*/true);
         INFO(pd::ggml_type_name(type) << " k=" << k << " m=" << m);
         CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(got_offset.data(), ref.data(), got.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(got_pairs.data(), ref.data(), got.size() * sizeof(float)) == 0);
       }
     }
   }

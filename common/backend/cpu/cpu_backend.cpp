@@ -727,10 +727,13 @@ class CpuBackend final : public Backend {
     cpu::BlockQ8A* xqo = offset ? xq + m * nb : nullptr;
     cpu::BlockQ8A* xq2o = offset && two_pass ? xq2 + m * nb : nullptr;
     const float* xs = f32(x);
-    constexpr int kR = cpu::kPackRows;
-    int64_t first_group[kMaxMulti + 1] = {0};
-    for (size_t j = 0; j < ws.size(); ++j) first_group[j + 1] = first_group[j] + (ws[j]->n_rows() + kR - 1) / kR;
-    const int64_t total_groups = first_group[ws.size()];
+    constexpr int kR = cpu::kPackRows, kPair = 2 * kR;
+    // Work items are pairs of consecutive groups of one weight (the last
+    // item of a weight with an odd group count is a single group): the
+    // kernels run a pair in one pass (gemm_group_pair).
+    int64_t first_item[kMaxMulti + 1] = {0};
+    for (size_t j = 0; j < ws.size(); ++j) first_item[j + 1] = first_item[j] + (ws[j]->n_rows() + kPair - 1) / kPair;
+    const int64_t total_items = first_item[ws.size()];
 #pragma omp parallel num_threads(n_threads_)
     {
       quantize_inputs(kern, xs, k, m, xq, xqo, xq2, xq2o);
@@ -741,39 +744,46 @@ class CpuBackend final : public Backend {
         const cpu::BlockQ8A* xco = offset ? xqo + i0 * nb : nullptr;
         const cpu::BlockQ8A* xc2o = offset && two_pass ? xq2o + i0 * nb : nullptr;
 #pragma omp for schedule(static)
-        for (int64_t gg = 0; gg < total_groups; ++gg) {
+        for (int64_t item = 0; item < total_items; ++item) {
           size_t j = 0;
-          while (gg >= first_group[j + 1]) ++j;
-          const int64_t g = gg - first_group[j], n = ws[j]->n_rows();
+          while (item >= first_item[j + 1]) ++j;
+          const int64_t n = ws[j]->n_rows(), groups = (n + kR - 1) / kR;
+          const int64_t g = 2 * (item - first_item[j]);
+          const bool pair = g + 1 < groups;
+          const int cols = pair ? kPair : kR;
           const auto f = static_cast<cpu::PackedFormat>(ws[j]->layout);
           const size_t group_bytes = cpu::packed_group_bytes(f, k);
           const uint8_t* wb = static_cast<const uint8_t*>(ws[j]->data);
           float* os = f32(*outs[j]);
-          // With several token tiles the kernel reads this group many times
-          // from L1; start the next group's memory reads now so its first
-          // pass does not wait on them (one tile runs at memory speed).
-          if (mt > 4 && g + 1 < first_group[j + 1] - first_group[j])
-            for (size_t off = 0; off < group_bytes; off += 64) __builtin_prefetch(wb + (g + 1) * group_bytes + off);
+          // With several token tiles the kernel reads these groups many
+          // times from L1; start the next item's memory reads now so its
+          // first pass does not wait on them (one tile runs at memory speed).
+          const int64_t next = g + cols / kR, next_end = std::min(next + 2, groups);
+          if (mt > 4)
+            for (size_t off = next * group_bytes; off < next_end * group_bytes; off += 64) __builtin_prefetch(wb + off);
           const void* group = wb + g * group_bytes;
-          const bool whole = (g + 1) * kR <= n;
-          float tail[kInt8Chunk * kR];  // the last group of a matrix whose rows are not a multiple of 8
+          const bool whole = g * kR + cols <= n;
+          float tail[kInt8Chunk * kPair];  // the last group of a matrix whose rows are not a multiple of 8
           float* dst = whole ? os + i0 * n + g * kR : tail;
-          const int64_t stride = whole ? n : kR;
+          const int64_t stride = whole ? n : cols;
           auto gemm = [&](const cpu::BlockQ8A* xa, const cpu::BlockQ8A* xao, float* o, int64_t o_stride) {
-            cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride, xao);
+            if (pair)
+              cpu::gemm_group_pair(kern, f, group, nb, xa, mt, o, o_stride, xao);
+            else
+              cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride, xao);
           };
           gemm(xc, xco, dst, stride);
           if (two_pass && !top) {
-            float second[kInt8Chunk * kR];
-            gemm(xc2, xc2o, second, kR);
+            float second[kInt8Chunk * kPair];
+            gemm(xc2, xc2o, second, cols);
             for (int i = 0; i < mt; ++i)
-              for (int r = 0; r < kR; ++r) dst[i * stride + r] += second[i * kR + r];
+              for (int r = 0; r < cols; ++r) dst[i * stride + r] += second[i * cols + r];
           } else if (top && mt < kTopSweepMinTokens) {
             gemm(xc2, xc2o, top_second_.data() + g * kR, groups_padded);  // kept for second_pass_near_top
           }
           if (!whole)
             for (int i = 0; i < mt; ++i)
-              for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * kR + r];
+              for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * cols + r];
         }
         if (top)
           second_pass_near_top(kern, *ws[0], *outs[0], i0, mt, xc2, xc2o, nb,

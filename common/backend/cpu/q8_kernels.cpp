@@ -182,8 +182,9 @@ void silu_mul_scalar(const float* gate, const float* up, int64_t n, float* out) 
 
 const Kernels kScalarKernels{quantize_rows_scalar, gemm_q4x8_scalar,     gemm_q8x8_scalar,
                              gemm_q4x8f_scalar,   gemm_q8x8h_scalar,    nullptr,
-                             nullptr,             qk_scores_scalar,     softmax_step_scalar,
-                             pv_accumulate_scalar, silu_mul_scalar};
+                             nullptr,             nullptr,              nullptr,
+                             nullptr,             nullptr,              qk_scores_scalar,
+                             softmax_step_scalar, pv_accumulate_scalar, silu_mul_scalar};
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -486,6 +487,29 @@ void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t 
   }
 }
 
+void gemm_group_pair(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
+                     float* out, int64_t out_stride, const BlockQ8A* xo) {
+  const bool offset = xo != nullptr && uses_offset_activations(kern, f);
+  switch (packed_layout(f)) {
+    case PackedLayout::kQ4x8:
+      if (kern.gemm_q4x8_x2 == nullptr) break;
+      return kern.gemm_q4x8_x2(static_cast<const PackedQ4x8*>(group), nb, x, m, out, out_stride);
+    case PackedLayout::kQ4x8F:
+      if (kern.gemm_q4x8f_x2 == nullptr) break;
+      return kern.gemm_q4x8f_x2(static_cast<const PackedQ4x8F*>(group), nb, x, m, out, out_stride);
+    case PackedLayout::kQ8x8:
+      if (!offset || kern.gemm_q8x8_offset_x2 == nullptr) break;
+      return kern.gemm_q8x8_offset_x2(static_cast<const PackedQ8x8*>(group), nb, xo, m, out, out_stride);
+    case PackedLayout::kQ8x8H:
+      if (!offset || kern.gemm_q8x8h_offset_x2 == nullptr) break;
+      return kern.gemm_q8x8h_offset_x2(static_cast<const PackedQ8x8H*>(group), nb, xo, m, out, out_stride);
+    case PackedLayout::kNone: return;
+  }
+  const size_t group_bytes = packed_group_bytes(f, nb * kQBlock);
+  gemm_group(kern, f, group, nb, x, m, out, out_stride, xo);
+  gemm_group(kern, f, static_cast<const uint8_t*>(group) + group_bytes, nb, x, m, out + kPackRows, out_stride, xo);
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAvx2: return "avx2";
@@ -530,6 +554,10 @@ const Kernels& kernels(Isa isa) {
       k.gemm_q8x8h = avx512vnni_gemm()->gemm_q8x8h;
       k.gemm_q8x8_offset = avx512vnni_gemm()->gemm_q8x8_offset;
       k.gemm_q8x8h_offset = avx512vnni_gemm()->gemm_q8x8h_offset;
+      k.gemm_q4x8_x2 = avx512vnni_gemm()->gemm_q4x8_x2;
+      k.gemm_q4x8f_x2 = avx512vnni_gemm()->gemm_q4x8f_x2;
+      k.gemm_q8x8_offset_x2 = avx512vnni_gemm()->gemm_q8x8_offset_x2;
+      k.gemm_q8x8h_offset_x2 = avx512vnni_gemm()->gemm_q8x8h_offset_x2;
       if (const AttentionKernels* a = avx512_attention()) {
         k.qk_scores = a->qk_scores;
         k.softmax_step = a->softmax_step;

@@ -191,6 +191,16 @@ struct Kernels {
                            int64_t out_stride);
   void (*gemm_q8x8h_offset)(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* xo, int m, float* out,
                             int64_t out_stride);
+  // Optional (nullptr where the ISA has none): gemm_q4x8, gemm_q4x8f and the
+  // two offset kernels over two consecutive packed groups, w and w + nb
+  // blocks (16 rows): out[t * out_stride + r] for r < 16, the same bits as a
+  // call per group. One pass over both groups' blocks, in 512-bit vectors,
+  // shares every activation load between the 16 rows. gemm_group_pair() falls
+  // back to a call per group.
+  decltype(gemm_q4x8) gemm_q4x8_x2;
+  decltype(gemm_q4x8f) gemm_q4x8f_x2;
+  decltype(gemm_q8x8_offset) gemm_q8x8_offset_x2;
+  decltype(gemm_q8x8h_offset) gemm_q8x8h_offset_x2;
 
   // Attention pieces (fp32 arithmetic; hd a multiple of 8), over many query
   // rows at once: the rows share every key and value load. Keys and values
@@ -232,6 +242,11 @@ const Kernels& kernels(Isa isa);
 // for that layout (uses_offset_activations).
 void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
                 float* out, int64_t out_stride, const BlockQ8A* xo = nullptr);
+// gemm_group for two consecutive groups (group and the next, 16 rows, out
+// columns r < 16): through kern's two-group kernel for f's layout where it
+// has one, else a gemm_group call per group. The same bits either way.
+void gemm_group_pair(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
+                     float* out, int64_t out_stride, const BlockQ8A* xo = nullptr);
 bool uses_offset_activations(const Kernels& kern, PackedFormat f);
 // out[i] = x[i] with every quant byte stored as x + 128 (XOR 0x80; read as
 // unsigned by the offset kernels), d and s unchanged; n blocks.
@@ -249,6 +264,10 @@ struct IntegerGemm {
   decltype(Kernels::gemm_q8x8h) gemm_q8x8h;
   decltype(Kernels::gemm_q8x8_offset) gemm_q8x8_offset;
   decltype(Kernels::gemm_q8x8h_offset) gemm_q8x8h_offset;
+  decltype(Kernels::gemm_q4x8_x2) gemm_q4x8_x2;
+  decltype(Kernels::gemm_q4x8f_x2) gemm_q4x8f_x2;
+  decltype(Kernels::gemm_q8x8_offset_x2) gemm_q8x8_offset_x2;
+  decltype(Kernels::gemm_q8x8h_offset_x2) gemm_q8x8h_offset_x2;
 };
 const IntegerGemm* avx512vnni_gemm();
 // The attention kernels compiled for AVX-512 (q8_kernels_avx512vnni.cpp, from

@@ -235,7 +235,8 @@ void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
 }
 
 const Kernels kAvx2Kernels{quantize_rows_avx2, gemm_q4x8_avx2,     gemm_q8x8_avx2,    gemm_q4x8f_avx2,
-                           gemm_q8x8h_avx2,    nullptr,            nullptr,           qk_scores_simd,
+                           gemm_q8x8h_avx2,    nullptr,            nullptr,           nullptr,
+                           nullptr,            nullptr,            nullptr,           qk_scores_simd,
                            softmax_step_simd,  pv_accumulate_simd, silu_mul_avx2};
 
 }  // namespace
