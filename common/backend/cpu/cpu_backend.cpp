@@ -758,8 +758,11 @@ class CpuBackend final : public Backend {
           // With several token tiles the kernel reads these groups many
           // times from L1; start the next item's memory reads now so its
           // first pass does not wait on them (one tile runs at memory speed).
+          // A two-group kernel prefetches the next pair itself, into L2, a
+          // block at a time: prefetching it all here as well stalled the
+          // core (6.7% of batch-8 decode on Zen 4, docs/BENCHMARKS.md).
           const int64_t next = g + cols / kR, next_end = std::min(next + 2, groups);
-          if (mt > 4)
+          if (mt > 4 && !(pair && cpu::has_pair_kernel(kern, f)))
             for (size_t off = next * group_bytes; off < next_end * group_bytes; off += 64) __builtin_prefetch(wb + off);
           const void* group = wb + g * group_bytes;
           const bool whole = g * kR + cols <= n;

@@ -510,6 +510,17 @@ void gemm_group_pair(const Kernels& kern, PackedFormat f, const void* group, int
   gemm_group(kern, f, static_cast<const uint8_t*>(group) + group_bytes, nb, x, m, out + kPackRows, out_stride, xo);
 }
 
+bool has_pair_kernel(const Kernels& kern, PackedFormat f) {
+  switch (packed_layout(f)) {
+    case PackedLayout::kQ4x8: return kern.gemm_q4x8_x2 != nullptr;
+    case PackedLayout::kQ4x8F: return kern.gemm_q4x8f_x2 != nullptr;
+    case PackedLayout::kQ8x8: return uses_offset_activations(kern, f) && kern.gemm_q8x8_offset_x2 != nullptr;
+    case PackedLayout::kQ8x8H: return uses_offset_activations(kern, f) && kern.gemm_q8x8h_offset_x2 != nullptr;
+    case PackedLayout::kNone: break;
+  }
+  return false;
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAvx2: return "avx2";

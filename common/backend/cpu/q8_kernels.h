@@ -247,6 +247,10 @@ void gemm_group(const Kernels& kern, PackedFormat f, const void* group, int64_t 
 // has one, else a gemm_group call per group. The same bits either way.
 void gemm_group_pair(const Kernels& kern, PackedFormat f, const void* group, int64_t nb, const BlockQ8A* x, int m,
                      float* out, int64_t out_stride, const BlockQ8A* xo = nullptr);
+// Whether gemm_group_pair runs f's groups through a two-group kernel of kern
+// (given the offset activations where kern takes them for f): such a kernel
+// prefetches the next pair of groups itself.
+bool has_pair_kernel(const Kernels& kern, PackedFormat f);
 bool uses_offset_activations(const Kernels& kern, PackedFormat f);
 // out[i] = x[i] with every quant byte stored as x + 128 (XOR 0x80; read as
 // unsigned by the offset kernels), d and s unchanged; n blocks.
