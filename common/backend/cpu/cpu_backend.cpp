@@ -727,73 +727,95 @@ class CpuBackend final : public Backend {
     cpu::BlockQ8A* xqo = offset ? xq + m * nb : nullptr;
     cpu::BlockQ8A* xq2o = offset && two_pass ? xq2 + m * nb : nullptr;
     const float* xs = f32(x);
-    constexpr int kR = cpu::kPackRows, kPair = 2 * kR;
     // Work items are pairs of consecutive groups of one weight (the last
     // item of a weight with an odd group count is a single group): the
     // kernels run a pair in one pass (gemm_group_pair).
     int64_t first_item[kMaxMulti + 1] = {0};
-    for (size_t j = 0; j < ws.size(); ++j) first_item[j + 1] = first_item[j] + (ws[j]->n_rows() + kPair - 1) / kPair;
+    for (size_t j = 0; j < ws.size(); ++j)
+      first_item[j + 1] = first_item[j] + (ws[j]->n_rows() + 2 * cpu::kPackRows - 1) / (2 * cpu::kPackRows);
     const int64_t total_items = first_item[ws.size()];
 #pragma omp parallel num_threads(n_threads_)
     {
       quantize_inputs(kern, xs, k, m, xq, xqo, xq2, xq2o);
       for (int64_t i0 = 0; i0 < m; i0 += kInt8Chunk) {
-        const int mt = static_cast<int>(std::min(kInt8Chunk, m - i0));
-        const cpu::BlockQ8A* xc = xq + i0 * nb;
-        const cpu::BlockQ8A* xc2 = two_pass ? xq2 + i0 * nb : nullptr;
-        const cpu::BlockQ8A* xco = offset ? xqo + i0 * nb : nullptr;
-        const cpu::BlockQ8A* xc2o = offset && two_pass ? xq2o + i0 * nb : nullptr;
+        Int8Chunk c{kern, k, i0, static_cast<int>(std::min(kInt8Chunk, m - i0)), two_pass, top, groups_padded,
+                    xq + i0 * nb, two_pass ? xq2 + i0 * nb : nullptr, offset ? xqo + i0 * nb : nullptr,
+                    offset && two_pass ? xq2o + i0 * nb : nullptr};
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < total_items; ++item) {
           size_t j = 0;
           while (item >= first_item[j + 1]) ++j;
-          const int64_t n = ws[j]->n_rows(), groups = (n + kR - 1) / kR;
-          const int64_t g = 2 * (item - first_item[j]);
-          const bool pair = g + 1 < groups;
-          const int cols = pair ? kPair : kR;
-          const auto f = static_cast<cpu::PackedFormat>(ws[j]->layout);
-          const size_t group_bytes = cpu::packed_group_bytes(f, k);
-          const uint8_t* wb = static_cast<const uint8_t*>(ws[j]->data);
-          float* os = f32(*outs[j]);
-          // With several token tiles the kernel reads these groups many
-          // times from L1; start the next item's memory reads now so its
-          // first pass does not wait on them (one tile runs at memory speed).
-          // A two-group kernel prefetches the next pair itself, into L2, a
-          // block at a time: prefetching it all here as well stalled the
-          // core (6.7% of batch-8 decode on Zen 4, docs/BENCHMARKS.md).
-          const int64_t next = g + cols / kR, next_end = std::min(next + 2, groups);
-          if (mt > 4 && !(pair && cpu::has_pair_kernel(kern, f)))
-            for (size_t off = next * group_bytes; off < next_end * group_bytes; off += 64) __builtin_prefetch(wb + off);
-          const void* group = wb + g * group_bytes;
-          const bool whole = g * kR + cols <= n;
-          float tail[kInt8Chunk * kPair];  // the last group of a matrix whose rows are not a multiple of 8
-          float* dst = whole ? os + i0 * n + g * kR : tail;
-          const int64_t stride = whole ? n : cols;
-          auto gemm = [&](const cpu::BlockQ8A* xa, const cpu::BlockQ8A* xao, float* o, int64_t o_stride) {
-            if (pair)
-              cpu::gemm_group_pair(kern, f, group, nb, xa, mt, o, o_stride, xao);
-            else
-              cpu::gemm_group(kern, f, group, nb, xa, mt, o, o_stride, xao);
-          };
-          gemm(xc, xco, dst, stride);
-          if (two_pass && !top) {
-            float second[kInt8Chunk * kPair];
-            gemm(xc2, xc2o, second, cols);
-            for (int i = 0; i < mt; ++i)
-              for (int r = 0; r < cols; ++r) dst[i * stride + r] += second[i * cols + r];
-          } else if (top && mt < kTopSweepMinTokens) {
-            gemm(xc2, xc2o, top_second_.data() + g * kR, groups_padded);  // kept for second_pass_near_top
-          }
-          if (!whole)
-            for (int i = 0; i < mt; ++i)
-              for (int64_t r = 0; g * kR + r < n; ++r) os[(i0 + i) * n + g * kR + r] = tail[i * cols + r];
+          int8_item(c, *ws[j], *outs[j], 2 * (item - first_item[j]));
         }
         if (top)
-          second_pass_near_top(kern, *ws[0], *outs[0], i0, mt, xc2, xc2o, nb,
-                               mt < kTopSweepMinTokens ? top_second_.data() : nullptr, groups_padded);
+          second_pass_near_top(kern, *ws[0], *outs[0], i0, c.mt, c.x2, c.x2o, nb,
+                               c.mt < kTopSweepMinTokens ? top_second_.data() : nullptr, groups_padded);
       }
     }
     return Status::ok();
+  }
+
+  // One chunk of matmul_int8's tokens: [i0, i0 + mt), quantized (x, and the
+  // second pass's x2), with their offset copies where the kernels take them.
+  struct Int8Chunk {
+    const cpu::Kernels& kern;
+    int64_t k, i0;
+    int mt;
+    bool two_pass, top;
+    int64_t groups_padded;
+    const cpu::BlockQ8A *x, *x2, *xo, *x2o;
+  };
+  // matmul_int8's work item: the chunk's tokens against groups g and g + 1 of
+  // w (g alone where it is w's last group), into out.
+  void int8_item(const Int8Chunk& c, const Tensor& w, Tensor& out, int64_t g) {
+    constexpr int kR = cpu::kPackRows, kPair = 2 * kR;
+    const int64_t n = w.n_rows(), groups = (n + kR - 1) / kR, nb = c.k / cpu::kQBlock;
+    const bool pair = g + 1 < groups;
+    const int cols = pair ? kPair : kR;
+    const auto f = static_cast<cpu::PackedFormat>(w.layout);
+    const size_t group_bytes = cpu::packed_group_bytes(f, c.k);
+    const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+    float* os = f32(out);
+    // With several token tiles the kernel reads these groups many times from
+    // L1; start the next item's memory reads now so its first pass does not
+    // wait on them (one tile runs at memory speed). A two-group kernel
+    // prefetches the next pair itself, into L2, a block at a time:
+    // prefetching it all here as well stalled the core (6.7% of batch-8
+    // decode on Zen 4, docs/BENCHMARKS.md).
+    const int64_t next = g + cols / kR;
+    if (c.mt > 4 && !(pair && cpu::has_pair_kernel(c.kern, f)))
+      prefetch_bytes(wb + next * group_bytes, (std::min(next + 2, groups) - next) * group_bytes);
+    const void* group = wb + g * group_bytes;
+    const bool whole = g * kR + cols <= n;
+    float tail[kInt8Chunk * kPair];  // the last group of a matrix whose rows are not a multiple of 8
+    float* dst = whole ? os + c.i0 * n + g * kR : tail;
+    const int64_t stride = whole ? n : cols;
+    auto gemm = [&](const cpu::BlockQ8A* xa, const cpu::BlockQ8A* xao, float* o, int64_t o_stride) {
+      if (pair)
+        cpu::gemm_group_pair(c.kern, f, group, nb, xa, c.mt, o, o_stride, xao);
+      else
+        cpu::gemm_group(c.kern, f, group, nb, xa, c.mt, o, o_stride, xao);
+    };
+    gemm(c.x, c.xo, dst, stride);
+    if (c.two_pass && !c.top) {
+      float second[kInt8Chunk * kPair];
+      gemm(c.x2, c.x2o, second, cols);
+      add_rows(second, cols, c.mt, cols, dst, stride);
+    } else if (c.top && c.mt < kTopSweepMinTokens) {
+      gemm(c.x2, c.x2o, top_second_.data() + g * kR, c.groups_padded);  // kept for second_pass_near_top
+    }
+    if (!whole) copy_rows(tail, cols, c.mt, n - g * kR, os + c.i0 * n + g * kR, n);
+  }
+  static void prefetch_bytes(const uint8_t* p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+  }
+  // dst[i * dst_stride + r] += src[i * src_stride + r], or = for copy_rows, for i < rows, r < cols.
+  static void add_rows(const float* src, int64_t src_stride, int rows, int64_t cols, float* dst, int64_t dst_stride) {
+    for (int i = 0; i < rows; ++i)
+      for (int64_t r = 0; r < cols; ++r) dst[i * dst_stride + r] += src[i * src_stride + r];
+  }
+  static void copy_rows(const float* src, int64_t src_stride, int rows, int64_t cols, float* dst, int64_t dst_stride) {
+    for (int i = 0; i < rows; ++i) std::copy_n(src + i * src_stride, cols, dst + i * dst_stride);
   }
 
   // matmul_int8's inputs, inside its parallel region: m rows of k floats to
