@@ -1,5 +1,6 @@
-// AVX512-VNNI integer matmul kernels for q8_kernels.h (256-bit vectors,
-// AVX512VL encodings). vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes
+// AVX512-VNNI integer matmul kernels for q8_kernels.h: one packed group in
+// 256-bit vectors (AVX512VL encodings), or two in 512-bit vectors (the
+// Kernels::*_x2 entries; Rows16 below). vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes
 // and adds the four products into an i32 lane — exactly the 4-byte runs the
 // packed layout puts in each row's lane — so a block's 8 runs are 8
 // instructions, with no i16 stage and no widening. Everything after the
