@@ -9,7 +9,7 @@
 // rate in multiply-adds per second, and 16-row ÷ 8-row; the two outputs must
 // be the same bits (exit status 1 otherwise).
 //
-//   pd-bench-kernels [-m MODEL] [--tokens 1,4,8,32] [--reps 7]
+//   pd-bench-kernels [-m MODEL] [--tokens 1,4,8,32] [--reps 7] [--cold]
 //
 // PD_CPU_ISA=avx2|scalar runs another ISA's kernels (q8_kernels.h).
 #include <CLI/CLI.hpp>
@@ -32,7 +32,7 @@ using pd::tools::Clock;
 
 struct Flags {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  std::string tokens = "1,4,8,32";
+  std::vector<int> tokens = {1, 4, 8, 32};
   int reps = 7;
   bool cold = false;
 };
@@ -129,23 +129,12 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"pd-bench-kernels: the integer matmul kernels alone, 8-row against 16-row, one thread"};
   app.add_option("-m,--model", f.model_path, "GGUF model (default: the default model)");
-  app.add_option("--tokens", f.tokens, "comma-separated activation rows per call (1-64)");
+  app.add_option("--tokens", f.tokens, "comma-separated activation rows per call (1-64)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   app.add_option("--reps", f.reps, "timed calls per variant (median)")->check(CLI::Range(1, 1000));
   app.add_flag("--cold", f.cold, "evict the caches before every call (weights read from memory)");
   if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-bench-kernels")) return *code;
-  std::vector<int> tokens;
-  for (size_t pos = 0; pos <= f.tokens.size();) {
-    const size_t comma = f.tokens.find(',', pos);
-    const std::string item = f.tokens.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 64)
-      return pd::tools::report_error("pd-bench-kernels", "--tokens: '" + item + "' is not a count from 1 to 64",
-                                     pd::tools::kExitUsage);
-    tokens.push_back(static_cast<int>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
   pd::tools::ToolError err;
   const auto file = pd::tools::open_model_file(f.model_path, /*refusal_is_usage=*/true, &err);
   if (file == nullptr) return pd::tools::report_error("pd-bench-kernels", err.message, err.exit_code);
@@ -160,7 +149,7 @@ int main(int argc, char** argv) {
   std::printf("%-24s %-5s %15s %4s  %17s  %17s   %5s\n", "matrix", "type", "rows x k", "tok", "8-row us  GMAC/s",
               "16-row us  GMAC/s", "ratio");
   bool same = true;
-  for (int m : tokens)
+  for (int m : f.tokens)
     for (const Packed& w : ws) same = bench_matrix(kern, w, m, f.reps, f.cold) && same;
   return same ? 0 : 1;
 }
