@@ -654,6 +654,42 @@ TEST_CASE("cpu backend: rope rotates the pairs of each mode by the scaled, facto
   CHECK(st.message().find("frequency factors") != std::string::npos);
 }
 
+// rope keeps the angles of its last positions per spec (two specs): calls that
+// alternate specs, positions and token counts on one backend give the bits of
+// a fresh backend for each call.
+TEST_CASE("cpu backend: rope's cached angles follow every change of spec and positions", "[cpu][backend]") {
+  constexpr int64_t kHd = 32, kHeads = 2;
+  std::vector<float> factors(kHd / 2);
+  for (int64_t i = 0; i < kHd / 2; ++i) factors[i] = 1.0f + static_cast<float>(i % 3);
+  pd::RopeSpec a, b, c, d;
+  a.freq_base = 10000.0f;
+  b.freq_base = 1000000.0f;
+  c.freq_base = 10000.0f, c.freq_scale = 0.5f;
+  d.freq_base = 10000.0f, d.freq_factors = factors;
+  const std::vector<int32_t> p1{5, 6, 7, 8, 9, 10}, p2{5, 6, 7, 8, 9, 11}, p3{40};
+  struct Call {
+    const pd::RopeSpec* spec;
+    const std::vector<int32_t>* pos;
+    int64_t tokens;
+  };
+  const Call calls[] = {{&a, &p1, 6}, {&a, &p1, 6}, {&b, &p1, 6}, {&a, &p1, 6}, {&a, &p2, 6}, {&b, &p2, 6},
+                        {&c, &p2, 6}, {&a, &p2, 6}, {&a, &p2, 4}, {&a, &p1, 4}, {&d, &p1, 6}, {&a, &p3, 1},
+                        {&d, &p1, 6}, {&d, &p3, 1}, {&b, &p1, 5}, {&b, &p1, 6}};
+  auto cached = cpu_backend(2);
+  int index = 0;
+  for (const Call& call : calls) {
+    INFO("call " << index++);
+    const std::vector<float> x0 = pd::test::random_floats(kHd * kHeads * call.tokens, 40 + index);
+    std::vector<float> x = x0, y = x0;
+    pd::Tensor t, u;
+    t.ne = u.ne = {kHd, kHeads, call.tokens, 1};
+    t.data = x.data(), u.data = y.data();
+    REQUIRE(cached->rope(t, *call.pos, *call.spec).is_ok());
+    REQUIRE(cpu_backend(2)->rope(u, *call.pos, *call.spec).is_ok());
+    CHECK(x == y);
+  }
+}
+
 // geglu against GELU's tanh form in double; add with a one-row b (a bias) and
 // scale exactly.
 TEST_CASE("cpu backend: geglu, bias add and scale", "[cpu][backend]") {
