@@ -319,20 +319,17 @@ void attend_tile(const cpu::Kernels& kern, const AttentionTile& a, AttentionScra
   const int nt = static_cast<int>(a.tokens.size());
   const int nr = nt * a.nq;
   const int64_t hd = a.hd;
-  int64_t max_ctx = 0, min_lo = std::numeric_limits<int64_t>::max();
   for (int u = 0; u < nt; ++u) {
     std::memcpy(&w.q[u * a.nq * hd], a.q + u * a.tok_stride, static_cast<size_t>(a.nq * hd) * sizeof(float));
     const int32_t pos = a.tokens[u].position;
     const int lo = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
     for (int h = 0; h < a.nq; ++h) w.n_ctx[u * a.nq + h] = pos + 1, w.lo[u * a.nq + h] = lo;
-    max_ctx = std::max<int64_t>(max_ctx, pos + 1);
-    min_lo = std::min<int64_t>(min_lo, lo);
   }
   std::fill_n(w.m.begin(), nr, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l.begin(), nr, 0.0f);
   std::fill_n(w.acc.begin(), nr * hd, 0.0f);
   const bool widen = a.L->dtype != GgmlType::kF32 && nr > kInPlaceKvRows;
-  const int64_t first_window = min_lo / kKeyWindow * kKeyWindow;
+  const auto [first_window, max_ctx] = key_span(a);
   for (int kind = 0; kind < 2; ++kind)
     prefetch_rows(a, kind, first_window, std::min(kKeyWindow, max_ctx - first_window));
   const KeySpan next_keys = next != nullptr ? key_span(*next) : KeySpan{0, 0};
