@@ -112,8 +112,12 @@ class Cluster:
         self.stop()
         raise RuntimeError("cluster not healthy within %d s:\n%s" % (self.startup_s, self.logs()))
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self.stop()
+        # A check's AssertionError carries the logs it needs; anything else (the router
+        # refusing connections, a timeout) would leave no trace of why: print the tail.
+        if exc_type is not None and not issubclass(exc_type, AssertionError):
+            print("cluster logs at %s:\n%s" % (exc_type.__name__, self.logs()))
 
     def logs(self):
         return self.full_logs()[-6000:]
