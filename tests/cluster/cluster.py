@@ -117,7 +117,7 @@ class Cluster:
         # A check's AssertionError carries the logs it needs; anything else (the router
         # refusing connections, a timeout) would leave no trace of why: print the tail.
         if exc_type is not None and not issubclass(exc_type, AssertionError):
-            print("cluster logs at %s:\n%s" % (exc_type.__name__, self.logs()))
+            print("cluster logs at %s:\n%s" % (exc_type.__name__, self.full_logs()[-20000:]))
 
     def logs(self):
         return self.full_logs()[-6000:]
