@@ -503,15 +503,27 @@ class CpuBackend final : public Backend {
     }
     const int64_t n = static_cast<int64_t>(ids.size());
     const auto packed = static_cast<cpu::PackedFormat>(table.layout);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4)
-    for (int64_t i = 0; i < n; ++i) {
-      if (packed != cpu::PackedFormat::kNone) {
+    for_each(n > 4, n, [&](int64_t i) {
+      if (packed != cpu::PackedFormat::kNone)
         cpu::unpack_row(packed, table.data, d, ids[i], f32(out) + i * d);
-        continue;
-      }
-      cpu::dequant_row(table.type, base + static_cast<size_t>(ids[i]) * row_bytes, d, f32(out) + i * d);
-    }
+      else
+        cpu::dequant_row(table.type, base + static_cast<size_t>(ids[i]) * row_bytes, d, f32(out) + i * d);
+    });
     return Status::ok();
+  }
+
+  // fn(i) for i in [0, n): split over the threads when `parallel`, else on
+  // the calling thread without entering OpenMP at all. A parallel region whose
+  // `if` clause is false still builds a team: 0.5-0.9 us a call, about 4% of
+  // a batch-1 decode step with its eight small ops a layer (docs/BENCHMARKS.md).
+  template <typename Fn>
+  void for_each(bool parallel, int64_t n, Fn&& fn) {
+    if (!parallel) {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+#pragma omp parallel for num_threads(n_threads_) schedule(static)
+    for (int64_t i = 0; i < n; ++i) fn(i);
   }
 
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
@@ -522,8 +534,7 @@ class CpuBackend final : public Backend {
     const float* xs = f32(x);
     const float* ws = f32(w);
     float* os = f32(out);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 8)
-    for (int64_t i = 0; i < n; ++i) {
+    for_each(n > 8, n, [&](int64_t i) {
       const float* xi = xs + i * d;
       float* oi = os + i * d;
       // Eight sums of squares (element j into sum j % 8), added in a fixed
@@ -538,7 +549,7 @@ class CpuBackend final : public Backend {
       const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
       const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
       for (int64_t j = 0; j < d; ++j) oi[j] = xi[j] * scale * ws[j];
-    }
+    });
     return Status::ok();
   }
 
@@ -948,8 +959,7 @@ class CpuBackend final : public Backend {
     // Pair i is (x[2i], x[2i+1]) or, NEOX, (x[i], x[i + hd/2]).
     const int64_t stride = spec.neox ? 1 : 2, second = spec.neox ? hd / 2 : 1;
     float* xs = f32(x);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (nt > 4)
-    for (int64_t t = 0; t < nt; ++t) {
+    for_each(nt > 4, nt, [&](int64_t t) {
       const float* cs = table.cs.data() + t * (hd / 2);
       const float* sn = table.sn.data() + t * (hd / 2);
       for (int64_t h = 0; h < nh; ++h) {
@@ -961,7 +971,7 @@ class CpuBackend final : public Backend {
           p[second] = a * sn[i] + b * cs[i];
         }
       }
-    }
+    });
     return Status::ok();
   }
 
@@ -1002,15 +1012,14 @@ class CpuBackend final : public Backend {
     const int64_t nt = static_cast<int64_t>(positions.size());
     r->positions.assign(positions.begin(), positions.end());
     r->cs.resize(nt * pairs), r->sn.resize(nt * pairs);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (nt > 4)
-    for (int64_t t = 0; t < nt; ++t) {
+    for_each(nt > 4, nt, [&](int64_t t) {
       const double pos = positions[t];
       for (int64_t i = 0; i < pairs; ++i) {
         const double theta = pos * r->inv_freq[i];
         r->cs[t * pairs + i] = static_cast<float>(std::cos(theta));
         r->sn[t * pairs + i] = static_cast<float>(std::sin(theta));
       }
-    }
+    });
     return *r;
   }
 
@@ -1023,8 +1032,9 @@ class CpuBackend final : public Backend {
     const cpu::Kernels& kern = cpu::kernels(isa_);
     constexpr int64_t kSlice = 4096;
     const int64_t slices = (n + kSlice - 1) / kSlice;
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (slices > 1)
-    for (int64_t i = 0; i < slices; ++i) kern.silu_mul(g + i * kSlice, u + i * kSlice, std::min(kSlice, n - i * kSlice), o + i * kSlice);
+    for_each(slices > 1, slices, [&](int64_t i) {
+      kern.silu_mul(g + i * kSlice, u + i * kSlice, std::min(kSlice, n - i * kSlice), o + i * kSlice);
+    });
     return Status::ok();
   }
 
@@ -1037,8 +1047,7 @@ class CpuBackend final : public Backend {
     const float* g = f32(gate);
     const float* u = f32(up);
     float* o = f32(out);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
-    for (int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_tanh(g[i]) * u[i];
+    for_each(n > 4096, n, [&](int64_t i) { o[i] = cpu::gelu_tanh(g[i]) * u[i]; });
     return Status::ok();
   }
 
@@ -1051,13 +1060,12 @@ class CpuBackend final : public Backend {
     if (b.n_elements() != n) {  // one row added to every row (a bias)
       const int64_t d = a.ne[0];
       if (b.n_elements() != d) return Status::invalid_argument("add: shape mismatch");
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
-      for (int64_t r = 0; r < a.n_rows(); ++r)
+      for_each(n > 4096, a.n_rows(), [&](int64_t r) {
         for (int64_t j = 0; j < d; ++j) o[r * d + j] = as[r * d + j] + bs[j];
+      });
       return Status::ok();
     }
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
-    for (int64_t i = 0; i < n; ++i) o[i] = as[i] + bs[i];
+    for_each(n > 4096, n, [&](int64_t i) { o[i] = as[i] + bs[i]; });
     return Status::ok();
   }
 
@@ -1068,8 +1076,7 @@ class CpuBackend final : public Backend {
     PD_RETURN_IF_ERROR(expect_f32(out, "scale", "out"));
     const float* xs = f32(x);
     float* o = f32(out);
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n > 4096)
-    for (int64_t i = 0; i < n; ++i) o[i] = xs[i] * s;
+    for_each(n > 4096, n, [&](int64_t i) { o[i] = xs[i] * s; });
     return Status::ok();
   }
 
@@ -1086,8 +1093,7 @@ class CpuBackend final : public Backend {
     const size_t row = L.row_bytes();
     uint8_t* base = static_cast<uint8_t*>(cache.data());
     const bool f16c = isa_ != cpu::Isa::kScalar;
-#pragma omp parallel for num_threads(n_threads_) schedule(static) if (n >= 8)
-    for (int64_t i = 0; i < n; ++i) {
+    for_each(n >= 8, n, [&](int64_t i) {
       const int64_t block = slots[i] / L.block_size, off = slots[i] % L.block_size;
       uint8_t* kb = base + L.offset(layer, 0, block);
       uint8_t* vb = base + L.offset(layer, 1, block);
@@ -1096,7 +1102,7 @@ class CpuBackend final : public Backend {
         kv_row_from_f32(L.dtype, f16c, f32(k) + (i * nkv + g) * hd, hd, kb + at);
         kv_row_from_f32(L.dtype, f16c, f32(v) + (i * nkv + g) * hd, hd, vb + at);
       }
-    }
+    });
     return Status::ok();
   }
 
