@@ -4,7 +4,7 @@
 #
 #   deploy/launch.sh --prefill 1 --decode 1                 # localhost, port 8000
 #   deploy/launch.sh --colocated 2                          # conventional server, 2 workers
-#   deploy/launch.sh --prefill 2 --decode 4 --hostfile deploy/hostfile.example --host 0.0.0.0
+#   deploy/launch.sh --prefill 2 --decode 4 --hostfile deploy/hostfile.example --host 0.0.0.0   # needs http.api_key, or --insecure
 #   deploy/launch.sh --prefill 1 --decode 1 --dry-run       # print the mpirun line only
 #   deploy/launch.sh --prefill 1 --decode 1 --kv-dtype q8_0 # 8-bit KV cache (default: the config's kv.dtype, f16)
 #   deploy/launch.sh --prefill 1 --decode 1 --join-file /tmp/pd.join   # accept pools that join later
@@ -27,6 +27,7 @@ done
 
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
 BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0 NEW_ROUTER=""
+INSECURE=0
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
@@ -41,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --hostfile) HOSTFILE="${2:-}"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
     --port) need_int "$1" "${2:-}"; PORT="$2"; shift 2 ;;
     --host) HOST="${2:-}"; shift 2 ;;
+    --insecure) INSECURE=1; shift ;;  # serve on a non-loopback host without an API key (a trusted network only)
     --model) MODEL="${2:-}"; [[ -f "$MODEL" ]] || die "--model: no such file '$MODEL' (scripts/fetch_model.sh fetches the default)"; shift 2 ;;
     --config) CONFIG="${2:-}"; [[ -f "$CONFIG" ]] || die "--config: no such file '$CONFIG'"; shift 2 ;;
     --build) BUILD="${2:-}"; shift 2 ;;
@@ -75,6 +77,23 @@ elif [[ -n "$JOIN_FILE" && "$P" == 0 && "$D" == 0 ]]; then
 else
   [[ "$P" -ge 1 ]] || die "--prefill needs at least 1 rank (or use --colocated N)"
   [[ "$D" -ge 1 ]] || die "--decode needs at least 1 rank"
+fi
+# A router bound beyond loopback serves whoever reaches it: only with an API key
+# (http.api_key), or with --insecure for a network where every client is trusted.
+# (A pool joining with --join runs no router.)
+if [[ -z "$JOIN" ]]; then
+  read -r BIND_HOST HAS_KEY < <(python3 - "$CONFIG" "$HOST" <<'PY'
+import json, re, sys
+try: http = json.loads(re.sub(r'//[^\n]*', '', open(sys.argv[1]).read())).get("http", {})
+except Exception: http = {}
+print(sys.argv[2] or http.get("host") or "127.0.0.1", 1 if http.get("api_key") else 0)
+PY
+)
+  case "$BIND_HOST" in
+    127.*|localhost|::1|"[::1]") ;;
+    *) [[ "$HAS_KEY" == 1 || "$INSECURE" == 1 ]] ||
+         die "refusing to serve on $BIND_HOST (reachable from other machines) without an API key: set http.api_key in $CONFIG, or pass --insecure to serve without one (a trusted network only)" ;;
+  esac
 fi
 for b in router/pd-router prefill_node/pd-prefill decode_node/pd-decode; do
   [[ -x "$BUILD/$b" ]] || die "missing $BUILD/$b: build first (cmake -S . -B build -G Ninja && cmake --build build)"

@@ -45,7 +45,9 @@ SURPLUS_S = 5.0
 # launch.sh options a replacement pool repeats (the rest concern the router and the job).
 POOL_OPTIONS = ("--model", "--config", "--build", "--threads", "--kv-dtype", "--mca")
 # ... and those a new router repeats.
-ROUTER_OPTIONS = ("--model", "--config", "--build", "--kv-dtype", "--mca", "--port", "--host")
+ROUTER_OPTIONS = ("--model", "--config", "--build", "--kv-dtype", "--mca", "--port", "--host", "--insecure")
+# Of those, the ones that take no value.
+FLAGS = ("--insecure",)
 # This cluster's pd-router process, by its command line (anchored: mpirun's names pd-router too).
 ROUTER_PATTERN = "^[^ ]*pd-router .*--join-file "
 # Time the workers get, past timeouts.router_ms, to join a new router before pools are replaced.
@@ -87,7 +89,7 @@ def options(argv, names):
     """The options of `names` in a launch.sh command line, with their values."""
     out, i = [], 0
     while i < len(argv):
-        n = (3 if argv[i] == "--mca" else 2) if argv[i] in POOL_OPTIONS + ROUTER_OPTIONS else 1
+        n = (3 if argv[i] == "--mca" else 2) if argv[i] in POOL_OPTIONS + ROUTER_OPTIONS and argv[i] not in FLAGS else 1
         if argv[i] in names:
             out += argv[i:i + n]
         i += n

@@ -36,6 +36,37 @@ ApiResult<std::vector<int32_t>> fit_context(Endpoint ep, const ApiRequest& api, 
   return max_tokens;
 }
 
+int64_t answer_entries(const ApiRequest& api, const std::vector<Prompt>& prompts, const std::vector<int32_t>& max_tokens) {
+  const int64_t per_token = 1 + std::max<int64_t>(0, api.sampling.logprobs);
+  int64_t entries = 0;
+  for (size_t i = 0; i < prompts.size() && i < max_tokens.size(); ++i) {
+    const int64_t tokens = int64_t{max_tokens[i]} + (api.echo ? static_cast<int64_t>(prompts[i].ids.size()) : 0);
+    entries += int64_t{api.n} * tokens * per_token;  // <= 128 x 2^32 x 21 in all: no overflow
+  }
+  return entries;
+}
+
+std::optional<ApiError> check_answer_size(const ApiRequest& api, const std::vector<Prompt>& prompts,
+                                          const std::vector<int32_t>& max_tokens, int64_t limit) {
+  if (api.stream) return std::nullopt;
+  const int64_t entries = answer_entries(api, prompts, max_tokens);
+  if (entries <= limit) return std::nullopt;
+  const bool chat = api.endpoint == Endpoint::kChatCompletions;
+  const char* logprobs_field = chat ? "top_logprobs" : "logprobs";
+  const int64_t alternatives = std::max<int64_t>(0, api.sampling.logprobs);
+  const int32_t most_tokens = max_tokens.empty() ? 0 : *std::max_element(max_tokens.begin(), max_tokens.end());
+  const int64_t choices = static_cast<int64_t>(prompts.size()) * api.n;
+  std::string message = "a non-streamed answer of " + std::to_string(choices) + " choice" + (choices == 1 ? "" : "s") +
+                        " (prompts x n) x " + std::to_string(most_tokens) + " tokens (max_tokens" +
+                        (api.echo ? ", plus the echoed prompt" : "") + ") x (1 + " + std::to_string(alternatives) + " " +
+                        logprobs_field + ") would hold " + std::to_string(entries) +
+                        " token entries, over this server's limit of " + std::to_string(limit) +
+                        " (router.max_answer_entries); lower n, max_tokens or " + logprobs_field +
+                        ", or stream the answer (\"stream\": true)";
+  const std::string param = api.n > 1 ? "n" : alternatives > 0 ? logprobs_field : "max_tokens";
+  return api_error(400, std::move(message), param);
+}
+
 std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, const ClusterState& cluster,
                                         const ClusterConfig::Router& limits) {
   const std::vector<std::pair<std::string, std::string>> retry_after{{"Retry-After", std::to_string(limits.retry_after_s)}};

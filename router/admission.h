@@ -3,6 +3,9 @@
 //  - context: each prompt is non-empty and shorter than the model's context,
 //    and prompt + max_tokens fits it (max_tokens, when not given, defaults as
 //    OpenAI's: 16 for completions, the rest of the context for chat) — a 400;
+//  - the answer's size: a non-streamed answer is held whole until it is sent;
+//    one that could hold more than router.max_answer_entries token entries
+//    is a 400 (answer_entries() says how they are counted);
 //  - queue bounds: a request whose choices (prompts x n) could never be queued
 //    at once is a 400; one that finds the router's queue full (router.max_queued)
 //    a 503 with Retry-After;
@@ -25,6 +28,21 @@ namespace pd::router {
 // The max_tokens of each prompt's choices, or the 400 naming the prompt and field.
 ApiResult<std::vector<int32_t>> fit_context(Endpoint ep, const ApiRequest& api, const std::vector<Prompt>& prompts,
                                             int context);
+
+// What a non-streamed answer to `api` may hold, in token entries (a token, or
+// one of the logprobs alternatives shown with it): summed over its choices,
+// (its max_tokens, plus its prompt's tokens when echo shows them) x (1 + the
+// logprobs alternatives asked for per token: completions `logprobs`, chat
+// `top_logprobs`). `max_tokens` is fit_context()'s, one per prompt.
+int64_t answer_entries(const ApiRequest& api, const std::vector<Prompt>& prompts, const std::vector<int32_t>& max_tokens);
+
+// The 400 for a non-streamed request whose answer_entries() exceed `limit`
+// (router.max_answer_entries); nothing for a streamed one (it holds no answer).
+// The message names n, max_tokens and the logprobs field and the limit's key;
+// `param` is the field most likely at fault: n when it is above 1, else the
+// logprobs field when alternatives are asked for, else max_tokens.
+std::optional<ApiError> check_answer_size(const ApiRequest& api, const std::vector<Prompt>& prompts,
+                                          const std::vector<int32_t>& max_tokens, int64_t limit);
 
 // What admission needs to know of the link thread's state.
 struct ClusterState {

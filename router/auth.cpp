@@ -49,4 +49,9 @@ bool authorized(std::string_view header, std::string_view api_key) {
   return constant_time_equal(token, api_key);
 }
 
+AdminAccess admin_access(std::string_view header, std::string_view admin_key) {
+  if (admin_key.empty()) return AdminAccess::kDisabled;
+  return authorized(header, admin_key) ? AdminAccess::kAllowed : AdminAccess::kDenied;
+}
+
 }  // namespace pd::router

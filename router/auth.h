@@ -1,8 +1,10 @@
 // API-key authentication of HTTP requests (RFC 6750 bearer tokens).
 //
 // Pure functions, callable from any thread. The router calls authorized() with
-// the raw Authorization header of each request that needs the key (/v1/*, and
-// /metrics when http.metrics_require_key is set) and answers 401 when it is false.
+// the raw Authorization header of each request that needs the key (/v1/*, the
+// tokenizer routes, and /metrics when http.metrics_require_key is set) and
+// answers 401 when it is false. The admin routes (/admin/*) have their own key
+// (http.admin_key), checked by admin_access(): closed when it is unset.
 #pragma once
 
 #include <string_view>
@@ -19,6 +21,16 @@ namespace pd::router {
 //     an empty token) is false.
 // The token is compared in constant time: see constant_time_equal().
 bool authorized(std::string_view authorization_header, std::string_view api_key);
+
+// Whether an admin request may proceed, given the configured admin key.
+enum class AdminAccess {
+  kAllowed,   // the header carries the admin key
+  kDisabled,  // no admin key is configured: the admin endpoints are closed to everyone (403)
+  kDenied,    // a key is configured and the header does not carry it (401)
+};
+// As authorized(), except that an empty `admin_key` closes instead of opening:
+// kDisabled, whatever the header holds. The token is compared in constant time.
+AdminAccess admin_access(std::string_view authorization_header, std::string_view admin_key);
 
 // a == b, in time that depends only on a.size(): every byte of `a` is compared
 // (no exit at the first difference) and a length difference is folded into the

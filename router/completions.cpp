@@ -48,6 +48,8 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
   }
   ApiResult<std::vector<int32_t>> max_tokens = fit_context(ep, api, prompts.value(), model_.context);
   if (!max_tokens.is_ok()) return reject(max_tokens.error());
+  if (auto e = check_answer_size(api, prompts.value(), max_tokens.value(), cfg_.router.max_answer_entries))
+    return reject(*e);
   const int n_choices = static_cast<int>(prompts.value().size()) * api.n;
   if (auto refused = check_capacity(api, n_choices, cluster_state(), cfg_.router))
     return reject(refused->error, std::move(refused->headers));

@@ -12,8 +12,19 @@ const char* admission_name(Admission a) {
   return "?";
 }
 
-AdmitResult ConnectionSlots::admit() {
+AdmitResult ConnectionSlots::admit(Clock::time_point now) {
   AdmitResult r;
+  // The candidate listed longest ago: the oldest idle holder, or the oldest
+  // reading one when it has been silent for stall_after (the reading list is
+  // in order of last bytes, so only its first entry needs a look).
+  std::map<Key, uint64_t>* from = nullptr;
+  if (max_connections_ != 0 && slots_used_ >= max_connections_) {
+    if (!idle_.empty()) from = &idle_;
+    if (!reading_.empty() && reading_.begin()->first.first + stall_after_ <= now &&
+        (from == nullptr || reading_.begin()->first < idle_.begin()->first)) {
+      from = &reading_;
+    }
+  }
   if (max_connections_ == 0) {
     r.admission = Admission::kUnlimited;
   } else if (conns_.size() >= max_connections_ + max_overflow_) {
@@ -21,41 +32,46 @@ AdmitResult ConnectionSlots::admit() {
   } else if (slots_used_ < max_connections_) {
     r.admission = Admission::kSlot;
     ++slots_used_;
-  } else if (!idle_.empty()) {
-    // Take the slot of the longest idle keep-alive connection.
-    const auto oldest = idle_.begin();
-    Entry& e = conns_.at(oldest->second);
-    r.evicted = oldest->second;
-    idle_.erase(oldest);
-    e.idle_seq = 0;
+  } else if (from != nullptr) {
+    // Take the slot of the candidate listed longest ago.
+    const uint64_t victim = from->begin()->second;
+    Entry& e = conns_.at(victim);
+    r.evicted = victim;
+    r.evicted_reading = from == &reading_;
+    unlist(e);
     e.slot = false;
     r.admission = Admission::kSlot;
   } else {
     r.admission = Admission::kOverflow;
   }
   r.id = next_id_++;
-  conns_.emplace(r.id, Entry{r.admission == Admission::kSlot, 0});
+  conns_.emplace(r.id, Entry{r.admission == Admission::kSlot, Listing::kNone, {}});
   return r;
 }
 
-void ConnectionSlots::set_idle(uint64_t id, bool idle) {
+void ConnectionSlots::unlist(Entry& e) {
+  if (e.listed == Listing::kIdle) idle_.erase(e.key);
+  if (e.listed == Listing::kReading) reading_.erase(e.key);
+  e.listed = Listing::kNone;
+}
+
+void ConnectionSlots::list(uint64_t id, Listing how, Clock::time_point now) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Entry& e = it->second;
-  if (idle && e.slot && e.idle_seq == 0) {
-    e.idle_seq = next_idle_seq_++;
-    idle_.emplace(e.idle_seq, id);
-  } else if (!idle && e.idle_seq != 0) {
-    idle_.erase(e.idle_seq);
-    e.idle_seq = 0;
-  }
+  if (!e.slot || (how == Listing::kIdle && e.listed == Listing::kIdle)) return;
+  unlist(e);
+  if (how == Listing::kNone) return;
+  e.listed = how;
+  e.key = Key{now, next_seq_++};
+  (how == Listing::kIdle ? idle_ : reading_).emplace(e.key, id);
 }
 
 void ConnectionSlots::remove(uint64_t id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   if (it->second.slot) --slots_used_;
-  if (it->second.idle_seq != 0) idle_.erase(it->second.idle_seq);
+  unlist(it->second);
   conns_.erase(it);
 }
 

@@ -1,7 +1,8 @@
 // The router's HTTP routes (io threads): which handler a path and method reach,
-// the API-key check, /health, /metrics, /v1/models, /tokenize and
-// /detokenize, and POST /admin/drain (handed to the link thread). Completions
-// are in completions.cpp. Touches the link thread's state only through inbox_.
+// the API-key and admin-key checks, /health, /metrics, /v1/models, /tokenize
+// and /detokenize, and POST /admin/drain (handed to the link thread).
+// Completions are in completions.cpp. Touches the link thread's state only
+// through inbox_.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -33,12 +34,24 @@ RouteInfo route_of(const std::string& path) {
   return {Route::kNone, ""};
 }
 
-// Whether `path` needs the API key: the API, the admin and tokenizer routes, and
-// /metrics when http.metrics_require_key.
+// Whether `path` is an admin route: it needs the admin key (http.admin_key),
+// never the API key, and is closed while no admin key is configured.
+bool is_admin(const std::string& path) { return path.rfind("/admin/", 0) == 0; }
+
+// Whether `path` needs the API key: the API and tokenizer routes, and /metrics
+// when http.metrics_require_key.
 bool needs_key(const std::string& path, bool metrics_require_key) {
   const bool tokenizer = path == "/tokenize" || path == "/detokenize";
-  const bool v1 = path.rfind("/v1/", 0) == 0 || path.rfind("/admin/", 0) == 0 || tokenizer;
+  const bool v1 = path.rfind("/v1/", 0) == 0 || tokenizer;
   return v1 || (path == "/metrics" && metrics_require_key);
+}
+
+// 401 for a request without the key it needs (`what`: which key).
+void respond_unauthorized(ResponseWriter& w, const std::string& what) {
+  ApiError e = api_error(401, "missing or incorrect " + what + " (send 'Authorization: Bearer <key>')", "",
+                         "invalid_request_error");
+  e.code = "invalid_api_key";
+  respond_error(w, e, {{"WWW-Authenticate", "Bearer"}});
 }
 
 }  // namespace
@@ -47,11 +60,22 @@ void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   const std::string& path = http.target;
   const RouteInfo ri = route_of(path);
   // /health answers before the key check: load balancers probe it without one.
-  if (ri.route != Route::kHealth && needs_key(path, cfg_.http.metrics_require_key) &&
-      !authorized(http.authorization, cfg_.http.api_key)) {
-    ApiError e = api_error(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", "", "invalid_request_error");
-    e.code = "invalid_api_key";
-    return respond_error(*w, e, {{"WWW-Authenticate", "Bearer"}});
+  if (is_admin(path)) {
+    switch (admin_access(http.authorization, cfg_.http.admin_key)) {
+      case AdminAccess::kAllowed: break;
+      case AdminAccess::kDisabled: {
+        ApiError e = api_error(403,
+                               "the admin endpoints are disabled: this server has no admin key "
+                               "(set http.admin_key in the config to enable them)",
+                               "", "invalid_request_error");
+        e.code = "admin_disabled";
+        return respond_error(*w, e);
+      }
+      case AdminAccess::kDenied: return respond_unauthorized(*w, "admin key (http.admin_key)");
+    }
+  } else if (ri.route != Route::kHealth && needs_key(path, cfg_.http.metrics_require_key) &&
+             !authorized(http.authorization, cfg_.http.api_key)) {
+    return respond_unauthorized(*w, "API key");
   }
   if (ri.route == Route::kNone) {
     ApiError e = api_error(404, "no route for " + shown_text(http.method) + " " + shown_text(path), "", "invalid_request_error");

@@ -52,6 +52,10 @@ constexpr size_t kOverflowRequestBytes = 8 * 1024;
 constexpr std::chrono::milliseconds kOverflowReadTimeout{2000};
 // Retry-After of the 503 that an overflow connection gets.
 constexpr const char* kOverflowRetryAfter = "1";
+// A stream's client is behind (HttpServerConfig::max_write_buffer_bytes) when
+// more than the limit waits and the write in progress began this long ago: a
+// burst of events that the socket takes at once is not a client behind.
+constexpr std::chrono::milliseconds kBehindAfter{100};
 
 size_t request_limit_of(const HttpServerConfig& c) {
   return c.max_request_bytes != 0 ? c.max_request_bytes
@@ -75,7 +79,7 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
         buffer_limit(buffer_limit_of(cfg)),
         ioc(std::max(1, cfg.threads)),
         work(net::make_work_guard(ioc)),
-        slots(cfg.max_connections, cfg.max_overflow_connections),
+        slots(cfg.max_connections, cfg.max_overflow_connections, kStalledReadAfter),
         accept_strand(net::make_strand(ioc)),
         acceptor(accept_strand),
         accept_retry(accept_strand) {}
@@ -98,8 +102,8 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
   std::mutex conns_mu;
   // One per open connection (from accept until close), by id. Guarded by conns_mu.
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> conns;
-  // Which of them hold a slot and which are idle (eviction candidates); it
-  // hands out the connection ids. Guarded by conns_mu.
+  // Which of them hold a slot and which are idle or reading (eviction
+  // candidates); it hands out the connection ids. Guarded by conns_mu.
   ConnectionSlots slots;
 
   // Used on accept_strand only.
@@ -182,10 +186,11 @@ class Writer;
 // against legal() below.
 enum class ConnPhase {
   kAccepted,         // constructed; start() has not run
-  kIdle,             // keep-alive: waiting for the next request, nothing of it
-                     // received yet; a slot holder is listed for eviction
-  kReadingHeader,    // reading a request line and header fields
-  kReadingBody,      // the header is in and looked at: reading the body (and trailers)
+  kIdle,             // waiting for a request (the first, or the next on keep-alive),
+                     // nothing of it received yet; a slot holder is listed idle
+  kReadingHeader,    // reading a request line and header fields  } a slot holder is
+  kReadingBody,      // the header is in and looked at: reading    } listed reading
+                     // the body (and trailers)
   kSendingContinue,  // writing "100 Continue"; the body read resumes after it
   kHandling,         // the request is with the handler: its writes go out as they
                      // come, a watch read stays outstanding (start_watch)
@@ -215,12 +220,12 @@ const char* state_name(ConnPhase p) {
 }
 
 // Every phase but kClosed may close (the peer left, a deadline, the server
-// stopping, an eviction of an idle connection).
+// stopping, an eviction of an idle or stalled connection).
 bool legal(ConnPhase from, ConnPhase to) {
   using P = ConnPhase;
   if (to == P::kClosed) return from != P::kClosed;
   switch (from) {
-    case P::kAccepted: return to == P::kReadingHeader;
+    case P::kAccepted: return to == P::kIdle;
     case P::kIdle: return to == P::kReadingHeader;  // bytes arrived, or the read ended
     case P::kReadingHeader: return to == P::kReadingBody || to == P::kWriting;
     case P::kReadingBody:
@@ -238,7 +243,7 @@ bool legal(ConnPhase from, ConnPhase to) {
 
 // One accepted socket. Every member function runs on strand_ (the socket's
 // executor); nothing here blocks. Its phase (ConnPhase) goes:
-//   accepted -> reading-header -> reading-body [-> sending-continue -> reading-body]
+//   accepted -> idle -> reading-header -> reading-body [-> sending-continue -> reading-body]
 //   -> handling (handler called; writes queued by the Writer) -> writing (final write queued)
 //   -> the next request (keep-alive: idle or reading-header, through
 //      cancelling-watch when the watch read was outstanding)
@@ -274,15 +279,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
     start_read(/*after_exchange=*/false);
   }
 
-  // Posted by the acceptor after it gave this connection's slot to a new one
-  // (it was listed idle): an idle connection closes now; one that meanwhile
-  // got (part of) a request serves that request, with Connection: close, and
-  // then closes.
-  void evict() {
+  // Posted by the acceptor after it gave this connection's slot to a new one.
+  // `stalled` false: it was listed idle; it closes now if still idle, and one
+  // that meanwhile got (part of) a request serves that request, with
+  // Connection: close, and then closes — unless it has been idle for
+  // kStalledReadAfter and holds only part of a header: bytes of a header show
+  // only once the header is whole, so such a connection is sending it slowly,
+  // and closes. `stalled` true: it was listed reading and silent for
+  // kStalledReadAfter; a request still being read is dropped unanswered (as
+  // its read deadline would), one that reached the handler meanwhile is
+  // answered with Connection: close.
+  void evict(bool stalled) {
     if (phase_ == ConnPhase::kClosed) return;
     evicted_ = true;
-    // (The parser may have consumed a request line while its header is incomplete.)
-    if (phase_ == ConnPhase::kIdle && buffer_.size() == 0 && parser_ && !parser_->got_some()) return close();
+    if (phase_ == ConnPhase::kIdle) {
+      // (The parser may have consumed a request line while its header is incomplete.)
+      const bool nothing = buffer_.size() == 0 && parser_ && !parser_->got_some();
+      const std::string_view held(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+      const bool slow_header = std::chrono::steady_clock::now() - idle_since_ >= kStalledReadAfter &&
+                               held.find("\r\n\r\n") == std::string_view::npos;
+      if (nothing || stalled || slow_header) return close();
+    }
+    if (stalled && (phase_ == ConnPhase::kReadingHeader || phase_ == ConnPhase::kReadingBody)) return close();
     if (in_exchange()) close_after_ = true;
   }
 
@@ -380,12 +398,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     core_->slots.remove(id_);
   }
 
-  // Lists this connection as idle (an eviction candidate) or unlists it. Only
-  // a slot holder is listed; a no-op when there is no connection limit.
-  void list_idle(bool idle) {
+  // Lists this connection as an eviction candidate (idle, or reading since
+  // now) or unlists it (ConnectionSlots::list). Only a slot holder is listed;
+  // a no-op when there is no connection limit.
+  void list(Listing how) {
     if (core_->cfg.max_connections == 0) return;
     std::lock_guard lock(core_->conns_mu);
-    core_->slots.set_idle(id_, idle);
+    core_->slots.list(id_, how);
   }
 
   // ---- Timers: a generation number tells a stale expiry from a live one.
@@ -429,9 +448,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_->body_limit(body_limit_);
     request_bytes_ = 0;
     arm_read_timer(overflow_ ? std::min(core_->cfg.read_timeout, kOverflowReadTimeout) : core_->cfg.read_timeout);
-    const bool idle = after_exchange && buffer_.size() == 0;
+    // Nothing of the request yet (a new connection, or nothing sent ahead): idle.
+    const bool idle = buffer_.size() == 0;
+    if (idle) idle_since_ = std::chrono::steady_clock::now();
     move_to(idle ? ConnPhase::kIdle : ConnPhase::kReadingHeader);
-    if (idle) list_idle(true);
+    list(idle ? Listing::kIdle : Listing::kReading);
     read_some();
   }
 
@@ -453,7 +474,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_read_some(beast::error_code ec, size_t n) {
     if (phase_ == ConnPhase::kIdle) {
       // (Part of) a request arrived, or the read ended.
-      list_idle(false);
       move_to(ConnPhase::kReadingHeader);
     }
     if (phase_ == ConnPhase::kClosed) return;
@@ -470,8 +490,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (parser_->is_done()) {
       disarm_read_timer();
+      list(Listing::kNone);
       return dispatch();
     }
+    list(Listing::kReading);  // bytes just came: the time since the last ones starts again
     read_some();
   }
 
@@ -497,6 +519,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void send_continue(unsigned version) {
     move_to(ConnPhase::kSendingContinue);
+    list(Listing::kNone);  // the client waits for this answer: not stalled
     auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, version);
     write_pending_ = true;
     arm_write_timer();
@@ -506,6 +529,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (self->phase_ == ConnPhase::kClosed) return;
       if (ec) return self->close();
       self->move_to(ConnPhase::kReadingBody);
+      self->list(Listing::kReading);
       self->read_some();
     });
   }
@@ -541,6 +565,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send_error(unsigned version, int status, std::string message, std::string type = "invalid_request_error",
                   std::vector<std::pair<std::string, std::string>> headers = {}) {
     disarm_read_timer();
+    list(Listing::kNone);
     parser_.reset();
     ++exchange_;
     close_after_ = true;
@@ -555,14 +580,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void push(Outgoing item) {
     if (item.final) move_to(ConnPhase::kWriting);
+    if (item.kind == Outgoing::kChunk) waiting_bytes_ += item.data.size();
     out_.push_back(std::move(item));
     pump();
+    if (waiting_bytes_ > core_->cfg.max_write_buffer_bytes && write_pending_ &&
+        std::chrono::steady_clock::now() - write_began_ >= kBehindAfter) {
+      // The client reads slower than its events come: cut it, as if it had
+      // left (close() reports the departure to the exchange).
+      close();
+    }
   }
 
   void pump() {
     if (write_pending_ || out_.empty() || phase_ == ConnPhase::kClosed) return;
     write_pending_ = true;
+    write_began_ = std::chrono::steady_clock::now();
     arm_write_timer();
+    if (out_.front().kind == Outgoing::kChunk) gather_events();
     Outgoing& item = out_.front();
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); };
     switch (item.kind) {
@@ -572,12 +606,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       case Outgoing::kSseHead:
         http::async_write_header(socket_, *sse_->sr, std::move(done));
         break;
-      case Outgoing::kChunk:
-        if (sse_chunked_) {
-          net::async_write(socket_, http::make_chunk(net::buffer(item.data)), std::move(done));
-        } else {
-          net::async_write(socket_, net::buffer(item.data), std::move(done));
-        }
+      case Outgoing::kChunk:  // framed by gather_events()
+        net::async_write(socket_, net::buffer(item.data), std::move(done));
         break;
       case Outgoing::kLastChunk:
         if (sse_chunked_) {
@@ -587,6 +617,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
         break;
     }
+  }
+
+  // Every SSE event waiting at the front of out_ (up to an item of another
+  // kind) becomes the front item's bytes, for one write: each event still its
+  // own HTTP chunk ("<size in hex>\r\n<event>\r\n"; HTTP/1.0: the bare event),
+  // so a burst of events costs one write, and what waits behind a write is
+  // only what came while it ran.
+  void gather_events() {
+    std::string wire;
+    auto end = out_.begin();
+    for (; end != out_.end() && end->kind == Outgoing::kChunk; ++end) {
+      waiting_bytes_ -= end->data.size();  // no longer waiting: being written
+      if (!sse_chunked_) {
+        wire += end->data;
+        continue;
+      }
+      char size[20];
+      std::snprintf(size, sizeof size, "%zx\r\n", end->data.size());
+      wire += size;
+      wire += end->data;
+      wire += "\r\n";
+    }
+    out_.erase(out_.begin() + 1, end);
+    out_.front().data = std::move(wire);
   }
 
   void on_write(beast::error_code ec) {
@@ -719,6 +773,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool discard_ahead_ = false;
   bool write_pending_ = false;
   bool watch_pending_ = false;
+  // Bytes of the SSE events in out_ whose write has not begun (bounded by
+  // cfg.max_write_buffer_bytes: see push()).
+  size_t waiting_bytes_ = 0;
+  std::chrono::steady_clock::time_point write_began_{};  // of the write in progress
+  std::chrono::steady_clock::time_point idle_since_{};  // when it last entered kIdle
 
   // The current exchange. close_after_ is the exchange's verdict on the
   // connection, gathered while it runs (the request, the handler's headers, an
@@ -911,12 +970,14 @@ void on_accept(ServerCore* core, Strand strand, beast::error_code ec, tcp::socke
   // Admission (see HttpServerConfig::max_connections).
   std::shared_ptr<Connection> conn;
   std::weak_ptr<Connection> victim;
+  bool victim_stalled = false;
   {
     std::lock_guard lock(core->conns_mu);
     const AdmitResult admitted = core->slots.admit();
     if (admitted.admission != Admission::kRefused) {
       if (admitted.evicted) {
         if (auto it = core->conns.find(*admitted.evicted); it != core->conns.end()) victim = it->second;
+        victim_stalled = admitted.evicted_reading;
       }
       conn = std::make_shared<Connection>(core->shared_from_this(), std::move(socket), strand, admitted.id,
                                           /*overflow=*/admitted.admission == Admission::kOverflow);
@@ -930,7 +991,7 @@ void on_accept(ServerCore* core, Strand strand, beast::error_code ec, tcp::socke
     socket.close(cec);  // beyond the ceiling: not even an answer
   }
   // Locked outside conns_mu: dropping the last reference takes it.
-  if (auto v = victim.lock()) net::post(v->strand(), [v] { v->evict(); });
+  if (auto v = victim.lock()) net::post(v->strand(), [v, victim_stalled] { v->evict(victim_stalled); });
   do_accept(core);
 }
 

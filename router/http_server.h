@@ -24,6 +24,10 @@
 
 namespace pd::router {
 
+// A slot holder reading a request that has received nothing for this long is
+// an eviction candidate when every slot is taken (HttpServerConfig::max_connections).
+inline constexpr std::chrono::milliseconds kStalledReadAfter{2000};
+
 struct HttpServerConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;           // 0 = pick a free port (tests)
@@ -37,6 +41,15 @@ struct HttpServerConfig {
   // long means the client stopped reading: the connection is closed and the
   // exchange's on_disconnect fires.
   std::chrono::milliseconds write_timeout{30000};
+  // SSE events waiting behind the write in progress, in bytes (what the
+  // socket took is not counted: each write takes every event waiting): a
+  // client that reads slower than its events come makes them pile up here.
+  // When an event takes them past this while the write in progress began
+  // 100 ms ago or more (the socket took nothing since: not a mere burst of
+  // events), the client is cut: the connection is closed (the stream ends
+  // without its last chunk) and the exchange's on_disconnect fires, as when a
+  // client leaves. A plain response is one write, never cut.
+  size_t max_write_buffer_bytes = 4 << 20;
 
   // ---- Request size limits. Every byte of a request the parser consumes
   // counts: request line and header fields, chunk-size lines with their chunk
@@ -58,12 +71,19 @@ struct HttpServerConfig {
   //
   // A connection is admitted into one of max_connections slots (0 = unlimited:
   // no slots, no overflow, no ceiling). When every slot is taken:
-  //  - If some slot holder is an idle keep-alive connection (it finished an
-  //    exchange and nothing of its next request has arrived), the longest idle
-  //    one is evicted: it is closed at once (as an idle timeout would), or, if
-  //    bytes of a request reached it meanwhile, it answers that request with
-  //    Connection: close and closes. The new connection takes its slot.
-  //    Connections that never sent a request are never evicted.
+  //  - If some slot holder is idle — nothing of a request has arrived on it:
+  //    a connection that has not sent a byte yet, or a keep-alive connection
+  //    between requests — or is reading a request and has received nothing
+  //    for kStalledReadAfter (2 s), the one idle longest (since its last byte,
+  //    its last answer, or its accept) is evicted and the new connection takes
+  //    its slot. An idle one is closed at once (as its read deadline would),
+  //    or, if bytes of a request reached it meanwhile, it answers that request
+  //    with Connection: close and closes; part of a header does not count as
+  //    arrived until the header is whole, so one idle for kStalledReadAfter
+  //    with part of a header is closed at once. A stalled one is closed at
+  //    once, its partial request dropped unanswered (as its read deadline would). A
+  //    connection whose request is with the handler or being answered is never
+  //    evicted (it closes after its answer if it loses its slot meanwhile).
   //  - Otherwise the new connection is an overflow connection, up to
   //    max_overflow_connections of them: it gets one request, read under a
   //    4 KiB header limit, an 8 KiB request limit and a 2 s deadline
@@ -112,7 +132,8 @@ class ResponseWriter {
                        std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   // 200, Content-Type: text/event-stream, Cache-Control: no-cache, chunked.
   virtual bool start_sse() = 0;
-  // Writes "data: " + data + "\n\n" as one chunk.
+  // Writes "data: " + data + "\n\n" as one chunk (events that wait for the
+  // socket go out together, each its own chunk).
   virtual bool send_event(std::string data) = 0;
   // The final chunk; the connection is then reused if keep-alive allows.
   virtual bool finish() = 0;

@@ -344,20 +344,29 @@ std::optional<ApiError> parse_messages(const json& obj, ApiRequest& r) {
   return std::nullopt;
 }
 
+// One stop string: non-empty, at most kMaxStopBytes bytes.
+std::optional<ApiError> add_stop(const std::string& s, ApiRequest& r) {
+  if (s.empty()) return bad_request("stop", "stop strings must not be empty");
+  if (s.size() > kMaxStopBytes) {
+    return bad_request("stop", "stop strings may be at most " + std::to_string(kMaxStopBytes) + " bytes long, got one of " +
+                                   std::to_string(s.size()));
+  }
+  r.stop.push_back(s);
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_stop(const json& obj, ApiRequest& r) {
   const json* v = field(obj, "stop");
   if (!v) return std::nullopt;
-  if (v->is_string()) {
-    if (v->get<std::string>().empty()) return bad_request("stop", "stop strings must not be empty");
-    r.stop.push_back(v->get<std::string>());
-    return std::nullopt;
-  }
+  if (v->is_string()) return add_stop(v->get<std::string>(), r);
   if (!v->is_array()) return bad_request("stop", "stop must be a string or an array of strings");
-  if (v->size() > 4) return bad_request("stop", "stop may hold at most 4 strings, got " + std::to_string(v->size()));
+  if (v->size() > kMaxStopStrings) {
+    return bad_request("stop", "stop may hold at most " + std::to_string(kMaxStopStrings) + " strings, got " +
+                                   std::to_string(v->size()));
+  }
   for (const json& s : *v) {
     if (!s.is_string()) return bad_request("stop", "stop array elements must be strings, got " + shown(s));
-    if (s.get<std::string>().empty()) return bad_request("stop", "stop strings must not be empty");
-    r.stop.push_back(s.get<std::string>());
+    if (auto e = add_stop(s.get<std::string>(), r)) return e;
   }
   return std::nullopt;
 }

@@ -50,6 +50,12 @@ struct RequestDefaults {
 
 // The most choices one request may ask for: prompts x n.
 inline constexpr int64_t kMaxChoices = 128;
+// Stop strings: at most this many (OpenAI's bound), each at most this many
+// bytes. Text that may begin a stop string is held back, and each token's text
+// is matched against every stop string: long ones would cost the link thread
+// and delay the stream.
+inline constexpr size_t kMaxStopStrings = 4;
+inline constexpr size_t kMaxStopBytes = 256;
 
 // One completions prompt: text to tokenize, or token ids taken as they are.
 struct PromptInput {
@@ -73,7 +79,7 @@ struct ApiRequest {
                                       // prompt_logprobs (echo with logprobs)
   bool max_tokens_given = false;      // false: sampling.max_tokens holds SamplingParams' default; the caller
                                       // fills it from the context left. Given values are clamped to INT32_MAX.
-  std::vector<std::string> stop;      // 0..4 non-empty stop strings
+  std::vector<std::string> stop;      // 0..kMaxStopStrings non-empty stop strings of <= kMaxStopBytes bytes
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage (stream_options needs stream = true)
   bool echo = false;                  // completions: the prompt's text (and logprobs) lead each choice
@@ -129,6 +135,8 @@ std::string shown_text(std::string_view text);
 // choices, an unsupported feature ("<field> is not supported": best_of,
 // completions top_logprobs, logit_bias, tools, functions, tool_choice,
 // function_call, response_format other than text, suffix, chat echo = true),
+// a `stop` of more than kMaxStopStrings strings or one longer than
+// kMaxStopBytes bytes,
 // or an unknown field ("unknown field: X"). Completions `logprobs` is an
 // integer in [0, kMaxLogprobs] (false = none); chat `logprobs` a boolean and
 // `top_logprobs` an integer in [0, kMaxLogprobs] that needs logprobs: true.

@@ -26,6 +26,7 @@ HttpServerConfig http_server_config(const ClusterConfig::Http& h) {
   c.read_timeout = c.write_timeout = std::chrono::milliseconds(h.read_timeout_ms);
   c.max_header_bytes = static_cast<size_t>(h.max_header_bytes);
   c.max_connections = static_cast<size_t>(h.max_connections);
+  c.max_write_buffer_bytes = static_cast<size_t>(h.max_write_buffer_bytes);
   return c;
 }
 

@@ -1,7 +1,7 @@
 // The router: the cluster's HTTP front end and its link to the workers. It
 // owns the parts and wires them together; each decision lives in the file
 // named for it:
-//   http_routes.cpp    which handler a path reaches, the API key, /health
+//   http_routes.cpp    which handler a path reaches, the API and admin keys, /health
 //   completions.cpp    a completion request: parsed, tokenized, admitted, fanned out into its choices
 //   prompts.h          the tokens a prompt becomes
 //   admission.h        whether a request is accepted (context, queue bounds, cluster state)

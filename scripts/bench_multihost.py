@@ -185,7 +185,7 @@ def inner(args):
     rng = random.Random(spec["seed"])
     out = {"name": spec["name"], "lengths": {}}
     with Cluster(1, 1, model=args.model, config=cfg, threads=args.threads, wrap=hosts.exec_argv(where["router"], []),
-                 launch_args=["--hostfile", hostfile] + hosts.mca_args(verbose=True) + spec["mca"],
+                 launch_args=["--hostfile", hostfile, "--insecure"] + hosts.mca_args(verbose=True) + spec["mca"],
                  client_host=hosts.addr(where["router"])) as c:
         # Warm-up, not counted: a just-started cluster's first request can take seconds
         # (on one host too); the first handoff between two ranks also sets up their connection.

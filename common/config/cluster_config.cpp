@@ -124,7 +124,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("max_body_bytes", c.http.max_body_bytes).get("api_key", c.http.api_key)
         .get("read_timeout_ms", c.http.read_timeout_ms).get("max_connections", c.http.max_connections)
         .get("max_header_bytes", c.http.max_header_bytes).get("metrics_require_key", c.http.metrics_require_key)
-        .get("port_file", c.http.port_file).finish();
+        .get("port_file", c.http.port_file).get("admin_key", c.http.admin_key)
+        .get("max_write_buffer_bytes", c.http.max_write_buffer_bytes).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "engine", [&](const json& j, std::string p) {
     Reader r(j, p);
@@ -164,7 +165,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("balance_ratio", c.router.balance_ratio).get("balance_tokens", c.router.balance_tokens)
         .get("decode_reuse_tokens", c.router.decode_reuse_tokens)
         .get("decode_reuse_weight", c.router.decode_reuse_weight).get("warm_prefill", c.router.warm_prefill)
-        .get("min_cached_fraction", c.router.min_cached_fraction).finish();
+        .get("min_cached_fraction", c.router.min_cached_fraction)
+        .get("max_answer_entries", c.router.max_answer_entries).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "sampling", [&](const json& j, std::string p) {
     return Reader(j, p).get("temperature", c.sampling.temperature).get("top_p", c.sampling.top_p)
@@ -211,6 +213,10 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("http.read_timeout_ms", http.read_timeout_ms, 100, 3600000));
   PD_RETURN_IF_ERROR(range("http.max_connections", http.max_connections, 0, 1 << 20));  // 0 = unlimited
   PD_RETURN_IF_ERROR(range("http.max_header_bytes", http.max_header_bytes, 1024, 1 << 20));
+  PD_RETURN_IF_ERROR(range("http.max_write_buffer_bytes", http.max_write_buffer_bytes, 4096, int64_t{1} << 30));
+  if (!http.admin_key.empty() && http.admin_key == http.api_key)
+    return Status::invalid_argument("config: 'http.admin_key' must differ from 'http.api_key' (the API key must not "
+                                    "open the admin endpoints)");
   PD_RETURN_IF_ERROR(range("kv.block_size", kv.block_size, 1, 1024));
   PD_RETURN_IF_ERROR(range("kv.decode_budget_mb", kv.decode_budget_mb, 1, int64_t{1} << 20));
   PD_RETURN_IF_ERROR(range("kv.prefill_budget_mb", kv.prefill_budget_mb, 1, int64_t{1} << 20));
@@ -226,6 +232,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 0, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_attempts", router.max_attempts, 1, 10));
+  PD_RETURN_IF_ERROR(range("router.max_answer_entries", router.max_answer_entries, 1, int64_t{1} << 40));
   PD_RETURN_IF_ERROR(range("router.retry_after_s", router.retry_after_s, 0, 3600));
   if (router.policy != "cache_aware" && router.policy != "least_work")
     return Status::invalid_argument("config: 'router.policy' = \"" + router.policy +

@@ -25,11 +25,18 @@ struct ClusterConfig {
     int threads = 2;
     int64_t max_body_bytes = 1 << 20;
     std::string api_key;            // "" = no authentication
+    // The key of the admin endpoints (/admin/*), apart from api_key: "" = the
+    // admin endpoints are closed (403); the API key never opens them.
+    std::string admin_key;
     int read_timeout_ms = 30000;
     int max_connections = 1024;     // open client connections; beyond: /health only, else 503
     int max_header_bytes = 16384;   // request line + header fields (431 beyond)
     bool metrics_require_key = false;  // true: GET /metrics needs the API key too
     std::string port_file;          // "" = none; else the bound port is written there (use with port 0)
+    // A streamed answer's bytes the router holds for a client that reads
+    // slower than they come; beyond: the connection is closed and the request
+    // cancelled.
+    int64_t max_write_buffer_bytes = int64_t{4} << 20;
   } http;
 
   struct EngineSection {
@@ -127,6 +134,11 @@ struct ClusterConfig {
     // of it (a short common head, e.g. a template's default system prompt, must
     // not pile prompts onto the first rank that computed it).
     double min_cached_fraction = 0.3;
+    // What a non-streamed answer may hold until it is sent, in token entries:
+    // summed over its choices, (max_tokens, plus the prompt's tokens with echo)
+    // x (1 + the logprobs alternatives asked for). A request over it is a 400
+    // (streamed answers hold nothing: http.max_write_buffer_bytes bounds them).
+    int64_t max_answer_entries = int64_t{1} << 22;
   } router;
 
   // Sampling for requests that omit a parameter. Without this section: OpenAI's

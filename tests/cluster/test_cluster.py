@@ -162,8 +162,44 @@ def suite_api(tmp):
         for key_ in ("pd_time_to_first_token_seconds_count", "pd_inter_token_seconds_count",
                      'pd_stage_seconds_count{stage="transfer"}', "pd_kv_transfer_bytes_total"):
             check(m.get(key_, 0) > 0, "metric %s missing or zero" % key_)
+        check_front_door_bounds(c, key)
         rc = c.stop()
         check(rc == 0, "cluster exit code %s after SIGTERM:\n%s" % (rc, c.logs()))
+
+
+def check_front_door_bounds(c, key):
+    """Without http.admin_key the admin endpoints are closed (the API key does not open them);
+    stop strings are bounded; a streaming client that stops reading is cut once more than
+    http.max_write_buffer_bytes waits for it: each of its choices ends once, none failed, and
+    every KV block comes back."""
+    for headers in (key, {}):
+        r = c.post("/admin/drain", {"rank": 1}, headers=headers)
+        check(r.status == 403 and r.json()["error"]["code"] == "admin_disabled" and
+              "http.admin_key" in r.json()["error"]["message"], "/admin/drain without an admin key: %d %s" % (r.status, r.body))
+    check("draining" not in c.get("/health").body, "a rank drains after a refused /admin/drain")
+    r = c.post("/v1/completions", {"prompt": "x", "stop": ["s" * 257]}, headers=key)
+    check(r.status == 400 and r.json()["error"]["param"] == "stop", "a 257-byte stop string: %d %s" % (r.status, r.body))
+    outcomes = ("finished", "cancelled", "failed", "timeout")
+    before = {o: c.metric('pd_requests_total{outcome="%s"}' % o) for o in outcomes}
+    n = 64  # x 440 tokens with 20 alternatives each: far more than the socket buffers and the 4 MiB bound
+    body = json.dumps({"prompt": "tell me everything", "max_tokens": 440, "ignore_eos": True, "stream": True,
+                       "n": n, "logprobs": 20})
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", c.port))
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+
+    def ended():
+        return sum(c.metric('pd_requests_total{outcome="%s"}' % o) - before[o] for o in outcomes)
+    wait_for(lambda: ended() >= n, 120, "the slow reader's %d choices to end" % n)
+    s.close()
+    delta = {o: c.metric('pd_requests_total{outcome="%s"}' % o) - before[o] for o in outcomes}
+    check(delta["cancelled"] >= 1 and delta["failed"] == 0 and delta["timeout"] == 0 and
+          delta["finished"] + delta["cancelled"] == n, "the slow reader's choices ended as %s" % delta)
+    wait_for(lambda: c.metric("pd_requests_in_flight") == 0, 20, "no request left in flight")
+    wait_for(lambda: blocks_all_free(c), 30, "the cut stream's KV blocks to be freed")
+    print("a streaming client that stopped reading was cut: its %d choices ended %s" % (n, delta))
 
 
 def run_case_key(c, key, case, stream):

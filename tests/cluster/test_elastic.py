@@ -35,7 +35,9 @@ from cluster import (BUILD, DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check
 from loadgen import words  # noqa: E402
 from test_chaos import Stream  # noqa: E402
 
-CONFIG = {"timeouts": {"heartbeat_ms": 4000, "request_ms": 120000, "drain_ms": 30000}}
+# The admin key: POST /admin/drain needs it (the admin endpoints are closed without one).
+ADMIN_KEY = "test-elastic-admin"
+CONFIG = {"timeouts": {"heartbeat_ms": 4000, "request_ms": 120000, "drain_ms": 30000}, "http": {"admin_key": ADMIN_KEY}}
 MAX_TOKENS = 96  # long enough that the first 16 still stream when a pool has joined (~3-5 s)
 
 
@@ -197,7 +199,7 @@ def suite_elastic(tmp):
         streams += last
         threads += last_threads
         wait_for(lambda: texting(last) >= 2, 120, "2 of the last 8 streams to start")
-        r = c.post("/admin/drain", {"rank": 2})
+        r = c.post("/admin/drain", {"rank": 2}, headers={"Authorization": "Bearer " + ADMIN_KEY})
         check(r.status == 200, "POST /admin/drain: HTTP %d %s" % (r.status, r.body))
         wait_for(lambda: 2 not in ranks(c), 120, "decode rank 2 drained out")
         pid = rank_pids[2][1]

@@ -224,8 +224,9 @@ def multihost_cluster(hosts, tmp, join_file=None, kv_dtype="f16", timeouts=None)
     hostfile = hosts.write_hostfile(os.path.join(tmp, "hostfile"), slots)
     cfg = dict(CONFIG, http={"host": hosts.addr(where["router"])}, kv={"dtype": kv_dtype})
     cfg["timeouts"] = dict(CONFIG["timeouts"], **(timeouts or {}))
+    # --insecure: the router binds the test's private network namespace address without an API key.
     c = Cluster(1, DECODE, config=cfg, wrap=hosts.exec_argv(where["router"], []),
-                launch_args=["--hostfile", hostfile] + hosts.mca_args(verbose=True) +
+                launch_args=["--hostfile", hostfile, "--insecure"] + hosts.mca_args(verbose=True) +
                 (["--join-file", join_file] if join_file else []),
                 client_host=hosts.addr(where["router"]), startup_s=120)
     return c, where
@@ -282,7 +283,7 @@ def suite_elastic(tmp):
     cfg = dict(CONFIG, http={"host": hosts.addr(router)})
     c = Cluster(0, 0, config=cfg, wrap=hosts.exec_argv(router, []),
                 launch_args=["--hostfile", hosts.write_hostfile(os.path.join(tmp, "hostfile-router"), [(router, 1)]),
-                             "--join-file", join_file] + hosts.mca_args(),
+                             "--join-file", join_file, "--insecure"] + hosts.mca_args(),
                 client_host=hosts.addr(router), startup_s=120, wait_ready=False)
 
     def pool(host, prefill=0, decode=0):

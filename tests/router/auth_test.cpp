@@ -1,5 +1,6 @@
 // Tests of the API-key check: the Bearer scheme in any case with one or more
-// blanks, exact (case-sensitive) tokens, everything else refused, no key = open.
+// blanks, exact (case-sensitive) tokens, everything else refused, no key = open;
+// and of the admin key's: the same match, but no key = closed.
 #include "router/auth.h"
 
 #include <catch2/catch.hpp>
@@ -59,6 +60,21 @@ TEST_CASE("auth: constant_time_equal is plain equality", "[auth]") {
   CHECK_FALSE(constant_time_equal(guess, key));
   CHECK(constant_time_equal(std::string("\xff\x00\x80", 3), std::string("\xff\x00\x80", 3)));
   CHECK_FALSE(constant_time_equal(std::string("\xff\x00\x80", 3), std::string("\xff\x00\x81", 3)));
+}
+
+TEST_CASE("auth: the admin endpoints are closed without an admin key and opened only by it", "[auth]") {
+  // No admin key: closed to everyone, whatever is sent (an empty key is no key).
+  for (const char* h : {"", "Bearer ", "Bearer x", "Basic x"}) {
+    INFO(h);
+    CHECK(admin_access(h, "") == AdminAccess::kDisabled);
+  }
+  // A key: the same Bearer match as the API key's.
+  CHECK(admin_access("Bearer adm1n", "adm1n") == AdminAccess::kAllowed);
+  CHECK(admin_access("bearer \t adm1n ", "adm1n") == AdminAccess::kAllowed);
+  for (const char* h : {"", "Bearer", "Bearer adm1", "Bearer adm1n2", "Bearer ADM1N", "Basic adm1n", "adm1n"}) {
+    INFO(h);
+    CHECK(admin_access(h, "adm1n") == AdminAccess::kDenied);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -126,6 +127,61 @@ TEST_CASE("connection slots: admission and eviction, step by step", "[http][slot
         step(Op::kClose, 0, 0, 0, 0), step(Op::kClose, 0, 0, 0, 0)}},
   };
   for (const Case& c : cases) run(c);
+}
+
+TEST_CASE("connection slots: a holder reading a request is a candidate once silent for stall_after, oldest first",
+          "[http][slots]") {
+  using namespace std::chrono_literals;
+  using A = Admission;
+  const ConnectionSlots::Clock::time_point t0{};
+  ConnectionSlots slots(2, 4, 2000ms);
+  const AdmitResult a = slots.admit(t0), b = slots.admit(t0);
+  REQUIRE(a.admission == A::kSlot);
+  REQUIRE(b.admission == A::kSlot);
+  slots.list(a.id, Listing::kReading, t0);  // part of a request came at t0
+  slots.list(b.id, Listing::kIdle, t0 + 1s);
+  CHECK(slots.reading() == 1);
+  CHECK(slots.idle() == 1);
+
+  // a has been silent 1.5 s only: the idle holder goes, though listed later.
+  const AdmitResult c = slots.admit(t0 + 1500ms);
+  CHECK(c.admission == A::kSlot);
+  CHECK(c.evicted == std::optional<uint64_t>(b.id));
+  CHECK_FALSE(c.evicted_reading);
+  slots.remove(b.id);
+  slots.list(c.id, Listing::kReading, t0 + 1500ms);
+  CHECK(slots.admit(t0 + 1900ms).admission == A::kOverflow);  // nobody silent for 2 s yet
+
+  // Bytes reached a at 1.8 s: its silence starts again.
+  slots.list(a.id, Listing::kReading, t0 + 1800ms);
+  CHECK(slots.admit(t0 + 3s).admission == A::kOverflow);
+  // At 3.6 s, c has been silent 2.1 s, a 1.8 s: c goes.
+  const AdmitResult d = slots.admit(t0 + 3600ms);
+  CHECK(d.admission == A::kSlot);
+  CHECK(d.evicted == std::optional<uint64_t>(c.id));
+  CHECK(d.evicted_reading);
+  CHECK_FALSE(slots.holds_slot(c.id));
+  slots.list(c.id, Listing::kReading, t0 + 3600ms);  // evicted: slotless, never listed again
+  CHECK(slots.reading() == 1);
+
+  // Stalled since 1.8 s vs idle since 3.7 s: the one listed longest ago goes.
+  slots.list(d.id, Listing::kIdle, t0 + 3700ms);
+  const AdmitResult e = slots.admit(t0 + 4s);
+  CHECK(e.evicted == std::optional<uint64_t>(a.id));
+  CHECK(e.evicted_reading);
+  CHECK(slots.reading() == 0);
+  CHECK(slots.idle() == 1);
+
+  // Unlisted (its request went to the handler): no candidate.
+  slots.list(e.id, Listing::kReading, t0);
+  slots.list(e.id, Listing::kNone, t0);
+  slots.list(d.id, Listing::kNone, t0);
+  CHECK(slots.reading() == 0);
+  CHECK(slots.idle() == 0);
+  CHECK(slots.open() == 6);
+  CHECK(slots.admit(t0 + 60s).admission == A::kRefused);  // 2 + 4 open: the ceiling
+  slots.remove(a.id);
+  CHECK(slots.admit(t0 + 60s).admission == A::kOverflow);
 }
 
 }  // namespace

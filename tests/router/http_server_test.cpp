@@ -8,8 +8,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <atomic>
@@ -707,8 +710,16 @@ TEST_CASE("http_server: beyond max_connections /health is served, the rest gets 
   HttpServerConfig cfg;
   cfg.max_connections = 8;  // max_overflow_connections 64: at most 72 open
   Fixture f(cfg);
-  std::vector<std::unique_ptr<Client>> idle;
-  for (int i = 0; i < 8; ++i) idle.push_back(std::make_unique<Client>(f.server.port()));
+  // Eight slot holders whose requests the handler holds: busy, so none can be evicted.
+  std::vector<std::unique_ptr<Client>> busy;
+  std::vector<std::shared_ptr<ResponseWriter>> held;
+  for (int i = 0; i < 8; ++i) {
+    busy.push_back(std::make_unique<Client>(f.server.port()));
+    busy.back()->post("/v1/held", "{}");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    held.push_back(got->second);
+  }
   REQUIRE(f.wait_open_connections(8));
 
   {
@@ -738,7 +749,7 @@ TEST_CASE("http_server: beyond max_connections /health is served, the rest gets 
     CHECK_FALSE(res.keep_alive());
     CHECK(p.closed_by_server());
   }
-  CHECK(f.calls.load() == 1);
+  CHECK(f.calls.load() == 9);
 
   // A flood: the server never holds more than 8 + 64 sockets.
   std::atomic<bool> flooding{true};
@@ -758,13 +769,14 @@ TEST_CASE("http_server: beyond max_connections /health is served, the rest gets 
   CHECK(most.load() <= 72);
   CHECK(most.load() >= 8);
   // The overflow connections that send nothing are dropped after 2 s; the 8
-  // slot holders stay (read_timeout is 30 s).
+  // busy slot holders stay.
   const auto until = std::chrono::steady_clock::now() + 5s;
   while (f.server.open_connections() > 8 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
   CHECK(f.server.open_connections() == 8);
   flood.clear();
-  idle.clear();
+  busy.clear();
   CHECK(f.wait_open_connections(0));
+  held.clear();
 
   // With the slots free again, any request is served.
   Client c(f.server.port());
@@ -837,6 +849,166 @@ TEST_CASE("http_server: a client that sends more than 64 KiB ahead and leaves is
     CHECK(c.closed_by_server());
     CHECK(f.calls.load() == 2);
   }
+}
+
+// A TCP connection to the server on loopback that sends nothing: its fd, or -1.
+int connect_silent(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` (EOF or reset) within `within`.
+bool closed_within(int fd, std::chrono::milliseconds within) {
+  pollfd pfd{fd, POLLIN, 0};
+  if (::poll(&pfd, 1, static_cast<int>(within.count())) <= 0) return false;
+  char c;
+  const ssize_t k = ::recv(fd, &c, 1, MSG_DONTWAIT);
+  return k == 0 || (k < 0 && errno == ECONNRESET);
+}
+
+TEST_CASE("http_server: at max_connections connections that never sent a byte make room, oldest first",
+          "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_connections = 16;  // + 64 overflow places: 300 silent sockets are far beyond both
+  Fixture f(cfg);
+  std::atomic<bool> flooding{true};
+  std::atomic<size_t> most{0};
+  std::thread sampler([&] {
+    while (flooding.load()) {
+      const size_t n = f.server.open_connections();
+      if (n > most.load()) most = n;
+      std::this_thread::sleep_for(200us);
+    }
+  });
+  std::vector<int> silent;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = connect_silent(f.server.port());
+    REQUIRE(fd >= 0);
+    silent.push_back(fd);
+  }
+  // Each newcomer takes the slot of the connection idle longest, which is
+  // closed: the server settles at its 16 slot holders.
+  const auto settle = std::chrono::steady_clock::now() + 1s;
+  while (f.server.open_connections() > 16 && std::chrono::steady_clock::now() < settle) {
+    std::this_thread::sleep_for(5ms);
+  }
+  // A new client is served at once, holding a slot (keep-alive), not as an overflow connection.
+  const auto t0 = std::chrono::steady_clock::now();
+  Client h(f.server.port());
+  h.send(http::request<http::string_body>{http::verb::get, "/health", 11});
+  auto got = f.mailbox.take(2000ms);
+  REQUIRE(got);
+  CHECK(got->first.target == "/health");
+  got->second->respond(200, "application/json", R"({"status":"ok"})");
+  const auto res = h.read();
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  flooding = false;
+  sampler.join();
+  CHECK(most.load() <= 16 + 64);
+  // Oldest first: the first silent sockets were closed; the last 15 still hold slots (h took the 16th).
+  CHECK(closed_within(silent.front(), 2000ms));
+  for (size_t i = silent.size() - 15; i < silent.size(); ++i) CHECK_FALSE(closed_within(silent[i], 0ms));
+  CHECK(f.wait_open_connections(16));
+  for (int fd : silent) ::close(fd);
+  CHECK(f.wait_open_connections(1));  // h
+}
+
+TEST_CASE("http_server: at max_connections a connection silent mid-request for kStalledReadAfter makes room",
+          "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_connections = 2;
+  Fixture f(cfg);
+  Client k(f.server.port());  // a slot holder whose request the handler holds: never evicted
+  k.post("/v1/k", "{}");
+  auto held = f.mailbox.take();
+  REQUIRE(held);
+  Client a(f.server.port());
+  a.send_raw("POST /v1/a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"x\"");  // part of a body
+  std::this_thread::sleep_for(200ms);
+  {
+    // a has not been silent that long: a newcomer gets an overflow place (503 but for /health).
+    Client o(f.server.port());
+    o.post("/v1/o", "{}");
+    CHECK(o.read().result_int() == 503);
+  }
+  std::this_thread::sleep_for(kStalledReadAfter);
+  Client c(f.server.port());
+  c.post("/v1/c", "{}");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.target == "/v1/c");
+  got->second->respond(200, "text/plain", "ok");
+  auto res = c.read();
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+  CHECK(a.closed_by_server());  // its request dropped unanswered
+
+  // Part of a header shows only once the header is whole: a connection that
+  // sent part of one and nothing for kStalledReadAfter is closed when evicted.
+  Client s(f.server.port());  // takes idle c's slot
+  CHECK(c.closed_by_server());
+  s.send_raw("GET /v1/s HTTP/1.1\r\nHo");
+  std::this_thread::sleep_for(kStalledReadAfter + 100ms);
+  Client t(f.server.port());
+  t.post("/v1/t", "{}");
+  got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.target == "/v1/t");
+  got->second->respond(200, "text/plain", "ok");
+  res = t.read();
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+  CHECK(s.closed_by_server());
+  held->second->respond(200, "text/plain", "ok");
+  CHECK(k.read().result_int() == 200);
+  CHECK(f.calls.load() == 3);
+}
+
+TEST_CASE("http_server: a stream whose client falls behind by max_write_buffer_bytes is cut, on_disconnect fires once",
+          "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.max_write_buffer_bytes = 64 * 1024;
+  cfg.write_timeout = 60s;  // the cut, not the write deadline
+  Fixture f(cfg);
+  Client c(f.server.port());  // never reads the stream
+  c.post("/v1/completions", R"({"stream":true})");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  std::shared_ptr<ResponseWriter> w = got->second;
+  std::promise<void> fired;
+  std::atomic<int> times{0};
+  w->on_disconnect([&] {
+    if (times.fetch_add(1) == 0) fired.set_value();
+  });
+  REQUIRE(w->start_sse());
+  // The kernel's socket buffers take a few MiB first (loopback autotuning);
+  // then the events wait in the server, until the cut (over 64 KiB waiting
+  // behind a write that began 100 ms ago).
+  const std::string event(16 * 1024, 'e');
+  constexpr size_t kGiveUp = size_t{64} << 20;
+  size_t sent = 0;
+  for (int i = 0; sent < kGiveUp && w->send_event(event); ++i) {
+    sent += event.size();
+    if (i % 4 == 3) std::this_thread::sleep_for(1ms);  // at most 64 MiB/s
+  }
+  REQUIRE(fired.get_future().wait_for(2s) == std::future_status::ready);
+  INFO("sent " << sent << " bytes of events before the cut");
+  CHECK(sent < kGiveUp);
+  CHECK_FALSE(w->send_event(event));
+  CHECK_FALSE(w->finish());
+  CHECK(f.wait_open_connections(0));
+  CHECK(times.load() == 1);
 }
 
 }  // namespace

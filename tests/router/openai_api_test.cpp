@@ -291,6 +291,31 @@ TEST_CASE("openai_api: ranges", "[openai_api]") {
                                          "max_completion_tokens must be >= 1"});
 }
 
+TEST_CASE("openai_api: stop holds at most 4 strings of at most kMaxStopBytes bytes each", "[openai_api]") {
+  const std::string longest(kMaxStopBytes, 's');
+  const std::string too_long(kMaxStopBytes + 1, 's');
+  const std::string too_long_utf8 = std::string(kMaxStopBytes - 1, 's') + "\xc3\xa9";  // bytes, not characters
+  const std::vector<BadCase> cases = {
+      {R"("stop": ")" + too_long + R"(")", "stop", "at most 256 bytes long, got one of 257"},
+      {R"("stop": ["a", ")" + too_long + R"("])", "stop", "at most 256 bytes long, got one of 257"},
+      {R"("stop": ")" + too_long_utf8 + R"(")", "stop", "at most 256 bytes long, got one of 257"},
+      {R"("stop": ")" + std::string(1 << 19, 's') + R"(")", "stop", "at most 256 bytes long"},
+      {R"("stop": ["a", "b", "c", "d", "e"])", "stop", "at most 4 strings, got 5"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+  for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const auto with = [&](const std::string& extra) {
+      return ep == Endpoint::kCompletions ? completions_with(extra) : chat_with(extra);
+    };
+    CHECK(parse_ok(ep, with(R"("stop": ")" + longest + R"(")")).stop == std::vector<std::string>{longest});
+    const ApiRequest r = parse_ok(ep, with(R"("stop": [")" + longest + R"(", "b", "c", ")" + longest + R"("])"));
+    CHECK(r.stop == std::vector<std::string>{longest, "b", "c", longest});
+  }
+}
+
 TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]") {
   const std::vector<BadCase> cases = {
       {R"("best_of": 2)", "best_of", "best_of is not supported"},
@@ -516,7 +541,9 @@ TEST_CASE("openai_api: nesting deeper than kMaxJsonDepth is refused before parsi
   // Brackets inside strings (escaped quotes included) are text, not nesting.
   const std::string brackets(1000, '[');
   CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\")" + brackets + R"("})").prompts[0].text == "\"" + brackets);
-  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\\", "stop":")" + brackets + R"("})").stop[0] == brackets);
+  const std::string stop_brackets(kMaxStopBytes, '[');
+  CHECK(parse_ok(Endpoint::kCompletions, R"({"prompt":"\\", "stop":")" + stop_brackets + R"("})").stop[0] ==
+        stop_brackets);
 
   // At the limit, the value shown in the message is still bounded.
   const std::string at_limit = R"({"model":)" + std::string(kMaxJsonDepth - 1, '[') +

@@ -1,6 +1,7 @@
 // The router's API side, driven through Router::submit with a recording writer
 // (router_harness.h): seeds, batches of prompts x n, echo with logprobs, the
-// tokenizer routes and the 400s naming a field.
+// tokenizer routes, the 400s naming a field and the bound on a non-streamed
+// answer (router.max_answer_entries).
 #include "router/router_harness.h"
 
 namespace pd::router::test_router {
@@ -192,6 +193,125 @@ TEST_CASE("router: prompts that do not fit the context are 400s naming the field
   CHECK(r.json()["error"]["message"] == "prompt[1] has 600 tokens; the model's context is 512");
   h.pump_for(5ms);
   CHECK(h.get("/metrics").body.find("pd_requests_total{outcome=\"rejected\"} 2") != std::string::npos);
+}
+
+TEST_CASE("router: a non-streamed answer over router.max_answer_entries is a 400 naming n, max_tokens and logprobs",
+          "[router]") {
+  // The default bound, with SmolLM2's context: one choice of the whole context
+  // with 20 logprobs fits, 128 of them do not (unless streamed).
+  Harness h(150, 30000, false, {}, [](ModelInfo& m) { m.context = 8192; });
+  auto body = [](const std::string& ep_fields, int n, bool stream) {
+    nlohmann::json j = nlohmann::json::parse(ep_fields);
+    j["model"] = "tiny";
+    j["n"] = n;
+    j["stream"] = stream;
+    return j.dump();
+  };
+  const std::string completions = R"({"prompt": "hello", "max_tokens": 8000, "logprobs": 20})";
+  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20})";
+  auto f = h.post(body(completions, 128, false));
+  Answer r = h.finish(f);
+  CHECK(r.status == 400);
+  nlohmann::json e = r.json()["error"];
+  CHECK(e["param"] == "n");
+  CHECK(e["type"] == "invalid_request_error");
+  for (const char* part : {"non-streamed answer of 128 choices", "8000 tokens (max_tokens)", "(1 + 20 logprobs)",
+                           "21504000 token entries", "limit of 4194304 (router.max_answer_entries)",
+                           "lower n, max_tokens or logprobs", "\"stream\": true"}) {
+    CHECK_THAT(e["message"].get<std::string>(), Catch::Matchers::Contains(part));
+  }
+  f = h.post(body(chat, 128, false), "/v1/chat/completions");
+  r = h.finish(f);
+  CHECK(r.status == 400);
+  e = r.json()["error"];
+  CHECK(e["param"] == "n");
+  CHECK_THAT(e["message"].get<std::string>(), Catch::Matchers::Contains("(1 + 20 top_logprobs)"));
+  CHECK(h.dispatched(50ms) == std::nullopt);
+  // Streamed, it holds nothing: admitted.
+  f = h.post(body(completions, 128, true));
+  CHECK(h.dispatched());
+  f->disconnect();
+  h.pump_for(10ms);
+  h.cancelled();  // takes what its choices were sent: the next dispatched() is the next request's
+  // One choice of the whole context (chat's default max_tokens) with 20 alternatives fits.
+  for (const auto& [fields, path] : {std::pair{completions, std::string("/v1/completions")},
+                                     std::pair{chat, std::string("/v1/chat/completions")}}) {
+    INFO(path);
+    f = h.post(body(fields, 1, false), path);
+    auto d = h.dispatched();
+    REQUIRE(d);
+    h.serve(d->first, d->second);
+    CHECK(h.finish(f).status == 200);
+  }
+}
+
+TEST_CASE("router: router.max_answer_entries counts choices x (max_tokens + echoed prompt) x (1 + logprobs)",
+          "[router]") {
+  Harness h(150, 30000, false, [](ClusterConfig& c) { c.router.max_answer_entries = 100; });
+  struct Case {
+    std::string body;
+    std::string refused_param;  // "" = admitted (100 entries at most)
+  };
+  const std::vector<Case> cases = {
+      {R"({"prompt": "hello", "max_tokens": 50, "logprobs": 1})", ""},             // 50 x 2
+      {R"({"prompt": "hello", "max_tokens": 51, "logprobs": 1})", "logprobs"},     // 51 x 2
+      {R"({"prompt": "hello", "max_tokens": 100})", ""},                           // 100 x 1
+      {R"({"prompt": "hello", "max_tokens": 101})", "max_tokens"},                 // 101 x 1
+      {R"({"prompt": "hello", "max_tokens": 25, "n": 4})", ""},                    // 4 x 25
+      {R"({"prompt": "hello", "max_tokens": 26, "n": 4})", "n"},                   // 4 x 26
+      {R"({"prompt": ["a", "b"], "max_tokens": 50})", ""},                         // 2 prompts x 50
+      {R"({"prompt": ["a", "b"], "max_tokens": 51})", "max_tokens"},               // 2 prompts x 51
+      {R"({"prompt": [[1, 2, 3]], "echo": true, "max_tokens": 97})", ""},          // 97 + 3 echoed
+      {R"({"prompt": [[1, 2, 3]], "echo": true, "max_tokens": 98})", "max_tokens"},
+      {R"({"prompt": "hello", "max_tokens": 101, "stream": true})", ""},           // streamed: not bounded
+  };
+  int refused = 0;
+  for (const Case& c : cases) {
+    INFO(c.body);
+    nlohmann::json j = nlohmann::json::parse(c.body);
+    j["model"] = "tiny";
+    auto f = h.post(j.dump());
+    if (c.refused_param.empty()) {
+      const auto ds = h.dispatched_n(j.contains("prompt") && j["prompt"].size() == 2 ? 2 : j.value("n", 1));
+      REQUIRE(!ds.empty());
+      for (const auto& [prefill, pr] : ds) h.serve(prefill, pr);
+      CHECK(h.finish(f).status == 200);
+      continue;
+    }
+    ++refused;
+    const Answer r = h.finish(f);
+    CHECK(r.status == 400);
+    CHECK(r.json()["error"]["param"] == c.refused_param);
+    CHECK_THAT(r.json()["error"]["message"].get<std::string>(),
+               Catch::Matchers::Contains("limit of 100 (router.max_answer_entries)"));
+  }
+  h.pump_for(5ms);
+  CHECK(h.get("/metrics").body.find("pd_requests_total{outcome=\"rejected\"} " + std::to_string(refused)) !=
+        std::string::npos);
+}
+
+TEST_CASE("router: the admin key, answer and write buffer bounds: config defaults and ranges", "[router]") {
+  const ClusterConfig d;
+  CHECK(d.http.admin_key.empty());
+  CHECK(d.http.max_write_buffer_bytes == 4 << 20);
+  CHECK(d.router.max_answer_entries == 1 << 22);
+  auto ok = ClusterConfig::parse(R"({"http": {"api_key": "a", "admin_key": "b", "max_write_buffer_bytes": 65536},
+                                     "router": {"max_answer_entries": 1000}})");
+  INFO(ok.status().to_string());
+  REQUIRE(ok.is_ok());
+  CHECK(ok->http.admin_key == "b");
+  CHECK(ok->http.max_write_buffer_bytes == 65536);
+  CHECK(ok->router.max_answer_entries == 1000);
+  auto err = [](const std::string& text) {
+    auto r = ClusterConfig::parse(text);
+    return r.is_ok() ? std::string() : r.status().message();
+  };
+  CHECK_THAT(err(R"({"http": {"max_write_buffer_bytes": 100}})"), Catch::Matchers::Contains("http.max_write_buffer_bytes"));
+  CHECK_THAT(err(R"({"router": {"max_answer_entries": 0}})"), Catch::Matchers::Contains("router.max_answer_entries"));
+  CHECK_THAT(err(R"({"http": {"admin_key": 5}})"), Catch::Matchers::Contains("http.admin_key"));
+  // The API key must not open the admin endpoints.
+  CHECK_THAT(err(R"({"http": {"api_key": "same", "admin_key": "same"}})"),
+             Catch::Matchers::Contains("'http.admin_key' must differ from 'http.api_key'"));
 }
 
 }  // namespace

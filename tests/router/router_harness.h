@@ -159,6 +159,9 @@ class RecordingWriter : public ResponseWriter {
   std::function<void()> on_disconnect_;
 };
 
+// The admin key the harness's router is configured with (http.admin_key).
+inline const std::string kAdminKey = "test-admin-key";
+
 // The router on a fake channel, 2 prefill + 2 decode ranks played by the test.
 struct Harness {
   FakeChannelHub hub;
@@ -183,6 +186,7 @@ struct Harness {
     cfg.timeouts.drain_ms = drain_ms;
     cfg.http.port = 0;
     cfg.timeouts.heartbeat_ms = heartbeat_ms;  // below the config's floor: the test's ranks beat every 10 ms
+    cfg.http.admin_key = kAdminKey;  // the admin endpoints are closed without one
     if (configure) configure(cfg);
     RoleTable roles;
     roles.roles = {Role::kRouter, Role::kPrefill, Role::kPrefill, Role::kDecode, Role::kDecode};
@@ -259,16 +263,24 @@ struct Harness {
     return d.front();
   }
 
-  // A client's request, submitted as the HTTP server would hand it over.
-  std::shared_ptr<RecordingWriter> post(const std::string& body, const std::string& path = "/v1/completions") {
-    return submit("POST", path, body);
+  // A client's request, submitted as the HTTP server would hand it over;
+  // `authorization`: its Authorization header ("" = none).
+  std::shared_ptr<RecordingWriter> post(const std::string& body, const std::string& path = "/v1/completions",
+                                        const std::string& authorization = "") {
+    return submit("POST", path, body, authorization);
   }
-  std::shared_ptr<RecordingWriter> submit(const std::string& method, const std::string& path, const std::string& body) {
+  // POST to an admin route with the admin key.
+  std::shared_ptr<RecordingWriter> admin_post(const std::string& body, const std::string& path = "/admin/drain") {
+    return post(body, path, "Bearer " + kAdminKey);
+  }
+  std::shared_ptr<RecordingWriter> submit(const std::string& method, const std::string& path, const std::string& body,
+                                          const std::string& authorization = "") {
     auto w = std::make_shared<RecordingWriter>();
     HttpRequest http;
     http.method = method;
     http.target = path;
     http.body = body;
+    http.authorization = authorization;
     http.content_type = "application/json";
     router->submit(std::move(http), w);
     return w;

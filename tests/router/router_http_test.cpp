@@ -1,9 +1,12 @@
 // The router behind its real HTTP server: a completion and /health over a
-// loopback socket, so the server is known to be wired to Router::submit. Every
-// other router test drives submit() directly (router_harness.h).
+// loopback socket, so the server is known to be wired to Router::submit, and a
+// stream whose client stops reading (http.max_write_buffer_bytes). Every other
+// router test drives submit() directly (router_harness.h).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+
+#include <unistd.h>
 
 #include <future>
 
@@ -66,6 +69,92 @@ TEST_CASE("router over HTTP: a completion is served through the socket, and /hea
   const HttpResult health = finish(h, g);
   CHECK(health.status == 200);
   CHECK(health.raw.find("\"status\":\"ok\"") != std::string::npos);
+  CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router over HTTP: a stream whose client stops reading is cut at http.max_write_buffer_bytes, cancelled once",
+          "[router]") {
+  Harness h(
+      150, 30000, /*http=*/true,
+      [](ClusterConfig& c) {
+        c.http.max_write_buffer_bytes = 64 * 1024;
+        c.http.read_timeout_ms = 600000;  // the cut, not the write deadline
+      },
+      [](ModelInfo& m) { m.context = 32768; });  // room for a stream far longer than the kernel's socket buffers
+  const uint16_t port = h.router->port();
+  REQUIRE(port != 0);
+  // A client with a small receive buffer that sends its request and never reads.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  const int rcvbuf = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  constexpr int kMaxTokens = 30000;
+  const std::string body = R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": true,
+                               "logprobs": true, "top_logprobs": 20, "max_tokens": )" + std::to_string(kMaxTokens) + "}";
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  auto d = h.dispatched(5000ms);
+  REQUIRE(d);
+  const proto::RequestId id = d->second.id;
+  const int prefill = d->first, decode = d->second.decode_rank;
+  // Tokens [first, first + n), each with 20 alternatives (about 1 KiB of event each).
+  auto events = [&](int first, int n) {
+    proto::TokenEvents te;
+    proto::TokenEvent ev;
+    ev.id = id;
+    ev.first_index = first;
+    for (int i = 0; i < n; ++i) {
+      ev.tokens.push_back('a' + 3);
+      LogprobEntry lp{'a' + 3, -0.5f, {}};
+      for (int k = 0; k < 20; ++k) lp.top.push_back({'a' + 3 + k, -0.5f - static_cast<float>(k)});
+      ev.logprobs.push_back(std::move(lp));
+    }
+    te.events.push_back(std::move(ev));
+    return te;
+  };
+  h.hub.send(prefill, kRouterRank, events(0, 1));
+  int sent = 1;
+  while (sent < kMaxTokens - 100 && h.cancelled().count(id) == 0) {
+    h.hub.send(decode, kRouterRank, events(sent, 100));
+    sent += 100;
+    h.pump_for(2ms);
+  }
+  INFO("tokens sent before the cut: " << sent);
+  // Cut long before the end: the decode rank was told to drop the request (the
+  // prefill rank's part ended with token 0).
+  REQUIRE(h.cancelled().count(id) == 1);
+  CHECK(sent < kMaxTokens / 2);
+  int decode_told = 0;
+  for (const proto::Message& m : h.inbox[decode])
+    if (auto* c = std::get_if<proto::Cancel>(&m); c && c->id == id) ++decode_told;
+  CHECK(decode_told == 1);
+  // Tokens after the cut change nothing: the request ended once, cancelled.
+  h.hub.send(decode, kRouterRank, events(sent, 100));
+  h.hub.send(decode, kRouterRank, [&] {
+    proto::TokenEvents te = events(sent + 100, 1);
+    te.events.back().finish = proto::Finish::kLength;
+    return te;
+  }());
+  h.pump_for(20ms);
+  const std::string metrics = h.get("/metrics").body;
+  CHECK(metrics.find("pd_requests_total{outcome=\"cancelled\"} 1") != std::string::npos);
+  CHECK(metrics.find("pd_requests_total{outcome=\"finished\"} 1") == std::string::npos);
+  CHECK(metrics.find("pd_requests_total{outcome=\"failed\"} 1") == std::string::npos);
+  // The client's socket was closed by the server: what it can still read is a cut stream, no [DONE].
+  std::string got;
+  char buf[65536];
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(got.find("data: [DONE]") == std::string::npos);
   CHECK(illegal_transitions() == 0);
 }
 

@@ -228,7 +228,7 @@ TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-
   auto d = h.dispatched();
   REQUIRE(d);
   const int leaving = d->first, other = d->first == kP1 ? kP2 : kP1;
-  auto drain = h.post("{\"rank\": " + std::to_string(leaving) + "}", "/admin/drain");
+  auto drain = h.admin_post("{\"rank\": " + std::to_string(leaving) + "}");
   const Answer drained = h.finish(drain);
   CHECK(drained.status == 200);
   CHECK(drained.json() == nlohmann::json{{"rank", leaving}, {"state", "draining"}});
@@ -249,7 +249,7 @@ TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-
     h.serve(other, n->second);
     CHECK(h.finish(g).status == 200);
   }
-  auto twice = h.post("{\"rank\": " + std::to_string(leaving) + "}", "/admin/drain");
+  auto twice = h.admin_post("{\"rank\": " + std::to_string(leaving) + "}");
   CHECK(h.finish(twice).status == 409);
   h.hub.send(leaving, kRouterRank, proto::Drained{});
   auto left = h.expect<proto::PeerLeft>(kD1);
@@ -273,7 +273,7 @@ TEST_CASE("router: a rank that does not finish draining within drain_ms is ended
   REQUIRE(d);
   h.tokens(d->first, d->second.id, 0, 1, false);  // streaming: it will migrate
   const int decode = d->second.decode_rank;
-  auto drain = h.post("{\"rank\": " + std::to_string(decode) + "}", "/admin/drain");
+  auto drain = h.admin_post("{\"rank\": " + std::to_string(decode) + "}");
   CHECK(h.finish(drain).status == 200);
   REQUIRE(h.expect<proto::Drain>(decode));
   // It keeps beating but never says Drained: after drain_ms it is ended as down:
@@ -302,7 +302,7 @@ TEST_CASE("router: a rank that does not finish draining within drain_ms is ended
 TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on", "[router]") {
   Harness h;
   auto post = [&](const std::string& body) {
-    auto f = h.post(body, "/admin/drain");
+    auto f = h.admin_post(body);
     return h.finish(f);
   };
   const Answer unknown = post(R"({"rank": 99})");
@@ -322,6 +322,59 @@ TEST_CASE("router: POST /admin/drain refuses bodies and ranks it cannot act on",
   CHECK(health.raw().find("\"rank\":4,") == std::string::npos);
   CHECK(health.raw().find("\"status\":\"ok\"") != std::string::npos);  // no longer degraded
   CHECK(post(R"({"rank": 4})").status == 404);
+}
+
+TEST_CASE("router: /admin/* takes only the admin key, and is closed (403) while none is configured", "[router]") {
+  const std::string api = "Bearer sk-api", admin = "Bearer " + kAdminKey;
+  const std::string drain_d2 = R"({"rank": 4})";
+  {
+    // No admin key: closed to everyone, the API key included; nothing is drained.
+    Harness h(150, 30000, false, [](ClusterConfig& c) {
+      c.http.api_key = "sk-api";
+      c.http.admin_key.clear();
+    });
+    for (const std::string& auth : {std::string(), api, admin}) {
+      INFO("Authorization: " << auth);
+      auto f = h.post(drain_d2, "/admin/drain", auth);
+      const Answer a = h.finish(f);
+      CHECK(a.status == 403);
+      const nlohmann::json e = a.json()["error"];
+      CHECK(e["code"] == "admin_disabled");
+      CHECK(e["type"] == "invalid_request_error");
+      CHECK_THAT(e["message"].get<std::string>(), Catch::Matchers::Contains("http.admin_key"));
+    }
+    auto other = h.post("{}", "/admin/anything", api);
+    CHECK(h.finish(other).status == 403);
+    h.pump_for(30ms);
+    CHECK(h.get("/health").raw().find("draining") == std::string::npos);
+    CHECK(h.cancelled().empty());
+    for (int r : {kP1, kP2, kD1, kD2})
+      for (auto& [src, m] : h.hub.take_all(r)) CHECK_FALSE(std::holds_alternative<proto::Drain>(m));
+  }
+  {
+    // An admin key: it alone opens /admin/*; the API key does not, and it does not open the API.
+    Harness h(150, 30000, false, [](ClusterConfig& c) { c.http.api_key = "sk-api"; });
+    for (const std::string& auth : {std::string(), api, std::string("Bearer test-admin-ke"), std::string("Basic x")}) {
+      INFO("Authorization: " << auth);
+      auto f = h.post(drain_d2, "/admin/drain", auth);
+      const Answer a = h.finish(f);
+      CHECK(a.status == 401);
+      CHECK(a.json()["error"]["code"] == "invalid_api_key");
+      CHECK(a.header("WWW-Authenticate") == "Bearer");
+      CHECK_THAT(a.json()["error"]["message"].get<std::string>(), Catch::Matchers::Contains("admin key"));
+    }
+    auto unknown = h.post("{}", "/admin/anything", admin);
+    CHECK(h.finish(unknown).status == 404);
+    auto models = h.submit("GET", "/v1/models", "", admin);
+    CHECK(h.finish(models).status == 401);
+    auto models_api = h.submit("GET", "/v1/models", "", api);
+    CHECK(h.finish(models_api).status == 200);
+    auto drained = h.post(drain_d2, "/admin/drain", admin);
+    const Answer a = h.finish(drained);
+    CHECK(a.status == 200);
+    CHECK(a.json() == nlohmann::json{{"rank", 4}, {"state", "draining"}});
+    REQUIRE(h.expect<proto::Drain>(kD2));
+  }
 }
 
 }  // namespace
