@@ -44,6 +44,7 @@ void DecodeWorker::set_state(Seq& s, SeqState to) { transition(s.state, to, s.id
 DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                            std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
     : WorkerCore("decode", cfg, roles, std::move(engine), std::move(transport), std::move(channel)) {
+  tag_span_ = cfg_.kv.tag_span;
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
   engine_->model->set_kv_written_hook([this](int) {
@@ -53,14 +54,56 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
 }
 
 bool DecodeWorker::work() {
-  bool busy = accept_offers();
+  bool busy = seal_tags();
+  busy |= accept_offers();
   busy |= step();
   return busy;
 }
 
-// Shutdown: receives still posted are cancelled (nothing more is coming).
+// Shutdown: receives still posted are cancelled (nothing more is coming), and
+// so are the reclaims of tags (no handoff will take them again).
 void DecodeWorker::before_exit() {
   for (auto& [id, s] : seqs_) s.handoff.cancel(*transport_);
+  for (auto& [rank, pool] : tags_) pool.cancel_reclaims(*transport_);
+}
+
+void DecodeWorker::forget_peer(int rank) {
+  // Left: it went down first (on_peer_down retired its tags being reclaimed).
+  // Its whole pool goes: a rank id is never given to another rank.
+  if (auto it = tags_.find(rank); it != tags_.end()) {
+    it->second.retire_unsealed(*transport_);
+    tags_.erase(it);
+  }
+}
+
+// Sent from the engine loop's work (not as a handoff ends), so a rank that
+// ends its handoffs while it rejoins asks under its new epoch, which the
+// prefill rank acts on.
+bool DecodeWorker::seal_tags() {
+  bool asked = false;
+  for (auto& [rank, pool] : tags_) {
+    if (peers_.is_down(rank)) continue;  // on_peer_down retired them
+    for (const KvTagPool::Unsealed& u : pool.unsealed()) {
+      Result<TransferOp> op = transport_->post_reclaim(rank, u.tag);
+      if (!op.is_ok()) {
+        spdlog::warn("decode rank {}: KV tag {} of prefill rank {}: {}; retired", roles_.self, u.tag, rank,
+                     op.status().to_string());
+        pool.retire(u.tag, *transport_);
+        continue;
+      }
+      pool.sealing(u.tag, *op);
+      channel_->send(rank, proto::KvTagSeal{u.id, u.tag, epoch_});
+      asked = true;
+    }
+  }
+  return asked;
+}
+
+bool DecodeWorker::poll_tags() {
+  bool any = false;
+  const auto limit = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
+  for (auto& [rank, pool] : tags_) any |= pool.poll(*transport_, env_->now(), limit);
+  return any;
 }
 
 bool DecodeWorker::on_message(int source, proto::Message& msg) {
@@ -99,7 +142,9 @@ void DecodeWorker::on_peer_down(int rank) {
            proto::FailureKind::kPeerDown);
   if (!ids.empty())
     spdlog::warn("decode rank {}: prefill rank {} is down; ended {} handoffs from it", roles_.self, rank, ids.size());
-  // Sequences whose KV arrived do not need it: they keep running.
+  // Sequences whose KV arrived do not need it: they keep running. Tags being
+  // reclaimed: a stopped sender may resume and send under them.
+  if (auto it = tags_.find(rank); it != tags_.end()) it->second.retire_unsealed(*transport_);
 }
 
 void DecodeWorker::drop_all() {
@@ -123,16 +168,23 @@ void DecodeWorker::cancel_receives(Seq& s) {
   set_state(s, SeqState::kCancelling);
 }
 
+void DecodeWorker::end_tag(Seq& s) {
+  KvTagPool& pool = tags_of(s.source);
+  // Every receive under the tag completed: each of the peer's sends under it
+  // matched one and completed too. Otherwise one of its sends may still be
+  // pending under the tag (MPI cannot cancel a send): reclaim the tag while
+  // the peer is up — its seal orders everything it sent there on the mpi
+  // path; a device path's KV travels apart from the tag, and a down peer
+  // may resume (the receives were abandoned only if its process is gone).
+  if (s.handoff.all_ended() && s.handoff.clean()) pool.release(s.tag);
+  else if (s.handoff.all_ended() && s.path.path == KvPath::kMpi && !peers_.is_down(s.source))
+    pool.reclaim(s.tag, s.id, env_->now());
+  else pool.retire(s.tag, *transport_);
+  s.tag = 0;
+}
+
 void DecodeWorker::erase(Seq& s) {
-  if (s.tag != 0) {
-    // A receive that did not complete may leave its peer's send pending under this tag.
-    // Free again only if every receive under it completed: each of the
-    // peer's sends under it then matched and completed too.
-    KvTagPool& pool = tags_of(s.source);
-    if (s.handoff.all_ended() && s.handoff.clean()) pool.release(s.tag);
-    else pool.retire(s.tag);
-    s.tag = 0;
-  }
+  if (s.tag != 0) end_tag(s);
   s.handoff.abandon(*transport_);  // only a confirmed-dead sender's leave any here
   release(s);
   const proto::RequestId id = s.id;
@@ -222,7 +274,7 @@ void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::
     case SeqState::kReceiving:
       // An aborting prefill rank will never send: cancel the receives now. A
       // router cancel waits for the prefill rank's abort or its data (a
-      // receive cancelled under a live sender would retire the tag).
+      // receive cancelled under a live sender costs the tag a reclaim).
       if (from_prefill) return cancel_receives(s);
       return set_state(s, SeqState::kCancelling);
     case SeqState::kReady:
@@ -262,18 +314,26 @@ bool DecodeWorker::accept_offers() {
     const AllocateOptions received{.reuse = false, .publish = false};
     const int64_t need = blocks.blocks_needed_for_prompt(s.tokens, received);
     if (need + reserved > blocks.num_free_blocks()) break;
-    auto alloc = blocks.allocate(seq_of(s.id), s.tokens, received);
-    if (!alloc.is_ok()) break;
-    s.has_blocks = true;
-    s.kv_complete = false;
-    offers_.pop_front();
-    std::optional<int> tag = tags_of(s.source).acquire();
-    if (!tag) {  // every tag of this peer in use or retired: refuse this handoff
+    KvTagPool& pool = tags_of(s.source);
+    std::optional<int> tag = pool.acquire();
+    // A tag comes back when a handoff under one ends or a reclaim takes its
+    // seal: wait for it (in order, as for blocks; the offer's deadline holds).
+    if (!tag && pool.held() + pool.reclaiming() > 0) break;
+    if (!tag) {  // every tag of this peer retired: refuse this handoff
       channel_->send(s.source, proto::HandoffReject{s.id, "decode rank has no free KV transfer tag for this prefill rank",
                                                     false, epoch_});
+      offers_.pop_front();
       erase(s);
       continue;
     }
+    auto alloc = blocks.allocate(seq_of(s.id), s.tokens, received);
+    if (!alloc.is_ok()) {
+      pool.release(*tag);  // nothing was posted under it
+      break;
+    }
+    s.has_blocks = true;
+    s.kv_complete = false;
+    offers_.pop_front();
     s.tag = *tag;
     std::vector<int32_t> table;
     for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
@@ -284,7 +344,7 @@ bool DecodeWorker::accept_offers() {
         return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, kv_segment(table, segment));
       }, s.accepted);
     else
-      s.handoff.mark_foreign();  // nothing was posted; the tag is retired all the same
+      s.handoff.mark_foreign();  // nothing was posted; the tag ends as a failed handoff's (end_tag)
     set_state(s, SeqState::kReceiving);
     if (!st.is_ok()) {
       channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false,
@@ -318,6 +378,7 @@ bool DecodeWorker::progress_transfers() {
       fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " failed", proto::FailureKind::kTransfer);
     else if (s.state == SeqState::kReceiving) finish_transfer(s);
   }
+  any |= poll_tags();
   return any;
 }
 
@@ -350,8 +411,7 @@ void DecodeWorker::finish_transfer(Seq& s) {
                   proto::FailureKind::kTransfer);
   }
   // Every message under the tag arrived: the peer has no send pending on it.
-  tags_of(s.source).release(s.tag);
-  s.tag = 0;
+  end_tag(s);
   kv_written(s);
   if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router
   s.sampler.emplace(s.params);
@@ -780,6 +840,10 @@ void DecodeWorker::fill_load(proto::LoadReport& r) const {
   r.waiting = static_cast<int32_t>(offers_.size() + waiting_.size());
   r.running = static_cast<int32_t>(running_.size() + prefilling_.size());
   r.preemptions = preemptions_;
+  for (const auto& [rank, pool] : tags_) {
+    r.kv_tags_retired += static_cast<int64_t>(pool.retired());
+    r.kv_tags_reclaiming += static_cast<int64_t>(pool.reclaiming());
+  }
   if (peers_.any_down())  // runs every iteration: walk the sequences only when a quarantine can exist
     for (const auto& [id, s] : seqs_)
       if (s.state == SeqState::kCancelling && peers_.is_down(s.source) && s.has_blocks)

@@ -29,7 +29,19 @@
 // send into them. They are released when the receives complete, or when the
 // sender's process is confirmed gone (same host, pid ended: nothing can write
 // any more). A sender on another host that never resumes keeps them
-// quarantined (reported in LoadReport.quarantined_blocks). Tags: kv_tags.h.
+// quarantined (reported in LoadReport.quarantined_blocks).
+//
+// Tags (kv_tags.h): a handoff's tag is free again when every receive under it
+// completed. One that ended early (cancelled, failed) with its sender up, on
+// the mpi path, is reclaimed: the sender is asked to seal it (KvTagSeal:
+// it ends the handoff if it still holds it, then posts an empty message under
+// the tag after all it sent there), and this rank takes and drops what the
+// sender posted under the tag up to that seal (Transport::post_reclaim, on the
+// communication side), then gives the tag out again. That record lives in the
+// tag pool, not the sequence, so either order works: the sender's abort first
+// or this rank's cancel first. A tag whose sender is down, or whose handoff
+// took a device path, is retired until the sender leaves. LoadReport carries
+// the counts (kv_tags_retired, kv_tags_reclaiming).
 //
 // The loop, peers' epochs, Rejoin, leaving the pool and load reports are the
 // worker core's (worker/worker_core.h); this class is what is decode's own.
@@ -61,7 +73,8 @@ class DecodeWorker final : public WorkerCore {
   // work accepts the offers that fit, then runs at most one step.
   DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
-  // Tests: a small tag space per prefill rank, so reuse shows within a few handoffs.
+  // Tests: a small tag space per prefill rank, so reuse shows within a few
+  // handoffs (the cluster's is kv.tag_span). For pools made from now on.
   void set_kv_tag_span(int span) { tag_span_ = span; }
 
  private:
@@ -99,7 +112,7 @@ class DecodeWorker final : public WorkerCore {
   void check_deadlines() override;
   bool work() override;
   void on_peer_down(int rank) override;
-  void forget_peer(int rank) override { tags_.erase(rank); }
+  void forget_peer(int rank) override;
   void drop_all() override;
   void on_drain() override;
   size_t held() const override { return seqs_.size(); }
@@ -115,8 +128,16 @@ class DecodeWorker final : public WorkerCore {
   // Ends a sequence whose receives are posted: cancels them (kCancelling) or,
   // with none left, frees it.
   void cancel_receives(Seq& s);
-  // Erases an ended sequence: its tag back to the pool (or retired), blocks freed.
+  // Erases an ended sequence: its tag back to the pool (end_tag), blocks freed.
   void erase(Seq& s);
+  // The sequence's tag as its handoff ends: free (every receive completed),
+  // to reclaim (ended early, the sender up, the mpi path), else retired.
+  void end_tag(Seq& s);
+  // Asks each prefill rank to seal the tags of its handoffs that ended early,
+  // posting the reclaim that sweeps them; true when it asked.
+  bool seal_tags();
+  // Tests the reclaims; true when a tag came back (or was retired).
+  bool poll_tags();
   bool accept_offers();
   bool step();
   bool chunked() const;
@@ -150,7 +171,7 @@ class DecodeWorker final : public WorkerCore {
   std::map<proto::RequestId, Clock::time_point> cancelled_;  // tombstones: cancel before offer
   uint64_t next_order_ = 0;
   std::unordered_map<int, KvTagPool> tags_;           // by prefill rank (tags_of)
-  int tag_span_ = proto::kKvTagSpan;
+  int tag_span_ = proto::kKvTagSpan;  // kv.tag_span
   KvTagPool& tags_of(int source) { return tags_.try_emplace(source, proto::kTagKvFirst, tag_span_).first->second; }
   int64_t preemptions_ = 0;
   std::vector<float> logits_;

@@ -26,7 +26,7 @@ struct ForgetRank {
   int rank;
 };
 struct PostOp {
-  enum Kind { kSend, kRecv, kSendBytes, kRecvBytes };
+  enum Kind { kSend, kRecv, kSendBytes, kRecvBytes, kReclaim };
   int64_t id;
   Kind kind;
   int peer, tag;
@@ -194,6 +194,7 @@ class CommSide::Port final : public Transport {
   Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) override {
     return post(PostOp{0, PostOp::kRecvBytes, peer, tag, {}, data, bytes});
   }
+  Result<TransferOp> post_reclaim(int peer, int tag) override { return post(PostOp{0, PostOp::kReclaim, peer, tag}); }
   Result<OpState> test(TransferOp op) override {
     if (!mine_.count(op.value)) return Status::not_found("transfer op " + std::to_string(op.value));
     std::lock_guard lock(s_->mu);
@@ -340,6 +341,7 @@ class CommSide::Loop {
         case PostOp::kRecv: return transport_.post_recv(cmd.peer, cmd.tag, cmd.region);
         case PostOp::kSendBytes: return transport_.post_send_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
         case PostOp::kRecvBytes: return transport_.post_recv_bytes(cmd.peer, cmd.tag, cmd.data, cmd.bytes);
+        case PostOp::kReclaim: return transport_.post_reclaim(cmd.peer, cmd.tag);
       }
       return Status::internal("unknown transfer op kind");
     }();

@@ -92,6 +92,9 @@ Result<TransferOp> CudaIpcTransport::post_send_bytes(int, int, const void*, size
 Result<TransferOp> CudaIpcTransport::post_recv_bytes(int, int, void*, size_t) {
   return Status::unsupported("cuda_ipc transport: byte buffers travel over MPI");
 }
+Result<TransferOp> CudaIpcTransport::post_reclaim(int, int) {
+  return Status::unsupported("cuda_ipc transport: a tag cannot be reclaimed on this path (its KV does not travel under the tag)");
+}
 
 void CudaIpcTransport::ack(int peer, const DeviceAck& a) {
   if (Status s = msgs_.send(peer, a); !s.is_ok())

@@ -52,6 +52,10 @@ class CudaIpcTransport final : public Transport {
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
   void abandon(TransferOp op) override;
+  // Unsupported: a handoff's KV travels on this path's own message tag, apart
+  // from its trailer's MPI tag, so no seal under the tag can order it (a
+  // tag whose handoff ended early on this path is retired: decode_node/kv_tags.h).
+  Result<TransferOp> post_reclaim(int peer, int tag) override;
   size_t pending() const override { return ops_.size(); }
   void progress() override;
   // Makes the device holding the cache current on the calling thread.

@@ -54,7 +54,7 @@ Result<TransferOp> FaultInjectionTransport::post_send(int peer, int tag, const K
 }
 
 Result<TransferOp> FaultInjectionTransport::post_send_bytes(int peer, int tag, const void* data, size_t bytes) {
-  if (fault_ == Fault::kHangFirstSend && targets(tag)) {
+  if (fault_ == Fault::kHangFirstSend && bytes > 0 && targets(tag)) {
     const int64_t id = next_++;
     hung_.emplace(id, false);
     return TransferOp{id};

@@ -8,7 +8,8 @@
 //   PD_FAULT_INJECT=corrupt_first_send  the first transfer's first layer is sent
 //                                     with one byte flipped (on the wire only).
 //
-// Everything else passes through to the wrapped transport.
+// Everything else passes through to the wrapped transport, the empty message
+// that seals a tag (Transport::post_reclaim) included: it carries no KV.
 #pragma once
 
 #include <memory>
@@ -39,6 +40,7 @@ class FaultInjectionTransport final : public Transport {
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
   void abandon(TransferOp op) override;
+  Result<TransferOp> post_reclaim(int peer, int tag) override { return wrap(inner_->post_reclaim(peer, tag)); }
   size_t pending() const override { return inner_->pending() + hung_.size(); }
   std::vector<KvPath> paths() const override { return inner_->paths(); }
   Status select_path(int peer, const KvPathChoice& choice) override { return inner_->select_path(peer, choice); }

@@ -115,7 +115,10 @@ void HandoffSender::fail(const std::string& why) {
 }
 
 void HandoffSender::abandon(Transport& t, std::deque<std::vector<uint8_t>>& graveyard) {
-  for (const SendOp& op : ops_) t.abandon(op.op);
+  // Last first: a send still waiting for the send budget (send_budget.h) is
+  // dropped before an earlier one in flight gives its budget back, which
+  // would post it — bytes for a handoff that is over.
+  for (auto it = ops_.rbegin(); it != ops_.rend(); ++it) t.abandon(it->op);
   const bool had_ops = !ops_.empty();
   ops_.clear();
   if (had_ops && trailer_posted_ && !trailer_.empty()) {

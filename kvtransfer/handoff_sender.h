@@ -71,10 +71,11 @@ class HandoffSender {
   // A failure outside the transport (a checksum, a path): the handoff fails,
   // nothing more goes out.
   void fail(const std::string& why);
-  // Ends the handoff: sends in flight are abandoned (MPI cannot cancel a send;
-  // the decode rank discards what arrives of an ended handoff and never reuses
-  // the tag for us), so the blocks may be reused at once. The trailer bytes,
-  // which MPI may still read, move to `graveyard` (bounded).
+  // Ends the handoff: sends in flight are abandoned, last first (MPI cannot
+  // cancel a send; the decode rank discards what arrives of an ended handoff
+  // and gives the tag out again only after the worker sealed it:
+  // decode_node/kv_tags.h), so the blocks may be reused at once. The trailer
+  // bytes, which MPI may still read, move to `graveyard` (bounded).
   void abandon(Transport& t, std::deque<std::vector<uint8_t>>& graveyard);
 
   // Figures for TransferStats.

@@ -93,6 +93,11 @@ Result<OpState> KvPaths::test(TransferOp op) {
   return r;
 }
 
+Result<TransferOp> KvPaths::post_reclaim(int peer, int tag) {
+  Transport* t = paths_.at(path_of(peer)).get();
+  return track(t, t->post_reclaim(peer, tag));
+}
+
 void KvPaths::cancel(TransferOp op) {
   const auto it = ops_.find(op.value);
   if (it != ops_.end()) it->second.transport->cancel(it->second.op);

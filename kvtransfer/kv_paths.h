@@ -31,6 +31,9 @@ class KvPaths final : public Transport {
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
   void abandon(TransferOp op) override;
+  // Over the path `peer`'s region operations take now: the mpi path carries a
+  // handoff's every message under its tag; a device path refuses.
+  Result<TransferOp> post_reclaim(int peer, int tag) override;
   size_t pending() const override { return ops_.size(); }
   std::vector<KvPath> paths() const override;
   // Unsupported (naming the path) when this process has no such path. A

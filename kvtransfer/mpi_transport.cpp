@@ -12,6 +12,11 @@ MpiTransport::~MpiTransport() {
     MPI_Cancel(&req);
     MPI_Request_free(&req);
   }
+  for (auto& [id, r] : reclaims_) {
+    if (r.recv == MPI_REQUEST_NULL) continue;
+    MPI_Request_free(&r.recv);  // matched: it cannot be cancelled
+    parked_.push_back(std::move(r.scratch));
+  }
 }
 
 TransferOp MpiTransport::track(MPI_Request req) {
@@ -73,6 +78,7 @@ Result<TransferOp> MpiTransport::post_recv_bytes(int peer, int tag, void* data, 
 }
 
 Result<OpState> MpiTransport::test(TransferOp op) {
+  if (reclaims_.count(op.value)) return test_reclaim(op.value);
   auto it = ops_.find(op.value);
   if (it == ops_.end()) return Status::not_found("mpi transport: unknown transfer op " + std::to_string(op.value));
   int done = 0;
@@ -92,6 +98,14 @@ Result<OpState> MpiTransport::test(TransferOp op) {
 }
 
 void MpiTransport::abandon(TransferOp op) {
+  if (auto r = reclaims_.find(op.value); r != reclaims_.end()) {
+    if (r->second.recv != MPI_REQUEST_NULL) {
+      MPI_Request_free(&r->second.recv);  // completes in the background, into the parked scratch
+      parked_.push_back(std::move(r->second.scratch));
+    }
+    reclaims_.erase(r);
+    return;
+  }
   auto it = ops_.find(op.value);
   if (it == ops_.end()) return;
   // MPI_Request_free on an active request: MPI completes it in the background
@@ -102,12 +116,74 @@ void MpiTransport::abandon(TransferOp op) {
 }
 
 void MpiTransport::cancel(TransferOp op) {
+  if (auto r = reclaims_.find(op.value); r != reclaims_.end()) {
+    r->second.cancelled = true;  // a message being taken lands first (test_reclaim)
+    return;
+  }
   auto it = ops_.find(op.value);
   if (it == ops_.end() || it->second == MPI_REQUEST_NULL) return;
   // Once per operation: OpenMPI 4.1's ob1 crashes (SIGSEGV in PMPI_Cancel) on a
   // second cancel of a receive it has already taken off its queue.
   if (!cancelled_.insert(op.value).second) return;
   MPI_Cancel(&it->second);
+}
+
+Result<TransferOp> MpiTransport::post_reclaim(int peer, int tag) {
+  if (!links_->endpoint(peer)) return Status::not_found("mpi transport: no link to rank " + std::to_string(peer));
+  const int64_t id = next_++;
+  Reclaim r;
+  r.peer = peer;
+  r.tag = tag;
+  r.scratch = std::make_unique<std::vector<uint8_t>>();
+  reclaims_.emplace(id, std::move(r));
+  return TransferOp{id};
+}
+
+// Takes every message that has arrived under the reclaim's (peer, tag), one
+// after the other, until none is waiting (kPending), the seal is taken
+// (kDone) or it was cancelled between two messages (kCancelled).
+Result<OpState> MpiTransport::test_reclaim(int64_t id) {
+  auto it = reclaims_.find(id);
+  Reclaim& r = it->second;
+  auto fail = [&](const std::string& why) -> Result<OpState> {
+    if (r.recv != MPI_REQUEST_NULL) {
+      MPI_Request_free(&r.recv);
+      parked_.push_back(std::move(r.scratch));
+    }
+    const std::string what = "mpi transport: reclaiming tag " + std::to_string(r.tag) + " of rank " +
+                             std::to_string(r.peer) + ": " + why;
+    reclaims_.erase(it);
+    return Status::io_error(what);
+  };
+  for (;;) {
+    if (r.recv != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Status st;
+      if (MPI_Test(&r.recv, &done, &st) != MPI_SUCCESS) return fail("MPI_Test failed");
+      if (!done) return OpState::kPending;
+      if (r.seal) {
+        reclaims_.erase(it);
+        return OpState::kDone;
+      }
+    }
+    if (r.cancelled) {
+      reclaims_.erase(it);
+      return OpState::kCancelled;
+    }
+    const auto ep = links_->endpoint(r.peer);
+    if (!ep) return fail("no link");
+    int waiting = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(ep->rank, r.tag, ep->comm, &waiting, &st) != MPI_SUCCESS) return fail("MPI_Iprobe failed");
+    if (!waiting) return OpState::kPending;
+    int bytes = 0;
+    if (MPI_Get_count(&st, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes == MPI_UNDEFINED || bytes < 0)
+      return fail("a message of unknown size");
+    r.seal = bytes == 0;
+    r.scratch->resize(static_cast<size_t>(bytes));
+    if (MPI_Irecv(r.scratch->data(), bytes, MPI_BYTE, ep->rank, r.tag, ep->comm, &r.recv) != MPI_SUCCESS)
+      return fail("MPI_Irecv failed");
+  }
 }
 
 }  // namespace pd

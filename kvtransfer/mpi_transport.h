@@ -9,6 +9,7 @@
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "kvtransfer/transport.h"
 #include "protocol/mpi_links.h"
@@ -27,15 +28,34 @@ class MpiTransport final : public Transport {
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
   void abandon(TransferOp op) override;
-  size_t pending() const override { return ops_.size(); }
+  // MPI_Iprobe under (peer, tag), then an MPI_Irecv of the probed size into
+  // scratch memory, until an empty message (the seal) is taken. Probe and
+  // receive cannot be split by another receive: the communication side's
+  // thread makes every MPI call of the rank, and the caller posts no receive
+  // under (peer, tag) meanwhile — so no matched probe is needed.
+  Result<TransferOp> post_reclaim(int peer, int tag) override;
+  size_t pending() const override { return ops_.size() + reclaims_.size(); }
 
  private:
+  // A reclaim in progress (post_reclaim).
+  struct Reclaim {
+    int peer = -1;
+    int tag = 0;
+    MPI_Request recv = MPI_REQUEST_NULL;  // the message being taken, if any
+    bool seal = false;                    // ... is the seal (empty)
+    bool cancelled = false;
+    std::unique_ptr<std::vector<uint8_t>> scratch;
+  };
   Result<TransferOp> post(bool send, int peer, int tag, const KvRegion& region);
   TransferOp track(MPI_Request req);
+  Result<OpState> test_reclaim(int64_t id);
   std::shared_ptr<MpiLinks> links_;
   int64_t next_ = 0;
   std::unordered_map<int64_t, MPI_Request> ops_;
   std::unordered_set<int64_t> cancelled_;  // ops MPI_Cancel was called on (at most once each)
+  std::unordered_map<int64_t, Reclaim> reclaims_;  // by op id (the same numbering as ops_)
+  // Scratch of reclaims abandoned while taking a message: MPI may still write there.
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> parked_;
 };
 
 }  // namespace pd

@@ -374,6 +374,9 @@ Result<TransferOp> NcclTransport::post_send_bytes(int, int, const void*, size_t)
 Result<TransferOp> NcclTransport::post_recv_bytes(int, int, void*, size_t) {
   return Status::unsupported("nccl transport: byte buffers travel over MPI");
 }
+Result<TransferOp> NcclTransport::post_reclaim(int, int) {
+  return Status::unsupported("nccl transport: a tag cannot be reclaimed on this path (its KV does not travel under the tag)");
+}
 
 Result<OpState> NcclTransport::test(TransferOp op) {
   progress();

@@ -36,6 +36,10 @@ Result<TransferOp> SendBudgetTransport::post_recv_bytes(int peer, int tag, void*
   return track_recv(peer, inner_->post_recv_bytes(peer, tag, data, bytes));
 }
 
+Result<TransferOp> SendBudgetTransport::post_reclaim(int peer, int tag) {
+  return track_recv(peer, inner_->post_reclaim(peer, tag));
+}
+
 Result<TransferOp> SendBudgetTransport::track_recv(int peer, Result<TransferOp> inner) {
   PD_ASSIGN_OR_RETURN(TransferOp posted, std::move(inner));
   Op op;

@@ -50,6 +50,8 @@ class SendBudgetTransport final : public Transport {
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override;
   void abandon(TransferOp op) override;
+  // Like a receive: straight through.
+  Result<TransferOp> post_reclaim(int peer, int tag) override;
   size_t pending() const override { return ops_.size(); }
   std::vector<KvPath> paths() const override { return inner_->paths(); }
   Status select_path(int peer, const KvPathChoice& choice) override { return inner_->select_path(peer, choice); }

@@ -38,6 +38,8 @@ class StagedTransport final : public Transport {
   Result<OpState> test(TransferOp op) override;
   void cancel(TransferOp op) override { inner_->cancel(op); }
   void abandon(TransferOp op) override;
+  // What is reclaimed was never staged: straight through.
+  Result<TransferOp> post_reclaim(int peer, int tag) override { return inner_->post_reclaim(peer, tag); }
   size_t pending() const override { return inner_->pending(); }
   void forget_peer(int peer) override { inner_->forget_peer(peer); }
   void progress() override { inner_->progress(); }

@@ -50,6 +50,19 @@ class Transport {
   // nor a receive already matched to one, so this is how such an operation
   // with a vanished peer ends.
   virtual void abandon(TransferOp op) = 0;
+  // Takes and drops, in order, every message `peer` sent under `tag` that no
+  // receive took, up to and including the sender's seal: the first empty
+  // message under the tag (post_send_bytes of 0 bytes, which a sender posts
+  // once it will send nothing more under the tag until the tag is given to it
+  // again). kDone once the seal is taken: nothing of the peer's is left under
+  // (peer, tag), and a receive posted there later meets only what the peer
+  // sends after it. cancel() ends it kCancelled (a message already being taken
+  // lands first): what is left may still be pending. Post it only while no
+  // receive of this rank under (peer, tag) is pending (one would take the
+  // messages, or the seal, it waits for). Unsupported where the tag does not
+  // order every message of a handoff (the device paths: their KV travels
+  // apart from the trailer's tag).
+  virtual Result<TransferOp> post_reclaim(int peer, int tag) = 0;
   virtual size_t pending() const = 0;
 
   // The paths this transport can carry (KvPaths: every path it holds).

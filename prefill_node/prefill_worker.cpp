@@ -95,14 +95,14 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
 
 // What the layer hook may act on in the middle of a pass: a new prompt (it is
 // offered and queued), a cancel or a handoff answer (an accept starts the sends
-// of the layers already written), a peer going down or up. Anything else —
+// of the layers already written), a tag to seal, a peer going down or up. Anything else —
 // Rejoin, Drain, PeerLeft, Shutdown — waits for the pass to end, and so does
 // every message behind it (order per source holds).
 bool PrefillWorker::mid_pass_message(const proto::Message& m) const {
   return std::holds_alternative<proto::PrefillRequest>(m) || std::holds_alternative<proto::Cancel>(m) ||
          std::holds_alternative<proto::HandoffAccept>(m) || std::holds_alternative<proto::HandoffReject>(m) ||
          std::holds_alternative<proto::PeerDown>(m) || std::holds_alternative<proto::PeerUp>(m) ||
-         std::holds_alternative<proto::Hello>(m);
+         std::holds_alternative<proto::Hello>(m) || std::holds_alternative<proto::KvTagSeal>(m);
 }
 
 bool PrefillWorker::on_message(int source, proto::Message& msg) {
@@ -112,6 +112,8 @@ bool PrefillWorker::on_message(int source, proto::Message& msg) {
     if (current(source, m->epoch)) on_accept(*m, source);
   } else if (auto* m = std::get_if<proto::HandoffReject>(&msg)) {
     if (current(source, m->epoch)) on_reject(*m, source);
+  } else if (auto* m = std::get_if<proto::KvTagSeal>(&msg)) {
+    if (current(source, m->epoch)) on_seal(*m, source);
   } else {
     return false;
   }
@@ -131,6 +133,19 @@ void PrefillWorker::on_peer_down(int rank) {
   }
   if (!ids.empty())
     spdlog::warn("prefill rank {}: decode rank {} is down; ended {} handoffs to it", roles_.self, rank, ids.size());
+  // Its seals need not arrive: it retires the tags it was reclaiming from us.
+  std::erase_if(seals_, [&](const Seal& s) {
+    if (s.peer == rank) transport_->abandon(s.op);
+    return s.peer == rank;
+  });
+}
+
+void PrefillWorker::forget_peer(int rank) {
+  std::erase_if(seals_, [&](const Seal& s) {
+    if (s.peer == rank) transport_->abandon(s.op);
+    return s.peer == rank;
+  });
+  std::erase_if(sealed_, [&](const auto& kv) { return kv.first.first == rank; });
 }
 
 void PrefillWorker::on_drain() {
@@ -229,6 +244,7 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
     return;
   }
   if (!job->handoff.accept(m.tag)) return;  // a duplicate
+  sealed_.erase({source, m.tag});  // the tag came back to us: a new handoff under it
   // The decode rank chose the same path from the same two endpoints.
   if (Status st = transport_->select_path(source, choose_kv_path(endpoint_, m.endpoint)); !st.is_ok())
     job->handoff.fail("KV path: " + st.message());
@@ -251,6 +267,35 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
                                                   " refused the KV handoff: " + m.reason,
                                         proto::FailureKind::kOverloaded});
   end(m.id);
+}
+
+// The decode rank ended handoff `m.id` early and reclaims its tag: the
+// handoff ends here too (if it still is; the decode rank told the router, or
+// the router told it), then the seal goes out under the tag, behind all this
+// rank sent there. A request for a tag another handoff holds now, or for a
+// tag already sealed for this handoff, is stale (a seal then would meet a
+// later receive of the decode rank): ignored.
+void PrefillWorker::on_seal(const proto::KvTagSeal& m, int source) {
+  const std::pair<int, int> key{source, m.tag};
+  if (auto it = sealed_.find(key); it != sealed_.end() && it->second == m.id) return;
+  for (const auto& [id, job] : jobs_)
+    if (id != m.id && job.req.decode_rank == source && job.handoff.accepted() && job.handoff.tag() == m.tag &&
+        job.state != JobState::kAborted) {
+      spdlog::warn("prefill rank {}: decode rank {} asked to seal tag {} for request {}, but request {} holds it",
+                   roles_.self, source, m.tag, m.id, id);
+      return;
+    }
+  // An aborted job (ended in the running pass) posts nothing more and is erased after the pass.
+  if (Job* job = find_job(m.id); job != nullptr && job->req.decode_rank == source && job->state != JobState::kAborted)
+    end(m.id);
+  Result<TransferOp> op = transport_->post_send_bytes(source, m.tag, nullptr, 0);
+  if (!op.is_ok()) {  // the decode rank retires the tag once its reclaim passes its limit
+    spdlog::warn("prefill rank {}: sealing tag {} for decode rank {}: {}", roles_.self, m.tag, source,
+                 op.status().to_string());
+    return;
+  }
+  seals_.push_back({source, *op});
+  sealed_[key] = m.id;
 }
 
 HandoffSender::RegionOf PrefillWorker::region_of(const Job& job) const {
@@ -500,6 +545,14 @@ bool PrefillWorker::progress_transfers() {
   }
   for (proto::RequestId id : broken)
     if (Job* job = find_job(id)) fail(*job, job->handoff.error(), proto::FailureKind::kTransfer, true);
+  const size_t seals = seals_.size();
+  std::erase_if(seals_, [&](const Seal& s) {
+    const Result<OpState> r = transport_->test(s.op);
+    if (!r.is_ok()) spdlog::warn("prefill rank {}: a seal to decode rank {} failed: {}", roles_.self, s.peer,
+                                 r.status().to_string());
+    return !r.is_ok() || *r != OpState::kPending;
+  });
+  any |= seals_.size() != seals;
   return any;
 }
 

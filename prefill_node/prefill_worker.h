@@ -21,9 +21,14 @@
 //   any other state -> (ended: erased)
 // Ending a job with sends in flight abandons them (MPI cannot cancel a send):
 // the decode rank was told (HandoffAbort) or is down, and discards whatever
-// arrives; it never re-posts a receive under that tag for us (decode_worker.h).
-// So the blocks may be reused at once; the trailer bytes, which MPI may still
-// read, are kept alive (graveyard_).
+// arrives; it posts no receive under that tag for us again until it has
+// asked us to seal the tag (KvTagSeal) and taken everything we sent under it
+// up to the seal (decode_node/kv_tags.h). So the blocks may be reused at
+// once; the trailer bytes, which MPI may still read, are kept alive
+// (graveyard_). A seal: the job under the tag (if still here) ends, then an
+// empty send under the tag follows all it sent there; it is tested to its end
+// (seals_), never abandoned while the decode rank is up — an abandoned send
+// that waits in the send budget would never go out.
 //
 // The loop, peers' epochs, Rejoin, leaving the pool and load reports are the
 // worker core's (worker/worker_core.h); this class is what is prefill's own.
@@ -35,6 +40,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -93,6 +99,8 @@ class PrefillWorker final : public WorkerCore {
   void on_cancel(proto::RequestId id);
   void on_accept(const proto::HandoffAccept& m, int source);
   void on_reject(const proto::HandoffReject& m, int source);
+  void on_seal(const proto::KvTagSeal& m, int source);
+  void forget_peer(int rank) override;
   void set_state(Job& job, JobState to);
   bool run_batch();
   void plan_pass();
@@ -115,6 +123,14 @@ class PrefillWorker final : public WorkerCore {
   std::vector<proto::RequestId> batch_;  // ids in the running batch (hook reads it)
   bool in_pass_ = false;                          // forward() is running (the layer hook may call in)
   std::deque<std::vector<uint8_t>> graveyard_;    // trailers of abandoned handoffs (MPI may still read them)
+  struct Seal {
+    int peer;
+    TransferOp op;
+  };
+  std::vector<Seal> seals_;  // seals posted, not yet reported ended
+  // (decode rank, tag) -> the handoff whose tag was sealed last: a KvTagSeal
+  // for it again is a duplicate (a second seal would meet a later receive).
+  std::map<std::pair<int, int>, proto::RequestId> sealed_;
 };
 
 }  // namespace pd

@@ -54,6 +54,14 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
       quarantined_blocks(registry.gauge("pd_kv_blocks_quarantined",
                                          "KV blocks held back until MPI can no longer write into them (a sender that went down mid-transfer)",
                                          {"role", "rank"})),
+      kv_tags_retired(registry.gauge("pd_kv_tags_retired",
+                                      "KV transfer tags a decode rank will not give out again until the prefill "
+                                      "rank leaves (a handoff ended early while it was down, or on a device path)",
+                                      {"role", "rank"})),
+      kv_tags_reclaiming(registry.gauge("pd_kv_tags_reclaiming",
+                                         "KV transfer tags of handoffs that ended early, held until what the prefill "
+                                         "rank sent under them is swept up to its seal",
+                                         {"role", "rank"})),
       rank_requests_total(registry.counter("pd_rank_requests_total",
                                             "Requests dispatched to the rank (each attempt counts)", {"role", "rank"})),
       routing_decisions_total(registry.counter(
@@ -100,6 +108,8 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
       if (!wv.is_prefill) preemptions.set({std::to_string(wv.rank)}, static_cast<double>(wv.load.preemptions));
       rank_up.set(labels, wv.state == RankState::kUp ? 1 : 0);
       quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));
+      kv_tags_retired.set(labels, static_cast<double>(wv.load.kv_tags_retired));
+      kv_tags_reclaiming.set(labels, static_cast<double>(wv.load.kv_tags_reclaiming));
       prefix_index_blocks.set(labels, static_cast<double>(workers.index().blocks(wv.rank)));
     }
   }
@@ -124,6 +134,8 @@ void RouterMetrics::rank_left(const WorkerView& w) {
   waiting.set(labels, 0);
   free_blocks.set(labels, static_cast<double>(w.load.total_blocks));
   quarantined_blocks.set(labels, 0);
+  kv_tags_retired.set(labels, 0);
+  kv_tags_reclaiming.set(labels, 0);
   prefix_index_blocks.set(labels, 0);
 }
 

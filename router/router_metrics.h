@@ -54,6 +54,8 @@ struct RouterMetrics {
   Counter& retried_total;
   Counter& migrated_total;
   Gauge& quarantined_blocks;
+  Gauge& kv_tags_retired;     // a decode rank's, from its load reports
+  Gauge& kv_tags_reclaiming;  // likewise
   Counter& rank_requests_total;
   Counter& routing_decisions_total;
   Counter& warm_prefills_total;

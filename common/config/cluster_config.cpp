@@ -146,7 +146,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   PD_RETURN_IF_ERROR(section(root, "kv", [&](const json& j, std::string p) {
     return Reader(j, p).get("block_size", c.kv.block_size).get("decode_budget_mb", c.kv.decode_budget_mb)
         .get("prefill_budget_mb", c.kv.prefill_budget_mb).get("checksum", c.kv.checksum).get("dtype", c.kv.dtype)
-        .get("prefix_cache", c.kv.prefix_cache).finish();
+        .get("prefix_cache", c.kv.prefix_cache).get("tag_span", c.kv.tag_span).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "prefill", [&](const json& j, std::string p) {
     return Reader(j, p).get("token_budget", c.prefill.token_budget).get("max_batch", c.prefill.max_batch)
@@ -220,6 +220,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("kv.block_size", kv.block_size, 1, 1024));
   PD_RETURN_IF_ERROR(range("kv.decode_budget_mb", kv.decode_budget_mb, 1, int64_t{1} << 20));
   PD_RETURN_IF_ERROR(range("kv.prefill_budget_mb", kv.prefill_budget_mb, 1, int64_t{1} << 20));
+  PD_RETURN_IF_ERROR(range("kv.tag_span", kv.tag_span, 1, 30000));
   PD_RETURN_IF_ERROR(parse_kv_dtype(kv.dtype, "config: 'kv.dtype'").status());
   PD_RETURN_IF_ERROR(range("prefill.token_budget", prefill.token_budget, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("prefill.max_batch", prefill.max_batch, 1, 4096));

@@ -65,6 +65,9 @@ struct ClusterConfig {
     // ranks, of finished sequences) stays resident, evictable, for later
     // prompts that start the same way; the router routes by it.
     bool prefix_cache = true;
+    // MPI tags a decode rank receives KV under, per prefill rank (tests make it
+    // small; above 30000 the tags pass MPI's guaranteed 32767).
+    int tag_span = 30000;
   } kv;
 
   struct Prefill {

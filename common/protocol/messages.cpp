@@ -114,6 +114,9 @@ struct ToJson {
   json operator()(const HandoffReject& m) const {
     return {{"t", "reject"}, {"id", m.id}, {"reason", m.reason}, {"cancelled", m.cancelled}, {"epoch", m.epoch}};
   }
+  json operator()(const KvTagSeal& m) const {
+    return {{"t", "seal"}, {"id", m.id}, {"tag", m.tag}, {"epoch", m.epoch}};
+  }
   json operator()(const HandoffAbort& m) const {
     return {{"t", "abort"}, {"id", m.id}, {"reason", m.reason}, {"epoch", m.epoch}};
   }
@@ -166,7 +169,8 @@ struct ToJson {
     return {{"t", "load"},           {"waiting", m.waiting},         {"running", m.running},
             {"free", m.free_blocks}, {"total", m.total_blocks}, {"preemptions", m.preemptions},
             {"ready", m.ready},        {"epoch", m.epoch},             {"quarantined", m.quarantined_blocks},
-            {"cached", m.prompt_tokens_cached}, {"computed", m.prompt_tokens_computed}};
+            {"cached", m.prompt_tokens_cached}, {"computed", m.prompt_tokens_computed},
+            {"tags_retired", m.kv_tags_retired}, {"tags_reclaiming", m.kv_tags_reclaiming}};
   }
 };
 
@@ -205,6 +209,8 @@ LoadReport load_report_from(const json& j) {
   m.quarantined_blocks = j.at("quarantined").get<int64_t>();
   m.prompt_tokens_cached = j.at("cached").get<int64_t>();
   m.prompt_tokens_computed = j.at("computed").get<int64_t>();
+  m.kv_tags_retired = j.value("tags_retired", int64_t{0});
+  m.kv_tags_reclaiming = j.value("tags_reclaiming", int64_t{0});
   return m;
 }
 
@@ -226,6 +232,7 @@ Message from_json(const json& j) {
                          j.at("cancelled").get<bool>(), j.at("epoch").get<Epoch>()};
   if (t == "abort")
     return HandoffAbort{j.at("id").get<RequestId>(), j.at("reason").get<std::string>(), j.at("epoch").get<Epoch>()};
+  if (t == "seal") return KvTagSeal{j.at("id").get<RequestId>(), j.at("tag").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "down") return PeerDown{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "up") return PeerUp{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
   if (t == "rejoin") return Rejoin{j.at("epoch").get<Epoch>()};
@@ -284,7 +291,8 @@ const char* message_name(const Message& m) {
                                            "PeerUp",         "Rejoin",        "Listening",    "Join",
                                            "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
                                            "Drain",          "Drained",       "PeerLeft",     "RouterBeat",
-                                           "PeerGone",       "KvEvents",      "Warmed"};
+                                           "PeerGone",       "KvEvents",      "Warmed",
+                                           "KvTagSeal"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];
 }

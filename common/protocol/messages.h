@@ -17,6 +17,8 @@
 //   D -> P   HandoffAccept    blocks are reserved and receives posted under `tag`
 //   D -> P   HandoffReject    refused (fingerprint mismatch, cancelled, no room in time)
 //   P -> D   HandoffAbort     an offered/accepted handoff will not be sent
+//   D -> P   KvTagSeal        the handoff under `tag` ended early here: send nothing more of it, then the
+//                             tag's seal (an empty KV message under it; decode_node/kv_tags.h)
 //   P,D -> R TokenEvents      generated tokens (and the finish reason) of some requests
 //   P,D -> R RequestFailed    a request ended with an error on that rank
 //   P,D -> R LoadReport       the rank's queue lengths and KV pool occupancy (also its heartbeat)
@@ -125,6 +127,12 @@ struct HandoffAccept {
 };
 struct HandoffReject { RequestId id = 0; std::string reason; bool cancelled = false; Epoch epoch = 0; };
 struct HandoffAbort { RequestId id = 0; std::string reason; Epoch epoch = 0; };
+// The decode rank's handoff `id` under `tag` ended before every receive under
+// the tag completed (cancelled, failed). The prefill rank ends that handoff if
+// it still holds it, then posts the seal: an empty message under `tag`, after
+// everything it sent under it. The decode rank takes and drops all of it up to
+// the seal (Transport::post_reclaim), then gives the tag out again.
+struct KvTagSeal { RequestId id = 0; int32_t tag = 0; Epoch epoch = 0; };
 struct PeerDown { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that is over
 struct PeerUp { int32_t rank = -1; Epoch epoch = 0; };    // `epoch`: the new incarnation
 struct PeerGone { int32_t rank = -1; Epoch epoch = 0; };  // `epoch`: the incarnation that was down
@@ -213,6 +221,12 @@ struct LoadReport {
   // found in its prefix cache, or computed.
   int64_t prompt_tokens_cached = 0;
   int64_t prompt_tokens_computed = 0;
+  // Decode ranks, over their prefill peers: KV transfer tags retired for good
+  // (their handoff ended early while the sender was down, or on a device
+  // path) and being reclaimed (ended early: swept up to the sender's seal,
+  // then given out again). decode_node/kv_tags.h.
+  int64_t kv_tags_retired = 0;
+  int64_t kv_tags_reclaiming = 0;
 };
 
 // At most this many hashes travel in one KvEvents message (a larger change is
@@ -234,7 +248,7 @@ std::vector<KvEvents> kv_events_messages(Epoch epoch, bool reset, const std::vec
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
                              Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft,
-                             RouterBeat, PeerGone, KvEvents, Warmed>;
+                             RouterBeat, PeerGone, KvEvents, Warmed, KvTagSeal>;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
 // bytes that are not a well-formed message of a known type.

@@ -87,6 +87,10 @@ class LockedTransport final : public Transport {
     std::lock_guard lock(*mu_);
     inner_->abandon(op);
   }
+  Result<TransferOp> post_reclaim(int peer, int tag) override {
+    std::lock_guard lock(*mu_);
+    return inner_->post_reclaim(peer, tag);
+  }
   size_t pending() const override {
     std::lock_guard lock(*mu_);
     return inner_->pending();
@@ -299,6 +303,22 @@ TEST_CASE("comm side: cancel ends an unmatched receive, abandon forgets an opera
   const Status st = p.transport[1]->select_path(2, nccl);
   CHECK(st.code() == StatusCode::kUnsupported);
   CHECK_THAT(st.message(), Catch::Contains("nccl"));
+}
+
+TEST_CASE("comm side: a reclaim takes what the peer left under the tag, behind the compute side's back, to its seal") {
+  Pair p;
+  std::vector<uint8_t> stale(2048, 6);
+  auto s1 = p.transport[1]->post_send(2, 12, bytes_region(stale, 1024));  // nobody receives it
+  REQUIRE(s1.is_ok());
+  auto rec = p.transport[2]->post_reclaim(1, 12);
+  REQUIRE(rec.is_ok());
+  CHECK(*wait_op(*p.transport[1], *s1) == OpState::kDone);  // taken on the thread, while the test waits
+  CHECK(*p.transport[2]->test(*rec) == OpState::kPending);
+  auto seal = p.transport[1]->post_send_bytes(2, 12, nullptr, 0);
+  REQUIRE(seal.is_ok());
+  CHECK(*wait_op(*p.transport[2], *rec) == OpState::kDone);
+  CHECK(*wait_op(*p.transport[1], *seal) == OpState::kDone);
+  CHECK(p.transport[2]->pending() == 0);
 }
 
 TEST_CASE("comm side: heartbeats while the compute side is busy, none once it is wedged") {

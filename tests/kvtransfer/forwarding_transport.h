@@ -28,6 +28,7 @@ class ForwardingTransport : public Transport {
   Result<OpState> test(TransferOp op) override { return inner_->test(op); }
   void cancel(TransferOp op) override { inner_->cancel(op); }
   void abandon(TransferOp op) override { inner_->abandon(op); }
+  Result<TransferOp> post_reclaim(int peer, int tag) override { return inner_->post_reclaim(peer, tag); }
   size_t pending() const override { return inner_->pending(); }
   std::vector<KvPath> paths() const override { return inner_->paths(); }
   Status select_path(int peer, const KvPathChoice& choice) override { return inner_->select_path(peer, choice); }

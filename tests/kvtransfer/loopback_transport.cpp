@@ -15,6 +15,7 @@ struct LoopbackNetwork::State {
     bool send = false;
     bool hung = false;    // a send under hang_sends: never matches
     bool abandoned = false;
+    bool reclaim = false; // a receive-side reclaim: takes sends until an empty one
     int64_t partner = 0;  // matched, bytes not moved yet (the sender is frozen or dead)
     OpState state = OpState::kPending;
     Status error;         // reported by test() instead of the state
@@ -33,15 +34,17 @@ struct LoopbackNetwork::State {
   std::set<int> frozen, dead;
   int64_t next_id = 1;
   int64_t moved = 0;
+  int64_t reclaimed = 0;  // messages taken by reclaims
   std::unordered_map<int64_t, Op> ops;
   std::map<Key, Queues> queues;
 
   Result<TransferOp> post(int owner, int peer, int tag, bool send, uint8_t* base, std::vector<int64_t> offsets,
-                          int64_t piece_bytes) {
+                          int64_t piece_bytes, bool reclaim = false) {
     const int64_t id = next_id++;
     Op& op = ops[id];
     op.owner = owner;
     op.send = send;
+    op.reclaim = reclaim;
     op.base = base;
     op.offsets = std::move(offsets);
     op.piece_bytes = piece_bytes;
@@ -51,20 +54,41 @@ struct LoopbackNetwork::State {
     }
     Queues& q = queues[send ? Key{owner, peer, tag} : Key{peer, owner, tag}];
     (send ? q.sends : q.recvs).push_back(id);
+    pump(q);
+    return TransferOp{id};
+  }
+
+  // Matches the oldest unmatched send with the oldest unmatched receive while
+  // both exist. A reclaim at the head of the receives takes sends (each
+  // completes, its bytes dropped) until it takes an empty one; it takes
+  // nothing while either rank is stopped or dead.
+  void pump(Queues& q) {
     while (!q.sends.empty() && !q.recvs.empty()) {
       const int64_t sid = q.sends.front(), rid = q.recvs.front();
-      q.sends.pop_front();
-      q.recvs.pop_front();
       Op& s = ops.at(sid);
       Op& r = ops.at(rid);
-      if (frozen.count(s.owner) || dead.count(s.owner) || frozen.count(r.owner) || dead.count(r.owner)) {
+      const bool stopped =
+          frozen.count(s.owner) || dead.count(s.owner) || frozen.count(r.owner) || dead.count(r.owner);
+      if (r.reclaim) {
+        if (stopped) return;
+        q.sends.pop_front();
+        s.state = OpState::kDone;
+        ++reclaimed;
+        if (s.total() == 0) {
+          r.state = OpState::kDone;
+          q.recvs.pop_front();
+        }
+        continue;
+      }
+      q.sends.pop_front();
+      q.recvs.pop_front();
+      if (stopped) {
         s.partner = rid;
         r.partner = sid;
       } else {
         match(s, r);
       }
     }
-    return TransferOp{id};
   }
 
   // Moves the bytes of matched pairs whose ranks are both running.
@@ -76,6 +100,7 @@ struct LoopbackNetwork::State {
       s.partner = r.partner = 0;
       match(s, r);
     }
+    for (auto& [key, q] : queues) pump(q);
     reap();
   }
   // Abandoned ops that completed are gone for good.
@@ -165,6 +190,9 @@ class LoopbackTransport final : public Transport {
   Result<OpState> test(TransferOp op) override { return state_->test(rank_, op.value); }
   void cancel(TransferOp op) override { state_->cancel(rank_, op.value); }
   void abandon(TransferOp op) override { state_->abandon(rank_, op.value); }
+  Result<TransferOp> post_reclaim(int peer, int tag) override {
+    return state_->post(rank_, peer, tag, false, nullptr, {}, 0, /*reclaim=*/true);
+  }
   size_t pending() const override { return state_->pending(rank_); }
 
  private:
@@ -188,5 +216,6 @@ void LoopbackNetwork::thaw(int rank) {
 }
 void LoopbackNetwork::kill(int rank) { state_->dead.insert(rank); }
 int64_t LoopbackNetwork::bytes_moved() const { return state_->moved; }
+int64_t LoopbackNetwork::messages_reclaimed() const { return state_->reclaimed; }
 
 }  // namespace pd::test

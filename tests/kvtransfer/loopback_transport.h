@@ -12,6 +12,10 @@
 // the next receive posted under its (source, dest, tag) — a stale send meeting
 // a new receive. abandon() forgets an op (never reported again), but an
 // abandoned op still matches and still moves bytes, as MPI's would.
+// post_reclaim() posts a receive-side reclaim: in its turn among the receives
+// of (source, dest, tag) it takes every send (each completes; its bytes go
+// nowhere) up to and including the first empty one, then completes kDone;
+// cancel() ends it kCancelled between two sends.
 //
 // Faults: hang_sends(true): sends posted from then on never match (a stuck
 // link). freeze(rank): the rank is stopped — a matched pair whose sender is
@@ -48,6 +52,8 @@ class LoopbackNetwork {
   void kill(int rank);
   // Bytes copied from senders to receivers so far.
   int64_t bytes_moved() const;
+  // Messages (seals included) taken by reclaims (Transport::post_reclaim) so far.
+  int64_t messages_reclaimed() const;
 
   struct State;  // shared with the endpoints
 

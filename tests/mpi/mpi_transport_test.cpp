@@ -5,7 +5,10 @@
 // checksums. Then rank 1 cancels a receive whose data never comes and checks
 // it completes as cancelled (the blocks may then be reused). Last, the host-staged
 // path a GPU cache takes: contiguous bytes from a StagedTransport meet plain
-// hindexed regions on the other rank, in both directions, byte-exact.
+// hindexed regions on the other rank, in both directions, byte-exact. And a
+// tag reclaimed: what rank 0 left under it (a region, a message large enough
+// for rendezvous, a small one) is taken up to its seal, and rank 1's next
+// receive under the tag gets what rank 0 sent after the seal.
 #include <mpi.h>
 
 #include <chrono>
@@ -157,6 +160,42 @@ int main(int argc, char** argv) {
       }
     }
     EXPECT(staged.pending() == 0, "%zu staged operations still pending", staged.pending());
+  }
+  // Reclaiming a tag (Transport::post_reclaim): nothing of rank 0's under
+  // tag 4000 has a receive; its empty seal follows, then a fresh message.
+  {
+    const int rtag = 4000;
+    std::vector<uint8_t> fresh(32);
+    for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = static_cast<uint8_t>(i * 5 + 1);
+    if (rank == 0) {
+      std::vector<uint8_t> big(size_t{4} << 20, 0xab), small(64, 0xcd);
+      std::vector<pd::TransferOp> ops;
+      auto keep = [&](pd::Result<pd::TransferOp> op, const char* what) {
+        EXPECT(op.is_ok(), "post %s under the reclaimed tag", what);
+        if (op.is_ok()) ops.push_back(*op);
+      };
+      keep(t.post_send(1, rtag, pd::kv_layer_region(cache.data(), L, 0, table)), "a region");
+      keep(t.post_send_bytes(1, rtag, big.data(), big.size()), "4 MiB");
+      keep(t.post_send_bytes(1, rtag, small.data(), small.size()), "64 bytes");
+      keep(t.post_send_bytes(1, rtag, nullptr, 0), "the seal");
+      keep(t.post_send_bytes(1, rtag, fresh.data(), fresh.size()), "the next handoff's message");
+      for (pd::TransferOp o : ops) EXPECT(wait(t, o) == pd::OpState::kDone, "a send under the reclaimed tag did not complete");
+    } else {
+      auto rec = t.post_reclaim(0, rtag);
+      EXPECT(rec.is_ok(), "post_reclaim");
+      if (rec.is_ok()) EXPECT(wait(t, *rec) == pd::OpState::kDone, "the reclaim did not take the seal");
+      std::vector<uint8_t> got(fresh.size(), 0);
+      auto op = t.post_recv_bytes(0, rtag, got.data(), got.size());
+      EXPECT(op.is_ok() && wait(t, *op) == pd::OpState::kDone, "the receive after the reclaim");
+      EXPECT(got == fresh, "the receive after the reclaim got a stale message");
+      auto idle = t.post_reclaim(0, rtag + 1);  // nothing comes: cancelled
+      EXPECT(idle.is_ok(), "post_reclaim (nothing sent)");
+      if (idle.is_ok()) {
+        t.cancel(*idle);
+        EXPECT(wait(t, *idle) == pd::OpState::kCancelled, "a cancelled reclaim did not report kCancelled");
+      }
+      EXPECT(t.pending() == 0, "%zu operations still pending after the reclaims", t.pending());
+    }
   }
   int mine = failures, total = 0;
   MPI_Allreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

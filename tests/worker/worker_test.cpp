@@ -87,6 +87,21 @@ std::unique_ptr<Engine> make_engine(bool prefill_side) {
   return std::move(e).value();
 }
 
+// An engine like make_engine's with blocks of 4 tokens: a KV segment
+// (kKvSegmentBlocks blocks) is 64 tokens, so a 200-token prompt hands off in 4.
+std::unique_ptr<Engine> make_small_block_engine(bool prefill_side) {
+  EngineConfig ec;
+  ec.model_path = tiny_model_path();
+  ec.threads = 1;
+  ec.block_size = 4;
+  ec.kv_budget_bytes = 256 << 10;
+  ec.kv_fit_context = prefill_side;
+  ec.prefix_sharing = true;
+  auto e = Engine::create(ec);
+  REQUIRE(e.is_ok());
+  return std::move(e).value();
+}
+
 // A backend that forwards to the CPU one until told to fail: then matmul
 // errors, and device_health() reports the device gone or not (a failing op
 // on a healthy device, e.g. out of memory, versus a dead GPU).
@@ -838,11 +853,13 @@ std::map<proto::RequestId, std::vector<int32_t>> clean_run(const std::vector<pro
 }
 
 TEST_CASE("kv tags: a retired tag is never reissued, a released one is", "[workers]") {
+  LoopbackNetwork net;
+  auto t = net.endpoint(kDecode);
   KvTagPool pool(1000, 3);
   const int a = *pool.acquire(), b = *pool.acquire(), c = *pool.acquire();
   CHECK(!pool.acquire());  // all in use
   pool.release(a);
-  pool.retire(b);
+  pool.retire(b, *t);
   CHECK(pool.retired() == 1);
   for (int i = 0; i < 10; ++i) {  // wraps many times: only `a` comes back
     auto t = pool.acquire();
@@ -854,6 +871,46 @@ TEST_CASE("kv tags: a retired tag is never reissued, a released one is", "[worke
   std::set<int> seen;
   for (int i = 0; i < 2; ++i) seen.insert(*pool.acquire());
   CHECK(seen == std::set<int>{a, c});
+}
+
+TEST_CASE("kv tags: a reclaimed tag comes back once the peer's seal is taken, past its limit it is retired",
+          "[workers][tags]") {
+  using S = KvTagPool::TagState;
+  LoopbackNetwork net;
+  auto sender = net.endpoint(kPrefill);
+  auto receiver = net.endpoint(kDecode);
+  const auto t0 = Clock::now();
+  const auto limit = std::chrono::milliseconds(50);
+  const int64_t illegal = illegal_transitions();
+  KvTagPool pool(1000, 2);
+  const int a = *pool.acquire(), b = *pool.acquire();
+  std::vector<uint8_t> stale(64, 7);
+  REQUIRE(sender->post_send_bytes(kDecode, a, stale.data(), stale.size()).is_ok());  // no receive takes it
+  pool.reclaim(a, 11, t0);
+  pool.reclaim(b, 12, t0 + std::chrono::milliseconds(1));
+  CHECK(pool.state(a) == S::kUnsealed);
+  CHECK(pool.reclaiming() == 2);
+  CHECK(!pool.acquire());  // being reclaimed: not given out
+  const std::vector<KvTagPool::Unsealed> asked = pool.unsealed();
+  REQUIRE(asked.size() == 2);
+  CHECK((asked[0].tag == a && asked[0].id == 11 && asked[1].tag == b));  // oldest first
+  for (const auto& u : asked) pool.sealing(u.tag, *receiver->post_reclaim(kPrefill, u.tag));
+  CHECK(pool.unsealed().empty());
+  CHECK(!pool.poll(*receiver, t0, limit));  // nothing sealed yet (the stale message is taken meanwhile)
+  CHECK(net.messages_reclaimed() == 1);
+  REQUIRE(sender->post_send_bytes(kDecode, a, nullptr, 0).is_ok());  // a's seal
+  CHECK(pool.poll(*receiver, t0, limit));
+  CHECK(pool.state(a) == S::kFree);
+  CHECK(pool.state(b) == S::kSealing);
+  // b's peer never seals: past the limit its reclaim is cancelled, then the tag retired.
+  pool.poll(*receiver, t0 + 2 * limit, limit);
+  pool.poll(*receiver, t0 + 2 * limit, limit);
+  CHECK(pool.state(b) == S::kRetired);
+  CHECK(pool.retired() == 1);
+  CHECK(pool.reclaiming() == 0);
+  CHECK(receiver->pending() == 0);
+  CHECK(*pool.acquire() == a);
+  CHECK(illegal_transitions() == illegal);
 }
 
 TEST_CASE("workers: a handoff abandoned after its receives were cancelled never feeds another request (defect: tag reuse)",
@@ -886,6 +943,125 @@ TEST_CASE("workers: a handoff abandoned after its receives were cancelled never 
   }
   for (const auto& [src, f] : c.failed) CHECK((f.id == 1));
   // The prefill rank's stalled sends hit timeouts.transfer_ms: abandoned, blocks back.
+  CHECK(c.settle());
+}
+
+// Handoffs that end mid-transfer, in each order the ends can learn it. Before
+// tags were reclaimed each of these retired its tag for good: with 4 tags per
+// prefill rank the fifth such handoff left the pair refusing every handoff
+// ("no free KV transfer tag"), the user's next request failed.
+TEST_CASE("workers: handoffs ended mid-transfer in every order give their tags back: 4 tags serve on",
+          "[workers][tags]") {
+  ClusterConfig cfg = small_config();
+  cfg.kv.tag_span = 4;
+  cfg.prefill.chunk_tokens = 16;  // a 200-token prompt: 13 passes, its KV in 4 segments
+  const auto reference = [&] {
+    MiniCluster r(cfg, {}, {}, make_small_block_engine);
+    std::map<proto::RequestId, std::vector<int32_t>> out;
+    for (proto::RequestId id : {900, 901}) {
+      r.submit(MiniCluster::request(id, 200, 5));
+      REQUIRE(r.run_until([&] { return r.finished(id); }));
+      out[id] = r.token_ids(id);
+    }
+    return out;
+  }();
+  // The decode rank's own backstop (prefill_queue_ms + transfer_ms) ends the third kind.
+  cfg.timeouts.prefill_queue_ms = 20;
+  cfg.timeouts.transfer_ms = 100;
+  MiniCluster c(cfg, {}, {}, make_small_block_engine);
+  c.use_fake_clock();
+  std::set<proto::RequestId> ended;
+  for (int round = 0; round < 21; ++round) {
+    const proto::RequestId id = 100 + static_cast<proto::RequestId>(round);
+    ended.insert(id);
+    INFO("round " << round << " (request " << id << ")");
+    const int64_t moved = c.net.bytes_moved();
+    switch (round % 3) {
+      case 0: {
+        // The user pressed stop mid-prefill, after the first segment went out:
+        // the router's cancel reaches the prefill rank first (it aborts), then
+        // the decode rank.
+        c.submit(MiniCluster::request(id, 200, 5));
+        REQUIRE(c.run_until([&] { return c.net.bytes_moved() > moved; }, 200));
+        REQUIRE(c.events.count(id) == 0);  // still computing
+        c.cancel(id);
+        break;
+      }
+      case 1: {
+        // The cancel reaches the decode rank first (it waits for the abort or
+        // the data), then the prefill rank, before anything was sent.
+        c.submit(MiniCluster::request(id, 200, 5));
+        c.step_both();
+        c.step_both();  // offered and accepted; computing its second chunk
+        REQUIRE(c.net.bytes_moved() == moved);
+        c.hub.send(kRouter, kDecode, proto::Cancel{id});
+        c.step_decode();
+        c.hub.send(kRouter, kPrefill, proto::Cancel{id});
+        break;
+      }
+      case 2: {
+        // The decode rank ends first on its own (nothing arrived within its
+        // backstop: its accept was late) and cancels its receives; then the
+        // accept reaches the prefill rank, which sends the whole KV under the
+        // tag with no receive left to take it. The seal request follows it.
+        c.submit(MiniCluster::request(id, 40, 5));
+        c.step_prefill();  // offered, computed, held
+        c.hub.hold();
+        c.step_decode_for(std::chrono::milliseconds(130));  // accepts; fails it at 120 ms
+        c.hub.release();
+        c.collect();
+        REQUIRE(c.failed_with(id, kDecode, proto::FailureKind::kTimeout));
+        break;
+      }
+    }
+    REQUIRE(c.settle());
+  }
+  CHECK(c.net.messages_reclaimed() > 7);  // the third kind's sends were swept, with the seals
+  c.step_decode_for(std::chrono::milliseconds(1100));  // a load report (one a second when nothing else changes)
+  CHECK(c.loads[kDecode].kv_tags_retired == 0);
+  CHECK(c.loads[kDecode].kv_tags_reclaiming == 0);
+  // The pair serves on, with the tokens a fresh pair gives.
+  for (proto::RequestId id : {900, 901}) {
+    c.submit(MiniCluster::request(id, 200, 5));
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+    CHECK(c.token_ids(id) == reference.at(id));
+  }
+  for (const auto& [src, f] : c.failed) {
+    INFO("rank " << src << ": request " << f.id << ": " << f.reason);
+    CHECK(ended.count(f.id));
+  }
+  CHECK(illegal_transitions() == 0);
+  CHECK(c.settle());
+}
+
+TEST_CASE("workers: a tag being reclaimed when its prefill rank goes down is retired, the other tags serve on",
+          "[workers][tags]") {
+  ClusterConfig cfg = small_config();
+  cfg.kv.tag_span = 2;
+  cfg.timeouts.prefill_queue_ms = 20;
+  cfg.timeouts.transfer_ms = 100;
+  MiniCluster c(cfg);
+  c.use_fake_clock();
+  c.submit(MiniCluster::request(1));
+  c.step_prefill();  // offered, computed, held
+  c.hub.hold();      // the accept and the seal request wait
+  c.step_decode_for(std::chrono::milliseconds(150));  // accepts; its backstop fails it; asks for the seal
+  c.hub.release();
+  c.collect();
+  REQUIRE(c.failed_with(1, kDecode, proto::FailureKind::kTimeout));
+  REQUIRE(c.loads[kDecode].kv_tags_reclaiming == 1);
+  c.peer_down(kPrefill);  // a stopped sender may resume and send under the tag
+  c.step_decode_for(std::chrono::milliseconds(1100));
+  CHECK(c.loads[kDecode].kv_tags_retired == 1);
+  CHECK(c.loads[kDecode].kv_tags_reclaiming == 0);
+  c.rejoin(kPrefill, 1);  // it comes back under a new epoch
+  c.step_prefill();
+  for (proto::RequestId id : {2, 3, 4}) {  // one tag left for them, one handoff at a time
+    c.submit(MiniCluster::request(id));
+    REQUIRE(c.run_until([&] { return c.finished(id); }));
+    c.check_stream(id, 6);
+  }
+  CHECK(c.loads[kDecode].kv_tags_retired == 1);
   CHECK(c.settle());
 }
 
@@ -1459,20 +1635,8 @@ TEST_CASE("chunked prefill: a prompt sharing a prefix with one between chunks re
 }
 
 TEST_CASE("chunked prefill: a long prompt's completed KV segments move behind its later chunks", "[workers][chunks]") {
-  // Blocks of 4 tokens: a KV segment (kKvSegmentBlocks blocks) is 64 tokens, so a
-  // 200-token prompt hands off in 4 segments.
-  const auto small_blocks = [](bool prefill_side) {
-    EngineConfig ec;
-    ec.model_path = tiny_model_path();
-    ec.threads = 1;
-    ec.block_size = 4;
-    ec.kv_budget_bytes = 256 << 10;
-    ec.kv_fit_context = prefill_side;
-    ec.prefix_sharing = true;
-    auto e = Engine::create(ec);
-    REQUIRE(e.is_ok());
-    return std::move(e).value();
-  };
+  // Blocks of 4 tokens: a 200-token prompt hands off in 4 segments.
+  const auto small_blocks = make_small_block_engine;
   std::vector<int32_t> whole;
   for (int chunk : {0, 16}) {
     INFO("chunk_tokens " << chunk);

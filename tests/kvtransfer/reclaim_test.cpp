@@ -1,0 +1,125 @@
+// Transport::post_reclaim and the seal that ends it, over the loopback
+// transport and the decorators a worker's transport stack has (send budget,
+// fault injection, KvPaths): what a sender left under a tag is taken up to
+// its seal, a later receive under the tag meets only what follows, a send
+// that never went out is not waited for, a reclaim can be cancelled.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "kvtransfer/fault_injection_transport.h"
+#include "kvtransfer/kv_paths.h"
+#include "kvtransfer/loopback_transport.h"
+#include "kvtransfer/send_budget.h"
+
+namespace pd::test {
+namespace {
+
+constexpr int kSender = 1, kReceiver = 2, kTag = 1003;
+
+KvRegion region_of(std::vector<uint8_t>& buf) {
+  KvRegion r;
+  r.base = buf.data();
+  r.piece_bytes = static_cast<int64_t>(buf.size());
+  r.offsets = {0};
+  return r;
+}
+
+OpState state_of(Transport& t, TransferOp op) {
+  Result<OpState> r = t.test(op);
+  REQUIRE(r.is_ok());
+  return *r;
+}
+
+TEST_CASE("reclaim: takes every message left under the tag up to the seal, a later receive meets only what follows") {
+  LoopbackNetwork net;
+  auto s = net.endpoint(kSender);
+  auto r = net.endpoint(kReceiver);
+  // A handoff the receiver gave up on: its receives were cancelled, the sends stay.
+  std::vector<uint8_t> stale1(512, 1), stale2(64, 2), in(512, 0);
+  auto cancelled = r->post_recv(kSender, kTag, region_of(in));
+  REQUIRE(cancelled.is_ok());
+  r->cancel(*cancelled);
+  CHECK(state_of(*r, *cancelled) == OpState::kCancelled);
+  auto s1 = s->post_send(kReceiver, kTag, region_of(stale1));
+  auto s2 = s->post_send_bytes(kReceiver, kTag, stale2.data(), stale2.size());
+  REQUIRE((s1.is_ok() && s2.is_ok()));
+
+  auto rec = r->post_reclaim(kSender, kTag);
+  REQUIRE(rec.is_ok());
+  CHECK(state_of(*r, *rec) == OpState::kPending);  // no seal yet
+  CHECK(net.messages_reclaimed() == 2);
+  CHECK(state_of(*s, *s1) == OpState::kDone);  // taken: the sender's memory is free again
+  CHECK(state_of(*s, *s2) == OpState::kDone);
+  auto seal = s->post_send_bytes(kReceiver, kTag, nullptr, 0);
+  REQUIRE(seal.is_ok());
+  CHECK(state_of(*r, *rec) == OpState::kDone);
+  CHECK(state_of(*s, *seal) == OpState::kDone);
+
+  // The tag's next handoff: its receive meets its own send, not a stale one.
+  std::vector<uint8_t> fresh(512, 9);
+  auto recv = r->post_recv(kSender, kTag, region_of(in));
+  auto send = s->post_send(kReceiver, kTag, region_of(fresh));
+  REQUIRE((recv.is_ok() && send.is_ok()));
+  CHECK(state_of(*r, *recv) == OpState::kDone);
+  CHECK(in == fresh);
+  CHECK(net.messages_reclaimed() == 3);
+  CHECK(r->pending() == 0);
+}
+
+TEST_CASE("reclaim: cancelled before the seal, it ends kCancelled and takes nothing more") {
+  LoopbackNetwork net;
+  auto s = net.endpoint(kSender);
+  auto r = net.endpoint(kReceiver);
+  auto rec = r->post_reclaim(kSender, kTag);
+  REQUIRE(rec.is_ok());
+  CHECK(state_of(*r, *rec) == OpState::kPending);
+  r->cancel(*rec);
+  CHECK(state_of(*r, *rec) == OpState::kCancelled);
+  std::vector<uint8_t> late(16, 3);
+  auto send = s->post_send_bytes(kReceiver, kTag, late.data(), late.size());
+  REQUIRE(send.is_ok());
+  CHECK(state_of(*s, *send) == OpState::kPending);  // nobody takes it
+  CHECK(net.messages_reclaimed() == 0);
+}
+
+TEST_CASE("reclaim: sends abandoned while they wait for the send budget never go out, the seal follows what did") {
+  LoopbackNetwork net;
+  SendBudgetTransport s(net.endpoint(kSender), SendBudget{1, 128 << 10});  // one send in flight per peer
+  auto r = net.endpoint(kReceiver);
+  std::vector<std::vector<uint8_t>> layers(3, std::vector<uint8_t>(256, 5));
+  std::vector<TransferOp> sends;
+  for (auto& l : layers) sends.push_back(*s.post_send(kReceiver, kTag, region_of(l)));
+  CHECK(s.waiting(kReceiver) == 2);
+  // The handoff ended; abandoned last first (as HandoffSender does), the two
+  // waiting are gone before the one in flight gives its budget back.
+  for (auto it = sends.rbegin(); it != sends.rend(); ++it) s.abandon(*it);
+  auto seal = s.post_send_bytes(kReceiver, kTag, nullptr, 0);
+  REQUIRE(seal.is_ok());
+  auto rec = r->post_reclaim(kSender, kTag);
+  REQUIRE(rec.is_ok());
+  CHECK(state_of(*r, *rec) == OpState::kDone);
+  CHECK(net.messages_reclaimed() == 2);  // the one posted, and the seal
+  CHECK(state_of(s, *seal) == OpState::kDone);
+  CHECK(s.pending() == 0);
+}
+
+TEST_CASE("reclaim: the fault injector never hangs a seal, KvPaths reclaims over the mpi path") {
+  LoopbackNetwork net;
+  FaultInjectionTransport s(net.endpoint(kSender), FaultInjectionTransport::Fault::kHangFirstSend);
+  KvPaths r(net.endpoint(kReceiver));
+  std::vector<uint8_t> layer(128, 4);
+  auto hung = s.post_send(kReceiver, kTag, region_of(layer));  // the first transfer's: it never goes out
+  REQUIRE(hung.is_ok());
+  auto seal = s.post_send_bytes(kReceiver, kTag, nullptr, 0);  // carries no KV: it goes
+  REQUIRE(seal.is_ok());
+  auto rec = r.post_reclaim(kSender, kTag);
+  REQUIRE(rec.is_ok());
+  CHECK(state_of(r, *rec) == OpState::kDone);
+  CHECK(net.messages_reclaimed() == 1);
+  CHECK(state_of(s, *hung) == OpState::kPending);
+  CHECK(r.pending() == 0);
+}
+
+}  // namespace
+}  // namespace pd::test
