@@ -2,7 +2,8 @@
 // transport and the decorators a worker's transport stack has (send budget,
 // fault injection, KvPaths): what a sender left under a tag is taken up to
 // its seal, a later receive under the tag meets only what follows, a send
-// that never went out is not waited for, a reclaim can be cancelled.
+// that never went out is not waited for, a reclaim can be cancelled; and
+// the seal request and a decode rank's tag counts on the wire.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "kvtransfer/kv_paths.h"
 #include "kvtransfer/loopback_transport.h"
 #include "kvtransfer/send_budget.h"
+#include "protocol/messages.h"
 
 namespace pd::test {
 namespace {
@@ -120,6 +122,24 @@ TEST_CASE("reclaim: the fault injector never hangs a seal, KvPaths reclaims over
   CHECK(net.messages_reclaimed() == 1);
   CHECK(ended_as(s, *hung) == OpState::kPending);
   CHECK(r.pending() == 0);
+}
+
+TEST_CASE("reclaim: the seal request and a decode rank's tag counts survive the wire") {
+  const std::vector<uint8_t> seal_bytes = proto::serialize(proto::KvTagSeal{77, 1003, 5});
+  auto seal = proto::deserialize(seal_bytes.data(), seal_bytes.size());
+  REQUIRE(seal.is_ok());
+  REQUIRE(std::holds_alternative<proto::KvTagSeal>(*seal));
+  const auto& s = std::get<proto::KvTagSeal>(*seal);
+  CHECK((s.id == 77 && s.tag == 1003 && s.epoch == 5));
+  CHECK(std::string(proto::message_name(*seal)) == "KvTagSeal");
+  proto::LoadReport lr;
+  lr.kv_tags_retired = 3;
+  lr.kv_tags_reclaiming = 2;
+  const std::vector<uint8_t> load_bytes = proto::serialize(lr);
+  auto load = proto::deserialize(load_bytes.data(), load_bytes.size());
+  REQUIRE(load.is_ok());
+  const auto& l = std::get<proto::LoadReport>(*load);
+  CHECK((l.kv_tags_retired == 3 && l.kv_tags_reclaiming == 2));
 }
 
 }  // namespace
