@@ -63,6 +63,26 @@ TEST_CASE("router: every worker hears the router beat once a second, but not a r
   CHECK(beats(kD2) == 0);
 }
 
+TEST_CASE("router: a rank silent for a while hears no beat until it speaks again, long before it is down",
+          "[router]") {
+  Harness h(/*heartbeat_ms=*/10000);  // silence alone declares no one down here
+  h.pump_for(100ms);
+  h.silent.insert(kD2);  // stopped (SIGSTOP): a message to it may open a connection that never completes
+  h.pump_for(2000ms);
+  for (int r : {kP1, kP2, kD1, kD2}) h.hub.take_all(r);
+  h.pump_for(2100ms);
+  auto beats = [&](int rank) {
+    int n = 0;
+    for (auto& [src, m] : h.hub.take_all(rank)) n += std::holds_alternative<proto::RouterBeat>(m) && src == kRouterRank;
+    return n;
+  };
+  CHECK(beats(kD1) >= 2);
+  CHECK(beats(kD2) == 0);
+  h.silent.erase(kD2);  // it resumes: heard, then beaten again
+  h.pump_for(2100ms);
+  CHECK(beats(kD2) >= 2);
+}
+
 TEST_CASE("router: prompt tokens from each rank's cache and computed, from its load reports", "[router]") {
   Harness h;
   h.live = {kD1, kD2};  // the prefill ranks report only what the test sends (well within heartbeat_ms)
