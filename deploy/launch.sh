@@ -27,7 +27,7 @@ done
 
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
 BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0 NEW_ROUTER=""
-INSECURE=0
+INSECURE=0 SECRET_FILE=""
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
@@ -37,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --decode) need_int "$1" "${2:-}"; D="$2"; D_SET=1; shift 2 ;;
     --join-file) JOIN_FILE="${2:-}"; [[ -n "$JOIN_FILE" ]] || die "--join-file needs a path"; shift 2 ;;
     --join) JOIN="${2:-}"; [[ -f "$JOIN" ]] || die "--join: no such file '$JOIN' (the running cluster's --join-file)"; shift 2 ;;
+    --secret-file) SECRET_FILE="${2:-}"; [[ -n "$SECRET_FILE" ]] || die "--secret-file needs a path"; shift 2 ;;
     --new-router) NEW_ROUTER="${2:-}"; [[ -n "$NEW_ROUTER" ]] || die "--new-router needs the cluster's join file"; shift 2 ;;
     --colocated) need_int "$1" "${2:-}"; COLOCATED="$2"; shift 2 ;;
     --hostfile) HOSTFILE="${2:-}"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
@@ -132,6 +133,7 @@ if [[ -n "$JOIN" ]]; then
   # connect through the cluster's ompi-server (MPI_Comm_connect).
   MPIRUN+=(--ompi-server "file:$JOIN.ompi-server")
   ARGS+=(--join "$JOIN")
+  [[ -n "$SECRET_FILE" ]] && ARGS+=(--secret-file "$SECRET_FILE")
   SEP=()
   [[ "$P" -gt 0 ]] && { MPIRUN+=(-np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}"); SEP=(:); }
   [[ "$D" -gt 0 ]] && MPIRUN+=("${SEP[@]}" -np "$D" "$BUILD/decode_node/pd-decode" "${ARGS[@]}")
@@ -156,8 +158,20 @@ if [[ -n "$JOIN_FILE" ]]; then
   # the router writes its port to JOIN_FILE, the server's address goes beside it.
   command -v ompi-server >/dev/null || die "--join-file needs OpenMPI's ompi-server"
   if [[ "$DRY" == 0 && -z "$NEW_ROUTER" ]]; then  # (a new router uses the running cluster's server)
+    # A fresh cluster: a fresh secret (the router writes it, owner-only, before
+    # the join file), unless the operator gives one (--secret-file).
     rm -f "$JOIN_FILE" "$JOIN_FILE.ompi-server"
-    ompi-server --no-daemonize -r "$JOIN_FILE.ompi-server" &
+    [[ -z "$SECRET_FILE" ]] && rm -f "$JOIN_FILE.secret"
+    # The server listens where the ranks do: the interfaces given for mpirun
+    # (--mca *_if_include / *_if_exclude), else loopback for a one-host cluster.
+    SERVER_MCA=()
+    for ((i = 0; i < ${#MPI_EXTRA[@]}; i += 3)); do
+      case "${MPI_EXTRA[i+1]}" in
+        *tcp_if_include | *tcp_if_exclude) SERVER_MCA+=(--mca "oob_tcp_${MPI_EXTRA[i+1]##*tcp_}" "${MPI_EXTRA[i+2]}") ;;
+      esac
+    done
+    [[ ${#SERVER_MCA[@]} -eq 0 && -z "$HOSTFILE" ]] && SERVER_MCA=(--mca oob_tcp_if_include lo)
+    (umask 077; exec ompi-server "${SERVER_MCA[@]}" --no-daemonize -r "$JOIN_FILE.ompi-server") &
     OMPI_SERVER_PID=$!
     for _ in $(seq 1 100); do [[ -s "$JOIN_FILE.ompi-server" ]] && break; sleep 0.1; done
     [[ -s "$JOIN_FILE.ompi-server" ]] || die "ompi-server did not start"
@@ -166,6 +180,7 @@ if [[ -n "$JOIN_FILE" ]]; then
   RARGS+=(--join-file "$JOIN_FILE")
   # Workers accept pools, and join the next router named in the file if this one dies.
   ARGS+=(--elastic --join-file "$JOIN_FILE")
+  if [[ -n "$SECRET_FILE" ]]; then RARGS+=(--secret-file "$SECRET_FILE"); ARGS+=(--secret-file "$SECRET_FILE"); fi
 fi
 MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
 [[ "$P" -gt 0 ]] && MPIRUN+=(: -np "$P" "$BUILD/prefill_node/pd-prefill" "${ARGS[@]}")
@@ -174,7 +189,7 @@ MPIRUN+=(-np 1 "$BUILD/router/pd-router" "${RARGS[@]}")
 echo "+ ${MPIRUN[*]}"
 [[ "$DRY" == 1 ]] && exit 0
 if [[ -n "$OMPI_SERVER_PID" ]]; then
-  trap 'kill "$OMPI_SERVER_PID" 2>/dev/null; rm -f "$JOIN_FILE" "$JOIN_FILE.ompi-server"' EXIT
+  trap 'kill "$OMPI_SERVER_PID" 2>/dev/null; rm -f "$JOIN_FILE" "$JOIN_FILE.ompi-server" "$JOIN_FILE.secret"' EXIT
   if [[ "$WAIT" == 0 ]]; then "${MPIRUN[@]}"; exit $?; fi
 fi
 [[ "$WAIT" == 0 ]] && exec "${MPIRUN[@]}"

@@ -243,6 +243,12 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
                   job->req.decode_rank);
     return;
   }
+  if (m.tag < proto::kTagKvFirst || m.tag >= proto::kTagKvFirst + proto::kKvTagSpan) {
+    // KV bytes under any other tag would land among control messages (or another path's).
+    spdlog::error("prefill rank {}: accept for request {} from rank {} under tag {}, not a KV tag; ignored",
+                  roles_.self, m.id, source, m.tag);
+    return;
+  }
   if (!job->handoff.accept(m.tag)) return;  // a duplicate
   sealed_.erase({source, m.tag});  // the tag came back to us: a new handoff under it
   // The decode rank chose the same path from the same two endpoints.

@@ -8,6 +8,7 @@
 #include "model/llama_config.h"
 #include "protocol/job_processes.h"
 #include "protocol/join_handshake.h"
+#include "protocol/link_auth.h"
 #include "protocol/mpi_channel.h"
 #include "protocol/mpi_runtime.h"
 #include "protocol/role_table.h"
@@ -63,7 +64,12 @@ int main(int argc, char** argv) {
     // Elastic pools: ranks started later connect to this port and get ids from the world size up.
     int world = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (pd::Status st = links->listen(world); !st.is_ok()) return abort_job(st.to_string());
+    // The secret every joining rank must prove: the operator's, or a new one
+    // (owner-only) written before the join file, so no one can join before it exists.
+    const std::string secret_path = flags.secret_path();
+    if (auto secret = pd::ClusterSecret::load_or_create(secret_path); !secret.is_ok())
+      return abort_job(secret.status().to_string() + " (--secret-file)");
+    if (pd::Status st = links->listen(world, secret_path); !st.is_ok()) return abort_job(st.to_string());
     if (pd::Status st = pd::write_join_file(
             flags.join_file, {links->port(), roles->self, roles->hosts[roles->self], roles->pids[roles->self]}); !st.is_ok())
       return abort_job(st.to_string() + " (--join-file)");

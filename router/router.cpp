@@ -87,7 +87,7 @@ Status Router::start(bool serve_http) {
       submit(std::move(h), std::move(w));
     }));
     if (!cfg_.http.port_file.empty()) PD_RETURN_IF_ERROR(
-        write_file_atomically(cfg_.http.port_file, std::to_string(http_.port()) + "\n", "http.port_file"));
+        write_file_atomically(cfg_.http.port_file, std::to_string(http_.port()) + "\n", "http.port_file", 0644));
     spdlog::info("router listening on http://{}:{} (model '{}', {} prefill + {} decode ranks{})", cfg_.http.host,
                  http_.port(), model_.name, roles_.prefill.size(), roles_.decode.size(),
                  workers_.colocated() ? ", colocated" : "");
@@ -198,6 +198,7 @@ void Router::handle_messages() {
 void Router::update_health() {
   metrics_.router_queue.set(static_cast<double>(requests_.queue_length()));
   metrics_.update_ranks(workers_, cfg_.kv.block_size);
+  metrics_.refused_links.set(static_cast<double>(channel_->refused_links()));
   std::string why;
   const bool ok = workers_.ready(&why);
   nlohmann::json ranks = nlohmann::json::array();

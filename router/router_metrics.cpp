@@ -62,6 +62,13 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
                                          "KV transfer tags of handoffs that ended early, held until what the prefill "
                                          "rank sent under them is swept up to its seal",
                                          {"role", "rank"})),
+      refused_messages(registry.gauge("pd_refused_messages",
+                                       "Control messages the rank ignored since it started because their sender may "
+                                       "not send them (docs/SECURITY.md)",
+                                       {"role", "rank"})),
+      refused_links(registry.gauge("pd_refused_links",
+                                    "Joining links the router freed since it started because they did not prove the "
+                                    "cluster secret (docs/SECURITY.md)")),
       rank_requests_total(registry.counter("pd_rank_requests_total",
                                             "Requests dispatched to the rank (each attempt counts)", {"role", "rank"})),
       routing_decisions_total(registry.counter(
@@ -110,6 +117,7 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
       quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));
       kv_tags_retired.set(labels, static_cast<double>(wv.load.kv_tags_retired));
       kv_tags_reclaiming.set(labels, static_cast<double>(wv.load.kv_tags_reclaiming));
+      refused_messages.set(labels, static_cast<double>(wv.load.refused_messages));
       prefix_index_blocks.set(labels, static_cast<double>(workers.index().blocks(wv.rank)));
     }
   }

@@ -56,6 +56,8 @@ struct RouterMetrics {
   Gauge& quarantined_blocks;
   Gauge& kv_tags_retired;     // a decode rank's, from its load reports
   Gauge& kv_tags_reclaiming;  // likewise
+  Gauge& refused_messages;  // a worker's, from its load reports
+  Gauge& refused_links;     // the router's: joining links without a proof of the cluster secret
   Counter& rank_requests_total;
   Counter& routing_decisions_total;
   Counter& warm_prefills_total;

@@ -15,6 +15,7 @@ PACKAGES=(
   libcli11-dev                        # command-line parsing
   libspdlog-dev                       # logging
   libpcre2-dev                        # Unicode regexes for the tokenizer's pre-tokenizer
+  libssl-dev                          # OpenSSL's libcrypto: the cluster secret's HMAC (link proofs)
   iproute2                            # ip, tc: network-namespace hosts of tests/cluster/test_multihost.py
 )
 

@@ -114,7 +114,25 @@ void WorkerCore::watch_router() {
                                        std::to_string(limit_ms) + " ms (timeouts.router_ms): it is gone");
 }
 
+bool WorkerCore::from_allowed_sender(int source, const proto::Message& msg) {
+  const proto::Sender allowed = proto::sender_of(msg);
+  const bool ok = allowed == proto::Sender::kRouter   ? source == roles_.router
+                  : allowed == proto::Sender::kWorker ? source != roles_.router && source != roles_.self
+                                                      : false;  // a Challenge belongs to a join handshake only
+  if (ok) return true;
+  // Logged the first times and then sparsely: a flood must not flood the log too.
+  if (refused_messages_++ < 10 || refused_messages_ % 1000 == 0)
+    spdlog::warn("{} rank {}: ignored {} from rank {}: {} ({} ignored so far)", role_, roles_.self,
+                 proto::message_name(msg), source,
+                 allowed == proto::Sender::kRouter   ? "only the router (rank " + std::to_string(roles_.router) + ") sends it"
+                 : allowed == proto::Sender::kWorker ? std::string("only another worker sends it")
+                                                     : std::string("it belongs to a join handshake"),
+                 refused_messages_);
+  return false;
+}
+
 void WorkerCore::handle(int source, proto::Message& msg) {
+  if (!from_allowed_sender(source, msg)) return;
   if (source == roles_.router) {  // any message says the router is alive
     heard_router_ = true;
     router_silence_ = {};
@@ -215,6 +233,7 @@ void WorkerCore::leave_or_report_drained() {
 void WorkerCore::report_load(bool force) {
   proto::LoadReport r;
   fill_load(r);
+  r.refused_messages = refused_messages_;
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;

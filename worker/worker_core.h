@@ -11,6 +11,12 @@
 // vLLM's EngineCore and the two SGLang disaggregation loops).
 //
 // Shared here:
+// - Senders: a message is acted on only from the rank that may send it
+//   (proto::sender_of): the router's (Shutdown, Drain, Rejoin, PeerDown, a
+//   prompt, ...) from the router alone, the workers' (offers, accepts, Hello)
+//   from another worker; the rest are ignored and counted (the load report's
+//   refused_messages). Links from ranks that joined later proved the cluster
+//   secret before any of their messages gets here (protocol/link_auth.h).
 // - Epochs (messages.h, "Epochs"): each peer's incarnation (PeerEpochs); a
 //   message from another worker is judged by current() before it is acted
 //   on. PeerDown / PeerUp / Hello / PeerLeft update it; the worker ends what
@@ -176,7 +182,12 @@ class WorkerCore {
   // run()'s end when the router fell silent (see run()).
   Status end_without_router();
 
+  // Whether `source` may send `msg` (proto::sender_of: the router's messages
+  // from the router only, the workers' from a worker); refused ones are counted.
+  bool from_allowed_sender(int source, const proto::Message& msg);
+
   const char* role_;
+  int64_t refused_messages_ = 0;  // messages ignored for their sender (from_allowed_sender)
   bool shutdown_ = false;
   bool drained_sent_ = false, leave_sent_ = false;
   LoadReporter load_reporter_;

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "protocol/join_handshake.h"
+#include "protocol/link_auth.h"
 #include "protocol/mpi_runtime.h"
 
 namespace pd {
@@ -46,10 +47,12 @@ void set_rank_in_log(Role role, int id) {
 // (timeouts.rejoin_ms) and joins it alone. Its new table, or why not.
 Result<RoleTable> wait_and_rejoin(const ClusterConfig& cfg, const RoleTable& lost, const std::string& join_file,
                                   MpiLinks& links, const std::string& kv_dtype) {
+  // The secret is read again: a new router may have been started with a new one.
+  PD_ASSIGN_OR_RETURN(ClusterSecret secret, ClusterSecret::load(links.secret_path()));
   spdlog::info("waiting up to {} ms for a new router in '{}' (timeouts.rejoin_ms)", cfg.timeouts.rejoin_ms, join_file);
   PD_ASSIGN_OR_RETURN(JoinTarget target, wait_for_new_router(join_file, lost.hosts[lost.router], lost.pids[lost.router],
                                                              std::chrono::milliseconds(cfg.timeouts.rejoin_ms)));
-  auto table = rejoin_cluster(links, target, lost, cfg.kv.block_size, kv_dtype);
+  auto table = rejoin_cluster(links, target, lost, cfg.kv.block_size, kv_dtype, secret);
   if (!table.is_ok()) return Status::unavailable("joining the new router of '" + join_file + "': " + table.status().message());
   spdlog::info("joined the new router ({}:{}) as rank {}", target.host, target.pid, table->self);
   return table;
@@ -152,10 +155,12 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   auto links = std::make_shared<MpiLinks>();
   RoleTable table = *roles;
   if (flags.elastic || joining) {
-    if (Status st = links->listen(); !st.is_ok()) return abort_job(st.to_string());
+    if (Status st = links->listen(-1, flags.secret_path()); !st.is_ok()) return abort_job(st.to_string());
   }
   if (joining) {
-    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size, kv_dtype_name(ec.kv_dtype));
+    auto secret = ClusterSecret::load(flags.secret_path());
+    if (!secret.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + secret.status().message());
+    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size, kv_dtype_name(ec.kv_dtype), *secret);
     if (!joined.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + joined.status().message());
     table = std::move(joined).value();
     set_rank_in_log(role, table.self);

@@ -6,8 +6,16 @@
 #include <string>
 
 #include "gguf/ggml_types.h"
+#include "protocol/link_auth.h"
 
 namespace pd {
+
+std::string LaunchFlags::secret_path() const {
+  if (!secret_file.empty()) return secret_file;
+  if (!join.empty()) return secret_file_beside(join);
+  if (!join_file.empty()) return secret_file_beside(join_file);
+  return std::string();
+}
 
 bool wants_elastic(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -40,6 +48,9 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   app.add_option("--join-file", launch.join_file,
                  "router: accept joining ranks; write where to join to this file. Worker (with --elastic): the file "
                  "to find a new router in when this one is gone");
+  app.add_option("--secret-file", launch.secret_file,
+                 "the cluster secret every joining rank proves (default: the join file's name + '.secret'; the "
+                 "router creates it, readable by its owner only, when it does not exist)");
   *help = false;
   try {
     app.parse(argc, argv);
@@ -67,6 +78,8 @@ Result<ClusterConfig> parse_cluster_args(int argc, char** argv, const char* prog
   }
   PD_RETURN_IF_ERROR(cfg.validate());
   if (launch.elastic && !launch.join.empty()) return Status::invalid_argument("--elastic and --join exclude each other");
+  if (!launch.secret_file.empty() && launch.join.empty() && launch.join_file.empty())
+    return Status::invalid_argument("--secret-file needs --join or --join-file (only joining ranks prove it)");
   if (flags != nullptr) *flags = launch;
   return cfg;
 }

@@ -17,6 +17,10 @@ struct LaunchFlags {
   std::string join;       // --join FILE: a worker joining the running cluster FILE describes
   std::string join_file;  // --join-file FILE: the router accepts joins and writes FILE; an --elastic worker
                           // joins the router FILE names next if its own is gone
+  std::string secret_file;  // --secret-file FILE: the cluster secret (protocol/link_auth.h)
+  // The cluster secret's file: --secret-file, else beside the join file
+  // (--join or --join-file); "" when this rank neither joins nor accepts joins.
+  std::string secret_path() const;
 };
 // Whether the command line asks for an elastic rank (read before MPI_Init: it
 // decides the MPI thread level).

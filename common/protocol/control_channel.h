@@ -61,6 +61,9 @@ class ControlChannel {
   // `rank` left the cluster for good (PeerLeft): release its link, if it has
   // one of its own (a rank that joined later). Sends already posted complete.
   virtual void forget(int rank) = 0;
+  // Links refused since start because they did not prove the cluster secret
+  // (protocol/link_auth.h); 0 for a channel that accepts no links.
+  virtual int64_t refused_links() const { return 0; }
 };
 
 // When a worker sends the router its LoadReport: when it changed (at most

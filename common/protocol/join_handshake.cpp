@@ -55,6 +55,14 @@ Result<proto::Message> receive_now(MpiLinks& links, int from, std::chrono::milli
   }
 }
 
+// The Challenge a rank that accepted our link sends first (link_auth.h).
+Result<std::string> receive_challenge(MpiLinks& links, int from, std::chrono::milliseconds timeout) {
+  PD_ASSIGN_OR_RETURN(proto::Message m, receive_now(links, from, timeout));
+  if (auto* c = std::get_if<proto::Challenge>(&m)) return c->nonce;
+  return Status::corruption(std::string("expected a Challenge from rank ") + std::to_string(from) + ", got " +
+                            proto::message_name(m));
+}
+
 // MPI_Comm_connect has no deadline of its own: a cluster that is gone (a
 // stale join file) would leave a joining pool waiting for ever. While this
 // object lives, a detached thread ends the pool's job (MPI_Abort) — or, for a
@@ -100,27 +108,50 @@ struct JoinRequest {
   const std::string& pool;  // the pool's name
   int32_t block_size;
   const std::string& kv_dtype;
+  const ClusterSecret& secret;
   std::chrono::milliseconds timeout;
 };
+
+// The ids a JoinAccepted hands out index this rank's tables: each must be a
+// rank id (not negative, below kMaxRankId), the joiner's own not among its peers.
+Status check_accepted(const proto::JoinAccepted& a) {
+  auto bad = [](int32_t id) { return id < 0 || id >= kMaxRankId; };
+  if (bad(a.rank)) return Status::corruption("JoinAccepted gives rank id " + std::to_string(a.rank));
+  for (const proto::JoinPeer& p : a.peers) {
+    if (bad(p.rank) || p.rank == a.rank)
+      return Status::corruption("JoinAccepted names peer rank " + std::to_string(p.rank));
+    if (p.role != static_cast<int32_t>(Role::kPrefill) && p.role != static_cast<int32_t>(Role::kDecode))
+      return Status::corruption("JoinAccepted names peer rank " + std::to_string(p.rank) + " with role " +
+                                std::to_string(p.role));
+  }
+  return Status::ok();
+}
 
 // This rank's turn: connect to the router, Join, take its answer, then connect
 // to every worker it names and say Hello. Fills `accepted` on success.
 Status join_one_rank(MpiLinks& links, const JoinRequest& req, proto::JoinAccepted& accepted) {
   const RoleTable& world = req.world;
   PD_ASSIGN_OR_RETURN(int router, links.connect(req.target.port, req.target.rank));
-  PD_RETURN_IF_ERROR(send_now(links, router,
-                              proto::Join{static_cast<int32_t>(world.roles[world.self]), world.hosts[world.self],
-                                          world.pids[world.self], req.block_size, links.port(), req.pool,
-                                          req.kv_dtype}));
+  // Every link this rank opens proves the cluster secret: the acceptor's
+  // Challenge first, then the Join (or Hello) that answers it.
+  PD_ASSIGN_OR_RETURN(std::string challenge, receive_challenge(links, router, req.timeout));
+  proto::Join join{static_cast<int32_t>(world.roles[world.self]), world.hosts[world.self], world.pids[world.self],
+                   req.block_size, links.port(), req.pool, req.kv_dtype};
+  join.proof = req.secret.prove(challenge, join);
+  PD_RETURN_IF_ERROR(send_now(links, router, join));
   PD_ASSIGN_OR_RETURN(proto::Message answer, receive_now(links, router, req.timeout));
   if (auto* refused = std::get_if<proto::JoinRefused>(&answer))
     return Status::invalid_argument("the router refused: " + refused->reason);
   auto* ok = std::get_if<proto::JoinAccepted>(&answer);
   if (ok == nullptr) return Status::corruption(std::string("expected JoinAccepted, got ") + proto::message_name(answer));
+  PD_RETURN_IF_ERROR(check_accepted(*ok));
   accepted = *ok;
   for (const proto::JoinPeer& p : accepted.peers) {
     PD_RETURN_IF_ERROR(links.connect(p.port, p.rank).status());
-    PD_RETURN_IF_ERROR(send_now(links, p.rank, proto::Hello{accepted.rank, accepted.epoch}));
+    PD_ASSIGN_OR_RETURN(std::string peer_challenge, receive_challenge(links, p.rank, req.timeout));
+    proto::Hello hello{accepted.rank, accepted.epoch};
+    hello.proof = req.secret.prove(peer_challenge, hello);
+    PD_RETURN_IF_ERROR(send_now(links, p.rank, hello));
   }
   return Status::ok();
 }
@@ -181,7 +212,8 @@ Status write_join_file(const std::string& path, const JoinTarget& router) {
 }
 
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
-                               int32_t block_size, const std::string& kv_dtype, std::chrono::milliseconds timeout) {
+                               int32_t block_size, const std::string& kv_dtype, const ClusterSecret& secret,
+                               std::chrono::milliseconds timeout) {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   auto target = read_join_file(join_file);
@@ -195,7 +227,7 @@ Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, co
   // One rank of the pool at a time: the other side accepts links one by one.
   for (int k = 0; k < size; ++k) {
     if (k == world.self && mine.is_ok())
-      mine = join_one_rank(links, JoinRequest{*target, world, pool, block_size, kv_dtype, timeout}, accepted);
+      mine = join_one_rank(links, JoinRequest{*target, world, pool, block_size, kv_dtype, secret, timeout}, accepted);
     MPI_Barrier(MPI_COMM_WORLD);
   }
   // All or none of the pool joins (a rank that failed aborts the pool's job).
@@ -224,7 +256,8 @@ Result<JoinTarget> wait_for_new_router(const std::string& join_file, const std::
 }
 
 Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, const RoleTable& lost, int32_t block_size,
-                                 const std::string& kv_dtype, std::chrono::milliseconds timeout) {
+                                 const std::string& kv_dtype, const ClusterSecret& secret,
+                                 std::chrono::milliseconds timeout) {
   // Every old link goes: the dead router's, and those to peers (each is linked
   // again, under its new id, through the new router). The world-mates too are
   // reached through new links: their old ids mean nothing to the new router.
@@ -242,7 +275,7 @@ Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, cons
   {
     const JoinWatchdog watchdog(target.port, timeout + std::chrono::seconds(5), JoinWatchdog::OnExpiry::kExitProcess);
     PD_RETURN_IF_ERROR(
-        join_one_rank(links, JoinRequest{target, alone, pool, block_size, kv_dtype, timeout}, accepted));
+        join_one_rank(links, JoinRequest{target, alone, pool, block_size, kv_dtype, secret, timeout}, accepted));
   }
   return joined_table(alone, {accepted.rank}, target, accepted);
 }

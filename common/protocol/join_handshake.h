@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "protocol/link_auth.h"
 #include "protocol/messages.h"
 #include "protocol/mpi_links.h"
 #include "protocol/role_table.h"
@@ -26,12 +27,13 @@ Status send_now(MpiLinks& links, int dest, const proto::Message& m);
 // The join handshake of a pool started by its own mpirun (`--join FILE`; FILE
 // is what the router wrote for --join-file: its port and rank). One rank of
 // the pool at a time: connect to the router, Join, get an id (JoinAccepted),
-// connect to every worker it names and say Hello. Returns this rank's table
+// connect to every worker it names and say Hello; each link first answers its
+// acceptor's Challenge with `secret` (link_auth.h). Returns this rank's table
 // in the cluster's ids (self = its new id; world-mates mapped too; the
 // router's host and pid from the file). An error
 // names what failed (the file, a refusal and its reason, a timeout).
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
-                               int32_t block_size, const std::string& kv_dtype,
+                               int32_t block_size, const std::string& kv_dtype, const ClusterSecret& secret,
                                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // What a join file says: the router's MPI port, its rank, and which process
@@ -61,7 +63,7 @@ Result<JoinTarget> wait_for_new_router(const std::string& join_file, const std::
 // role, host and pid). Past `timeout` in MPI_Comm_connect this process exits
 // (not the job: its world-mates may be joining too).
 Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, const RoleTable& lost, int32_t block_size,
-                                 const std::string& kv_dtype,
+                                 const std::string& kv_dtype, const ClusterSecret& secret,
                                  std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace pd

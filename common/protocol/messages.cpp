@@ -126,7 +126,7 @@ struct ToJson {
   json operator()(const Listening& m) const { return {{"t", "listening"}, {"port", m.port}}; }
   json operator()(const Join& m) const {
     return {{"t", "join"}, {"role", m.role}, {"host", m.host}, {"pid", m.pid}, {"block_size", m.block_size},
-            {"port", m.port}, {"pool", m.pool}, {"kv_dtype", m.kv_dtype}};
+            {"port", m.port}, {"pool", m.pool}, {"kv_dtype", m.kv_dtype}, {"proof", m.proof}};
   }
   json operator()(const JoinAccepted& m) const {
     json peers = json::array();
@@ -134,7 +134,10 @@ struct ToJson {
     return {{"t", "joined"}, {"rank", m.rank}, {"epoch", m.epoch}, {"colocated", m.colocated}, {"peers", peers}};
   }
   json operator()(const JoinRefused& m) const { return {{"t", "refused"}, {"reason", m.reason}}; }
-  json operator()(const Hello& m) const { return {{"t", "hello"}, {"rank", m.rank}, {"epoch", m.epoch}}; }
+  json operator()(const Hello& m) const {
+    return {{"t", "hello"}, {"rank", m.rank}, {"epoch", m.epoch}, {"proof", m.proof}};
+  }
+  json operator()(const Challenge& m) const { return {{"t", "challenge"}, {"nonce", m.nonce}}; }
   json operator()(const Leave&) const { return {{"t", "leave"}}; }
   json operator()(const Drain&) const { return {{"t", "drain"}}; }
   json operator()(const Drained&) const { return {{"t", "drained"}}; }
@@ -170,6 +173,7 @@ struct ToJson {
             {"free", m.free_blocks}, {"total", m.total_blocks}, {"preemptions", m.preemptions},
             {"ready", m.ready},        {"epoch", m.epoch},             {"quarantined", m.quarantined_blocks},
             {"cached", m.prompt_tokens_cached}, {"computed", m.prompt_tokens_computed},
+            {"refused", m.refused_messages},
             {"tags_retired", m.kv_tags_retired}, {"tags_reclaiming", m.kv_tags_reclaiming}};
   }
 };
@@ -209,6 +213,7 @@ LoadReport load_report_from(const json& j) {
   m.quarantined_blocks = j.at("quarantined").get<int64_t>();
   m.prompt_tokens_cached = j.at("cached").get<int64_t>();
   m.prompt_tokens_computed = j.at("computed").get<int64_t>();
+  m.refused_messages = j.value("refused", int64_t{0});
   m.kv_tags_retired = j.value("tags_retired", int64_t{0});
   m.kv_tags_reclaiming = j.value("tags_reclaiming", int64_t{0});
   return m;
@@ -240,7 +245,7 @@ Message from_json(const json& j) {
   if (t == "join")
     return Join{j.at("role").get<int32_t>(), j.at("host").get<std::string>(), j.at("pid").get<int32_t>(),
                 j.at("block_size").get<int32_t>(), j.at("port").get<std::string>(), j.at("pool").get<std::string>(),
-                j.at("kv_dtype").get<std::string>()};
+                j.at("kv_dtype").get<std::string>(), j.value("proof", std::string())};
   if (t == "joined") {
     JoinAccepted m{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>(), j.at("colocated").get<bool>(), {}};
     for (const json& p : j.at("peers"))
@@ -248,7 +253,9 @@ Message from_json(const json& j) {
     return m;
   }
   if (t == "refused") return JoinRefused{j.at("reason").get<std::string>()};
-  if (t == "hello") return Hello{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>()};
+  if (t == "hello")
+    return Hello{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>(), j.value("proof", std::string())};
+  if (t == "challenge") return Challenge{j.at("nonce").get<std::string>()};
   if (t == "leave") return Leave{};
   if (t == "drain") return Drain{};
   if (t == "drained") return Drained{};
@@ -276,12 +283,84 @@ Message from_json(const json& j) {
 
 std::vector<uint8_t> serialize(const Message& m) { return json::to_msgpack(std::visit(ToJson{}, m)); }
 
+namespace {
+
+// nlohmann's DOM builder behind a depth check: MessagePack's reader recurses
+// once per nested array or map, so bytes from a peer that nest a million
+// levels deep would overflow the stack. Parsing stops (false) at the first
+// container past `max_depth`, before the reader descends into it.
+class DepthCappedSax {
+ public:
+  using number_integer_t = json::number_integer_t;
+  using number_unsigned_t = json::number_unsigned_t;
+  using number_float_t = json::number_float_t;
+  using string_t = json::string_t;
+  using binary_t = json::binary_t;
+
+  DepthCappedSax(json& out, int max_depth) : dom_(out, true), max_depth_(max_depth) {}
+  bool too_deep() const { return too_deep_; }
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(number_float_t v, const string_t& s) { return dom_.number_float(v, s); }
+  bool string(string_t& v) { return dom_.string(v); }
+  bool binary(binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) { return enter() && dom_.start_object(n); }
+  bool key(string_t& k) { return dom_.key(k); }
+  bool end_object() { --depth_; return dom_.end_object(); }
+  bool start_array(std::size_t n) { return enter() && dom_.start_array(n); }
+  bool end_array() { --depth_; return dom_.end_array(); }
+  bool parse_error(std::size_t pos, const std::string& token, const nlohmann::detail::exception& e) {
+    return dom_.parse_error(pos, token, e);  // throws e
+  }
+
+ private:
+  bool enter() {
+    if (++depth_ <= max_depth_) return true;
+    too_deep_ = true;
+    return false;
+  }
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  int max_depth_;
+  int depth_ = 0;
+  bool too_deep_ = false;
+};
+
+}  // namespace
+
 Result<Message> deserialize(const uint8_t* data, size_t size) {
   try {
-    return from_json(json::from_msgpack(data, data + size));
+    json j;
+    DepthCappedSax sax(j, kMaxMessageDepth);
+    const bool ok = json::sax_parse(data, data + size, &sax, json::input_format_t::msgpack, true);
+    if (sax.too_deep())
+      return Status::corruption("malformed control message: nested deeper than " + std::to_string(kMaxMessageDepth) +
+                                " levels");
+    if (!ok) return Status::corruption("malformed control message: not MessagePack");
+    return from_json(j);
   } catch (const std::exception& e) {
     return Status::corruption(std::string("malformed control message: ") + e.what());
   }
+}
+
+Sender sender_of(const Message& m) {
+  return std::visit(
+      [](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, PrefillRequest> || std::is_same_v<T, Cancel> || std::is_same_v<T, Shutdown> ||
+                      std::is_same_v<T, PeerDown> || std::is_same_v<T, PeerUp> || std::is_same_v<T, PeerGone> ||
+                      std::is_same_v<T, Rejoin> || std::is_same_v<T, Drain> || std::is_same_v<T, PeerLeft> ||
+                      std::is_same_v<T, RouterBeat> || std::is_same_v<T, JoinAccepted> ||
+                      std::is_same_v<T, JoinRefused>)
+          return Sender::kRouter;
+        else if constexpr (std::is_same_v<T, Challenge>)
+          return Sender::kAny;
+        else
+          return Sender::kWorker;
+      },
+      m);
 }
 
 const char* message_name(const Message& m) {
@@ -291,7 +370,7 @@ const char* message_name(const Message& m) {
                                            "PeerUp",         "Rejoin",        "Listening",    "Join",
                                            "JoinAccepted",   "JoinRefused",   "Hello",        "Leave",
                                            "Drain",          "Drained",       "PeerLeft",     "RouterBeat",
-                                           "PeerGone",       "KvEvents",      "Warmed",
+                                           "PeerGone",       "KvEvents",      "Warmed",       "Challenge",
                                            "KvTagSeal"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[m.index()];

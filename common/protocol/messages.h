@@ -33,6 +33,8 @@
 //   R -> J   JoinAccepted     J's rank id and epoch, and the workers it must link to (their ports)
 //   R -> J   JoinRefused      J cannot serve in this cluster (the reason names what differs)
 //   J -> P,D Hello            first message on J's new link to a worker: who J is
+//   R,P,D -> J Challenge      the acceptor's first message on a link J opened: Join and Hello answer it
+//                             with the cluster secret (protocol/link_auth.h), or the link is dropped
 //   P,D -> R Leave            asks to be drained and removed (a joined rank got SIGTERM)
 //   R -> P,D Drain            no new work will come: finish (or hand back) what you hold, then Drained
 //   P,D -> R Drained          holds nothing any more; the router then sends Shutdown
@@ -146,6 +148,7 @@ struct Join {
   std::string port;  // where the joined rank accepts later joiners
   std::string pool;  // which pool (mpirun) it belongs to: its ranks reach each other
   std::string kv_dtype = "f16";  // its KV cache elements (kv.dtype): must be the cluster's
+  std::string proof;  // link_auth.h: the cluster secret's answer to the router's Challenge on this link
 };
 struct JoinPeer { int32_t rank = -1; int32_t role = 0; std::string port; };
 struct JoinAccepted {
@@ -155,7 +158,15 @@ struct JoinAccepted {
   std::vector<JoinPeer> peers;  // up workers of the other role: link to each (Hello)
 };
 struct JoinRefused { std::string reason; };
-struct Hello { int32_t rank = -1; Epoch epoch = 0; };
+struct Hello {
+  int32_t rank = -1;
+  Epoch epoch = 0;
+  std::string proof;  // link_auth.h: the cluster secret's answer to the worker's Challenge on this link
+};
+// The first message on a link a rank accepted (the router's or a worker's MPI
+// port): the joiner's Join or Hello must answer it with the cluster secret
+// (protocol/link_auth.h) before anything it says is acted on.
+struct Challenge { std::string nonce; };  // hex
 struct Leave {};
 struct Drain {};
 struct Drained {};
@@ -221,6 +232,9 @@ struct LoadReport {
   // found in its prefix cache, or computed.
   int64_t prompt_tokens_cached = 0;
   int64_t prompt_tokens_computed = 0;
+  // Control messages this rank ignored since it started because their sender
+  // may not send them (a router's message from a worker, ...).
+  int64_t refused_messages = 0;
   // Decode ranks, over their prefill peers: KV transfer tags retired for good
   // (their handoff ended early while the sender was down, or on a device
   // path) and being reclaimed (ended early: swept up to the sender's seal,
@@ -248,10 +262,22 @@ std::vector<KvEvents> kv_events_messages(Epoch epoch, bool reset, const std::vec
 using Message = std::variant<PrefillRequest, Cancel, Shutdown, HandoffOffer, HandoffAccept, HandoffReject, HandoffAbort,
                              TokenEvents, TransferStats, RequestFailed, LoadReport, PeerDown, PeerUp, Rejoin,
                              Listening, Join, JoinAccepted, JoinRefused, Hello, Leave, Drain, Drained, PeerLeft,
-                             RouterBeat, PeerGone, KvEvents, Warmed, KvTagSeal>;
+                             RouterBeat, PeerGone, KvEvents, Warmed, Challenge, KvTagSeal>;
+
+// Who may send a message of a type (the table at the top of this file): the
+// router (R ->), a worker (P,D ->, J ->), or either (Challenge: whoever
+// accepted the link). A receiver acts on a message only from its class of sender.
+enum class Sender { kRouter, kWorker, kAny };
+Sender sender_of(const Message& m);
+
+// The deepest nesting of arrays and maps a control message may have (the
+// deepest real one, TokenEvents with logprobs, has 5): deeper bytes are
+// refused before they are parsed further, so a peer cannot exhaust the stack.
+inline constexpr int kMaxMessageDepth = 16;
 
 // MessagePack bytes of a message, and back. Corruption naming the problem for
-// bytes that are not a well-formed message of a known type.
+// bytes that are not a well-formed message of a known type (or nested deeper
+// than kMaxMessageDepth).
 std::vector<uint8_t> serialize(const Message& m);
 Result<Message> deserialize(const uint8_t* data, size_t size);
 

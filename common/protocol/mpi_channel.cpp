@@ -52,8 +52,85 @@ void MpiControlChannel::send_unlinked() {
   unlinked_ = std::move(still);
 }
 
+void MpiControlChannel::refuse(int link, const std::string& why) {
+  spdlog::warn("refused a joining link: {}; link freed", why);
+  ++refused_links_;
+  // A rank joining the router waits for its answer: tell it why (a worker's
+  // link has no answer to wait for). The send completes before the link is
+  // freed (MPI_Comm_free lets pending operations finish).
+  if (link > MpiLinks::kProvisionalBase)
+    if (const auto to = links_->endpoint(link)) {
+      const proto::JoinRefused r{why + " (is --secret-file the cluster's secret?)"};
+      isend(link, *to, proto::serialize(r), proto::message_name(r));
+    }
+  unproven_.erase(link);
+  links_->forget(link);
+}
+
+void MpiControlChannel::challenge_accepted() {
+  const auto now = std::chrono::steady_clock::now();
+  for (int id : links_->take_accepted()) {
+    if (!secret_) {
+      const std::string& path = links_->secret_path();
+      auto loaded = path.empty() ? Result<ClusterSecret>(Status::not_found("no cluster secret configured"))
+                                 : ClusterSecret::load(path);
+      if (!loaded.is_ok()) {
+        spdlog::error("cannot check a joining rank's proof: {}", loaded.status().to_string());
+        ++refused_links_;
+        links_->forget(id);
+        continue;
+      }
+      secret_ = std::move(loaded).value();
+    }
+    Unproven& u = unproven_[id];
+    u.challenge = ClusterSecret::challenge();
+    u.drop_at = now + kProofWait;
+    if (const auto to = links_->endpoint(id)) {
+      const proto::Challenge c{u.challenge};
+      isend(id, *to, proto::serialize(c), proto::message_name(c));
+    }
+  }
+  std::vector<int> late;
+  for (const auto& [id, u] : unproven_)
+    if (now >= u.drop_at) late.push_back(id);
+  for (int id : late)
+    refuse(id, "it proved nothing within " + std::to_string(kProofWait.count()) + " s");
+}
+
+bool MpiControlChannel::admit(Received& got) {
+  const int link = got.source;
+  const std::string challenge = unproven_.at(link).challenge;
+  if (!got.message.is_ok()) {
+    refuse(link, "its first message is malformed (" + got.message.status().message() + ")");
+    return false;
+  }
+  proto::Message& m = *got.message;
+  // The router hands ids out as it accepts (a Join answers); a worker's links
+  // are provisional until a Hello names the rank on it.
+  const bool worker_side = link <= MpiLinks::kProvisionalBase;
+  const bool expected = worker_side ? std::holds_alternative<proto::Hello>(m) : std::holds_alternative<proto::Join>(m);
+  if (!expected) {
+    refuse(link, std::string("its first message is ") + proto::message_name(m) + ", not " +
+                     (worker_side ? "Hello" : "Join"));
+    return false;
+  }
+  if (!secret_->verify(challenge, m)) {
+    refuse(link, std::string("its ") + proto::message_name(m) + " does not prove the cluster secret");
+    return false;
+  }
+  if (auto* hello = std::get_if<proto::Hello>(&m)) {
+    if (!links_->bind(link, hello->rank)) {
+      refuse(link, "its Hello names rank " + std::to_string(hello->rank) + ", which already has a link");
+      return false;
+    }
+    got.source = hello->rank;
+  }
+  unproven_.erase(link);
+  return true;
+}
+
 std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
-  links_->take_accepted();
+  challenge_accepted();
   if (!unlinked_.empty()) send_unlinked();
   for (;;) {
     const auto& links = links_->links();
@@ -74,19 +151,10 @@ std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
       got = Received{source, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
     }
     if (!got) return std::nullopt;
+    // An accepted link must prove the cluster secret before anything on it counts.
+    if (unproven_.count(got->source) > 0 && !admit(*got)) continue;
     if (got->source > MpiLinks::kProvisionalBase) return got;
-    // An accepted link not bound yet: its first message says who is on it.
-    if (got->message.is_ok()) {
-      if (auto* hello = std::get_if<proto::Hello>(&*got->message)) {
-        if (links_->bind(got->source, hello->rank)) {
-          got->source = hello->rank;
-          return got;
-        }
-        spdlog::warn("Hello from rank {} on a new link: that rank already has one; dropped", hello->rank);
-        continue;
-      }
-    }
-    spdlog::warn("control message on a new link before its Hello; dropped");
+    // A provisional link that is not (or no longer) unproven: freed, its last bytes ignored.
   }
 }
 

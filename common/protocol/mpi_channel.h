@@ -17,9 +17,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "protocol/control_channel.h"
+#include "protocol/link_auth.h"
 #include "protocol/messages.h"
 #include "protocol/mpi_links.h"
 #include "util/status.h"
@@ -28,9 +31,14 @@ namespace pd {
 
 // The ControlChannel of the cluster: protocol messages on kTagControl, to and
 // from rank ids (MpiLinks: the world's ranks, and the links of joined ranks).
-// A link accepted by a worker is bound to its rank by the Hello on it (which
-// is then delivered as from that rank); anything else on an unbound link is
-// dropped.
+// A link this rank accepted (from a rank that joined later) is challenged
+// first (protocol/link_auth.h): its first message must be a Join (on the
+// router) or a Hello (on a worker) carrying the proof of the cluster secret in
+// `secret_path`. A Hello then binds the link to the rank it names, which must
+// not have a link already (the world's ranks included); it is delivered as
+// from that rank. A link whose first message is anything else, whose proof
+// is wrong, or that proves nothing within kProofWait is freed and counted
+// (refused_links()); nothing it sent is delivered.
 class MpiControlChannel final : public ControlChannel {
  public:
   explicit MpiControlChannel(std::shared_ptr<MpiLinks> links = std::make_shared<MpiLinks>()) : links_(std::move(links)) {}
@@ -57,6 +65,8 @@ class MpiControlChannel final : public ControlChannel {
   // Waits up to `deadline` for pending sends (shutdown); false if some remain.
   bool flush(std::chrono::milliseconds deadline) override;
   void forget(int rank) override { links_->forget(rank); }
+  // Accepted links freed without a valid proof of the cluster secret, since start.
+  int64_t refused_links() const override { return refused_links_; }
 
  private:
   struct PendingSend {
@@ -73,9 +83,25 @@ class MpiControlChannel final : public ControlChannel {
     std::chrono::steady_clock::time_point drop_at;
   };
   static constexpr std::chrono::seconds kUnlinkedWait{5};
+  // How long an accepted link may take to prove the cluster secret.
+  static constexpr std::chrono::seconds kProofWait{30};
+  struct Unproven {
+    std::string challenge;
+    std::chrono::steady_clock::time_point drop_at;
+  };
   void isend(int dest, const MpiLinks::Endpoint& to, std::vector<uint8_t> bytes, const char* name);
   void send_unlinked();
+  // Challenges the links accepted since the last call; frees those past kProofWait.
+  void challenge_accepted();
+  // The first message `got` on unproven link `got.source`: whether it proves
+  // the secret (a Hello's link is then bound to its rank and `got.source` set
+  // to it). Otherwise the link is freed.
+  bool admit(Received& got);
+  void refuse(int link, const std::string& why);
   std::shared_ptr<MpiLinks> links_;
+  std::optional<ClusterSecret> secret_;  // read from links_->secret_path() at the first accepted link
+  std::unordered_map<int, Unproven> unproven_;  // accepted links not yet proven, by link id
+  int64_t refused_links_ = 0;
   std::deque<Unlinked> unlinked_;
   size_t next_link_ = 0;  // probing starts here (round robin over the links)
   std::deque<PendingSend> sends_;

@@ -42,8 +42,10 @@ std::optional<MpiLinks::Endpoint> MpiLinks::endpoint(int id) const {
   return std::nullopt;
 }
 
-Status MpiLinks::listen(int assign_from) {
+Status MpiLinks::listen(int assign_from, std::string secret_path) {
   if (shared_) return Status::internal("MpiLinks::listen called twice");
+  if (secret_path.empty()) return Status::invalid_argument("accepting joining ranks needs a cluster secret (--secret-file)");
+  secret_path_ = std::move(secret_path);
   char name[MPI_MAX_PORT_NAME] = {};
   if (MPI_Open_port(MPI_INFO_NULL, name) != MPI_SUCCESS) return Status::internal("MPI_Open_port failed");
   port_ = name;
@@ -87,7 +89,9 @@ std::vector<int> MpiLinks::take_accepted() {
 }
 
 bool MpiLinks::bind(int provisional, int id) {
-  if (provisional > kProvisionalBase || by_id_.count(id) > 0) return false;
+  // A real id, and one nobody has: not a joined rank's, not a world rank's
+  // (a Hello claiming the router's id must not take the router's place).
+  if (provisional > kProvisionalBase || id < 0 || by_id_.count(id) > 0 || endpoint(id).has_value()) return false;
   auto it = by_id_.find(provisional);
   if (it == by_id_.end()) return false;
   const size_t index = it->second;

@@ -54,13 +54,17 @@ class MpiLinks {
 
   // Opens this process's port (MPI_Open_port) and starts the accept thread.
   // `assign_from` >= 0 (the router): accepted links get ids from there up;
-  // otherwise provisional ids until bind().
-  Status listen(int assign_from = -1);
+  // otherwise provisional ids until bind(). Every accepted link must prove
+  // the cluster secret in `secret_path` before it counts (the control
+  // channel challenges it: protocol/mpi_channel.h, protocol/link_auth.h).
+  Status listen(int assign_from, std::string secret_path);
   const std::string& port() const { return port_; }
+  const std::string& secret_path() const { return secret_path_; }
   // Registers the links accepted since the last call; returns their ids.
   std::vector<int> take_accepted();
   // Gives a provisionally-numbered link its id. False if `provisional` is not
-  // one or `id` is taken.
+  // one, or `id` is negative or already reached another way (a joined rank's
+  // link, or a rank of this process's MPI_COMM_WORLD).
   bool bind(int provisional, int id);
 
   // Connects to `port` (blocking: the other side's accept thread answers) and
@@ -90,6 +94,7 @@ class MpiLinks {
   std::vector<Link> links_;  // world first, then intercommunicators
   std::unordered_map<int, size_t> by_id_;  // intercommunicator ids -> links_ index
   std::string port_;
+  std::string secret_path_;
   std::shared_ptr<Shared> shared_;
   int next_assigned_ = -1;
   int next_provisional_ = kProvisionalBase;

@@ -15,6 +15,10 @@
 namespace pd {
 
 enum class Role : int32_t { kRouter = 0, kPrefill = 1, kDecode = 2 };
+
+// Rank ids index tables (a RoleTable's vectors): one from another process is
+// refused unless it is in [0, kMaxRankId).
+inline constexpr int kMaxRankId = 1 << 16;
 const char* role_name(Role r);
 
 struct RoleTable {

@@ -5,13 +5,14 @@ streams, serves, and leaves again; a rank of the launching job is drained out.
     tests/cluster/test_elastic.py elastic
 
 1 router + 1 prefill + 1 decode rank (default model), launched with --join-file:
+  0. a pool given another cluster's secret (--secret-file) is refused and nothing of it joins;
   1. 16 greedy streamed requests start; once they stream, `launch.sh --join FILE --decode 1`
      adds a decode pool (its own mpirun, MPI_Comm_connect through ompi-server);
   2. once /health lists the joined rank up, 8 more streamed requests: some go to it
      (pd_rank_requests_total);
   3. while those stream, SIGTERM to the pool's launch.sh: the rank asks to leave, finishes what
      it holds, and its mpirun exits 0; /health drops it; pd_ranks_left_total counts it;
-  4. a second pool of one prefill and one decode rank joins (ids 4 and 5: the pool's ranks
+  4. a second pool of one prefill and one decode rank joins (the next two ids: the pool's ranks
      reach each other through their own MPI job, the others through new links), then POST
      /admin/drain removes the launching job's decode rank (its process exits; requests go
      through both prefill ranks to the joined decode rank);
@@ -180,6 +181,35 @@ def check_all(c, streams, want):
     check(m.get('pd_requests_total{outcome="failed"}', 0) == 0, "some request failed: %s" % m)
 
 
+def refuse_without_secret(c, join_file, tmp, pools):
+    """Step 0: the join file and the secret beside it are the owner's alone; a pool given
+    another secret (--secret-file) is refused by the router — its ranks stop, saying so — and
+    nothing of it joins."""
+    secret = join_file + ".secret"
+    for path in (join_file, secret):
+        mode = os.stat(path).st_mode & 0o777
+        check(mode == 0o600, "%s has mode %o, not 600" % (path, mode))
+    wrong = os.path.join(tmp, "wrong.secret")
+    with open(wrong, "w") as f:
+        f.write("a secret of some other cluster, long enough\n")
+    os.chmod(wrong, 0o600)
+    before = ranks(c)
+    intruder = Pool(join_file, c.config_path, launch_args=["--secret-file", wrong])
+    pools.append(intruder)
+    try:
+        rc = intruder.proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        rc = None
+    # (mpirun's exit code says nothing here: with orte_enable_recovery a job whose every rank
+    # called MPI_Abort can exit 0; the log says what happened.)
+    check(rc is not None, "a pool without the cluster's secret is still running:\n" + intruder.logs())
+    check("cluster secret" in intruder.logs(), "the refused pool does not say why:\n" + intruder.logs())
+    check(ranks(c) == before, "ranks changed after a refused join: %s -> %s" % (before, ranks(c)))
+    check(c.metric("pd_refused_links") == 1, "pd_refused_links = %s, want 1" % c.metric("pd_refused_links"))
+    pools.remove(intruder)
+    print("a pool without the secret was refused (mpirun exit %s)" % rc)
+
+
 def suite_elastic(tmp):
     need_default_model()
     model = DEFAULT_MODEL
@@ -188,11 +218,18 @@ def suite_elastic(tmp):
     with Cluster(prefill=1, decode=1, model=model, config=CONFIG, launch_args=["--join-file", join_file]) as c, \
             pools_of(c) as pools:
         wait_for(lambda: os.path.exists(join_file), 30, "the join file")
+        refuse_without_secret(c, join_file, tmp, pools)
         streams, threads, joined_s = grow_and_shrink(c, lambda: Pool(join_file, c.config_path), prompts, pools)
         # 4. a second pool (1 prefill + 1 decode) joins; the launching job's decode rank is drained out
+        before = set(ranks(c))
         pools.append(Pool(join_file, c.config_path, decode=1, prefill=1))
-        wait_for(lambda: ranks(c).get(4) == ("prefill", "up") and ranks(c).get(5) == ("decode", "up"), 120,
-                 "the second pool's prefill (4) and decode (5) ranks up")
+        second = {}
+
+        def second_pool_up():
+            second.clear()
+            second.update({role: r for r, (role, state) in ranks(c).items() if r not in before and state == "up"})
+            return set(second) == {"prefill", "decode"}
+        wait_for(second_pool_up, 120, "the second pool's prefill and decode ranks up")
         rank_pids = c.rank_pids()
         check(2 in rank_pids, "no process for decode rank 2: %s" % rank_pids)
         last, last_threads = start(c, prompts[24:32], 24)
@@ -209,7 +246,8 @@ def suite_elastic(tmp):
         for t in threads:
             t.join(240)
         served = per_rank(c.metrics(), "pd_rank_requests_total")
-        check(served.get(4, 0) >= 1 and served.get(5, 0) >= 1, "the second pool served nothing: %s" % served)
+        check(served.get(second["prefill"], 0) >= 1 and served.get(second["decode"], 0) >= 1,
+              "the second pool %s served nothing: %s" % (second, served))
         # 5. every request: exactly one end, greedy text as pd-generate's
         check_all(c, streams, want)
         check(c.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 4, "temperature": 0}).status == 200,

@@ -91,15 +91,16 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK((pu.rank == 3 && pu.epoch == 2));
   CHECK(round_trip(Rejoin{5}).epoch == 5);
   CHECK(round_trip(Listening{"123.0:456"}).port == "123.0:456");
-  const Join jn = round_trip(Join{2, "node-b", 77, 16, "9.0:1", "node-b:70", "q8_0"});
+  const Join jn = round_trip(Join{2, "node-b", 77, 16, "9.0:1", "node-b:70", "q8_0", "ab12"});
   CHECK((jn.role == 2 && jn.host == "node-b" && jn.pid == 77 && jn.block_size == 16 && jn.port == "9.0:1" &&
-         jn.pool == "node-b:70" && jn.kv_dtype == "q8_0"));
+         jn.pool == "node-b:70" && jn.kv_dtype == "q8_0" && jn.proof == "ab12"));
   const JoinAccepted ja = round_trip(JoinAccepted{6, 0, false, {{1, 1, "p1"}, {2, 1, "p2"}}});
   REQUIRE(ja.peers.size() == 2);
   CHECK((ja.rank == 6 && !ja.colocated && ja.peers[1].rank == 2 && ja.peers[1].port == "p2"));
   CHECK(round_trip(JoinRefused{"kv.block_size 32"}).reason == "kv.block_size 32");
-  const Hello hi = round_trip(Hello{6, 1});
-  CHECK((hi.rank == 6 && hi.epoch == 1));
+  const Hello hi = round_trip(Hello{6, 1, "cd34"});
+  CHECK((hi.rank == 6 && hi.epoch == 1 && hi.proof == "cd34"));
+  CHECK(round_trip(Challenge{"0123abcd"}).nonce == "0123abcd");
   round_trip(Leave{});
   round_trip(Drain{});
   round_trip(Drained{});
@@ -224,4 +225,50 @@ TEST_CASE("protocol: KV events travel in bounded messages, removals first, the r
   CHECK(ms[1].stored == std::vector<uint64_t>{1, 2, 3});
   CHECK(ms[2].stored == std::vector<uint64_t>{4, 5, 6});
   for (const auto& m : ms) CHECK(m.epoch == 4);
+}
+
+TEST_CASE("protocol: bytes nested deeper than kMaxMessageDepth are refused without recursing into them",
+          "[protocol][refuse]") {
+  // A million one-element arrays, one inside the next (0x91 = fixarray of 1),
+  // around a nil: parsed recursively, this would exhaust the stack.
+  std::vector<uint8_t> deep(1000000, 0x91);
+  deep.push_back(0xc0);
+  const auto r = deserialize(deep.data(), deep.size());
+  REQUIRE(r.status().is_corruption());
+  CHECK(r.status().message().find("nested deeper than") != std::string::npos);
+  // The same within the cap is a well-formed MessagePack value, refused only as no message.
+  std::vector<uint8_t> shallow(static_cast<size_t>(kMaxMessageDepth) - 1, 0x91);
+  shallow.push_back(0xc0);
+  const auto s = deserialize(shallow.data(), shallow.size());
+  REQUIRE(s.status().is_corruption());
+  CHECK(s.status().message().find("nested deeper than") == std::string::npos);
+  // Maps count too (0x81 = fixmap of 1, key "a" = 0xa1 0x61).
+  std::vector<uint8_t> maps;
+  for (int i = 0; i < 100000; ++i) maps.insert(maps.end(), {0x81, 0xa1, 0x61});
+  maps.push_back(0xc0);
+  CHECK(deserialize(maps.data(), maps.size()).status().message().find("nested deeper than") != std::string::npos);
+  // The deepest real message still parses: token events with logprobs.
+  TokenEvent ev;
+  ev.tokens = {1};
+  ev.logprobs = {LogprobEntry{1, -0.5f, {{1, -0.5f}, {2, -1.5f}}}};
+  ev.prompt_logprobs = ev.logprobs;
+  CHECK(round_trip(TokenEvents{{ev}}).events[0].logprobs[0].top.size() == 2);
+}
+
+TEST_CASE("protocol: each message has one class of sender", "[protocol]") {
+  CHECK(sender_of(Shutdown{}) == Sender::kRouter);
+  CHECK(sender_of(Drain{}) == Sender::kRouter);
+  CHECK(sender_of(Rejoin{}) == Sender::kRouter);
+  CHECK(sender_of(PeerDown{}) == Sender::kRouter);
+  CHECK(sender_of(PeerLeft{}) == Sender::kRouter);
+  CHECK(sender_of(PrefillRequest{}) == Sender::kRouter);
+  CHECK(sender_of(Cancel{}) == Sender::kRouter);
+  CHECK(sender_of(JoinAccepted{}) == Sender::kRouter);
+  CHECK(sender_of(Hello{}) == Sender::kWorker);
+  CHECK(sender_of(Join{}) == Sender::kWorker);
+  CHECK(sender_of(HandoffOffer{}) == Sender::kWorker);
+  CHECK(sender_of(HandoffAccept{}) == Sender::kWorker);
+  CHECK(sender_of(LoadReport{}) == Sender::kWorker);
+  CHECK(sender_of(TokenEvents{}) == Sender::kWorker);
+  CHECK(sender_of(Challenge{}) == Sender::kAny);
 }

@@ -1661,5 +1661,50 @@ TEST_CASE("chunked prefill: a long prompt's completed KV segments move behind it
   }
 }
 
+
+TEST_CASE("workers: the router's messages from a worker, and a worker's from the router, are ignored and counted",
+          "[workers][senders]") {
+  MiniCluster c(small_config());
+  c.use_fake_clock();
+  c.submit(MiniCluster::request(1, 20, 12));
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 2; }));
+  // The decode rank (or anything speaking as it) steers the prefill rank, and
+  // the prefill rank the decode rank, with the router's messages.
+  for (const auto& [from, to] : {std::pair{kDecode, kPrefill}, std::pair{kPrefill, kDecode}}) {
+    c.hub.send(from, to, proto::Shutdown{});
+    c.hub.send(from, to, proto::Drain{});
+    c.hub.send(from, to, proto::Rejoin{7});
+    c.hub.send(from, to, proto::PeerDown{to == kPrefill ? kDecode : kPrefill, 0});
+    c.hub.send(from, to, proto::PeerLeft{to == kPrefill ? kDecode : kPrefill});
+    c.hub.send(from, to, proto::Cancel{1});
+    c.hub.send(from, to, MiniCluster::request(2));
+  }
+  // The router speaking a worker's part: a Hello, an accept, an abort.
+  c.hub.send(kRouter, kPrefill, proto::Hello{kDecode, 0});
+  c.hub.send(kRouter, kPrefill, proto::HandoffAccept{1, proto::kTagKvFirst + 3, 0, {}});
+  c.hub.send(kRouter, kDecode, proto::HandoffAbort{1, "forged", 0});
+  // A Challenge belongs to a join handshake, never to a serving rank.
+  c.hub.send(kPrefill, kDecode, proto::Challenge{"00"});
+  // Nothing of it counted: request 1 streams to its end, nobody drains,
+  // shuts down, rejoins or drops the other, and the forged prompt never ran.
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  c.check_stream(1, 12);
+  CHECK_FALSE(c.prefill->shutting_down());
+  CHECK_FALSE(c.decode->shutting_down());
+  CHECK(c.drained.empty());
+  CHECK(c.failed.empty());
+  CHECK(c.events.count(2) == 0);
+  c.submit(MiniCluster::request(3));
+  REQUIRE(c.run_until([&] { return c.finished(3); }));
+  c.check_stream(3, 6);
+  REQUIRE(c.settle());
+  c.pass(std::chrono::milliseconds(1100));  // the next load report is due
+  c.step_both();
+  CHECK(c.loads[kPrefill].refused_messages == 7 + 2);
+  CHECK(c.loads[kDecode].refused_messages == 7 + 2);
+  CHECK(c.loads[kPrefill].epoch == 0);
+  CHECK(c.loads[kDecode].epoch == 0);
+}
+
 }  // namespace
 }  // namespace pd
