@@ -44,23 +44,25 @@ TEST_CASE("router: a prefill rank that goes silent is declared down, its request
         std::string::npos);
 }
 
+// RouterBeats `rank` got since the last look (its inbox is emptied).
+int beats(Harness& h, int rank) {
+  int n = 0;
+  for (auto& [src, m] : h.hub.take_all(rank)) n += std::holds_alternative<proto::RouterBeat>(m) && src == kRouterRank;
+  return n;
+}
+
 TEST_CASE("router: every worker hears the router beat once a second, but not a rank declared down", "[router]") {
   Harness h;  // heartbeat_ms 150
   h.silent.insert(kD2);
   h.pump_for(400ms);  // kD2 declared down
   for (int r : {kP1, kP2, kD1, kD2}) h.hub.take_all(r);
   h.pump_for(2100ms);
-  auto beats = [&](int rank) {
-    int n = 0;
-    for (auto& [src, m] : h.hub.take_all(rank)) n += std::holds_alternative<proto::RouterBeat>(m) && src == kRouterRank;
-    return n;
-  };
   for (int r : {kP1, kP2, kD1}) {
     INFO("rank " << r);
-    const int n = beats(r);
+    const int n = beats(h, r);
     CHECK((n >= 2 && n <= 3));  // 2.1 s of beats a second apart
   }
-  CHECK(beats(kD2) == 0);
+  CHECK(beats(h, kD2) == 0);
 }
 
 TEST_CASE("router: a rank silent for a while hears no beat until it speaks again, long before it is down",
@@ -71,16 +73,11 @@ TEST_CASE("router: a rank silent for a while hears no beat until it speaks again
   h.pump_for(2000ms);
   for (int r : {kP1, kP2, kD1, kD2}) h.hub.take_all(r);
   h.pump_for(2100ms);
-  auto beats = [&](int rank) {
-    int n = 0;
-    for (auto& [src, m] : h.hub.take_all(rank)) n += std::holds_alternative<proto::RouterBeat>(m) && src == kRouterRank;
-    return n;
-  };
-  CHECK(beats(kD1) >= 2);
-  CHECK(beats(kD2) == 0);
+  CHECK(beats(h, kD1) >= 2);
+  CHECK(beats(h, kD2) == 0);
   h.silent.erase(kD2);  // it resumes: heard, then beaten again
   h.pump_for(2100ms);
-  CHECK(beats(kD2) >= 2);
+  CHECK(beats(h, kD2) >= 2);
 }
 
 TEST_CASE("router: prompt tokens from each rank's cache and computed, from its load reports", "[router]") {
