@@ -150,17 +150,20 @@ void Membership::check_liveness() {
   const auto now = env_->now();
   if (!last_beat_ || now - *last_beat_ >= std::chrono::seconds(1)) {
     // Not to a down rank (it hears Rejoin when it speaks again), nor to one
-    // silent for more than kBeatSilence (a live rank reports every second):
-    // it may be stopped, and a message to a stopped process on another host
-    // can make Open MPI open a new TCP connection to it whose handshake never
-    // ends. Open MPI 4.1 aborts the process that started such a connection
-    // when its peer then dies (btl/tcp: a failed connect ACK is fatal), and
-    // the router must outlive any worker. The rank's own router_ms (15 s)
-    // is far longer than the pause.
+    // that served and has been silent for more than kBeatSilence (a live rank
+    // reports every second): it may be stopped, and a message to a stopped
+    // process on another host can make Open MPI open a new TCP connection to
+    // it whose handshake never ends. Open MPI 4.1 aborts the process that
+    // started such a connection when its peer then dies (btl/tcp: a failed
+    // connect ACK is fatal), and the router must outlive any worker. The
+    // rank's own router_ms (15 s) is far longer than the pause. A rank still
+    // starting is beaten as always: until it first hears the router it waits
+    // for it as long as timeouts.startup_ms.
     for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
-      for (const WorkerView& w : *pool)
-        if (w.state != RankState::kDown && now - w.last_heard <= kBeatSilence)
-          channel_.send(w.rank, proto::RouterBeat{});
+      for (const WorkerView& w : *pool) {
+        const bool silent = w.state != RankState::kStarting && now - w.last_heard > kBeatSilence;
+        if (w.state != RankState::kDown && !silent) channel_.send(w.rank, proto::RouterBeat{});
+      }
     last_beat_ = now;
   }
   check_drains();

@@ -57,7 +57,8 @@ class Membership {
   // round, every worker hears that the router is alive (RouterBeat, once a
   // second; a worker stops after timeouts.router_ms without it).
   void check_liveness();
-  // A rank silent this long gets no RouterBeat until it is heard again (check_liveness).
+  // A rank that served and has been silent this long gets no RouterBeat until
+  // it is heard again (check_liveness).
   static constexpr std::chrono::milliseconds kBeatSilence{1500};
   // `rank` is declared down: fenced, the others told, then on_down.
   void on_rank_down(int rank, const std::string& why);

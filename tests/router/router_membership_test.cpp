@@ -78,6 +78,14 @@ TEST_CASE("router: a rank silent for a while hears no beat until it speaks again
   h.silent.erase(kD2);  // it resumes: heard, then beaten again
   h.pump_for(2100ms);
   CHECK(beats(h, kD2) >= 2);
+  // A rank still starting (joined, no report yet) is beaten all the same: until
+  // it first hears the router it would wait for it as long as startup_ms.
+  constexpr int kJoined = 7;
+  h.hub.send(kJoined, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+  REQUIRE(h.expect<proto::JoinAccepted>(kJoined));
+  h.pump_for(2100ms);
+  CHECK(beats(h, kJoined) >= 2);
 }
 
 TEST_CASE("router: prompt tokens from each rank's cache and computed, from its load reports", "[router]") {
