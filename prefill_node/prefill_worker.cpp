@@ -247,6 +247,7 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
     // KV bytes under any other tag would land among control messages (or another path's).
     spdlog::error("prefill rank {}: accept for request {} from rank {} under tag {}, not a KV tag; ignored",
                   roles_.self, m.id, source, m.tag);
+    count_refused();
     return;
   }
   if (!job->handoff.accept(m.tag)) return;  // a duplicate

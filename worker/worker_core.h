@@ -152,6 +152,9 @@ class WorkerCore {
     prompt_tokens_computed_ += computed;
   }
   const char* role() const { return role_; }
+  // A message from a peer refused for what it says (an index or count out of
+  // range): counted with those refused for their sender (refused_messages).
+  void count_refused() { ++refused_messages_; }
 
   const ClusterConfig cfg_;
   const RoleTable roles_;

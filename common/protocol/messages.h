@@ -233,7 +233,8 @@ struct LoadReport {
   int64_t prompt_tokens_cached = 0;
   int64_t prompt_tokens_computed = 0;
   // Control messages this rank ignored since it started because their sender
-  // may not send them (a router's message from a worker, ...).
+  // may not send them (a router's message from a worker, ...) or a number in
+  // them is out of range (an accept's tag that is not a KV tag).
   int64_t refused_messages = 0;
   // Decode ranks, over their prefill peers: KV transfer tags retired for good
   // (their handoff ended early while the sender was down, or on a device

@@ -1706,5 +1706,22 @@ TEST_CASE("workers: the router's messages from a worker, and a worker's from the
   CHECK(c.loads[kDecode].epoch == 0);
 }
 
+TEST_CASE("workers: an accept naming a tag outside the KV tags is ignored and counted; the real one serves",
+          "[workers][senders]") {
+  MiniCluster c(small_config());
+  c.use_fake_clock();
+  c.submit(MiniCluster::request(1, 20, 6));
+  c.step_prefill();  // the offer is out
+  // Before the decode rank's own accept: one whose KV would travel under the control messages' tag.
+  c.hub.send(kDecode, kPrefill, proto::HandoffAccept{1, proto::kTagControl, 0, {}});
+  REQUIRE(c.run_until([&] { return c.finished(1); }));
+  c.check_stream(1, 6);
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
+  c.pass(std::chrono::milliseconds(1100));
+  c.step_both();
+  CHECK(c.loads[kPrefill].refused_messages == 1);
+}
+
 }  // namespace
 }  // namespace pd
