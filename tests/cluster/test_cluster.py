@@ -498,9 +498,53 @@ def suite_lifecycle(tmp):
         check(c.get("/health").status == 200, "/health needs no key")
 
 
+def idle_sockets_crowd_no_one_out(c, most=20000):
+    """Up to `most` connections that never send a byte (as many as this process's open-file limit
+    allows, less a margin): a new client's GET /health and a completion are still answered at
+    once — the idle ones are evicted for it, not it refused."""
+    import resource
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, most + 1000), hard))
+        except (ValueError, OSError):
+            pass
+    n = min(most, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 500)
+    socks = []
+    t0 = time.time()
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            try:
+                s.connect((c.client_host, c.port))
+            except OSError:
+                s.close()
+                break
+            socks.append(s)
+        opened = time.time() - t0
+        time.sleep(0.5)
+        for path in ("/health", "/health"):
+            t = time.time()
+            r = c.get(path)
+            took = time.time() - t
+            check(r.status == 200 and took < 2.0, "GET %s with %d idle sockets open: HTTP %s after %.2f s" %
+                  (path, len(socks), r.status, took))
+        t = time.time()
+        r = c.post("/v1/completions", {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        check(r.status == 200, "a completion with %d idle sockets open: HTTP %d %s" % (len(socks), r.status, r.body))
+        print("%d idle sockets (opened in %.1f s): /health and a completion answered in %.2f s" %
+              (len(socks), opened, time.time() - t))
+        check(len(socks) >= min(n, 2000), "only %d of %d sockets connected" % (len(socks), n))
+    finally:
+        for s in socks:
+            s.close()
+
+
 def suite_limits(tmp):
     """Tiny models: a prompt longer than the prefill KV budget but within the context is
-    served (the pool is raised to one context); launch.sh with an API key comes up, stays
+    served (the pool is raised to one context); with thousands of idle sockets open (up to
+    20,000), a new client is still answered; launch.sh with an API key comes up, stays
     up, and drains on SIGTERM (its own /v1/models lookup sends the key)."""
     model = tiny_model(os.path.join(tmp, "tiny8k.gguf"), context=8192)
     # 1 MiB holds ~2,000 tokens of this model's KV: a ~3,000-token prompt needs more.
@@ -510,6 +554,7 @@ def suite_limits(tmp):
         check(r.status == 200, "a prompt within the context but over the prefill budget: HTTP %d %s" %
               (r.status, r.body))
         check(r.json()["usage"]["prompt_tokens"] > 2100, "prompt too short to test: %s" % r.json()["usage"])
+        idle_sockets_crowd_no_one_out(c)
         check(c.stop() == 0, "clean exit")
     # launch.sh as a user runs it (waits for /health, prints the URL), on any free port.
     small = tiny_model(os.path.join(tmp, "tiny.gguf"))

@@ -1706,7 +1706,7 @@ TEST_CASE("workers: the router's messages from a worker, and a worker's from the
   CHECK(c.loads[kDecode].epoch == 0);
 }
 
-TEST_CASE("workers: an accept naming a tag outside the KV tags is ignored and counted; the real one serves",
+TEST_CASE("workers: an accept naming a tag outside the KV tags is ignored and counted, and the real one serves",
           "[workers][senders]") {
   MiniCluster c(small_config());
   c.use_fake_clock();
