@@ -135,6 +135,7 @@ std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
   for (;;) {
     const auto& links = links_->links();
     std::optional<Received> got;
+    bool refused = false;
     for (size_t k = 0; k < links.size() && !got; ++k) {
       const size_t i = (next_link_ + k) % links.size();
       const MpiLinks::Link link = links[i];
@@ -143,6 +144,14 @@ std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
       if (MPI_Iprobe(MPI_ANY_SOURCE, proto::kTagControl, link.comm, &flag, &st) != MPI_SUCCESS || !flag) continue;
       int count = 0;
       MPI_Get_count(&st, MPI_BYTE, &count);
+      if (count > kMaxProofBytes && unproven_.count(link.id) > 0) {
+        // Not received at all: an unproven peer gets neither the memory nor a
+        // blocking receive of a large (rendezvous) message it may never finish.
+        refuse(link.id, "its first message is " + std::to_string(count) + " bytes, over " +
+                            std::to_string(kMaxProofBytes));
+        refused = true;  // the links changed: probe them afresh
+        break;
+      }
       recv_buf_.resize(static_cast<size_t>(std::max(count, 1)));
       MPI_Recv(recv_buf_.data(), count, MPI_BYTE, st.MPI_SOURCE, proto::kTagControl, link.comm, MPI_STATUS_IGNORE);
       next_link_ = i + 1;
@@ -150,6 +159,7 @@ std::optional<MpiControlChannel::Received> MpiControlChannel::poll() {
       if (source == -1) continue;  // a world-mate with no id here (this rank joined a new router alone)
       got = Received{source, proto::deserialize(recv_buf_.data(), static_cast<size_t>(count))};
     }
+    if (refused) continue;
     if (!got) return std::nullopt;
     // An accepted link must prove the cluster secret before anything on it counts.
     if (unproven_.count(got->source) > 0 && !admit(*got)) continue;

@@ -83,8 +83,10 @@ class MpiControlChannel final : public ControlChannel {
     std::chrono::steady_clock::time_point drop_at;
   };
   static constexpr std::chrono::seconds kUnlinkedWait{5};
-  // How long an accepted link may take to prove the cluster secret.
+  // How long an accepted link may take to prove the cluster secret, and the
+  // most its first message (a Join or a Hello, well under 1 KiB) may weigh.
   static constexpr std::chrono::seconds kProofWait{30};
+  static constexpr int kMaxProofBytes = 4096;
   struct Unproven {
     std::string challenge;
     std::chrono::steady_clock::time_point drop_at;

@@ -4,7 +4,8 @@
 // without the cluster secret. Only a Hello that answers its own link's
 // Challenge with the secret, naming a rank that has no link yet, is let
 // through (protocol/link_auth.h); every other link is freed and counted, and
-// nothing it said reaches the worker.
+// nothing it said reaches the worker — a first message too large for a proof
+// is not even received.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "mpi/mpi_test_support.h"
 #include "protocol/join_handshake.h"
@@ -104,6 +107,25 @@ void joiner(const std::string& port, const pd::ClusterSecret& secret, const pd::
     h.proof = replayed_proof;
     return Message{h};
   });
+  // 7. A first message far larger than any Join or Hello — a true proof for rank 8,
+  // padded with a field the parser would skip: refused before it is received.
+  {
+    auto id = links.connect(port, pd::MpiLinks::kProvisionalBase);
+    EXPECT(id.is_ok(), "connect: %s", id.status().to_string().c_str());
+    if (id.is_ok()) {
+      const std::string challenge = receive_challenge(links, *id);
+      EXPECT(challenge.size() == 64, "no Challenge on a new link");
+      const nlohmann::json padded{{"t", "hello"}, {"rank", 8}, {"epoch", 0},
+                                  {"proof", secret.prove(challenge, Message{Hello{8, 0}})},
+                                  {"pad", std::string(64 << 10, 'x')}};
+      static std::vector<uint8_t> big;  // outlives the send, which is never received
+      big = nlohmann::json::to_msgpack(padded);
+      const auto ep = links.endpoint(*id);
+      MPI_Request req = MPI_REQUEST_NULL;
+      MPI_Isend(big.data(), static_cast<int>(big.size()), MPI_BYTE, ep->rank, pd::proto::kTagControl, ep->comm, &req);
+      MPI_Request_free(&req);
+    }
+  }
   int done = 1;
   MPI_Send(&done, 1, MPI_INT, 1, kTagDone, MPI_COMM_WORLD);
   int ack = 0;
@@ -145,7 +167,7 @@ void acceptor(const std::string& secret_path) {
   const std::vector<std::pair<int, std::string>> want{{7, "Hello"}, {7, "LoadReport:42"}};
   EXPECT(delivered == want, "delivered %zu messages, want the Hello and LoadReport of rank 7 only", delivered.size());
   for (const auto& [source, what] : delivered) std::fprintf(stderr, "  delivered %s from %d\n", what.c_str(), source);
-  EXPECT(channel.refused_links() == 5, "refused %lld links, want 5", static_cast<long long>(channel.refused_links()));
+  EXPECT(channel.refused_links() == 6, "refused %lld links, want 6", static_cast<long long>(channel.refused_links()));
 }
 
 }  // namespace
