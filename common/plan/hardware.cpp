@@ -117,7 +117,7 @@ const std::vector<HardwareSpec>& hardware_presets() {
            10e-6),
       make("a100-80gb-sxm", "dense bf16 tensor core", 312e12, 2.039 * kTB, 80 * int64_t{1'000'000'000}, 300 * kGB,
            25 * kGB, 10e-6),
-      make("cpu-2core", "fp32 FMA, 2 threads (MACHINE.md)", 364e9, 55 * kGB, 24 * kGiB, 9 * kGB, 9 * kGB, 20e-6),
+      make("cpu-2core", "fp32 FMA, 2 threads (the 2-core build VM, measured)", 364e9, 55 * kGB, 24 * kGiB, 9 * kGB, 9 * kGB, 20e-6),
   };
   return presets;
 }

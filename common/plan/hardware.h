@@ -38,8 +38,8 @@ struct HardwareSpec {
 // InvalidArgument naming the field otherwise.
 Status validate_hardware(const HardwareSpec& h);
 
-// h100-sxm, h200, a100-80gb-sxm, and cpu-2core (the build machine as recorded in
-// MACHINE.md; `measure_cpu` measures it afresh). Sources in docs/PLANNER.md.
+// h100-sxm, h200, a100-80gb-sxm, and cpu-2core (the 2-core build VM as once
+// measured; `measure_cpu` measures the machine it runs on afresh). Sources in docs/PLANNER.md.
 const std::vector<HardwareSpec>& hardware_presets();
 // A preset by name (case-insensitive). NotFound naming it and listing the known ones.
 Result<HardwareSpec> hardware_preset(std::string_view name);
