@@ -243,7 +243,7 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
                   job->req.decode_rank);
     return;
   }
-  if (m.tag < proto::kTagKvFirst || m.tag >= proto::kTagKvFirst + proto::kKvTagSpan) {
+  if (!proto::is_kv_tag(m.tag)) {
     // KV bytes under any other tag would land among control messages (or another path's).
     spdlog::error("prefill rank {}: accept for request {} from rank {} under tag {}, not a KV tag; ignored",
                   roles_.self, m.id, source, m.tag);
@@ -283,6 +283,12 @@ void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
 // tag already sealed for this handoff, is stale (a seal then would meet a
 // later receive of the decode rank): ignored.
 void PrefillWorker::on_seal(const proto::KvTagSeal& m, int source) {
+  if (!proto::is_kv_tag(m.tag)) {  // a seal under any other tag would land among control messages
+    spdlog::error("prefill rank {}: decode rank {} asked to seal tag {}, not a KV tag; ignored", roles_.self, source,
+                  m.tag);
+    count_refused();
+    return;
+  }
   const std::pair<int, int> key{source, m.tag};
   if (auto it = sealed_.find(key); it != sealed_.end() && it->second == m.id) return;
   for (const auto& [id, job] : jobs_)

@@ -67,6 +67,8 @@ using RequestId = uint64_t;
 inline constexpr int kTagControl = 1;
 inline constexpr int kTagKvFirst = 1000;
 inline constexpr int kKvTagSpan = 30000;  // MPI guarantees tags up to 32767
+// Whether a tag a peer names (an accept's, a seal's) is one of the KV tags.
+inline constexpr bool is_kv_tag(int tag) { return tag >= kTagKvFirst && tag < kTagKvFirst + kKvTagSpan; }
 
 // Tags of the device KV paths' own small MPI messages, never probed by the
 // control channel: CUDA IPC descriptors and acks; NCCL envelopes and

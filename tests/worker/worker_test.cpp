@@ -1706,7 +1706,7 @@ TEST_CASE("workers: the router's messages from a worker, and a worker's from the
   CHECK(c.loads[kDecode].epoch == 0);
 }
 
-TEST_CASE("workers: an accept naming a tag outside the KV tags is ignored and counted, and the real one serves",
+TEST_CASE("workers: an accept or a seal naming a tag outside the KV tags is ignored and counted, and the real accept serves",
           "[workers][senders]") {
   MiniCluster c(small_config());
   c.use_fake_clock();
@@ -1714,13 +1714,15 @@ TEST_CASE("workers: an accept naming a tag outside the KV tags is ignored and co
   c.step_prefill();  // the offer is out
   // Before the decode rank's own accept: one whose KV would travel under the control messages' tag.
   c.hub.send(kDecode, kPrefill, proto::HandoffAccept{1, proto::kTagControl, 0, {}});
+  // And a seal asked for under it: the prefill rank would send an empty message among the control messages.
+  c.hub.send(kDecode, kPrefill, proto::KvTagSeal{1, proto::kTagControl, 0});
   REQUIRE(c.run_until([&] { return c.finished(1); }));
   c.check_stream(1, 6);
   CHECK(c.failed.empty());
   REQUIRE(c.settle());
   c.pass(std::chrono::milliseconds(1100));
   c.step_both();
-  CHECK(c.loads[kPrefill].refused_messages == 1);
+  CHECK(c.loads[kPrefill].refused_messages == 2);
 }
 
 }  // namespace
