@@ -40,6 +40,9 @@ struct CancelOp {
 struct AbandonOp {
   int64_t id;
 };
+struct ExpediteOp {
+  int64_t id;
+};
 struct SelectPath {
   int peer;
   KvPathChoice choice;
@@ -47,7 +50,8 @@ struct SelectPath {
 struct ForgetPeer {
   int peer;
 };
-using Command = std::variant<SendMessage, ForgetRank, PostOp, CancelOp, AbandonOp, SelectPath, ForgetPeer>;
+using Command =
+    std::variant<SendMessage, ForgetRank, PostOp, CancelOp, AbandonOp, ExpediteOp, SelectPath, ForgetPeer>;
 
 struct Inbound {
   int source;
@@ -208,6 +212,9 @@ class CommSide::Port final : public Transport {
   void cancel(TransferOp op) override {
     if (mine_.count(op.value)) s_->push(CancelOp{op.value});
   }
+  void expedite(TransferOp op) override {
+    if (mine_.count(op.value)) s_->push(ExpediteOp{op.value});
+  }
   void abandon(TransferOp op) override {
     if (!mine_.erase(op.value)) return;
     {
@@ -359,6 +366,9 @@ class CommSide::Loop {
     }
     std::erase_if(ended_, [&](const auto& e) { return e.first == cmd.id; });
     abandoned_.push_back(cmd.id);  // it may have ended in an earlier round: forgotten there too
+  }
+  void run(ExpediteOp& cmd) {
+    if (auto it = live_.find(cmd.id); it != live_.end()) transport_.expedite(it->second);
   }
   void run(SelectPath& cmd) {
     if (Status st = transport_.select_path(cmd.peer, cmd.choice); !st.is_ok())

@@ -51,6 +51,9 @@ void HandoffSender::post_written(Transport& t, const RegionOf& region_of, TimePo
     tr.checksums = checksums_;
     trailer_ = tr.serialize();
     post(t, -1, region_of, now);
+    // Token 1 is out and the decode rank starts once these land: ahead of
+    // segments of prompts still computing (kvtransfer/send_order.h).
+    if (trailer_posted_) t.expedite(ops_.back().op);
   }
 }
 

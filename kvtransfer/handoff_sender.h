@@ -64,7 +64,8 @@ class HandoffSender {
   void post_written(Transport& t, const RegionOf& region_of, TimePoint now);
   // Every layer is written and the first token known: posts the rest and the
   // trailer (needs accepted(); else they go when accept() and then finish()
-  // are called again). Called once per handoff.
+  // are called again), then expedites them (Transport::expedite: a decode
+  // waits on them now). Called once per handoff.
   void finish(int32_t first_token, bool finished_at_first, Transport& t, const RegionOf& region_of, TimePoint now);
   // Tests the sends in flight; returns the phase.
   Phase poll(Transport& t, TimePoint now);

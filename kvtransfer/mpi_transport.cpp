@@ -7,10 +7,10 @@ namespace pd {
 MpiTransport::~MpiTransport() {
   // Outstanding operations at destruction (shutdown after a failure): cancel
   // and free them rather than wait on a peer that may be gone.
-  for (auto& [id, req] : ops_) {
-    if (req == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&req);
-    MPI_Request_free(&req);
+  for (auto& [id, op] : ops_) {
+    if (op.req == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&op.req);
+    MPI_Request_free(&op.req);
   }
   for (auto& [id, r] : reclaims_) {
     if (r.recv == MPI_REQUEST_NULL) continue;
@@ -21,8 +21,48 @@ MpiTransport::~MpiTransport() {
 
 TransferOp MpiTransport::track(MPI_Request req) {
   const int64_t id = next_++;
-  ops_.emplace(id, req);
+  ops_.emplace(id, Op{req, 0});
   return TransferOp{id};
+}
+
+OpState MpiTransport::ended_state(MPI_Status& st) {
+  int cancelled = 0;
+  MPI_Test_cancelled(&st, &cancelled);
+  return cancelled ? OpState::kCancelled : OpState::kDone;
+}
+
+void MpiTransport::progress() {
+  if (ops_.empty()) return;
+  sweep_ids_.clear();
+  sweep_reqs_.clear();
+  for (const auto& [id, op] : ops_) {
+    sweep_ids_.push_back(id);
+    sweep_reqs_.push_back(op.req);
+  }
+  const size_t n = sweep_reqs_.size();
+  if (n > static_cast<size_t>(std::numeric_limits<int>::max())) return;  // test() takes them one by one
+  sweep_done_.resize(n);
+  sweep_status_.resize(n);
+  int count = 0;
+  const int rc = MPI_Testsome(static_cast<int>(n), sweep_reqs_.data(), &count, sweep_done_.data(),
+                              sweep_status_.data());
+  // Any other error: no answer is known for any of them; test() asks one by one.
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) return;
+  ++sweep_;
+  if (count == MPI_UNDEFINED) count = 0;  // no active request (all were null)
+  for (int k = 0; k < count; ++k) {
+    const int i = sweep_done_[static_cast<size_t>(k)];
+    const int64_t id = sweep_ids_[static_cast<size_t>(i)];
+    MPI_Status& st = sweep_status_[static_cast<size_t>(i)];
+    // Reported and freed by MPI (the handle in ops_ is stale now).
+    if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS)
+      ended_.emplace(id, Status::io_error("mpi transport: transfer op " + std::to_string(id) + " failed"));
+    else
+      ended_.emplace(id, ended_state(st));
+    ops_.erase(id);
+    cancelled_.erase(id);
+  }
+  for (auto& [id, op] : ops_) op.pending_at = sweep_;
 }
 
 Result<TransferOp> MpiTransport::post(bool send, int peer, int tag, const KvRegion& region) {
@@ -79,22 +119,32 @@ Result<TransferOp> MpiTransport::post_recv_bytes(int peer, int tag, void* data, 
 
 Result<OpState> MpiTransport::test(TransferOp op) {
   if (reclaims_.count(op.value)) return test_reclaim(op.value);
+  if (auto e = ended_.find(op.value); e != ended_.end()) {
+    Result<OpState> r = std::move(e->second);
+    ended_.erase(e);
+    return r;
+  }
   auto it = ops_.find(op.value);
   if (it == ops_.end()) return Status::not_found("mpi transport: unknown transfer op " + std::to_string(op.value));
+  // The last sweep found it in flight: that is the answer, once (a caller
+  // that stops sweeping gets real tests again).
+  if (it->second.pending_at != 0 && it->second.pending_at == sweep_) {
+    it->second.pending_at = 0;
+    return OpState::kPending;
+  }
   int done = 0;
   MPI_Status st;
-  if (MPI_Test(&it->second, &done, &st) != MPI_SUCCESS) {  // MPI_ERRORS_RETURN: the op ended in error
-    if (it->second != MPI_REQUEST_NULL) MPI_Request_free(&it->second);
+  if (MPI_Test(&it->second.req, &done, &st) != MPI_SUCCESS) {  // MPI_ERRORS_RETURN: the op ended in error
+    if (it->second.req != MPI_REQUEST_NULL) MPI_Request_free(&it->second.req);
     cancelled_.erase(it->first);
     ops_.erase(it);
     return Status::io_error("mpi transport: transfer op " + std::to_string(op.value) + " failed");
   }
   if (!done) return OpState::kPending;
-  int cancelled = 0;
-  MPI_Test_cancelled(&st, &cancelled);
+  const OpState state = ended_state(st);
   cancelled_.erase(it->first);
   ops_.erase(it);
-  return cancelled ? OpState::kCancelled : OpState::kDone;
+  return state;
 }
 
 void MpiTransport::abandon(TransferOp op) {
@@ -106,11 +156,12 @@ void MpiTransport::abandon(TransferOp op) {
     reclaims_.erase(r);
     return;
   }
+  if (ended_.erase(op.value)) return;  // ended in a sweep: nothing of it is left in MPI
   auto it = ops_.find(op.value);
   if (it == ops_.end()) return;
   // MPI_Request_free on an active request: MPI completes it in the background
   // (or never, if the peer is dead) and frees it then; we never look again.
-  if (it->second != MPI_REQUEST_NULL) MPI_Request_free(&it->second);
+  if (it->second.req != MPI_REQUEST_NULL) MPI_Request_free(&it->second.req);
   cancelled_.erase(it->first);
   ops_.erase(it);
 }
@@ -121,11 +172,12 @@ void MpiTransport::cancel(TransferOp op) {
     return;
   }
   auto it = ops_.find(op.value);
-  if (it == ops_.end() || it->second == MPI_REQUEST_NULL) return;
+  if (it == ops_.end() || it->second.req == MPI_REQUEST_NULL) return;
   // Once per operation: OpenMPI 4.1's ob1 crashes (SIGSEGV in PMPI_Cancel) on a
   // second cancel of a receive it has already taken off its queue.
   if (!cancelled_.insert(op.value).second) return;
-  MPI_Cancel(&it->second);
+  MPI_Cancel(&it->second.req);
+  it->second.pending_at = 0;  // its state may change without a sweep: test it
 }
 
 Result<TransferOp> MpiTransport::post_reclaim(int peer, int tag) {

@@ -2,6 +2,16 @@
 // hindexed derived datatype over the sequence's blocks, so neither side packs
 // or unpacks (no staging copy). Peers are rank ids (MpiLinks, shared with the
 // control channel). The engine-loop thread is the only caller.
+//
+// Testing: progress() tests every operation in flight with one MPI_Testsome
+// and keeps what ended; a test() after it answers from that sweep without an
+// MPI call. Each MPI test of a request that has not ended runs the progress
+// engine, and with mpi_yield_when_idle (set on an oversubscribed node) one
+// that moves nothing yields the core: a decode rank with a long prompt's
+// ~500 receives posted, tested one by one every round, gave its core away
+// ~500 times a round, and its control messages (token events) waited up to
+// 0.6 s behind them. A test() with no sweep since the operation's last
+// answer tests it alone, as before (callers that never call progress()).
 #pragma once
 
 #include <mpi.h>
@@ -34,7 +44,9 @@ class MpiTransport final : public Transport {
   // thread makes every MPI call of the rank, and the caller posts no receive
   // under (peer, tag) meanwhile — so no matched probe is needed.
   Result<TransferOp> post_reclaim(int peer, int tag) override;
-  size_t pending() const override { return ops_.size() + reclaims_.size(); }
+  size_t pending() const override { return ops_.size() + ended_.size() + reclaims_.size(); }
+  // One MPI_Testsome over every operation in flight (reclaims excepted).
+  void progress() override;
 
  private:
   // A reclaim in progress (post_reclaim).
@@ -46,12 +58,27 @@ class MpiTransport final : public Transport {
     bool cancelled = false;
     std::unique_ptr<std::vector<uint8_t>> scratch;
   };
+  // An operation in flight.
+  struct Op {
+    MPI_Request req = MPI_REQUEST_NULL;
+    uint64_t pending_at = 0;  // the sweep that last found it in flight (0: none since its last answer)
+  };
   Result<TransferOp> post(bool send, int peer, int tag, const KvRegion& region);
   TransferOp track(MPI_Request req);
+  // How an operation MPI reports complete ended: done, cancelled.
+  static OpState ended_state(MPI_Status& st);
   Result<OpState> test_reclaim(int64_t id);
   std::shared_ptr<MpiLinks> links_;
   int64_t next_ = 0;
-  std::unordered_map<int64_t, MPI_Request> ops_;
+  std::unordered_map<int64_t, Op> ops_;
+  // Ended in a sweep, until test() reports it (or abandon() forgets it).
+  std::unordered_map<int64_t, Result<OpState>> ended_;
+  uint64_t sweep_ = 0;  // sweeps so far
+  // A sweep's arrays, kept between sweeps (no allocation in steady state).
+  std::vector<int64_t> sweep_ids_;
+  std::vector<MPI_Request> sweep_reqs_;
+  std::vector<int> sweep_done_;
+  std::vector<MPI_Status> sweep_status_;
   std::unordered_set<int64_t> cancelled_;  // ops MPI_Cancel was called on (at most once each)
   std::unordered_map<int64_t, Reclaim> reclaims_;  // by op id (the same numbering as ops_)
   // Scratch of reclaims abandoned while taking a message: MPI may still write there.

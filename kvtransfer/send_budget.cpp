@@ -53,8 +53,16 @@ Result<TransferOp> SendBudgetTransport::track_recv(int peer, Result<TransferOp> 
 Result<TransferOp> SendBudgetTransport::enqueue(Op op) {
   const int64_t id = next_id_++;
   const int peer = op.peer;
+  Peer& p = peers_[peer];
+  // Under a tag a decode waits on, a later send waits with the earlier ones.
+  for (int64_t w : p.waiting)
+    if (auto it = ops_.find(w); it != ops_.end() && it->second.tag == op.tag &&
+                                it->second.urgency == SendUrgency::kDecodeWaiting) {
+      op.urgency = SendUrgency::kDecodeWaiting;
+      break;
+    }
   ops_.emplace(id, std::move(op));
-  peers_[peer].waiting.push_back(id);
+  p.waiting.push_back(id);
   pump(peer);
   // A send that could be posted at once and was refused fails as before: at once.
   Op& o = ops_.at(id);
@@ -71,12 +79,22 @@ void SendBudgetTransport::pump(int peer) {
   if (pit == peers_.end()) return;
   Peer& p = pit->second;
   while (!p.waiting.empty() && p.charged < budget_.per_peer_bytes) {
-    const int64_t id = p.waiting.front();
-    p.waiting.pop_front();
-    auto it = ops_.find(id);
-    if (it == ops_.end()) continue;  // abandoned while waiting
-    Op& op = it->second;
-    if (op.ended) continue;          // cancelled while waiting
+    // Abandoned or cancelled while waiting: never posted.
+    std::erase_if(p.waiting, [&](int64_t id) {
+      auto it = ops_.find(id);
+      return it == ops_.end() || it->second.ended;
+    });
+    if (p.waiting.empty()) return;
+    order_.clear();
+    for (int64_t id : p.waiting) {
+      const Op& o = ops_.at(id);
+      order_.push_back({o.urgency, o.bypassed});
+    }
+    const size_t pick = next_send(order_, budget_.order);
+    const int64_t id = p.waiting[pick];
+    p.waiting.erase(p.waiting.begin() + static_cast<std::ptrdiff_t>(pick));
+    Op& op = ops_.at(id);
+    for (size_t i = 0; i < pick; ++i) ops_.at(p.waiting[i]).bypassed += static_cast<int64_t>(op.bytes);
     Result<TransferOp> posted = op.is_bytes ? inner_->post_send_bytes(peer, op.tag, op.data, op.bytes)
                                     : inner_->post_send(peer, op.tag, op.region);
     if (!posted.is_ok()) {
@@ -88,6 +106,17 @@ void SendBudgetTransport::pump(int peer) {
     p.charged += op.charge;
     op.region = KvRegion{};  // the inner transport holds what it needs
   }
+}
+
+void SendBudgetTransport::expedite(TransferOp handle) {
+  auto it = ops_.find(handle.value);
+  if (it == ops_.end() || !it->second.is_send) return;
+  const int peer = it->second.peer, tag = it->second.tag;
+  it->second.urgency = SendUrgency::kDecodeWaiting;
+  auto pit = peers_.find(peer);
+  if (pit == peers_.end()) return;
+  for (int64_t w : pit->second.waiting)
+    if (auto o = ops_.find(w); o != ops_.end() && o->second.tag == tag) o->second.urgency = SendUrgency::kDecodeWaiting;
 }
 
 void SendBudgetTransport::refund(Op& op) {

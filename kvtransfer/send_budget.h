@@ -6,8 +6,13 @@
 // Measured: 24 stuck 1 MiB sends to one stopped rank stalled every other
 // transfer. So each send is charged what a stuck one would hold, min(bytes,
 // charge_cap), against its peer while it is in flight; a send that would pass
-// the peer's budget waits here, in posting order per peer (so sends under one
-// tag keep their order), and is posted when earlier ones end.
+// the peer's budget waits here (sends under one tag in their order) and is
+// posted when earlier ones end.
+//
+// Which waiting send goes next is the transfer scheduling policy
+// (send_order.h): sends a decode waits on (expedite(): a handoff whose token 1
+// is out) before segments of prompts still computing, none overtaken past a
+// bound. A send never waits while its peer has room.
 //
 // It sits in the rank's communication side (kvtransfer/comm_side.h), whose
 // thread tests every operation each round: a send that ends refunds its charge
@@ -28,7 +33,9 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
+#include "kvtransfer/send_order.h"
 #include "kvtransfer/transport.h"
 
 namespace pd {
@@ -36,6 +43,7 @@ namespace pd {
 struct SendBudget {
   int64_t per_peer_bytes = 1 << 20;  // in-flight charge per peer (leaves most of a 4 MiB segment to the others)
   int64_t charge_cap = 128 << 10;    // a send is charged at most this
+  SendOrderPolicy order;             // which waiting send goes next
 };
 
 class SendBudgetTransport final : public Transport {
@@ -53,6 +61,9 @@ class SendBudgetTransport final : public Transport {
   // Like a receive: straight through.
   Result<TransferOp> post_reclaim(int peer, int tag) override;
   size_t pending() const override { return ops_.size(); }
+  // Marks the send's waiting peers under its tag kDecodeWaiting (send_order.h);
+  // sends posted later under that tag, while any of them waits, join them.
+  void expedite(TransferOp op) override;
   std::vector<KvPath> paths() const override { return inner_->paths(); }
   Status select_path(int peer, const KvPathChoice& choice) override { return inner_->select_path(peer, choice); }
   void forget_peer(int peer) override;
@@ -70,6 +81,8 @@ class SendBudgetTransport final : public Transport {
     bool is_bytes = false;            // a byte buffer (post_send_bytes), else a region
     std::optional<TransferOp> inner;  // posted (else waiting, or ended before posting)
     int64_t charge = 0;               // charged while posted
+    SendUrgency urgency = SendUrgency::kBehindCompute;
+    int64_t bypassed = 0;             // bytes of later sends posted while it waited
     // A waiting send's arguments.
     int tag = 0;
     KvRegion region;
@@ -80,7 +93,7 @@ class SendBudgetTransport final : public Transport {
   };
   struct Peer {
     int64_t charged = 0;
-    std::deque<int64_t> waiting;  // op ids in posting order
+    std::deque<int64_t> waiting;  // op ids in posting order (ended ones are dropped by pump())
   };
   Result<TransferOp> enqueue(Op op);
   // A receive the inner transport posted (or refused): passes straight through.
@@ -92,6 +105,7 @@ class SendBudgetTransport final : public Transport {
   int64_t next_id_ = 1;
   std::unordered_map<int64_t, Op> ops_;
   std::unordered_map<int, Peer> peers_;
+  std::vector<WaitingSend> order_;  // pump()'s view of a peer's waiting sends (kept: no allocation)
 };
 
 }  // namespace pd

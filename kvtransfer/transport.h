@@ -64,6 +64,11 @@ class Transport {
   // apart from the trailer's tag).
   virtual Result<TransferOp> post_reclaim(int peer, int tag) = 0;
   virtual size_t pending() const = 0;
+  // A decode waits on send `op` now (its handoff's token 1 is out): it, and
+  // every send still waiting under its peer and tag, go ahead of sends that
+  // nothing waits on yet (kvtransfer/send_order.h). Only a transport that
+  // queues sends acts on it (send_budget.h); the rest post at once.
+  virtual void expedite(TransferOp op) { (void)op; }
 
   // The paths this transport can carry (KvPaths: every path it holds).
   virtual std::vector<KvPath> paths() const { return {KvPath::kMpi}; }

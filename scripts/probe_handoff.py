@@ -13,6 +13,13 @@ lone: one streaming request with a prompt of about --tokens tokens, alone on the
   transfer time.
 burst: one long prompt, then --short short prompts --delay seconds later: each
   short one's TTFT (what a long pass does to the prompts behind it).
+mixed: --running streams decoding, then one long prompt, then --short short
+  prompts --delay seconds later (what a long prompt's prefill and KV do to the
+  requests around it). Reports each short prompt's TTFT and token 1 -> token 2
+  gap, the running streams' worst gap while the long prompt and the short ones
+  are served, the decode step (the running streams' median gap meanwhile, and
+  before the long prompt came), the long prompt's TTFT, and the cluster's
+  per-request transfer-wait and decode-wait figures from /metrics.
 
 Standard library only; prints one JSON object per rep and a summary.
 """
@@ -45,9 +52,10 @@ def count_tokens(base, text):
         return len(json.load(r)["tokens"])
 
 
-def stream(base, prompt, max_tokens):
-    """Token arrival times (seconds from the request's start) of a greedy streaming completion."""
-    t0 = time.monotonic()
+def stream(base, prompt, max_tokens, t0=None, stop=None):
+    """Token arrival times (seconds from t0, default the request's start) of a greedy streaming
+    completion; it hangs up (cancelling the request) once `stop` is set."""
+    t0 = time.monotonic() if t0 is None else t0
     times = []
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
     with post(base + "/v1/completions", body) as r:
@@ -58,17 +66,23 @@ def stream(base, prompt, max_tokens):
             chunk = json.loads(line[5:])
             if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                 times.append(time.monotonic() - t0)
+            if stop is not None and stop.is_set():
+                break
     return times
 
 
-def metrics(base):
+WAIT_METRICS = ("pd_request_transfer_wait_seconds", "pd_request_decode_wait_seconds")
+
+
+def metrics(base, names=("pd_kv_transfer_hidden_ratio", "pd_kv_transfer_seconds")):
+    """{name: (sum, count)} of histograms in /metrics (labels summed)."""
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
         text = r.read().decode()
     out = {}
-    for name in ("pd_kv_transfer_hidden_ratio", "pd_kv_transfer_seconds"):
-        s = re.search(rf"^{name}_sum(?:{{}})? ([0-9.eE+-]+)$", text, re.M)
-        c = re.search(rf"^{name}_count(?:{{}})? ([0-9.eE+-]+)$", text, re.M)
-        out[name] = (float(s.group(1)) if s else 0.0, float(c.group(1)) if c else 0.0)
+    for name in names:
+        sums = [float(v) for v in re.findall(rf"^{name}_sum(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)]
+        counts = [float(v) for v in re.findall(rf"^{name}_count(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)]
+        out[name] = (sum(sums), sum(counts))
     return out
 
 
@@ -124,18 +138,94 @@ def burst(args):
                           "short_ttft_s": [round(x, 3) for x in shorts]}), flush=True)
 
 
+def mixed(args):
+    rows = []
+    for rep in range(args.reps):
+        before = metrics(args.url, WAIT_METRICS)
+        stop = threading.Event()
+        results = {}
+        t0 = time.monotonic()
+
+        def run(key, text, max_tokens, hang_up):
+            results[key] = stream(args.url, text, max_tokens, t0, stop if hang_up else None)
+
+        threads = []
+        for i in range(args.running):
+            t = threading.Thread(target=run, args=(f"run{i}", prompt_of(32, 500 * rep + i + args.seed), 4000, True))
+            t.start()
+            threads.append(t)
+        time.sleep(args.warmup)
+        long_at = time.monotonic() - t0
+        t = threading.Thread(target=run, args=("long", prompt_of(args.words, 100 + rep + args.seed), 4, False))
+        t.start()
+        threads.append(t)
+        time.sleep(args.delay)
+        shorts = []
+        for i in range(args.short):
+            t = threading.Thread(target=run, args=(f"short{i}", prompt_of(48, 1000 * rep + i + args.seed),
+                                                   args.max_tokens, False))
+            t.start()
+            shorts.append(t)
+        for t in shorts + [threads[-1]]:
+            t.join()
+        end_at = time.monotonic() - t0
+        stop.set()
+        for t in threads:
+            t.join()
+        time.sleep(0.5)  # the last requests' figures reach the router
+        after = metrics(args.url, WAIT_METRICS)
+
+        def gaps(ts):
+            return [b - a for a, b in zip(ts, ts[1:])]
+
+        # A decode step: the running streams' median gap while the long prompt and the
+        # short ones are served (the conditions the short prompts' gaps are measured in).
+        step = statistics.median(
+            g for i in range(args.running) for a, g in zip(results[f"run{i}"], gaps(results[f"run{i}"]))
+            if long_at < a < end_at)
+        idle_step = statistics.median(
+            g for i in range(args.running) for a, g in zip(results[f"run{i}"], gaps(results[f"run{i}"])) if a < long_at)
+        running_worst = max(
+            (b - a for i in range(args.running) for a, b in zip(results[f"run{i}"], results[f"run{i}"][1:])
+             if b > long_at and a < end_at), default=0.0)
+        short_start = long_at + args.delay
+        row = {
+            "decode_step_s": round(step, 4),
+            "decode_step_alone_s": round(idle_step, 4),
+            "long_ttft_s": round(results["long"][0] - long_at, 3),
+            "short_ttft_s": [round(results[f"short{i}"][0] - short_start, 3) for i in range(args.short)],
+            "short_gap_1_2_s": [round(gaps(results[f"short{i}"])[0], 4) for i in range(args.short)],
+            "short_worst_gap_s": round(max(max(gaps(results[f"short{i}"])) for i in range(args.short)), 4),
+            "running_worst_gap_s": round(running_worst, 3),
+        }
+        row["short_gap_1_2_over_step"] = round(max(row["short_gap_1_2_s"]) / step, 2)
+        for name in WAIT_METRICS:
+            n = after[name][1] - before[name][1]
+            row[name.replace("pd_request_", "mean_")] = round((after[name][0] - before[name][0]) / n, 4) if n else None
+        print(json.dumps({"probe": "mixed", "rep": rep, **row}), flush=True)
+        rows.append(row)
+    print(json.dumps({"probe": "mixed", "summary": {
+        "short_ttft_max_s": max(max(r["short_ttft_s"]) for r in rows),
+        "short_gap_1_2_max_s": max(max(r["short_gap_1_2_s"]) for r in rows),
+        "short_gap_1_2_max_over_step": max(r["short_gap_1_2_over_step"] for r in rows),
+        "running_worst_gap_max_s": max(r["running_worst_gap_s"] for r in rows),
+        "long_ttft_median_s": statistics.median(r["long_ttft_s"] for r in rows)}}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
-    ap.add_argument("--probe", choices=["lone", "burst"], default="lone")
+    ap.add_argument("--probe", choices=["lone", "burst", "mixed"], default="lone")
     ap.add_argument("--words", type=int, default=1000, help="prompt length in words (~2 tokens each here)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--short", type=int, default=4, help="burst: short prompts after the long one")
     ap.add_argument("--delay", type=float, default=1.0, help="burst: seconds between the long and the short prompts")
+    ap.add_argument("--running", type=int, default=3, help="mixed: streams decoding before the long prompt comes")
+    ap.add_argument("--warmup", type=float, default=2.0, help="mixed: seconds the running streams decode alone")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    (lone if args.probe == "lone" else burst)(args)
+    {"lone": lone, "burst": burst, "mixed": mixed}[args.probe](args)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ class RouterQueue {
     }
   }
   std::deque<Item>& shorts() { return shorts_; }
+  const std::deque<Item>& shorts() const { return shorts_; }
   std::deque<Item>& longs() { return longs_; }
 
  private:
@@ -174,6 +175,9 @@ class Simulator {
   // leave the router queue.
   template <typename Admit>
   void take_from_router(ChunkPlanner& pl, Admit admit);
+  // The engine's rule leaves short prompts their room beside a long chunk:
+  // what the started shorts and the router's short queue need (up to the budget).
+  void set_short_demand(ChunkPlanner& pl, const std::vector<int32_t>& active, double budget) const;
   void add_chunk(std::vector<int32_t>* batch, PrefillPass* pass, int32_t j, int64_t tokens);
   // Offers a rank's partly computed prompts to `pl` in order; false once the pass is full.
   bool offer_started(ChunkPlanner& pl, const std::vector<int32_t>& active, std::vector<int32_t>* batch,
@@ -254,6 +258,19 @@ void Simulator::router_push(int32_t j, bool front) {
   router_.push(j, is_short(reqs_[j].prefill_tokens), front);
 }
 
+void Simulator::set_short_demand(ChunkPlanner& pl, const std::vector<int32_t>& active, double budget) const {
+  double cost = 0;
+  for (int32_t j : active) {
+    const int64_t rem = reqs_[j].prefill_tokens - reqs_[j].computed;
+    if (rem > 0 && !pl.is_long(rem, reqs_[j].computed)) cost += pl.cost_of(rem, reqs_[j].computed);
+  }
+  for (const RouterQueue::Item& it : router_.shorts()) {
+    if (cost >= budget) break;
+    cost += pl.cost_of(reqs_[it.idx].prefill_tokens, 0);
+  }
+  pl.set_short_demand(cost);
+}
+
 template <typename Admit>
 void Simulator::take_from_router(ChunkPlanner& pl, Admit admit) {
   std::deque<RouterQueue::Item>& shorts = router_.shorts();
@@ -332,6 +349,7 @@ void Simulator::try_start_prefill(int rank) {
   PrefillRank& p = prefill_[rank];
   if (p.busy || (p.active.empty() && router_.empty())) return;
   ChunkPlanner pl(prefill_rule_);
+  set_short_demand(pl, p.active, static_cast<double>(prefill_rule_.budget));
   PrefillPass pass;
   // Prompts this rank has started first (they came out of the router earlier).
   if (offer_started(pl, p.active, &p.batch, &pass)) {
@@ -609,8 +627,9 @@ void Simulator::coloc_step(int d) {
   const bool preempted = make_room(d);
   const int64_t running = static_cast<int64_t>(dr.running.size());
   // The engine's colocated step: decode.max_running prompts at most.
-  ChunkPlanner pl(ChunkPolicy{colocated_prompt_budget(c_.step_tokens, running), c_.chunk_tokens,
-                              c_.max_decode_batch, c_.context_cost_tokens});
+  const int64_t budget = colocated_prompt_budget(c_.step_tokens, running);
+  ChunkPlanner pl(ChunkPolicy{budget, c_.chunk_tokens, c_.max_decode_batch, c_.context_cost_tokens});
+  set_short_demand(pl, dr.active, static_cast<double>(budget));
   PrefillPass pass;
   if (offer_started(pl, dr.active, &dr.batch, &pass)) {
     take_from_router(pl, [&](int32_t j, int64_t g) {

@@ -8,16 +8,19 @@
 namespace pd {
 namespace {
 thread_local bool t_compute = false;
+thread_local unsigned long t_calls = 0;
 }  // namespace
 
 void mark_compute_thread(bool on) { t_compute = on; }
 bool is_compute_thread() { return t_compute; }
+unsigned long mpi_calls_on_this_thread() { return t_calls; }
 
 #ifdef PD_MPI_THREAD_CHECK
 bool mpi_thread_check_compiled() { return true; }
 
 namespace {
 void check(const char* call) {
+  ++t_calls;
   if (!t_compute) return;
   std::fprintf(stderr,
                "pdcluster: %s called from a compute thread; only the rank's communication side may call MPI "
@@ -66,6 +69,10 @@ int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status* st) {
 int MPI_Test(MPI_Request* req, int* flag, MPI_Status* st) {
   PD_CHECKED(MPI_Test);
   return PMPI_Test(req, flag, st);
+}
+int MPI_Testsome(int count, MPI_Request reqs[], int* outcount, int indices[], MPI_Status statuses[]) {
+  PD_CHECKED(MPI_Testsome);
+  return PMPI_Testsome(count, reqs, outcount, indices, statuses);
 }
 int MPI_Wait(MPI_Request* req, MPI_Status* st) {
   PD_CHECKED(MPI_Wait);

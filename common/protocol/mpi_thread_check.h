@@ -30,4 +30,10 @@ class ComputeThreadScope {
 // Whether the MPI functions are interposed in this build.
 bool mpi_thread_check_compiled();
 
+// MPI calls the calling thread has made through the interposed functions
+// (always 0 when they are not compiled in): tests count what a code path
+// costs in library calls — each test or probe of a request that has not
+// ended runs MPI's progress engine, which may yield the core.
+unsigned long mpi_calls_on_this_thread();
+
 }  // namespace pd

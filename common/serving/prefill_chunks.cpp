@@ -28,6 +28,10 @@ int64_t tokens_within(int64_t p, int64_t r, double allowance, int64_t k) {
 
 ChunkPlanner::ChunkPlanner(const ChunkPolicy& policy) : p_(policy), left_(static_cast<double>(policy.budget)) {}
 
+double ChunkPlanner::cost_of(int64_t remaining, int64_t position) const {
+  return chunk_cost(position, remaining, p_.context_cost_tokens);
+}
+
 bool ChunkPlanner::is_long(int64_t remaining, int64_t position) const {
   return p_.chunk_tokens > 0 &&
          chunk_cost(position, remaining, p_.context_cost_tokens) > static_cast<double>(p_.chunk_tokens);
@@ -41,21 +45,29 @@ int64_t ChunkPlanner::grant(int64_t remaining, int64_t position) const {
   }
   if (left_ <= 0) return -1;
   if (remaining <= 0 || (long_taken_ && is_long(remaining, position))) return 0;
-  const double allowance = std::min(static_cast<double>(p_.chunk_tokens), left_);
+  double allowance = std::min(static_cast<double>(p_.chunk_tokens), left_);
+  if (is_long(remaining, position)) allowance = std::min(allowance, left_ - short_demand_);  // the shorts' room
   int64_t n = tokens_within(position, remaining, allowance, p_.context_cost_tokens);
   if (prompts_ == 0) n = std::max(n, std::min(remaining, kMinChunkTokens));  // the first always advances
   return n;
 }
 
 void ChunkPlanner::take(int64_t remaining, int64_t position, int64_t tokens) {
-  left_ -= p_.chunk_tokens <= 0 ? static_cast<double>(tokens) : chunk_cost(position, tokens, p_.context_cost_tokens);
+  const double cost =
+      p_.chunk_tokens <= 0 ? static_cast<double>(tokens) : chunk_cost(position, tokens, p_.context_cost_tokens);
+  left_ -= cost;
   ++prompts_;
-  long_taken_ |= is_long(remaining, position);
+  if (is_long(remaining, position)) long_taken_ = true;
+  else short_demand_ = std::max(0.0, short_demand_ - cost_of(remaining, position));
 }
 
 std::vector<PrefillChunk> plan_prefill_chunks(std::span<const PrefillCandidate> candidates, const ChunkPolicy& p) {
   std::vector<PrefillChunk> pass;
   ChunkPlanner planner(p);
+  double shorts = 0;
+  for (const PrefillCandidate& c : candidates)
+    if (c.remaining > 0 && !planner.is_long(c.remaining, c.position)) shorts += planner.cost_of(c.remaining, c.position);
+  planner.set_short_demand(shorts);
   for (const PrefillCandidate& c : candidates) {
     const int64_t n = planner.grant(c.remaining, c.position);
     if (n < 0) break;

@@ -12,21 +12,28 @@
 // The rule (chunk_tokens C > 0), over the candidates in arrival order (a
 // prompt already partly computed keeps its arrival place):
 //  - A candidate whose r tokens left cost more than C is long; the earliest
-//    long candidate gets the most tokens costing min(C, budget left) (at
-//    least kMinChunkTokens when it is first in the pass). Further long candidates wait this
+//    long candidate gets the most tokens costing min(C, budget left less what
+//    the short candidates still to come need) (at least kMinChunkTokens when
+//    it is first in the pass). Further long candidates wait this
 //    pass — at most one long prompt advances per pass, so the shorter prompts
 //    behind it are not held up by a second long one (vLLM's
 //    max_long_partial_prefills = 1) and long prompts finish in arrival order
 //    rather than sharing the rank.
 //  - A short candidate (its r tokens cost <= C) gets them all when they fit
 //    the budget left, else the tokens that do (it finishes in a later pass).
+//    The long chunk leaves the shorts their room: a short prompt that arrives
+//    while a long one is being chunked joins the next pass even when the
+//    budget is about one chunk (a colocated step: decode.step_tokens), and
+//    the long prompt's chunk is smaller by the shorts' tokens that pass.
 //  - The pass ends when the budget is used up or max_prompts are in it.
 // Starvation: the earliest candidate always gets at least min(r, kMinChunkTokens) tokens,
 // so every prompt advances at least once for each pass run while it is the
 // earliest; a prompt waits only for prompts that arrived before it and, when
 // it is long, for the shorts that overtake it (each of which ends within a
 // pass or two of arriving). A short prompt behind a long one waits at most one
-// pass, which holds at most C of the long prompt's tokens.
+// pass, which holds at most C of the long prompt's tokens; with the shorts'
+// room left beside the long chunk, it waits for none (the pass it arrives in
+// being the one running).
 //
 // chunk_tokens = 0 turns chunking off: whole prompts in arrival order while
 // they fit the budget, one prompt alone when it exceeds it, no overtaking.
@@ -67,6 +74,12 @@ struct PrefillChunk {
 class ChunkPlanner {
  public:
   explicit ChunkPlanner(const ChunkPolicy& policy);
+  // What the short candidates of this pass need in all (their costs, in the
+  // rule's units): a long candidate's chunk leaves that much of the budget
+  // (less what shorts took before it) to them. Call before the first offer.
+  void set_short_demand(double cost) { short_demand_ = cost; }
+  // The cost of what a candidate would need to finish (its `remaining` tokens from `position`).
+  double cost_of(int64_t remaining, int64_t position) const;
   // Tokens a candidate with `remaining` (> 0) tokens from `position` would
   // get if offered now: > 0 that many; 0 it is skipped (a long one after the
   // pass's long one, or none of it fits what is left); -1 the pass is full
@@ -82,6 +95,7 @@ class ChunkPlanner {
  private:
   ChunkPolicy p_;
   double left_;
+  double short_demand_ = 0;  // left for short candidates not yet taken
   int prompts_ = 0;
   bool long_taken_ = false;
 };

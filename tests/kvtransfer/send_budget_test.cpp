@@ -1,13 +1,15 @@
 // SendBudgetTransport (kvtransfer/send_budget.h) over the loopback transport:
 // sends beyond a peer's budget wait in posting order and go out as earlier ones
 // end; other peers are not held up; a waiting send can be cancelled or
-// abandoned without ever being posted; receives pass straight through.
+// abandoned without ever being posted; receives pass straight through; sends a
+// decode waits on (expedite) overtake the others, by tag, within the bound.
 #include <catch2/catch.hpp>
 
 #include <cstring>
 
-#include "kvtransfer/send_budget.h"
+#include "kvtransfer/forwarding_transport.h"
 #include "kvtransfer/loopback_transport.h"
+#include "kvtransfer/send_budget.h"
 
 namespace pd::test {
 namespace {
@@ -141,6 +143,91 @@ TEST_CASE("send budget: receives pass straight through") {
   CHECK(t.charged(kSender) == 0);
   t.cancel(*r2);
   CHECK(*t.test(*r2) == OpState::kCancelled);
+}
+
+// Records the tag of every send posted through it, in order.
+class RecordingTransport final : public ForwardingTransport {
+ public:
+  RecordingTransport(std::unique_ptr<Transport> inner, std::vector<int>* tags)
+      : ForwardingTransport(std::move(inner)), tags_(tags) {}
+  Result<TransferOp> post_send(int peer, int tag, const KvRegion& region) override {
+    tags_->push_back(tag);
+    return ForwardingTransport::post_send(peer, tag, region);
+  }
+  Result<TransferOp> post_send_bytes(int peer, int tag, const void* data, size_t bytes) override {
+    tags_->push_back(tag);
+    return ForwardingTransport::post_send_bytes(peer, tag, data, bytes);
+  }
+
+ private:
+  std::vector<int>* tags_;
+};
+
+// Tests every send until all ended; each that ends lets the next out.
+void drain(SendBudgetTransport& t, std::vector<TransferOp> sends) {
+  for (int round = 0; round < 100 && !sends.empty(); ++round)
+    std::erase_if(sends, [&](TransferOp op) {
+      auto r = t.test(op);
+      REQUIRE(r.is_ok());
+      return *r != OpState::kPending;
+    });
+  CHECK(sends.empty());
+}
+
+TEST_CASE("send budget: a handoff a decode waits on goes ahead of a prompt still computing, its sends in order") {
+  LoopbackNetwork net;
+  std::vector<int> posted;
+  SendBudgetTransport t(std::make_unique<RecordingTransport>(net.endpoint(kSender), &posted), SendBudget{1024, 1024});
+  auto a = net.endpoint(kPeerA);
+  constexpr int kLong = 10, kShort = 20;  // a long prompt's segments; a short one's rest and trailer
+  std::vector<std::vector<uint8_t>> out, in;
+  for (int i = 0; i < 6; ++i) {
+    out.emplace_back(1024, static_cast<uint8_t>(i + 1));
+    in.emplace_back(1024, 0);
+  }
+  std::vector<TransferOp> sends;
+  auto send = [&](int tag, int i) {
+    auto s = t.post_send(kPeerA, tag, region_of(out[i]));
+    REQUIRE(s.is_ok());
+    sends.push_back(*s);
+    return *s;
+  };
+  send(kLong, 0);   // in flight at once: the budget holds one
+  send(kLong, 1);   // waiting, nothing waits on them yet
+  send(kLong, 2);
+  send(kShort, 3);  // the short prompt's last segment ...
+  const TransferOp trailer = send(kShort, 4);
+  t.expedite(trailer);  // ... its token 1 is out: its decode waits on these
+  send(kShort, 5);      // a later send under its tag joins them
+  CHECK(t.waiting(kPeerA) == 5);
+  // The receiver posts per tag, in each tag's order.
+  std::vector<TransferOp> recvs;
+  for (int i : {0, 1, 2}) recvs.push_back(*a->post_recv(kSender, kLong, region_of(in[i])));
+  for (int i : {3, 4, 5}) recvs.push_back(*a->post_recv(kSender, kShort, region_of(in[i])));
+  drain(t, sends);
+  CHECK(posted == std::vector<int>{kLong, kShort, kShort, kShort, kLong, kLong});
+  for (int i = 0; i < 6; ++i) CHECK(in[i] == out[i]);  // each tag's sends met its receives in order
+}
+
+TEST_CASE("send budget: a send overtaken past the bound goes next") {
+  LoopbackNetwork net;
+  std::vector<int> posted;
+  SendBudget budget{1024, 1024};
+  budget.order.max_bypass_bytes = 2048;
+  SendBudgetTransport t(std::make_unique<RecordingTransport>(net.endpoint(kSender), &posted), budget);
+  auto a = net.endpoint(kPeerA);
+  std::vector<std::vector<uint8_t>> out(8, std::vector<uint8_t>(1024, 7)), in(8, std::vector<uint8_t>(1024, 0));
+  std::vector<TransferOp> sends;
+  sends.push_back(*t.post_send(kPeerA, 1, region_of(out[0])));  // in flight
+  sends.push_back(*t.post_send(kPeerA, 2, region_of(out[1])));  // nothing waits on it
+  for (int i = 2; i < 8; ++i) {  // one handoff after another whose decode waits
+    sends.push_back(*t.post_send(kPeerA, 10 + i, region_of(out[i])));
+    t.expedite(sends.back());
+  }
+  for (int i = 0; i < 8; ++i) (void)*a->post_recv(kSender, i == 0 ? 1 : i == 1 ? 2 : 10 + i, region_of(in[i]));
+  drain(t, sends);
+  // Three 1 KiB sends overtook tag 2 (3 KiB > 2 KiB); then it went.
+  CHECK(posted == std::vector<int>{1, 12, 13, 14, 2, 15, 16, 17});
 }
 
 }  // namespace

@@ -8,7 +8,10 @@
 // hindexed regions on the other rank, in both directions, byte-exact. And a
 // tag reclaimed: what rank 0 left under it (a region, a message large enough
 // for rendezvous, a small one) is taken up to its seal, and rank 1's next
-// receive under the tag gets what rank 0 sent after the seal.
+// receive under the tag gets what rank 0 sent after the seal. Last, many
+// receives in flight: one progress() tests them all (one MPI_Testsome), and
+// the test() of each then costs no MPI call — each MPI test of a request in
+// flight runs MPI's progress engine, which on a busy node yields the core.
 #include <mpi.h>
 
 #include <chrono>
@@ -21,6 +24,7 @@
 #include "mpi/mpi_test_support.h"
 #include "kvtransfer/mpi_transport.h"
 #include "kvtransfer/staged_transport.h"
+#include "protocol/mpi_thread_check.h"
 
 namespace {
 
@@ -195,6 +199,63 @@ int main(int argc, char** argv) {
         EXPECT(wait(t, *idle) == pd::OpState::kCancelled, "a cancelled reclaim did not report kCancelled");
       }
       EXPECT(t.pending() == 0, "%zu operations still pending after the reclaims", t.pending());
+    }
+  }
+  {
+    // Many receives in flight (a long prompt's segments); rank 0 sends only
+    // after rank 1 has counted what testing them costs.
+    constexpr int kMany = 64, kTag = 5000;
+    std::vector<std::vector<uint8_t>> bufs(kMany, std::vector<uint8_t>(256, 0));
+    if (rank == 1) {
+      std::vector<pd::TransferOp> ops;
+      for (int i = 0; i < kMany; ++i) {
+        auto op = t.post_recv_bytes(0, kTag + i, bufs[i].data(), bufs[i].size());
+        EXPECT(op.is_ok(), "post_recv_bytes %d", i);
+        if (op.is_ok()) ops.push_back(*op);
+      }
+      t.progress();
+      const unsigned long before = pd::mpi_calls_on_this_thread();
+      int pending = 0;
+      for (pd::TransferOp o : ops) {
+        auto r = t.test(o);
+        pending += r.is_ok() && *r == pd::OpState::kPending;
+      }
+      const unsigned long swept = pd::mpi_calls_on_this_thread() - before;
+      EXPECT(pending == kMany, "%d of %d receives nobody sent to were pending", pending, kMany);
+      if (pd::mpi_thread_check_compiled())
+        EXPECT(swept == 0, "testing %d receives after progress() made %lu MPI calls (want 0: one sweep)", kMany, swept);
+      // Without a sweep since, test() asks MPI itself (a caller that never calls progress()).
+      const unsigned long again = pd::mpi_calls_on_this_thread();
+      for (pd::TransferOp o : ops) (void)t.test(o);
+      if (pd::mpi_thread_check_compiled())
+        EXPECT(pd::mpi_calls_on_this_thread() - again >= kMany, "test() without a sweep did not test");
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      std::vector<bool> done(ops.size(), false);
+      size_t n_done = 0;
+      while (n_done < ops.size() && std::chrono::steady_clock::now() < end) {
+        t.progress();
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (done[i]) continue;
+          auto r = t.test(ops[i]);
+          EXPECT(r.is_ok(), "test of receive %zu failed", i);
+          if (!r.is_ok() || *r != pd::OpState::kPending) done[i] = true, ++n_done;
+        }
+      }
+      EXPECT(n_done == ops.size(), "%zu of %zu receives completed", n_done, ops.size());
+      for (int i = 0; i < kMany; ++i)
+        EXPECT(bufs[i] == std::vector<uint8_t>(256, static_cast<uint8_t>(i + 1)), "receive %d got other bytes", i);
+      EXPECT(t.pending() == 0, "%zu operations pending after the swept receives", t.pending());
+    } else {
+      MPI_Barrier(MPI_COMM_WORLD);
+      std::vector<pd::TransferOp> ops;
+      for (int i = 0; i < kMany; ++i) {
+        bufs[i].assign(256, static_cast<uint8_t>(i + 1));
+        auto op = t.post_send_bytes(1, kTag + i, bufs[i].data(), bufs[i].size());
+        EXPECT(op.is_ok(), "post_send_bytes %d", i);
+        if (op.is_ok()) ops.push_back(*op);
+      }
+      for (pd::TransferOp o : ops) EXPECT(wait(t, o) == pd::OpState::kDone, "a send to a swept receive");
     }
   }
   int mine = failures, total = 0;
