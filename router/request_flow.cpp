@@ -83,8 +83,14 @@ void Router::on_tokens(int source, const proto::TokenEvents& m) {
 
 bool Router::on_token(Request& r, int32_t index, const PendingToken& t) {
   const auto now = env_->now();
-  if (index == 0) metrics_.ttft.observe(seconds(now - r.arrived));
-  else metrics_.itl.observe(seconds(now - r.last_token_at));
+  if (index == 0) {
+    metrics_.ttft.observe(seconds(now - r.arrived));
+  } else {
+    const double gap = seconds(now - r.last_token_at);
+    metrics_.itl.observe(gap);
+    if (index == 1) metrics_.first_itl.observe(gap);
+    r.max_gap_s = std::max(r.max_gap_s, gap);
+  }
   r.last_token_at = now;
   if (r.state == RequestState::kDispatched) set_state(r, RequestState::kStreaming);  // also a migrated attempt's first
   if (index == 0 && r.api.echo) r.out->deliver_echo(r.prompt, *r.response, model_.name);
@@ -212,6 +218,7 @@ void Router::finalize(uint64_t wire_id, End how, const std::string& finish_reaso
   switch (how) {
     case End::kFinished: {
       metrics_.requests_total.inc({"finished"});
+      if (r.n_generated() >= 2) metrics_.max_itl.observe(r.max_gap_s);
       warm_prefill(r);
       if (resp.ended) break;
       const Usage usage{r.counts_prompt ? static_cast<int64_t>(r.prompt.size()) : 0, r.n_generated(),

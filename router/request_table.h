@@ -69,6 +69,7 @@ struct Request {  // one choice of an answer
   int64_t hashed_tokens = -1;
   int64_t cached_tokens = 0;  // usage: prompt tokens the computing rank had cached
   Clock::time_point arrived, dispatched_at, last_token_at;
+  double max_gap_s = 0;  // the largest gap between two of its tokens at the router
   Clock::time_point queued_at;  // arrived, or went back to the queue (a re-run or migration)
 };
 

@@ -16,6 +16,11 @@ RouterMetrics::RouterMetrics(Registry& registry, const std::string& kv_dtype, in
       requests_total(registry.counter("pd_requests_total", "Requests by final outcome", {"outcome"})),
       ttft(registry.histogram("pd_time_to_first_token_seconds", "Arrival at the router to the first token")),
       itl(registry.histogram("pd_inter_token_seconds", "Time between consecutive tokens of a request")),
+      first_itl(registry.histogram("pd_first_inter_token_seconds",
+                                   "Token 1 to token 2 of a request: where the KV handoff shows (token 1 comes from "
+                                   "the prefill rank, token 2 from the decode rank once the KV has landed and a step ran)")),
+      max_itl(registry.histogram("pd_request_max_inter_token_seconds",
+                                 "Per finished request of 2 or more tokens: its largest gap between consecutive tokens")),
       e2e(registry.histogram("pd_e2e_request_seconds", "Arrival to the final answer")),
       stage(registry.histogram("pd_stage_seconds",
                                 "Time in each stage: router_queue, prefill_queue, prefill, transfer, decode_queue",

@@ -32,6 +32,8 @@ struct RouterMetrics {
   Counter& requests_total;
   Histogram& ttft;
   Histogram& itl;
+  Histogram& first_itl;  // token 1 -> token 2 (where a handoff shows)
+  Histogram& max_itl;    // per finished request: its largest gap
   Histogram& e2e;
   Histogram& stage;
   Histogram& transfer_seconds;

@@ -71,7 +71,12 @@ def stream(base, prompt, max_tokens, t0=None, stop=None):
     return times
 
 
-WAIT_METRICS = ("pd_request_transfer_wait_seconds", "pd_request_decode_wait_seconds")
+# Per-request figures the cluster keeps (docs/METRICS.md): (metric, label filter) -> a name here.
+WAIT_METRICS = {
+    "transfer_wait": ("pd_stage_seconds", 'stage="transfer"'),        # token 1 out -> its KV's last byte sent
+    "decode_wait": ("pd_stage_seconds", 'stage="decode_queue"'),      # KV complete -> its first decode step
+    "first_itl": ("pd_first_inter_token_seconds", ""),                # token 1 -> token 2 at the router
+}
 
 
 def metrics(base, names=("pd_kv_transfer_hidden_ratio", "pd_kv_transfer_seconds")):
@@ -83,6 +88,19 @@ def metrics(base, names=("pd_kv_transfer_hidden_ratio", "pd_kv_transfer_seconds"
         sums = [float(v) for v in re.findall(rf"^{name}_sum(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)]
         counts = [float(v) for v in re.findall(rf"^{name}_count(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)]
         out[name] = (sum(sums), sum(counts))
+    return out
+
+
+def wait_figures(base):
+    """{short name: (sum, count)} of WAIT_METRICS."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for key, (name, label) in WAIT_METRICS.items():
+        sel = r"\{" + re.escape(label) + r"\}" if label else r"(?:\{\})?"
+        s = re.search(rf"^{name}_sum{sel} ([0-9.eE+-]+)$", text, re.M)
+        c = re.search(rf"^{name}_count{sel} ([0-9.eE+-]+)$", text, re.M)
+        out[key] = (float(s.group(1)) if s else 0.0, float(c.group(1)) if c else 0.0)
     return out
 
 
@@ -141,7 +159,7 @@ def burst(args):
 def mixed(args):
     rows = []
     for rep in range(args.reps):
-        before = metrics(args.url, WAIT_METRICS)
+        before = wait_figures(args.url)
         stop = threading.Event()
         results = {}
         t0 = time.monotonic()
@@ -173,7 +191,7 @@ def mixed(args):
         for t in threads:
             t.join()
         time.sleep(0.5)  # the last requests' figures reach the router
-        after = metrics(args.url, WAIT_METRICS)
+        after = wait_figures(args.url)
 
         def gaps(ts):
             return [b - a for a, b in zip(ts, ts[1:])]
@@ -199,9 +217,9 @@ def mixed(args):
             "running_worst_gap_s": round(running_worst, 3),
         }
         row["short_gap_1_2_over_step"] = round(max(row["short_gap_1_2_s"]) / step, 2)
-        for name in WAIT_METRICS:
-            n = after[name][1] - before[name][1]
-            row[name.replace("pd_request_", "mean_")] = round((after[name][0] - before[name][0]) / n, 4) if n else None
+        for key in WAIT_METRICS:  # means over this rep's requests (None: none observed, e.g. colocated)
+            n = after[key][1] - before[key][1]
+            row["mean_" + key + "_s"] = round((after[key][0] - before[key][0]) / n, 4) if n else None
         print(json.dumps({"probe": "mixed", "rep": rep, **row}), flush=True)
         rows.append(row)
     print(json.dumps({"probe": "mixed", "summary": {
