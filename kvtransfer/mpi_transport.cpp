@@ -46,22 +46,32 @@ void MpiTransport::progress() {
   int count = 0;
   const int rc = MPI_Testsome(static_cast<int>(n), sweep_reqs_.data(), &count, sweep_done_.data(),
                               sweep_status_.data());
-  // Any other error: no answer is known for any of them; test() asks one by one.
+  auto fail = [&](int64_t id) {
+    ended_.emplace(id, Status::io_error("mpi transport: transfer op " + std::to_string(id) + " failed"));
+  };
+  // The ones it reports complete (MPI freed them: their handles in ops_ are
+  // stale): indices[k] names the k-th, and statuses[k] — not statuses[index] — is its status.
+  if (count != MPI_UNDEFINED && count >= 0 && static_cast<size_t>(count) <= n)
+    for (int k = 0; k < count; ++k) {
+      const size_t i = static_cast<size_t>(sweep_done_[static_cast<size_t>(k)]);
+      if (i >= n) continue;
+      MPI_Status& st = sweep_status_[static_cast<size_t>(k)];
+      if (rc == MPI_SUCCESS || (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR == MPI_SUCCESS))
+        ended_.emplace(sweep_ids_[i], ended_state(st));
+      else
+        fail(sweep_ids_[i]);
+    }
+  // Any other request MPI freed (a call that stopped part way): ended, how unknown.
+  for (size_t i = 0; i < n; ++i)
+    if (sweep_reqs_[i] == MPI_REQUEST_NULL && !ended_.count(sweep_ids_[i])) fail(sweep_ids_[i]);
+  for (size_t i = 0; i < n; ++i)
+    if (ended_.count(sweep_ids_[i])) {
+      ops_.erase(sweep_ids_[i]);
+      cancelled_.erase(sweep_ids_[i]);
+    }
+  // An error beyond the requests' own: no answer is known for the rest; test() asks one by one.
   if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) return;
   ++sweep_;
-  if (count == MPI_UNDEFINED) count = 0;  // no active request (all were null)
-  for (int k = 0; k < count; ++k) {
-    const int i = sweep_done_[static_cast<size_t>(k)];
-    const int64_t id = sweep_ids_[static_cast<size_t>(i)];
-    MPI_Status& st = sweep_status_[static_cast<size_t>(i)];
-    // Reported and freed by MPI (the handle in ops_ is stale now).
-    if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS)
-      ended_.emplace(id, Status::io_error("mpi transport: transfer op " + std::to_string(id) + " failed"));
-    else
-      ended_.emplace(id, ended_state(st));
-    ops_.erase(id);
-    cancelled_.erase(id);
-  }
   for (auto& [id, op] : ops_) op.pending_at = sweep_;
 }
 

@@ -16,6 +16,7 @@
 
 #include <mpi.h>
 
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -70,7 +71,7 @@ class MpiTransport final : public Transport {
   Result<OpState> test_reclaim(int64_t id);
   std::shared_ptr<MpiLinks> links_;
   int64_t next_ = 0;
-  std::unordered_map<int64_t, Op> ops_;
+  std::map<int64_t, Op> ops_;  // by id: a sweep tests them in posting order
   // Ended in a sweep, until test() reports it (or abandon() forgets it).
   std::unordered_map<int64_t, Result<OpState>> ended_;
   uint64_t sweep_ = 0;  // sweeps so far

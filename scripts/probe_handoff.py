@@ -2,7 +2,8 @@
 """Probes a running cluster for what the KV handoff costs a user.
 
   deploy/launch.sh --prefill 1 --decode 1 &            # the cluster under test
-  scripts/probe_handoff.py --url http://127.0.0.1:8000 --tokens 2000 --reps 3
+  scripts/probe_handoff.py --url http://127.0.0.1:8000 --words 1000 --reps 3
+  scripts/probe_handoff.py --probe mixed --layouts 1p1d,colocated2 --words 3000 --reps 3   # starts each layout itself
 
 lone: one streaming request with a prompt of about --tokens tokens, alone on the
   cluster, --max-tokens greedy tokens. Reports TTFT, the token 1 -> token 2 gap
@@ -21,16 +22,25 @@ mixed: --running streams decoding, then one long prompt, then --short short
   before the long prompt came), the long prompt's TTFT, and the cluster's
   per-request transfer-wait and decode-wait figures from /metrics.
 
+--layouts starts each named cluster in turn with deploy/launch.sh (--threads
+per rank, on --port), waits for /health, runs the probe, and stops it.
+
 Standard library only; prints one JSON object per rep and a summary.
 """
 import argparse
 import json
+import os
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYOUTS = {"1p1d": ["--prefill", "1", "--decode", "1"], "colocated2": ["--colocated", "2"]}
 
 WORDS = ("river stone lantern quiet harbor maple copper violet meadow thunder silver orchard canyon velvet "
          "ember glacier willow saffron compass falcon prism marble cedar tide beacon juniper lattice quartz "
@@ -230,6 +240,38 @@ def mixed(args):
         "long_ttft_median_s": statistics.median(r["long_ttft_s"] for r in rows)}}), flush=True)
 
 
+def healthy(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return json.load(r).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
+def with_layout(name, args, probe):
+    """Starts layout `name` on --port, runs probe(args) against it, stops it."""
+    cmd = [os.path.join(ROOT, "deploy", "launch.sh"), *LAYOUTS[name], "--threads", str(args.threads),
+           "--port", str(args.port), "--build", args.build]
+    print(json.dumps({"layout": name, "command": " ".join(cmd[1:])}), flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = "http://127.0.0.1:%d" % args.port
+        deadline = time.monotonic() + 300
+        while not healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("probe_handoff.py: layout %s did not come up on port %d" % (name, args.port))
+            time.sleep(1)
+        args.url = url
+        probe(args)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # launch.sh drains the cluster
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -242,8 +284,22 @@ def main():
     ap.add_argument("--running", type=int, default=3, help="mixed: streams decoding before the long prompt comes")
     ap.add_argument("--warmup", type=float, default=2.0, help="mixed: seconds the running streams decode alone")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layouts", default="", help="comma-separated: " + ", ".join(LAYOUTS) +
+                    " (start each in turn; default: probe --url as it is)")
+    ap.add_argument("--threads", type=int, default=1, help="--layouts: threads per rank")
+    ap.add_argument("--port", type=int, default=8123, help="--layouts: the router's port")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"),
+                    help="--layouts: the build whose binaries run (another commit's, to compare)")
     args = ap.parse_args()
-    {"lone": lone, "burst": burst, "mixed": mixed}[args.probe](args)
+    probe = {"lone": lone, "burst": burst, "mixed": mixed}[args.probe]
+    layouts = [x for x in args.layouts.split(",") if x]
+    for name in layouts:
+        if name not in LAYOUTS:
+            ap.error("--layouts: unknown layout %r (known: %s)" % (name, ", ".join(LAYOUTS)))
+    if not layouts:
+        probe(args)
+    for name in layouts:
+        with_layout(name, args, probe)
 
 
 if __name__ == "__main__":

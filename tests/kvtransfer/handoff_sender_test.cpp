@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "kvtransfer/forwarding_transport.h"
 #include "kvtransfer/handoff_sender.h"
 #include "kvtransfer/loopback_transport.h"
 
@@ -120,6 +121,51 @@ TEST_CASE("handoff sender: accepted before the pass, each layer goes as it is wr
   CHECK(tr->checksums == std::vector<uint64_t>{1000, 1001, 1002, 1003});
   CHECK(h.bytes_posted() == kLayers * 256);
   CHECK(h.in_flight() == 0);
+}
+
+// Counts expedite() calls and remembers the last op named.
+class ExpediteRecorder final : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  void expedite(TransferOp op) override {
+    ++calls;
+    last = op;
+  }
+  Result<TransferOp> post_send_bytes(int peer, int tag, const void* data, size_t bytes) override {
+    auto op = ForwardingTransport::post_send_bytes(peer, tag, data, bytes);
+    if (op.is_ok()) trailer = *op;
+    return op;
+  }
+  int calls = 0;
+  TransferOp last, trailer;
+};
+
+TEST_CASE("handoff sender: once token 1 is out its sends are expedited (the decode waits on them), accepted early or late") {
+  for (bool accept_first : {true, false}) {
+    INFO((accept_first ? "accepted before the pass" : "accepted after it"));
+    LoopbackNetwork net;
+    ExpediteRecorder t(net.endpoint(kPrefill));
+    Cache cache;
+    HandoffSender h(kDecode, 78, 1, kLayers);
+    if (accept_first) h.accept(kTag);
+    for (int l = 0; l < kLayers; ++l) {
+      cache.write(l);
+      h.layer_written(l, 0);
+      h.post_written(t, cache.region_of(), kT0);
+    }
+    CHECK(t.calls == 0);  // nothing waits on KV of a prompt still computing
+    h.finish(5, false, t, cache.region_of(), kT0);
+    if (!accept_first) {
+      CHECK(t.calls == 0);  // nothing posted yet
+      h.accept(kTag);
+      h.post_written(t, cache.region_of(), kT0);
+    }
+    CHECK(t.calls == 1);
+    CHECK(t.last == t.trailer);
+    Receiver rx(net);
+    CHECK(h.poll(t, kT0) == Phase::kSent);
+    CHECK(rx.done() == kLayers + 1);
+  }
 }
 
 TEST_CASE("handoff sender: accepted after its pass, everything goes at once, nothing goes before the accept") {

@@ -229,6 +229,24 @@ int main(int argc, char** argv) {
       for (pd::TransferOp o : ops) (void)t.test(o);
       if (pd::mpi_thread_check_compiled())
         EXPECT(pd::mpi_calls_on_this_thread() - again >= kMany, "test() without a sweep did not test");
+      // One more nobody will send to, cancelled, ending alone among the 64 in
+      // flight: a sweep reports each op's own status (MPI_Testsome gives the
+      // k-th completed one's status at k, not at its index).
+      std::vector<uint8_t> never(256, 0);
+      auto cancelled = t.post_recv_bytes(0, kTag + kMany, never.data(), never.size());
+      EXPECT(cancelled.is_ok(), "post_recv_bytes (never sent)");
+      if (cancelled.is_ok()) {
+        t.cancel(*cancelled);
+        pd::OpState got = pd::OpState::kPending;
+        for (int i = 0; i < 100000 && got == pd::OpState::kPending; ++i) {
+          t.progress();
+          auto r = t.test(*cancelled);
+          if (!r.is_ok()) break;
+          got = *r;
+        }
+        EXPECT(got == pd::OpState::kCancelled, "a cancelled receive swept alone ended %s",
+               got == pd::OpState::kDone ? "done" : "pending or failed");
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       std::vector<bool> done(ops.size(), false);
@@ -239,7 +257,12 @@ int main(int argc, char** argv) {
           if (done[i]) continue;
           auto r = t.test(ops[i]);
           EXPECT(r.is_ok(), "test of receive %zu failed", i);
-          if (!r.is_ok() || *r != pd::OpState::kPending) done[i] = true, ++n_done;
+          if (!r.is_ok() || *r == pd::OpState::kPending) {
+            if (!r.is_ok()) done[i] = true, ++n_done;
+            continue;
+          }
+          done[i] = true, ++n_done;
+          EXPECT(*r == pd::OpState::kDone, "receive %zu ended cancelled", i);
         }
       }
       EXPECT(n_done == ops.size(), "%zu of %zu receives completed", n_done, ops.size());

@@ -1577,6 +1577,33 @@ TEST_CASE("chunked prefill: colocated decodes keep stepping while a long prompt 
   REQUIRE(c.settle());
 }
 
+// A colocated step is about one chunk (decode.step_tokens): the long prompt's
+// chunk leaves a short prompt that arrives its room, so the short one's token
+// 1 comes in the next step or the one after, not after the whole long prompt.
+TEST_CASE("chunked prefill: a short prompt gets into a colocated step beside a long one being chunked",
+          "[workers][chunks]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = 32;
+  cfg.decode.step_tokens = 33;  // one running decode + a 32-token chunk
+  MiniCluster c(cfg);
+  c.hub.send(kRouter, kDecode, MiniCluster::request(1, 10, 60));  // a step counter
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= 2; }));
+  c.hub.send(kRouter, kDecode, MiniCluster::request(2, 200, 4));  // long: 7 chunks
+  const int64_t long_started = c.tokens(1);
+  REQUIRE(c.run_until([&] { return c.tokens(1) >= long_started + 3; }));
+  c.hub.send(kRouter, kDecode, MiniCluster::request(3, 10, 4));  // short
+  const int64_t short_sent = c.tokens(1);
+  REQUIRE(c.run_until([&] { return c.tokens(3) >= 1; }));
+  CHECK(c.tokens(1) - short_sent <= 2);
+  CHECK(c.tokens(2) == 0);  // the long prompt is still being computed
+  REQUIRE(c.run_until([&] { return c.finished(1) && c.finished(2) && c.finished(3); }));
+  c.check_stream(1, 60);
+  c.check_stream(2, 4);
+  c.check_stream(3, 4);
+  CHECK(c.failed.empty());
+  REQUIRE(c.settle());
+}
+
 TEST_CASE("chunked prefill: a prompt ended between chunks leaves nothing behind", "[workers][chunks]") {
   ClusterConfig cfg = small_config();
   cfg.prefill.chunk_tokens = 16;
