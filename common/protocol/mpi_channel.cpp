@@ -183,18 +183,17 @@ int MpiControlChannel::receive(const std::function<void(int, proto::Message&)>& 
 }
 
 void MpiControlChannel::progress() {
-  while (!sends_.empty()) {
-    int done = 0;
-    MPI_Test(&sends_.front().req, &done, MPI_STATUS_IGNORE);
-    if (!done) break;
-    sends_.pop_front();
-  }
-  // Later sends may finish before the front one; test them too so buffers don't pile up.
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    int done = 0;
-    MPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
-    it = done ? sends_.erase(it) : it + 1;
-  }
+  if (sends_.empty()) return;
+  sweep_reqs_.clear();
+  for (const PendingSend& s : sends_) sweep_reqs_.push_back(s.req);
+  sweep_done_.resize(sweep_reqs_.size());
+  int count = 0;
+  // Completed sends (ended well or not: nothing more can be done for a failed
+  // control message) come back freed, as MPI_REQUEST_NULL.
+  MPI_Testsome(static_cast<int>(sweep_reqs_.size()), sweep_reqs_.data(), &count, sweep_done_.data(),
+               MPI_STATUSES_IGNORE);
+  for (size_t i = 0; i < sends_.size(); ++i) sends_[i].req = sweep_reqs_[i];
+  std::erase_if(sends_, [](const PendingSend& s) { return s.req == MPI_REQUEST_NULL; });
 }
 
 bool MpiControlChannel::flush(std::chrono::milliseconds deadline) {

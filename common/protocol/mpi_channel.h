@@ -59,7 +59,9 @@ class MpiControlChannel final : public ControlChannel {
   // malformed one is logged (naming its source) and dropped. Returns how many
   // messages arrived.
   int receive(const std::function<void(int source, proto::Message& m)>& fn, int max = 64) override;
-  // Completes finished sends (frees their buffers). Call once per loop.
+  // Completes finished sends (frees their buffers): one MPI_Testsome over
+  // them all (each MPI test of an unfinished send runs the progress engine,
+  // which on an oversubscribed node may yield the core). Call once per loop.
   void progress() override;
   size_t pending_sends() const override { return sends_.size(); }
   // Waits up to `deadline` for pending sends (shutdown); false if some remain.
@@ -107,6 +109,8 @@ class MpiControlChannel final : public ControlChannel {
   std::deque<Unlinked> unlinked_;
   size_t next_link_ = 0;  // probing starts here (round robin over the links)
   std::deque<PendingSend> sends_;
+  std::vector<MPI_Request> sweep_reqs_;  // progress()'s arrays, kept between calls
+  std::vector<int> sweep_done_;
   std::vector<uint8_t> recv_buf_;
 };
 

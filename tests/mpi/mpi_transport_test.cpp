@@ -12,6 +12,7 @@
 // receives in flight: one progress() tests them all (one MPI_Testsome), and
 // the test() of each then costs no MPI call — each MPI test of a request in
 // flight runs MPI's progress engine, which on a busy node yields the core.
+// The control channel likewise tests its sends in flight with one call.
 #include <mpi.h>
 
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "mpi/mpi_test_support.h"
 #include "kvtransfer/mpi_transport.h"
 #include "kvtransfer/staged_transport.h"
+#include "protocol/mpi_channel.h"
 #include "protocol/mpi_thread_check.h"
 
 namespace {
@@ -279,6 +281,36 @@ int main(int argc, char** argv) {
         if (op.is_ok()) ops.push_back(*op);
       }
       for (pd::TransferOp o : ops) EXPECT(wait(t, o) == pd::OpState::kDone, "a send to a swept receive");
+    }
+  }
+  {
+    // Control messages large enough for rendezvous, sent before the peer
+    // receives any: one progress() of the channel is one MPI call.
+    constexpr int kMessages = 16;
+    pd::MpiControlChannel ch;
+    if (rank == 0) {
+      pd::proto::PrefillRequest big;
+      big.prompt.assign(20000, 7);
+      for (int i = 0; i < kMessages; ++i) {
+        big.id = 900 + i;
+        ch.send(1, big);
+      }
+      const unsigned long before = pd::mpi_calls_on_this_thread();
+      ch.progress();
+      if (pd::mpi_thread_check_compiled())
+        EXPECT(pd::mpi_calls_on_this_thread() - before == 1, "the channel's progress() with %zu sends in flight made %lu MPI calls",
+               ch.pending_sends(), pd::mpi_calls_on_this_thread() - before);
+      MPI_Barrier(MPI_COMM_WORLD);
+      EXPECT(ch.flush(std::chrono::seconds(60)), "control sends did not complete");
+    } else {
+      MPI_Barrier(MPI_COMM_WORLD);
+      int got = 0;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (got < kMessages && std::chrono::steady_clock::now() < end)
+        got += ch.receive([&](int source, pd::proto::Message& m) {
+          EXPECT(source == 0 && std::holds_alternative<pd::proto::PrefillRequest>(m), "an unexpected control message");
+        });
+      EXPECT(got == kMessages, "%d of %d control messages arrived", got, kMessages);
     }
   }
   int mine = failures, total = 0;
