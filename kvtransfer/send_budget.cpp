@@ -78,7 +78,9 @@ void SendBudgetTransport::pump(int peer) {
   auto pit = peers_.find(peer);
   if (pit == peers_.end()) return;
   Peer& p = pit->second;
-  while (!p.waiting.empty() && p.charged < budget_.per_peer_bytes) {
+  // A send a decode waits on may go one charge past the budget, so it never
+  // waits for a bulk send to end (the bound on what a stuck peer holds grows by that one charge).
+  while (!p.waiting.empty() && p.charged < budget_.per_peer_bytes + budget_.charge_cap) {
     // Abandoned or cancelled while waiting: never posted.
     std::erase_if(p.waiting, [&](int64_t id) {
       auto it = ops_.find(id);
@@ -92,8 +94,9 @@ void SendBudgetTransport::pump(int peer) {
     }
     const size_t pick = next_send(order_, budget_.order);
     const int64_t id = p.waiting[pick];
-    p.waiting.erase(p.waiting.begin() + static_cast<std::ptrdiff_t>(pick));
     Op& op = ops_.at(id);
+    if (p.charged >= budget_.per_peer_bytes && op.urgency != SendUrgency::kDecodeWaiting) return;
+    p.waiting.erase(p.waiting.begin() + static_cast<std::ptrdiff_t>(pick));
     for (size_t i = 0; i < pick; ++i) ops_.at(p.waiting[i]).bypassed += static_cast<int64_t>(op.bytes);
     Result<TransferOp> posted = op.is_bytes ? inner_->post_send_bytes(peer, op.tag, op.data, op.bytes)
                                     : inner_->post_send(peer, op.tag, op.region);
@@ -117,6 +120,7 @@ void SendBudgetTransport::expedite(TransferOp handle) {
   if (pit == peers_.end()) return;
   for (int64_t w : pit->second.waiting)
     if (auto o = ops_.find(w); o != ops_.end() && o->second.tag == tag) o->second.urgency = SendUrgency::kDecodeWaiting;
+  pump(peer);  // one may go now, past the budget
 }
 
 void SendBudgetTransport::refund(Op& op) {
@@ -129,8 +133,7 @@ Result<OpState> SendBudgetTransport::test(TransferOp handle) {
   auto it = ops_.find(handle.value);
   if (it == ops_.end()) return Status::not_found("transfer op " + std::to_string(handle.value));
   Op& op = it->second;
-  if (!op.inner) {
-    if (!op.ended) pump(op.peer);
+  if (!op.inner) {  // waiting (pump() posts it when its peer has room) or ended before it was posted
     if (op.ended) {
       Result<OpState> r = std::move(*op.ended);
       ops_.erase(it);

@@ -12,7 +12,9 @@
 // Which waiting send goes next is the transfer scheduling policy
 // (send_order.h): sends a decode waits on (expedite(): a handoff whose token 1
 // is out) before segments of prompts still computing, none overtaken past a
-// bound. A send never waits while its peer has room.
+// bound. A send never waits while its peer has room; one a decode waits on
+// may go one charge_cap past the budget, so a trailer never waits for a bulk
+// send to end (what a stuck peer can hold: per_peer_bytes + charge_cap).
 //
 // It sits in the rank's communication side (kvtransfer/comm_side.h), whose
 // thread tests every operation each round: a send that ends refunds its charge

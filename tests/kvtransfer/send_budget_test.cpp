@@ -197,9 +197,14 @@ TEST_CASE("send budget: a handoff a decode waits on goes ahead of a prompt still
   send(kLong, 2);
   send(kShort, 3);  // the short prompt's last segment ...
   const TransferOp trailer = send(kShort, 4);
+  CHECK(t.waiting(kPeerA) == 4);
   t.expedite(trailer);  // ... its token 1 is out: its decode waits on these
-  send(kShort, 5);      // a later send under its tag joins them
-  CHECK(t.waiting(kPeerA) == 5);
+  // The first of them goes at once, one charge past the full budget: it does
+  // not wait for the bulk send in flight to end.
+  CHECK(t.waiting(kPeerA) == 3);
+  CHECK(t.charged(kPeerA) == 2048);
+  send(kShort, 5);  // a later send under its tag joins them (and waits: one past the budget at most)
+  CHECK(t.waiting(kPeerA) == 4);
   // The receiver posts per tag, in each tag's order.
   std::vector<TransferOp> recvs;
   for (int i : {0, 1, 2}) recvs.push_back(*a->post_recv(kSender, kLong, region_of(in[i])));
