@@ -88,7 +88,7 @@ TEST_CASE("reclaim: cancelled before the seal, it ends kCancelled and takes noth
 
 TEST_CASE("reclaim: sends abandoned while they wait for the send budget never go out, the seal follows what did") {
   LoopbackNetwork net;
-  SendBudgetTransport s(net.endpoint(kFrom), SendBudget{1, 128 << 10});  // one send in flight per peer
+  SendBudgetTransport s(net.endpoint(kFrom), SendBudget{1, 128 << 10, {}});  // one send in flight per peer
   auto r = net.endpoint(kTo);
   std::vector<std::vector<uint8_t>> layers(3, std::vector<uint8_t>(256, 5));
   std::vector<TransferOp> sends;

@@ -26,7 +26,7 @@ constexpr int kSender = 1, kPeerA = 2, kPeerB = 3;
 
 TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as earlier ones end") {
   LoopbackNetwork net;
-  SendBudgetTransport t(net.endpoint(kSender), SendBudget{2048, 1024});
+  SendBudgetTransport t(net.endpoint(kSender), SendBudget{2048, 1024, {}});
   auto a = net.endpoint(kPeerA);
   constexpr int kN = 5;
   std::vector<std::vector<uint8_t>> out(kN, std::vector<uint8_t>(4096)), in(kN, std::vector<uint8_t>(4096, 0));
@@ -82,7 +82,7 @@ TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as
 
 TEST_CASE("send budget: a waiting send cancelled or abandoned is never posted") {
   LoopbackNetwork net;
-  SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024});
+  SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024, {}});
   std::vector<uint8_t> first(1024, 1), second(1024, 2), third(1024, 3);
   auto s1 = t.post_send(kPeerA, 4, region_of(first));
   auto s2 = t.post_send(kPeerA, 4, region_of(second));
@@ -112,7 +112,7 @@ TEST_CASE("send budget: a waiting send cancelled or abandoned is never posted") 
 
 TEST_CASE("send budget: abandoning a posted send gives its charge back and lets the next one out") {
   LoopbackNetwork net;
-  SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024});
+  SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024, {}});
   std::vector<uint8_t> stuck(1024, 1), next(1024, 2), got(1024, 0);
   auto s1 = t.post_send(kPeerA, 4, region_of(stuck));
   auto s2 = t.post_send(kPeerA, 5, region_of(next));
@@ -130,7 +130,7 @@ TEST_CASE("send budget: abandoning a posted send gives its charge back and lets 
 
 TEST_CASE("send budget: receives pass straight through") {
   LoopbackNetwork net;
-  SendBudgetTransport t(net.endpoint(kPeerA), SendBudget{1, 1});
+  SendBudgetTransport t(net.endpoint(kPeerA), SendBudget{1, 1, {}});
   auto s = net.endpoint(kSender);
   std::vector<uint8_t> buf(64, 0), src(64, 5);
   auto r1 = t.post_recv(kSender, 2, region_of(buf));
@@ -177,7 +177,7 @@ void drain(SendBudgetTransport& t, std::vector<TransferOp> sends) {
 TEST_CASE("send budget: a handoff a decode waits on goes ahead of a prompt still computing, its sends in order") {
   LoopbackNetwork net;
   std::vector<int> posted;
-  SendBudgetTransport t(std::make_unique<RecordingTransport>(net.endpoint(kSender), &posted), SendBudget{1024, 1024});
+  SendBudgetTransport t(std::make_unique<RecordingTransport>(net.endpoint(kSender), &posted), SendBudget{1024, 1024, {}});
   auto a = net.endpoint(kPeerA);
   constexpr int kLong = 10, kShort = 20;  // a long prompt's segments; a short one's rest and trailer
   std::vector<std::vector<uint8_t>> out, in;
@@ -217,7 +217,7 @@ TEST_CASE("send budget: a handoff a decode waits on goes ahead of a prompt still
 TEST_CASE("send budget: a send overtaken past the bound goes next") {
   LoopbackNetwork net;
   std::vector<int> posted;
-  SendBudget budget{1024, 1024};
+  SendBudget budget{1024, 1024, {}};
   budget.order.max_bypass_bytes = 2048;
   SendBudgetTransport t(std::make_unique<RecordingTransport>(net.endpoint(kSender), &posted), budget);
   auto a = net.endpoint(kPeerA);

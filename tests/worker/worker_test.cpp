@@ -1243,7 +1243,7 @@ TEST_CASE("workers: sends queued for a decode rank that went down never block it
   // ended jobs' entries stayed at the head of the queue, nothing refunded the
   // budget, and the new incarnation's handoffs waited for ever.
   MiniCluster c(small_config(), [](std::unique_ptr<Transport> t) -> std::unique_ptr<Transport> {
-    return std::make_unique<SendBudgetTransport>(std::move(t), SendBudget{1, 128 << 10});
+    return std::make_unique<SendBudgetTransport>(std::move(t), SendBudget{1, 128 << 10, {}});
   });
   c.net.freeze(kDecode);  // stopped: the sends it matched do not complete
   for (proto::RequestId id : {1, 2}) c.submit(MiniCluster::request(id, 40, 6));
