@@ -54,24 +54,29 @@ Result<TransferOp> SendBudgetTransport::enqueue(Op op) {
   const int64_t id = next_id_++;
   const int peer = op.peer;
   Peer& p = peers_[peer];
-  // Under a tag a decode waits on, a later send waits with the earlier ones.
-  for (int64_t w : p.waiting)
-    if (auto it = ops_.find(w); it != ops_.end() && it->second.tag == op.tag &&
-                                it->second.urgency == SendUrgency::kDecodeWaiting) {
-      op.urgency = SendUrgency::kDecodeWaiting;
-      break;
-    }
-  ops_.emplace(id, std::move(op));
+  Op& o = ops_.emplace(id, std::move(op)).first->second;
   p.waiting.push_back(id);
+  // Under a tag a decode waits on, a later send waits with the earlier ones.
+  if (p.urgent.count(o.tag)) mark_urgent(p, o);
   pump(peer);
   // A send that could be posted at once and was refused fails as before: at once.
-  Op& o = ops_.at(id);
   if (o.ended && !o.ended->is_ok()) {
     Status st = o.ended->status();
     ops_.erase(id);
     return st;
   }
   return TransferOp{id};
+}
+
+void SendBudgetTransport::mark_urgent(Peer& p, Op& op) {
+  if (op.urgency == SendUrgency::kDecodeWaiting) return;
+  op.urgency = SendUrgency::kDecodeWaiting;
+  if (!op.inner && !op.ended) ++p.urgent[op.tag];
+}
+
+void SendBudgetTransport::leave_queue(Peer& p, const Op& op) {
+  if (op.urgency != SendUrgency::kDecodeWaiting || op.inner || op.ended) return;
+  if (auto it = p.urgent.find(op.tag); it != p.urgent.end() && --it->second <= 0) p.urgent.erase(it);
 }
 
 void SendBudgetTransport::pump(int peer) {
@@ -81,6 +86,7 @@ void SendBudgetTransport::pump(int peer) {
   // A send a decode waits on may go one charge past the budget, so it never
   // waits for a bulk send to end (the bound on what a stuck peer holds grows by that one charge).
   while (!p.waiting.empty() && p.charged < budget_.per_peer_bytes + budget_.charge_cap) {
+    if (p.charged >= budget_.per_peer_bytes && p.urgent.empty()) return;  // full, and nothing may pass
     // Abandoned or cancelled while waiting: never posted.
     std::erase_if(p.waiting, [&](int64_t id) {
       auto it = ops_.find(id);
@@ -96,6 +102,7 @@ void SendBudgetTransport::pump(int peer) {
     const int64_t id = p.waiting[pick];
     Op& op = ops_.at(id);
     if (p.charged >= budget_.per_peer_bytes && op.urgency != SendUrgency::kDecodeWaiting) return;
+    leave_queue(p, op);
     p.waiting.erase(p.waiting.begin() + static_cast<std::ptrdiff_t>(pick));
     for (size_t i = 0; i < pick; ++i) ops_.at(p.waiting[i]).bypassed += static_cast<int64_t>(op.bytes);
     Result<TransferOp> posted = op.is_bytes ? inner_->post_send_bytes(peer, op.tag, op.data, op.bytes)
@@ -115,11 +122,10 @@ void SendBudgetTransport::expedite(TransferOp handle) {
   auto it = ops_.find(handle.value);
   if (it == ops_.end() || !it->second.is_send) return;
   const int peer = it->second.peer, tag = it->second.tag;
-  it->second.urgency = SendUrgency::kDecodeWaiting;
-  auto pit = peers_.find(peer);
-  if (pit == peers_.end()) return;
-  for (int64_t w : pit->second.waiting)
-    if (auto o = ops_.find(w); o != ops_.end() && o->second.tag == tag) o->second.urgency = SendUrgency::kDecodeWaiting;
+  Peer& p = peers_[peer];
+  mark_urgent(p, it->second);
+  for (int64_t w : p.waiting)
+    if (auto o = ops_.find(w); o != ops_.end() && o->second.tag == tag) mark_urgent(p, o->second);
   pump(peer);  // one may go now, past the budget
 }
 
@@ -154,8 +160,12 @@ void SendBudgetTransport::cancel(TransferOp handle) {
   auto it = ops_.find(handle.value);
   if (it == ops_.end()) return;
   Op& op = it->second;
-  if (op.inner) inner_->cancel(*op.inner);
-  else if (!op.ended) op.ended = Result<OpState>(OpState::kCancelled);  // never posted
+  if (op.inner) {
+    inner_->cancel(*op.inner);
+  } else if (!op.ended) {  // never posted
+    leave_queue(peers_[op.peer], op);
+    op.ended = Result<OpState>(OpState::kCancelled);
+  }
 }
 
 void SendBudgetTransport::abandon(TransferOp handle) {
@@ -164,6 +174,7 @@ void SendBudgetTransport::abandon(TransferOp handle) {
   Op& op = it->second;
   const int peer = op.peer;
   if (op.inner) inner_->abandon(*op.inner);
+  leave_queue(peers_[peer], op);
   refund(op);
   ops_.erase(it);  // a waiting entry is skipped by pump()
   pump(peer);

@@ -96,7 +96,12 @@ class SendBudgetTransport final : public Transport {
   struct Peer {
     int64_t charged = 0;
     std::deque<int64_t> waiting;  // op ids in posting order (ended ones are dropped by pump())
+    std::unordered_map<int, int> urgent;  // tag -> its waiting sends a decode waits on (none: absent)
   };
+  // A waiting send becomes kDecodeWaiting (counted in its peer's `urgent`).
+  void mark_urgent(Peer& p, Op& op);
+  // A waiting send stops waiting (posted, cancelled or abandoned): uncounted.
+  void leave_queue(Peer& p, const Op& op);
   Result<TransferOp> enqueue(Op op);
   // A receive the inner transport posted (or refused): passes straight through.
   Result<TransferOp> track_recv(int peer, Result<TransferOp> inner);

@@ -31,6 +31,7 @@
 #include <memory>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "kvtransfer/transport.h"
 
@@ -60,5 +61,14 @@ class LoopbackNetwork {
  private:
   std::shared_ptr<State> state_;
 };
+
+// A region that is all of `buf`, in one piece.
+inline KvRegion whole_region(std::vector<uint8_t>& buf) {
+  KvRegion r;
+  r.base = buf.data();
+  r.piece_bytes = static_cast<int64_t>(buf.size());
+  r.offsets = {0};
+  return r;
+}
 
 }  // namespace pd::test

@@ -20,13 +20,6 @@ namespace {
 // File-local names unique among the node tests (a unity build compiles several files as one).
 constexpr int kFrom = 1, kTo = 2, kReclaimedTag = 1003;
 
-KvRegion whole_region(std::vector<uint8_t>& buf) {
-  KvRegion r;
-  r.base = buf.data();
-  r.piece_bytes = static_cast<int64_t>(buf.size());
-  r.offsets = {0};
-  return r;
-}
 
 OpState ended_as(Transport& t, TransferOp op) {
   Result<OpState> r = t.test(op);

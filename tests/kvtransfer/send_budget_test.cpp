@@ -14,14 +14,6 @@
 namespace pd::test {
 namespace {
 
-KvRegion region_of(std::vector<uint8_t>& buf) {
-  KvRegion r;
-  r.base = buf.data();
-  r.piece_bytes = static_cast<int64_t>(buf.size());
-  r.offsets = {0};
-  return r;
-}
-
 constexpr int kSender = 1, kPeerA = 2, kPeerB = 3;
 
 TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as earlier ones end") {
@@ -33,7 +25,7 @@ TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as
   std::vector<TransferOp> sends;
   for (int i = 0; i < kN; ++i) {
     std::memset(out[i].data(), 1 + i, out[i].size());
-    auto s = t.post_send(kPeerA, 7, region_of(out[i]));
+    auto s = t.post_send(kPeerA, 7, whole_region(out[i]));
     REQUIRE(s.is_ok());
     sends.push_back(*s);
   }
@@ -43,11 +35,11 @@ TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as
 
   // Another peer is not held up by the first one's queue.
   std::vector<uint8_t> other(256, 9), other_in(256, 0);
-  auto ob = t.post_send(kPeerB, 7, region_of(other));
+  auto ob = t.post_send(kPeerB, 7, whole_region(other));
   REQUIRE(ob.is_ok());
   CHECK(t.charged(kPeerB) == 256);
   auto b = net.endpoint(kPeerB);
-  auto br = b->post_recv(kSender, 7, region_of(other_in));
+  auto br = b->post_recv(kSender, 7, whole_region(other_in));
   REQUIRE(br.is_ok());
   CHECK(*t.test(*ob) == OpState::kDone);
   CHECK(other_in == other);
@@ -55,7 +47,7 @@ TEST_CASE("send budget: sends past a peer's budget wait, in order, and go out as
 
   std::vector<TransferOp> recvs;
   for (int i = 0; i < kN; ++i) {
-    auto r = a->post_recv(kSender, 7, region_of(in[i]));
+    auto r = a->post_recv(kSender, 7, whole_region(in[i]));
     REQUIRE(r.is_ok());
     recvs.push_back(*r);
   }
@@ -84,9 +76,9 @@ TEST_CASE("send budget: a waiting send cancelled or abandoned is never posted") 
   LoopbackNetwork net;
   SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024, {}});
   std::vector<uint8_t> first(1024, 1), second(1024, 2), third(1024, 3);
-  auto s1 = t.post_send(kPeerA, 4, region_of(first));
-  auto s2 = t.post_send(kPeerA, 4, region_of(second));
-  auto s3 = t.post_send(kPeerA, 4, region_of(third));
+  auto s1 = t.post_send(kPeerA, 4, whole_region(first));
+  auto s2 = t.post_send(kPeerA, 4, whole_region(second));
+  auto s3 = t.post_send(kPeerA, 4, whole_region(third));
   REQUIRE((s1.is_ok() && s2.is_ok() && s3.is_ok()));
   CHECK(t.waiting(kPeerA) == 2);
   t.cancel(*s2);
@@ -98,8 +90,8 @@ TEST_CASE("send budget: a waiting send cancelled or abandoned is never posted") 
   // Only the first ever reaches the peer: its next receive under the tag stays unmatched.
   auto a = net.endpoint(kPeerA);
   std::vector<uint8_t> got(1024, 0), more(1024, 0);
-  auto r1 = a->post_recv(kSender, 4, region_of(got));
-  auto r2 = a->post_recv(kSender, 4, region_of(more));
+  auto r1 = a->post_recv(kSender, 4, whole_region(got));
+  auto r2 = a->post_recv(kSender, 4, whole_region(more));
   REQUIRE((r1.is_ok() && r2.is_ok()));
   CHECK(*t.test(*s1) == OpState::kDone);
   CHECK(*a->test(*r1) == OpState::kDone);
@@ -114,15 +106,15 @@ TEST_CASE("send budget: abandoning a posted send gives its charge back and lets 
   LoopbackNetwork net;
   SendBudgetTransport t(net.endpoint(kSender), SendBudget{1024, 1024, {}});
   std::vector<uint8_t> stuck(1024, 1), next(1024, 2), got(1024, 0);
-  auto s1 = t.post_send(kPeerA, 4, region_of(stuck));
-  auto s2 = t.post_send(kPeerA, 5, region_of(next));
+  auto s1 = t.post_send(kPeerA, 4, whole_region(stuck));
+  auto s2 = t.post_send(kPeerA, 5, whole_region(next));
   REQUIRE((s1.is_ok() && s2.is_ok()));
   CHECK(t.waiting(kPeerA) == 1);
   t.abandon(*s1);  // its handoff ended; nobody will receive it
   CHECK(t.waiting(kPeerA) == 0);
   CHECK(t.charged(kPeerA) == 1024);  // the second is in flight now
   auto a = net.endpoint(kPeerA);
-  auto r = a->post_recv(kSender, 5, region_of(got));
+  auto r = a->post_recv(kSender, 5, whole_region(got));
   REQUIRE(r.is_ok());
   CHECK(*t.test(*s2) == OpState::kDone);
   CHECK(got == next);
@@ -133,10 +125,10 @@ TEST_CASE("send budget: receives pass straight through") {
   SendBudgetTransport t(net.endpoint(kPeerA), SendBudget{1, 1, {}});
   auto s = net.endpoint(kSender);
   std::vector<uint8_t> buf(64, 0), src(64, 5);
-  auto r1 = t.post_recv(kSender, 2, region_of(buf));
+  auto r1 = t.post_recv(kSender, 2, whole_region(buf));
   auto r2 = t.post_recv_bytes(kSender, 3, buf.data(), 8);
   REQUIRE((r1.is_ok() && r2.is_ok()));
-  auto ss = s->post_send(kPeerA, 2, region_of(src));
+  auto ss = s->post_send(kPeerA, 2, whole_region(src));
   REQUIRE(ss.is_ok());
   CHECK(*t.test(*r1) == OpState::kDone);
   CHECK(buf == src);
@@ -187,7 +179,7 @@ TEST_CASE("send budget: a handoff a decode waits on goes ahead of a prompt still
   }
   std::vector<TransferOp> sends;
   auto send = [&](int tag, int i) {
-    auto s = t.post_send(kPeerA, tag, region_of(out[i]));
+    auto s = t.post_send(kPeerA, tag, whole_region(out[i]));
     REQUIRE(s.is_ok());
     sends.push_back(*s);
     return *s;
@@ -207,11 +199,33 @@ TEST_CASE("send budget: a handoff a decode waits on goes ahead of a prompt still
   CHECK(t.waiting(kPeerA) == 4);
   // The receiver posts per tag, in each tag's order.
   std::vector<TransferOp> recvs;
-  for (int i : {0, 1, 2}) recvs.push_back(*a->post_recv(kSender, kLong, region_of(in[i])));
-  for (int i : {3, 4, 5}) recvs.push_back(*a->post_recv(kSender, kShort, region_of(in[i])));
+  for (int i : {0, 1, 2}) recvs.push_back(*a->post_recv(kSender, kLong, whole_region(in[i])));
+  for (int i : {3, 4, 5}) recvs.push_back(*a->post_recv(kSender, kShort, whole_region(in[i])));
   drain(t, sends);
   CHECK(posted == std::vector<int>{kLong, kShort, kShort, kShort, kLong, kLong});
   for (int i = 0; i < 6; ++i) CHECK(in[i] == out[i]);  // each tag's sends met its receives in order
+}
+
+// Once a tag's waiting sends a decode waited on are gone (abandoned: the
+// handoff ended), a new send under the tag — the next handoff's — is not
+// taken for one of them: it waits its turn behind older sends.
+TEST_CASE("send budget: a tag's sends a decode waited on, once abandoned, do not speed the tag's next send") {
+  LoopbackNetwork net;
+  std::vector<int> posted;
+  SendBudgetTransport t(std::make_unique<RecordingTransport>(net.endpoint(kSender), &posted), SendBudget{1024, 1024, {}});
+  auto a = net.endpoint(kPeerA);
+  std::vector<std::vector<uint8_t>> out(5, std::vector<uint8_t>(1024, 3)), in(5, std::vector<uint8_t>(1024, 0));
+  const TransferOp first = *t.post_send(kPeerA, 1, whole_region(out[0]));  // in flight
+  const TransferOp older = *t.post_send(kPeerA, 2, whole_region(out[1]));  // waits, nothing waits on it
+  const TransferOp segment = *t.post_send(kPeerA, 3, whole_region(out[2]));
+  const TransferOp trailer = *t.post_send(kPeerA, 3, whole_region(out[3]));
+  t.expedite(trailer);  // the segment goes past the full budget; the trailer waits, a decode waiting on it
+  CHECK(t.waiting(kPeerA) == 2);
+  t.abandon(trailer);  // its handoff ended
+  const TransferOp next = *t.post_send(kPeerA, 3, whole_region(out[4]));  // the tag's next handoff
+  for (auto [tag, i] : {std::pair{1, 0}, {3, 2}, {2, 1}, {3, 4}}) (void)*a->post_recv(kSender, tag, whole_region(in[i]));
+  drain(t, {first, older, segment, next});
+  CHECK(posted == std::vector<int>{1, 3, 2, 3});
 }
 
 TEST_CASE("send budget: a send overtaken past the bound goes next") {
@@ -223,13 +237,13 @@ TEST_CASE("send budget: a send overtaken past the bound goes next") {
   auto a = net.endpoint(kPeerA);
   std::vector<std::vector<uint8_t>> out(8, std::vector<uint8_t>(1024, 7)), in(8, std::vector<uint8_t>(1024, 0));
   std::vector<TransferOp> sends;
-  sends.push_back(*t.post_send(kPeerA, 1, region_of(out[0])));  // in flight
-  sends.push_back(*t.post_send(kPeerA, 2, region_of(out[1])));  // nothing waits on it
+  sends.push_back(*t.post_send(kPeerA, 1, whole_region(out[0])));  // in flight
+  sends.push_back(*t.post_send(kPeerA, 2, whole_region(out[1])));  // nothing waits on it
   for (int i = 2; i < 8; ++i) {  // one handoff after another whose decode waits
-    sends.push_back(*t.post_send(kPeerA, 10 + i, region_of(out[i])));
+    sends.push_back(*t.post_send(kPeerA, 10 + i, whole_region(out[i])));
     t.expedite(sends.back());
   }
-  for (int i = 0; i < 8; ++i) (void)*a->post_recv(kSender, i == 0 ? 1 : i == 1 ? 2 : 10 + i, region_of(in[i]));
+  for (int i = 0; i < 8; ++i) (void)*a->post_recv(kSender, i == 0 ? 1 : i == 1 ? 2 : 10 + i, whole_region(in[i]));
   drain(t, sends);
   // Three 1 KiB sends overtook tag 2 (3 KiB > 2 KiB); then it went.
   CHECK(posted == std::vector<int>{1, 12, 13, 14, 2, 15, 16, 17});
