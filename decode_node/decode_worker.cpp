@@ -703,7 +703,7 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
   step_batch_.resize(used);
   Status st = engine_->model->forward(step_batch_, engine_->cache, &logits_);
   if (!st.is_ok()) {
-    device_fault_ = engine_->backend->device_health();
+    check_device();
     for (proto::RequestId id : stepped_) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
     for (const PrefillChunk& c : chunks)
       if (Seq* s = find_seq(c.id)) fail(*s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
@@ -792,7 +792,7 @@ Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, pro
   const auto t0 = env_->now();
   std::vector<float> logits;
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
-  if (!st.is_ok()) device_fault_ = engine_->backend->device_health();
+  if (!st.is_ok()) check_device();
   if (!st.is_ok()) return st;
   for (proto::RequestId id : ids) kv_written(seqs_.at(id));
   const double prefill_s = seconds(env_->now() - t0);

@@ -284,7 +284,12 @@ void NcclTransport::on_message(int peer, Result<DeviceMsg> msg) {
 
 void NcclTransport::progress() {
   msgs_.poll([this](int peer, Result<DeviceMsg> msg) { on_message(peer, std::move(msg)); });
+  start_ready_sends();
+  for (auto& [peer, p] : pairs_) advance(peer, p);
+  land_finished();
+}
 
+void NcclTransport::start_ready_sends() {
   // Sends whose KV the compute stream has finished writing: envelope, then the
   // NCCL work in the same order. One stream, so its events complete in order.
   size_t i = 0;
@@ -326,9 +331,9 @@ void NcclTransport::progress() {
     if (peer == msgs_.self_id()) on_envelope(peer, env);
   }
   sends_.erase(sends_.begin(), sends_.begin() + static_cast<std::ptrdiff_t>(i));
+}
 
-  for (auto& [peer, p] : pairs_) advance(peer, p);
-
+void NcclTransport::land_finished() {
   for (auto it = flying_.begin(); it != flying_.end();) {
     const cudaError_t q = cudaEventQuery(it->done);
     if (q == cudaErrorNotReady) {

@@ -125,6 +125,10 @@ class NcclTransport final : public Transport {
   Status init_comm(int peer, Pair& p, const ncclUniqueId& id, int nranks, int rank);
   void fail_pair(int peer, Pair& p, Status why);
   void advance(int peer, Pair& p);
+  // progress(): sends whose KV is written go to their pair's queue; operations
+  // the device finished end (finished or failed).
+  void start_ready_sends();
+  void land_finished();
   Status issue(int peer, Pair& p);
   void enqueued(int peer, Pair& p);
   void land(int peer, Pair& p, int64_t op, void* pinned, Status pending_error);

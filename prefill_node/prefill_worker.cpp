@@ -459,7 +459,7 @@ bool PrefillWorker::run_batch() {
   ran.swap(batch_);
   if (!st.is_ok()) {
     spdlog::error("prefill rank {}: batch of {} failed: {}", roles_.self, ran.size(), st.to_string());
-    device_fault_ = engine_->backend->device_health();
+    check_device();
     for (proto::RequestId id : ran)
       if (Job* job = find_job(id)) fail(*job, "prefill failed: " + st.message(), proto::FailureKind::kInternal, true);
   }

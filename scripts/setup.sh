@@ -17,6 +17,7 @@ PACKAGES=(
   libpcre2-dev                        # Unicode regexes for the tokenizer's pre-tokenizer
   libssl-dev                          # OpenSSL's libcrypto: the cluster secret's HMAC (link proofs)
   iproute2                            # ip, tc: network-namespace hosts of tests/cluster/test_multihost.py
+  python3-clang-14                    # libclang: scripts/check_structure.py (class and function size limits)
 )
 
 SUDO=""

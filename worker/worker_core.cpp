@@ -7,9 +7,38 @@
 
 #include "kvtransfer/kv_path.h"
 #include "protocol/cluster_env.h"
+#include "util/lifecycle.h"
 #include "worker/worker_main.h"
 
 namespace pd {
+
+const char* state_name(WorkerStage s) {
+  switch (s) {
+    case WorkerStage::kServing: return "serving";
+    case WorkerStage::kLeaveAsked: return "leave asked";
+    case WorkerStage::kLeaving: return "leaving";
+    case WorkerStage::kDrained: return "drained";
+    case WorkerStage::kShutdown: return "shutdown";
+    case WorkerStage::kRouterLost: return "router lost";
+    case WorkerStage::kDeviceFailed: return "device failed";
+  }
+  return "?";
+}
+
+bool legal(WorkerStage from, WorkerStage to) {
+  using S = WorkerStage;
+  const bool stops = to == S::kShutdown || to == S::kRouterLost || to == S::kDeviceFailed;
+  switch (from) {
+    case S::kServing: return to == S::kLeaveAsked || to == S::kLeaving || stops;
+    case S::kLeaveAsked: return to == S::kLeaving || stops;
+    case S::kLeaving: return to == S::kDrained || stops;
+    case S::kDrained: return stops;
+    case S::kShutdown:
+    case S::kRouterLost:
+    case S::kDeviceFailed: return false;  // run() has ended
+  }
+  return false;
+}
 
 WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTable& roles,
                        std::shared_ptr<Engine> engine, std::unique_ptr<Transport> transport,
@@ -21,7 +50,7 @@ WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTab
       channel_(std::move(channel)),
       env_(std::make_shared<ClusterEnv>(roles)),
       role_(role),
-      heard_router_(roles.joined) {
+      link_(role, cfg_, roles_, *channel_) {
   header_ = engine_->wire_header();
   engine_->blocks->enable_events(true);
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
@@ -34,17 +63,18 @@ Status WorkerCore::run() {
   spdlog::info("{} rank {} ready ({} KV blocks of {} tokens{})", role_, roles_.self, engine_->blocks->num_blocks(),
                engine_->blocks->block_size(), ready_note());
   report_load(true);
-  send_kv_events(true);
-  while (!shutdown_ && device_fault_.is_ok() && router_lost_.is_ok())
+  link_.send_kv_events(*engine_->blocks, epoch_, true);
+  while (stage_ != WorkerStage::kShutdown && stage_ != WorkerStage::kRouterLost &&
+         stage_ != WorkerStage::kDeviceFailed)
     // Idle: wait for a message or a transfer that ended (the communication side
     // wakes us), at most 5 ms — deadlines and load reports need no finer step.
     if (!run_once()) channel_->wait_for_work(std::chrono::milliseconds(5));
-  if (!router_lost_.is_ok()) return end_without_router();
-  if (!device_fault_.is_ok()) {
+  if (stage_ == WorkerStage::kRouterLost) return end_without_router();
+  if (stage_ == WorkerStage::kDeviceFailed) {
     // The device is gone: nothing more can run here. Leave like a crashed rank
     // (the cluster's heartbeats fence it and re-run or fail what it held).
-    spdlog::critical("{} rank {}: device failed, stopping: {}", role_, roles_.self, device_fault_.to_string());
-    return device_fault_;
+    spdlog::critical("{} rank {}: device failed, stopping: {}", role_, roles_.self, stop_cause_.to_string());
+    return stop_cause_;
   }
   // Shutdown: the router drained first; give in-flight transfers a bounded chance.
   before_exit();
@@ -60,12 +90,13 @@ Status WorkerCore::run() {
 bool WorkerCore::run_once() {
   transport_->progress();
   bool busy = handle_messages();
-  watch_router();
+  if (std::optional<Status> lost = link_.watch(env_->now()); lost && set_stage(WorkerStage::kRouterLost))
+    stop_cause_ = std::move(*lost);
   busy |= progress_transfers();
   check_deadlines();
   busy |= work();
   leave_or_report_drained();
-  send_kv_events(false);
+  link_.send_kv_events(*engine_->blocks, epoch_, false);
   channel_->progress();
   report_load(false);
   return busy;
@@ -95,48 +126,16 @@ Status WorkerCore::end_without_router() {
     // A transfer still in flight may yet write into this rank's KV memory:
     // it must not serve again in this process.
     spdlog::critical("{} rank {}: {}; stopping ({} requests dropped; {} KV transfers did not end)", role_, roles_.self,
-                     router_lost_.message(), dropped, transport_->pending());
-    return router_lost_;
+                     stop_cause_.message(), dropped, transport_->pending());
+    return stop_cause_;
   }
-  spdlog::warn("{} rank {}: {}; {} requests dropped, nothing in flight", role_, roles_.self, router_lost_.message(),
+  spdlog::warn("{} rank {}: {}; {} requests dropped, nothing in flight", role_, roles_.self, stop_cause_.message(),
                dropped);
-  return Status::unavailable(router_lost_.message());
-}
-
-void WorkerCore::watch_router() {
-  const auto now = env_->now();
-  if (last_iteration_) router_silence_ += std::min<Clock::duration>(now - *last_iteration_, std::chrono::seconds(1));
-  last_iteration_ = now;
-  // Until the router is first heard, it may still be starting: startup_ms.
-  const int limit_ms = heard_router_ ? cfg_.timeouts.router_ms : std::max(cfg_.timeouts.router_ms, cfg_.timeouts.startup_ms);
-  if (router_lost_.is_ok() && router_silence_ > std::chrono::milliseconds(limit_ms))
-    router_lost_ = Status::timeout("the router (rank " + std::to_string(roles_.router) + ") sent nothing for " +
-                                       std::to_string(limit_ms) + " ms (timeouts.router_ms): it is gone");
-}
-
-bool WorkerCore::from_allowed_sender(int source, const proto::Message& msg) {
-  const proto::Sender allowed = proto::sender_of(msg);
-  const bool ok = allowed == proto::Sender::kRouter   ? source == roles_.router
-                  : allowed == proto::Sender::kWorker ? source != roles_.router && source != roles_.self
-                                                      : false;  // a Challenge belongs to a join handshake only
-  if (ok) return true;
-  // Logged the first times and then sparsely: a flood must not flood the log too.
-  if (refused_messages_++ < 10 || refused_messages_ % 1000 == 0)
-    spdlog::warn("{} rank {}: ignored {} from rank {}: {} ({} ignored so far)", role_, roles_.self,
-                 proto::message_name(msg), source,
-                 allowed == proto::Sender::kRouter   ? "only the router (rank " + std::to_string(roles_.router) + ") sends it"
-                 : allowed == proto::Sender::kWorker ? std::string("only another worker sends it")
-                                                     : std::string("it belongs to a join handshake"),
-                 refused_messages_);
-  return false;
+  return Status::unavailable(stop_cause_.message());
 }
 
 void WorkerCore::handle(int source, proto::Message& msg) {
-  if (!from_allowed_sender(source, msg)) return;
-  if (source == roles_.router) {  // any message says the router is alive
-    heard_router_ = true;
-    router_silence_ = {};
-  }
+  if (!link_.accept(source, msg)) return;
   // One bad message must not end the rank (and, with it, every request on it).
   try {
     std::visit(
@@ -146,15 +145,20 @@ void WorkerCore::handle(int source, proto::Message& msg) {
           else if constexpr (std::is_same_v<T, proto::PeerUp>) peers_.up(m.rank, m.epoch);
           else if constexpr (std::is_same_v<T, proto::Hello>) peers_.up(source, m.epoch);
           else if constexpr (std::is_same_v<T, proto::Rejoin>) rejoin(m.epoch);
-          else if constexpr (std::is_same_v<T, proto::Drain>) drain();
+          else if constexpr (std::is_same_v<T, proto::Drain>) {
+            // Leaving the pool: no new work, the rest finishes (a second Drain changes nothing).
+            if ((stage_ == WorkerStage::kServing || stage_ == WorkerStage::kLeaveAsked) &&
+                set_stage(WorkerStage::kLeaving))
+              on_drain();
+          }
           else if constexpr (std::is_same_v<T, proto::PeerLeft>) peer_left(m.rank);
           else if constexpr (std::is_same_v<T, proto::RouterBeat>) return;  // heard: that is all
           else if constexpr (std::is_same_v<T, proto::PeerGone>) {
             if (peers_.is_down(m.rank)) gone_.insert(m.rank);  // a process that ended does not come back
           }
           else if constexpr (std::is_same_v<T, proto::Shutdown>) {
-            shutdown_ = true;
-            if (drained_sent_) note_left();
+            const bool drained = stage_ == WorkerStage::kDrained;
+            if (set_stage(WorkerStage::kShutdown) && drained) note_left();
           } else if (!on_message(source, msg)) {
             spdlog::warn("{} rank {}: unexpected {} from rank {}", role_, roles_.self, proto::message_name(msg), source);
           }
@@ -208,47 +212,41 @@ void WorkerCore::rejoin(proto::Epoch epoch) {
   drop_all();
   epoch_ = epoch;
   report_load(true);
-  send_kv_events(true);
+  link_.send_kv_events(*engine_->blocks, epoch_, true);
 }
 
-void WorkerCore::drain() {
-  if (leaving_) return;
-  leaving_ = true;
-  on_drain();
+bool WorkerCore::set_stage(WorkerStage to) {
+  const bool stopped = stage_ == WorkerStage::kShutdown || stage_ == WorkerStage::kRouterLost ||
+                       stage_ == WorkerStage::kDeviceFailed;
+  if (stopped) return false;  // the first reason to stop stands
+  return transition(stage_, to, static_cast<uint64_t>(roles_.self), role_);
+}
+
+void WorkerCore::check_device() {
+  Status health = engine_->backend->device_health();
+  if (!health.is_ok() && set_stage(WorkerStage::kDeviceFailed)) stop_cause_ = std::move(health);
 }
 
 void WorkerCore::leave_or_report_drained() {
-  if (leave_requested() && !leave_sent_) {
+  // A joined rank got SIGTERM: it asks the router to drain it (once; a rank
+  // already leaving has nothing to ask).
+  if (stage_ == WorkerStage::kServing && leave_requested() && set_stage(WorkerStage::kLeaveAsked))
     channel_->send(roles_.router, proto::Leave{});
-    leave_sent_ = true;
-  }
   // Leaving: everything it held has finished (or failed) and no transfer is in
   // flight (a quarantined receive holds this until it resolves).
-  if (leaving_ && !drained_sent_ && held() == 0 && transport_->pending() == 0) {
+  if (stage_ == WorkerStage::kLeaving && held() == 0 && transport_->pending() == 0 &&
+      set_stage(WorkerStage::kDrained))
     channel_->send(roles_.router, proto::Drained{});
-    drained_sent_ = true;
-  }
 }
 
 void WorkerCore::report_load(bool force) {
   proto::LoadReport r;
   fill_load(r);
-  r.refused_messages = refused_messages_;
   r.free_blocks = engine_->blocks->num_free_blocks();
   r.total_blocks = engine_->blocks->num_blocks();
   r.ready = true;
   r.epoch = epoch_;
-  r.prompt_tokens_cached = prompt_tokens_cached_;
-  r.prompt_tokens_computed = prompt_tokens_computed_;
-  load_reporter_.maybe_send(*channel_, roles_.router, r, force, env_->now());
-}
-
-void WorkerCore::send_kv_events(bool snapshot) {
-  KvBlockManager& blocks = *engine_->blocks;
-  KvCacheEvents e = blocks.take_events();
-  if (snapshot) e = KvCacheEvents{true, blocks.cached_hashes(), {}};
-  for (proto::KvEvents& m : proto::kv_events_messages(epoch_, e.reset, e.stored, e.removed))
-    channel_->send(roles_.router, std::move(m));
+  link_.report_load(std::move(r), force, env_->now());
 }
 
 void WorkerCore::release_blocks(proto::RequestId id, bool& has_blocks, bool kv_written) {

@@ -11,12 +11,13 @@
 // vLLM's EngineCore and the two SGLang disaggregation loops).
 //
 // Shared here:
-// - Senders: a message is acted on only from the rank that may send it
-//   (proto::sender_of): the router's (Shutdown, Drain, Rejoin, PeerDown, a
-//   prompt, ...) from the router alone, the workers' (offers, accepts, Hello)
-//   from another worker; the rest are ignored and counted (the load report's
-//   refused_messages). Links from ranks that joined later proved the cluster
-//   secret before any of their messages gets here (protocol/link_auth.h).
+// - The router link (router_link.h): which messages are taken from whom, the
+//   router's liveness (it beats once a second; after timeouts.router_ms
+//   without any message from it the router is gone), load reports and KV
+//   events (what the prefix cache stored and evicted, for the router's prefix
+//   index; the whole set when run() starts and after a Rejoin). Links from
+//   ranks that joined later proved the cluster secret before any of their
+//   messages gets here (protocol/link_auth.h).
 // - Epochs (messages.h, "Epochs"): each peer's incarnation (PeerEpochs); a
 //   message from another worker is judged by current() before it is acted
 //   on. PeerDown / PeerUp / Hello / PeerLeft update it; the worker ends what
@@ -24,22 +25,17 @@
 // - Rejoin: this rank itself was declared down; the router re-ran or failed
 //   all it held, so the worker drops everything (drop_all) and serves on
 //   under the new epoch.
-// - Leaving the pool: Drain starts it (the worker hands back what has not
-//   started, on_drain); once nothing is held or in flight the rank tells the
-//   router (Drained); the router then sends Shutdown. A joined rank that got
-//   SIGTERM asks for it first (Leave).
-// - Load reports (LoadReport), at most every few ms unless forced.
-// - KV events (KvEvents): what the prefix cache stored and evicted since the
-//   last iteration, for the router's prefix index; the whole set (reset) when
-//   run() starts and after a Rejoin.
-// - The router's liveness: it beats once a second (RouterBeat); after
-//   timeouts.router_ms without any message from it the router is gone and
-//   run() stops: the rank drops what it held, then joins a new router
-//   (worker_main, timeouts.rejoin_ms) or exits (pools do not linger). Only
-//   time this loop runs counts: a long pass or the process being stopped is
-//   not the router's silence.
-// - run()'s end: shutdown, the router gone, or a device failure (the rank
-//   leaves like a crashed one: the router's heartbeat fences it).
+// - The rank's stage (WorkerStage; every change checked, util/lifecycle.h):
+//     kServing -> kLeaveAsked (a joined rank got SIGTERM: Leave sent)
+//              -> kLeaving (Drain: queued work handed back, on_drain)
+//              -> kDrained (nothing held or in flight: Drained sent)
+//              -> kShutdown (the router's Shutdown)
+//   kServing may go straight to kLeaving (POST /admin/drain) or kShutdown
+//   (the router stops). From any stage before kShutdown: kRouterLost (the
+//   router fell silent: the rank drops what it held, then joins a new router,
+//   worker_main and timeouts.rejoin_ms, or exits: pools do not linger) or
+//   kDeviceFailed (the rank leaves like a crashed one: the router's heartbeat
+//   fences it). The last three end run().
 //
 // Threading: one thread (the engine loop, a compute thread) calls everything;
 // it never calls MPI: `channel` and `transport` are the communication side's
@@ -59,15 +55,21 @@
 #include "protocol/peer_epochs.h"
 #include "serving/engine.h"
 #include "util/env.h"
+#include "worker/router_link.h"
+#include "worker/worker_hooks.h"
 
 namespace pd {
 
 // A request's sequence in the engine's block manager (one per request id).
 inline SeqId seq_of(proto::RequestId id) { return SeqId{static_cast<int64_t>(id)}; }
 
-class WorkerCore {
+enum class WorkerStage { kServing, kLeaveAsked, kLeaving, kDrained, kShutdown, kRouterLost, kDeviceFailed };
+const char* state_name(WorkerStage s);
+bool legal(WorkerStage from, WorkerStage to);
+
+class WorkerCore : public WorkerHooks {
  public:
-  virtual ~WorkerCore();
+  ~WorkerCore() override;
   WorkerCore(const WorkerCore&) = delete;
   WorkerCore& operator=(const WorkerCore&) = delete;
 
@@ -83,11 +85,12 @@ class WorkerCore {
   // the next message when not).
   bool run_once();
   // The router sent Shutdown: run() leaves its loop.
-  bool shutting_down() const { return shutdown_; }
+  bool shutting_down() const { return stage_ == WorkerStage::kShutdown; }
   // Why this rank stops serving because its device failed (OK while none).
-  const Status& device_fault() const { return device_fault_; }
+  const Status& device_fault() const { return stage_ == WorkerStage::kDeviceFailed ? stop_cause_ : kOk; }
   // Why this rank stops because the router fell silent (OK while it is heard).
-  const Status& router_lost() const { return router_lost_; }
+  const Status& router_lost() const { return stage_ == WorkerStage::kRouterLost ? stop_cause_ : kOk; }
+  WorkerStage stage() const { return stage_; }
   // Time and other processes as this worker sees them (default: ClusterEnv
   // over its role table: a rank is gone when its pid on this host ended).
   // Tests step a FakeEnv instead of sleeping and declare processes gone.
@@ -99,37 +102,7 @@ class WorkerCore {
   WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
              std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel);
 
-  // --- What each worker supplies ---
-  // A message of this worker's own kind (prompts, offers, handoff answers).
-  // False: this worker does not take such messages (logged).
-  virtual bool on_message(int source, proto::Message& m) = 0;
-  // Moves the KV transfers; true when one made progress.
-  virtual bool progress_transfers() = 0;
-  // Ends what has waited longer than its deadline allows.
-  virtual void check_deadlines() = 0;
-  // At most one piece of compute (a pass, a step); true when it did work.
-  virtual bool work() = 0;
-  // Peer `rank`'s incarnation is over: end what involves it.
-  virtual void on_peer_down(int rank) = 0;
-  // Peer `rank` left the cluster for good (after on_peer_down).
-  virtual void forget_peer(int /*rank*/) {}
-  // This rank was declared down: drop everything it holds, silently.
-  virtual void drop_all() = 0;
-  // Leaving the pool begins: hand back what has not started.
-  virtual void on_drain() = 0;
-  // Requests this rank holds (Drained waits for none; logs).
-  virtual size_t held() const = 0;
-  // The worker's fields of a load report (waiting, running, ...).
-  virtual void fill_load(proto::LoadReport& r) const = 0;
-  // Shutdown: stops what need not finish; then run() waits up to exit_grace()
-  // for the transfers still in flight.
-  virtual void before_exit() {}
-  virtual std::chrono::milliseconds exit_grace() const = 0;
-  // Appended to the "ready" log line (e.g. what mode the rank serves in).
-  virtual const char* ready_note() const { return ""; }
-  // Whether the layer hook may act on `m` in the middle of a pass (only
-  // workers that call handle_messages(true) from their hook need say).
-  virtual bool mid_pass_message(const proto::Message& /*m*/) const { return false; }
+  // What each worker supplies: worker_hooks.h.
 
   // --- Shared ---
   // Handles the messages that arrived; in a pass, only those mid_pass_message
@@ -147,14 +120,14 @@ class WorkerCore {
   int64_t blocks_for_tokens(int64_t n) const;
   // A prompt's KV is complete: `cached` of its tokens came from the prefix
   // cache, `computed` were computed (load reports carry the totals).
-  void count_prompt(int64_t cached, int64_t computed) {
-    prompt_tokens_cached_ += cached;
-    prompt_tokens_computed_ += computed;
-  }
+  void count_prompt(int64_t cached, int64_t computed) { link_.count_prompt(cached, computed); }
   const char* role() const { return role_; }
   // A message from a peer refused for what it says (an index or count out of
   // range): counted with those refused for their sender (refused_messages).
-  void count_refused() { ++refused_messages_; }
+  void count_refused() { link_.count_refused(); }
+  // A pass failed: if the device itself is gone, run() stops (kDeviceFailed).
+  // A rank already stopping keeps its own reason.
+  void check_device();
 
   const ClusterConfig cfg_;
   const RoleTable roles_;
@@ -167,38 +140,24 @@ class WorkerCore {
   proto::Epoch epoch_ = 0;      // this rank's incarnation (Rejoin)
   PeerEpochs peers_;            // the other workers' epochs, which are down
   std::set<int> gone_;          // peers whose process has ended (PeerGone)
-  Status device_fault_;         // set when a failed pass finds the device itself gone: run() stops
-  bool leaving_ = false;        // Drain received: no new work, finishing the rest
 
  private:
+  static inline const Status kOk = Status::ok();
   void handle(int source, proto::Message& m);
   void peer_down(int rank, proto::Epoch epoch);
   void rejoin(proto::Epoch epoch);
   void peer_left(int rank);
-  void drain();
+  // The stage moves to `to` (checked); false when the rank already stopped.
+  bool set_stage(WorkerStage to);
+  // Leave (a joined rank asked to go by SIGTERM) and Drained, when due.
   void leave_or_report_drained();
-  // Tells the router what the prefix cache stored and evicted (snapshot: all it holds).
-  void send_kv_events(bool snapshot);
-  // Counts the router's silence since the last iteration (at most 1 s of it:
-  // a long pass or a stopped process is not silence) and gives up past its limit.
-  void watch_router();
   // run()'s end when the router fell silent (see run()).
   Status end_without_router();
 
-  // Whether `source` may send `msg` (proto::sender_of: the router's messages
-  // from the router only, the workers' from a worker); refused ones are counted.
-  bool from_allowed_sender(int source, const proto::Message& msg);
-
   const char* role_;
-  int64_t refused_messages_ = 0;  // messages ignored for their sender (from_allowed_sender)
-  bool shutdown_ = false;
-  bool drained_sent_ = false, leave_sent_ = false;
-  LoadReporter load_reporter_;
-  int64_t prompt_tokens_cached_ = 0, prompt_tokens_computed_ = 0;
-  bool heard_router_;  // any message from the router yet (a joined rank has had its answer)
-  Clock::duration router_silence_{};
-  std::optional<Clock::time_point> last_iteration_;
-  Status router_lost_;
+  WorkerStage stage_ = WorkerStage::kServing;
+  Status stop_cause_;  // why the stage is kRouterLost / kDeviceFailed
+  RouterLink link_;
 };
 
 }  // namespace pd

@@ -112,71 +112,55 @@ EngineConfig engine_config(const ClusterConfig& cfg, Role role) {
 
 }  // namespace
 
-int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
-  // Workers stop when the router says so (after it drained); a SIGTERM that
-  // mpirun forwards to every rank must not cut a worker out from under it.
-  std::signal(SIGTERM, SIG_IGN);
-  std::signal(SIGINT, SIG_IGN);
-  if (Status st = mpi_init(&argc, &argv, wants_elastic(argc, argv)); !st.is_ok()) {
-    std::cerr << "pd-" << role_name(role) << ": " << st.to_string() << "\n";
-    return 1;
-  }
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  set_rank_in_log(role, rank);
-  auto abort_job = [&](const std::string& what) {
-    spdlog::critical("{}", what);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-    return 2;
-  };
-  bool help = false;
-  LaunchFlags flags;
-  auto cfg = parse_cluster_args(argc, argv, (std::string("pd-") + role_name(role)).c_str(), &help, &flags);
-  const bool joining = wants_elastic(argc, argv) && cfg.is_ok() && !flags.join.empty();
-  // Every rank joins the role exchange before anyone may abort, so errors are reported once, clearly.
-  auto roles = exchange_roles(role, joining, cfg.is_ok() && flags.elastic);
-  if (help) {
-    MPI_Finalize();
-    return 0;
-  }
-  if (!cfg.is_ok()) return abort_job(cfg.status().message());
-  if (!roles.is_ok()) return abort_job(roles.status().message());
+namespace {
 
-  const EngineConfig ec = engine_config(*cfg, role);
+// A start-up error: said once, and the whole MPI job stops (a cluster never half-starts).
+int abort_job(const std::string& what) {
+  spdlog::critical("{}", what);
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  return 2;
+}
+
+// The engine of a rank of `role`; the error names the backend and device.
+Result<std::shared_ptr<Engine>> start_engine(const ClusterConfig& cfg, Role role) {
+  const EngineConfig ec = engine_config(cfg, role);
   auto engine = Engine::create(ec);
   if (!engine.is_ok())
-    return abort_job(engine.status().to_string() +
-                     (ec.backend != "cpu" ? " (engine.backend / --backend '" + ec.backend + "', device " + std::to_string(ec.device) + ")"
-                                          : std::string()));
+    return Status::invalid_argument(
+        engine.status().to_string() +
+        (ec.backend != "cpu" ? " (engine.backend / --backend '" + ec.backend + "', device " + std::to_string(ec.device) + ")"
+                             : std::string()));
   if ((*engine)->backend->device_memory())
     spdlog::info("model and KV cache on {} device {} ({})", ec.backend, ec.device, (*engine)->backend->device_id());
+  return std::shared_ptr<Engine>(std::move(engine).value());
+}
 
-  std::shared_ptr<Engine> shared_engine = std::move(engine).value();
-  auto links = std::make_shared<MpiLinks>();
-  RoleTable table = *roles;
+// Opens this rank's MPI port when pools may join (elastic) and, for a rank of
+// a pool joining a running cluster, joins it: the rank's table in that cluster.
+Result<RoleTable> link_into_cluster(MpiLinks& links, const LaunchFlags& flags, bool joining, RoleTable table,
+                                    const ClusterConfig& cfg, const std::string& kv_dtype) {
   if (flags.elastic || joining) {
-    if (Status st = links->listen(-1, flags.secret_path()); !st.is_ok()) return abort_job(st.to_string());
+    if (Status st = links.listen(-1, flags.secret_path()); !st.is_ok()) return Status::unavailable(st.to_string());
   }
   if (joining) {
+    const std::string what = "joining the cluster of '" + flags.join + "': ";
     auto secret = ClusterSecret::load(flags.secret_path());
-    if (!secret.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + secret.status().message());
-    auto joined = join_cluster(*links, flags.join, table, cfg->kv.block_size, kv_dtype_name(ec.kv_dtype), *secret);
-    if (!joined.is_ok()) return abort_job("joining the cluster of '" + flags.join + "': " + joined.status().message());
+    if (!secret.is_ok()) return Status::unavailable(what + secret.status().message());
+    auto joined = join_cluster(links, flags.join, table, cfg.kv.block_size, kv_dtype, *secret);
+    if (!joined.is_ok()) return Status::unavailable(what + joined.status().message());
     table = std::move(joined).value();
-    set_rank_in_log(role, table.self);
+    set_rank_in_log(table.roles[table.self], table.self);
     // SIGTERM to a joined rank: leave (drain, then exit); see leave_requested().
     std::signal(SIGTERM, on_leave_signal);
   } else if (flags.elastic) {
-    if (Status st = send_now(*links, table.router, proto::Listening{links->port()}); !st.is_ok())
-      return abort_job("telling the router this rank's MPI port: " + st.to_string());
+    if (Status st = send_now(links, table.router, proto::Listening{links.port()}); !st.is_ok())
+      return Status::unavailable("telling the router this rank's MPI port: " + st.to_string());
   }
-  // Where a new router is named if this one goes (joined: the file joined by).
-  // Not for a colocated rank: a new router (launch.sh --new-router) starts
-  // disaggregated.
-  const std::string rejoin_file =
-      table.colocated() ? std::string() : joining ? flags.join : (flags.elastic ? flags.join_file : std::string());
-  const Status st = serve_routers(*cfg, std::move(table), rejoin_file, kv_dtype_name(ec.kv_dtype),
-                                  std::move(shared_engine), std::move(links), body);
+  return table;
+}
+
+// The process's end after serving: `st` logged, the exit code returned.
+int finish_rank(const Status& st, bool joining) {
   if (st.is_unavailable()) spdlog::critical("{}; stopping", st.message());
   else if (!st.is_ok()) spdlog::error("{}", st.to_string());
   const int code = st.is_ok() ? 0 : 1;
@@ -190,6 +174,48 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   }
   mpi_finalize_bounded(code);
   return code;
+}
+
+}  // namespace
+
+int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
+  // Workers stop when the router says so (after it drained); a SIGTERM that
+  // mpirun forwards to every rank must not cut a worker out from under it.
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  if (Status st = mpi_init(&argc, &argv, wants_elastic(argc, argv)); !st.is_ok()) {
+    std::cerr << "pd-" << role_name(role) << ": " << st.to_string() << "\n";
+    return 1;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_rank_in_log(role, rank);
+  bool help = false;
+  LaunchFlags flags;
+  auto cfg = parse_cluster_args(argc, argv, (std::string("pd-") + role_name(role)).c_str(), &help, &flags);
+  const bool joining = wants_elastic(argc, argv) && cfg.is_ok() && !flags.join.empty();
+  // Every rank joins the role exchange before anyone may abort, so errors are reported once, clearly.
+  auto roles = exchange_roles(role, joining, cfg.is_ok() && flags.elastic);
+  if (help) {
+    MPI_Finalize();
+    return 0;
+  }
+  if (!cfg.is_ok()) return abort_job(cfg.status().message());
+  if (!roles.is_ok()) return abort_job(roles.status().message());
+  auto engine = start_engine(*cfg, role);
+  if (!engine.is_ok()) return abort_job(engine.status().message());
+  const std::string kv_dtype = kv_dtype_name(engine_config(*cfg, role).kv_dtype);
+  auto links = std::make_shared<MpiLinks>();
+  auto table = link_into_cluster(*links, flags, joining, *roles, *cfg, kv_dtype);
+  if (!table.is_ok()) return abort_job(table.status().message());
+  // Where a new router is named if this one goes (joined: the file joined by).
+  // Not for a colocated rank: a new router (launch.sh --new-router) starts
+  // disaggregated.
+  const std::string rejoin_file =
+      table->colocated() ? std::string() : joining ? flags.join : (flags.elastic ? flags.join_file : std::string());
+  const Status st = serve_routers(*cfg, std::move(table).value(), rejoin_file, kv_dtype, std::move(engine).value(),
+                                  std::move(links), body);
+  return finish_rank(st, joining);
 }
 
 }  // namespace pd
