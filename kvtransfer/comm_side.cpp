@@ -12,7 +12,25 @@
 #include <unordered_set>
 #include <variant>
 
+#include "util/lifecycle.h"
+
 namespace pd {
+
+// The communication thread: kIdle (not started) -> kRunning -> kStopping (stop()
+// asked; the commands already queued still run) -> kStopped (the loop ended).
+enum class CommThread { kIdle, kRunning, kStopping, kStopped };
+const char* state_name(CommThread s) {
+  switch (s) {
+    case CommThread::kIdle: return "idle";
+    case CommThread::kRunning: return "running";
+    case CommThread::kStopping: return "stopping";
+    case CommThread::kStopped: return "stopped";
+  }
+  return "?";
+}
+bool legal(CommThread from, CommThread to) {
+  return static_cast<int>(to) == static_cast<int>(from) + 1;  // one way, one step at a time
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -81,7 +99,8 @@ struct CommSide::Shared {
   size_t channel_pending = 0;                          // the real channel's sends in flight (last round)
   uint64_t events = 0;                                 // rounds that brought the compute side something
   int64_t next_op = 1;                                 // op ids, unique across the transport ends
-  bool started = false, stopping = false, stopped = false;
+  CommThread thread = CommThread::kIdle;  // the communication thread's lifecycle
+  bool stopped() const { return thread == CommThread::kStopped; }
   CommStats stats;
 
   // Last call of the compute side (steady clock ticks): the stall guard.
@@ -107,7 +126,7 @@ class CommSide::Channel final : public ControlChannel {
     s_->touch();
     {
       std::lock_guard lock(s_->mu);
-      if (s_->stopped) return;
+      if (s_->stopped()) return;
     }
     s_->push(SendMessage{dest, m});
   }
@@ -149,7 +168,7 @@ class CommSide::Channel final : public ControlChannel {
   void wait_for_work(std::chrono::microseconds max) override {
     std::unique_lock lock(s_->mu);
     const uint64_t seen = seen_events_;
-    s_->changed.wait_for(lock, max, [&] { return s_->events != seen || !s_->inbox.empty() || s_->stopped; });
+    s_->changed.wait_for(lock, max, [&] { return s_->events != seen || !s_->inbox.empty() || s_->stopped(); });
     seen_events_ = s_->events;
   }
   size_t pending_sends() const override {
@@ -159,8 +178,8 @@ class CommSide::Channel final : public ControlChannel {
   bool flush(std::chrono::milliseconds deadline) override {
     std::unique_lock lock(s_->mu);
     return s_->changed.wait_for(lock, deadline, [&] {
-      return s_->stopped || (s_->queued_sends == 0 && s_->channel_pending == 0);
-    }) && !s_->stopped;
+      return s_->stopped() || (s_->queued_sends == 0 && s_->channel_pending == 0);
+    }) && !s_->stopped();
   }
   void forget(int rank) override { s_->push(ForgetRank{rank}); }
 
@@ -198,7 +217,7 @@ class CommSide::Port final : public Transport {
   Result<TransferOp> post_recv_bytes(int peer, int tag, void* data, size_t bytes) override {
     return post(PostOp{0, PostOp::kRecvBytes, peer, tag, {}, data, bytes});
   }
-  Result<TransferOp> post_reclaim(int peer, int tag) override { return post(PostOp{0, PostOp::kReclaim, peer, tag}); }
+  Result<TransferOp> post_reclaim(int peer, int tag) override { return post(PostOp{0, PostOp::kReclaim, peer, tag, {}}); }
   Result<OpState> test(TransferOp op) override {
     if (!mine_.count(op.value)) return Status::not_found("transfer op " + std::to_string(op.value));
     std::lock_guard lock(s_->mu);
@@ -240,7 +259,7 @@ class CommSide::Port final : public Transport {
     s_->touch();
     {
       std::lock_guard lock(s_->mu);
-      if (s_->stopped) return Status::cancelled("the rank's communication side has stopped");
+      if (s_->stopped()) return Status::cancelled("the rank's communication side has stopped");
       p.id = s_->next_op++;
     }
     mine_.insert(p.id);
@@ -270,8 +289,8 @@ std::unique_ptr<Transport> CommSide::transport() { return std::make_unique<Port>
 void CommSide::start() {
   {
     std::lock_guard lock(shared_->mu);
-    if (shared_->started) return;
-    shared_->started = true;
+    if (shared_->thread != CommThread::kIdle) return;
+    transition(shared_->thread, CommThread::kRunning, 0, "communication side");
   }
   shared_->touch();
   thread_ = std::thread([this] { loop(); });
@@ -280,8 +299,8 @@ void CommSide::start() {
 void CommSide::stop() {
   {
     std::lock_guard lock(shared_->mu);
-    if (!shared_->started || shared_->stopping) return;
-    shared_->stopping = true;
+    if (shared_->thread != CommThread::kRunning) return;
+    transition(shared_->thread, CommThread::kStopping, 0, "communication side");
   }
   shared_->wake.notify_one();
   if (thread_.joinable()) thread_.join();
@@ -305,7 +324,7 @@ class CommSide::Loop {
     {
       std::lock_guard lock(s_.mu);
       commands_.swap(s_.commands);
-      stopping = s_.stopping;
+      stopping = s_.thread == CommThread::kStopping;
     }
     const bool ran_commands = !commands_.empty();
     size_t sends_run = 0;
@@ -436,12 +455,12 @@ class CommSide::Loop {
     abandoned_.clear();
     arrived_.clear();
     if (stopping && s_.commands.empty()) {
-      s_.stopped = true;
+      transition(s_.thread, CommThread::kStopped, 0, "communication side");
       s_.changed.notify_all();
       return false;
     }
     if (news) s_.changed.notify_all();  // flush() and wait_for_work() waiters
-    s_.wake.wait_for(lock, wait_, [&] { return !s_.commands.empty() || s_.stopping; });
+    s_.wake.wait_for(lock, wait_, [&] { return !s_.commands.empty() || s_.thread == CommThread::kStopping; });
     return true;
   }
 
