@@ -219,7 +219,7 @@ void CudaIpcTransport::progress() {
   }
   sends_.erase(sends_.begin(), sends_.begin() + static_cast<std::ptrdiff_t>(i));
 
-  msgs_.poll([this](int peer, Result<DeviceMsg> msg) { on_message(peer, std::move(msg)); });
+  for (DeviceMsgLink::Arrived& a : msgs_.poll()) on_message(a.peer, std::move(a.msg));
 
   for (auto it = copies_.begin(); it != copies_.end();) {
     const cudaError_t q = cudaEventQuery(it->done);

@@ -160,7 +160,8 @@ Status DeviceMsgLink::send(int peer, const DeviceMsg& m) {
   return Status::ok();
 }
 
-void DeviceMsgLink::poll(const std::function<void(int, Result<DeviceMsg>)>& on) {
+std::vector<DeviceMsgLink::Arrived> DeviceMsgLink::poll() {
+  std::vector<Arrived> arrived;
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
     int done = 0;
     const int rc = MPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
@@ -177,9 +178,11 @@ void DeviceMsgLink::poll(const std::function<void(int, Result<DeviceMsg>)>& on) 
       if (MPI_Recv(recv_buf_.data(), count, MPI_BYTE, st.MPI_SOURCE, tag_, link.comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
         break;
       const int peer = link.id == -1 ? links_->world_id(st.MPI_SOURCE) : link.id;
-      on(peer, deserialize_device_msg(std::span<const uint8_t>(recv_buf_.data(), static_cast<size_t>(count))));
+      arrived.push_back(
+          Arrived{peer, deserialize_device_msg(std::span<const uint8_t>(recv_buf_.data(), static_cast<size_t>(count)))});
     }
   }
+  return arrived;
 }
 
 int DeviceMsgLink::self_id() const {

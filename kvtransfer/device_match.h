@@ -90,9 +90,14 @@ class DeviceMsgLink {
 
   // NotFound without a link to `peer`; IoError if MPI refuses the send.
   Status send(int peer, const DeviceMsg& m);
-  // Reaps finished sends, then hands every message that has arrived, in
-  // arrival order, to `on` with the sender's id (a malformed one as its Corruption).
-  void poll(const std::function<void(int peer, Result<DeviceMsg> msg)>& on);
+  // A message that arrived, with its sender's id (a malformed one as its Corruption).
+  struct Arrived {
+    int peer;
+    Result<DeviceMsg> msg;
+  };
+  // Reaps finished sends, then returns every message that has arrived, in
+  // arrival order (the caller acts on them after: nothing here calls back).
+  std::vector<Arrived> poll();
   // This process's rank id.
   int self_id() const;
 

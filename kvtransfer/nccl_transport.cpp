@@ -283,7 +283,7 @@ void NcclTransport::on_message(int peer, Result<DeviceMsg> msg) {
 }
 
 void NcclTransport::progress() {
-  msgs_.poll([this](int peer, Result<DeviceMsg> msg) { on_message(peer, std::move(msg)); });
+  for (DeviceMsgLink::Arrived& a : msgs_.poll()) on_message(a.peer, std::move(a.msg));
   start_ready_sends();
   for (auto& [peer, p] : pairs_) advance(peer, p);
   land_finished();
