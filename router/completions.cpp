@@ -75,7 +75,7 @@ void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::sha
   // SSE headers go out before the link can send a chunk.
   if (api.stream) w->start_sse();
   p_.status.add_queued(n_choices);
-  p_.inbox.post_choices(std::move(reqs), *w, response->choices);
+  post_choices(std::move(reqs), *response);
 }
 
 std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& api, std::vector<Prompt>& prompts,
@@ -109,6 +109,15 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
     }
   }
   return reqs;
+}
+
+void HttpFront::post_choices(std::vector<std::unique_ptr<Request>> reqs, const Response& response) {
+  // The disconnect hook is registered while the batch holds the inbox, so its
+  // ClientGone (posted to an io thread, never run inline) always lands after
+  // the NewRequests.
+  LinkInbox::Batch batch(p_.inbox);
+  response.writer->on_disconnect([&inbox = p_.inbox, ids = response.choices] { inbox.post(ClientGone{ids}); });
+  for (auto& req : reqs) batch.add(NewRequest{std::move(req)});
 }
 
 }  // namespace pd::router

@@ -26,13 +26,6 @@ void LinkInbox::post(InboxItem item) {
   items_.push_back(std::move(item));
 }
 
-void LinkInbox::post_choices(std::vector<std::unique_ptr<Request>> reqs, ResponseWriter& writer,
-                             std::vector<uint64_t> http_ids) {
-  std::lock_guard lock(mu_);
-  writer.on_disconnect([this, ids = std::move(http_ids)] { post(ClientGone{ids}); });
-  for (auto& req : reqs) items_.push_back(NewRequest{std::move(req)});
-}
-
 std::deque<InboxItem> LinkInbox::take() {
   std::deque<InboxItem> out;
   std::lock_guard lock(mu_);

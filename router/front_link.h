@@ -59,17 +59,24 @@ using InboxItem = std::variant<NewRequest, ClientGone, DrainRank>;
 class LinkInbox {
  public:
   void post(InboxItem item);
-  // An answer's choices, and the hook that posts ClientGone for them when its
-  // client leaves: the hook is registered under the inbox's lock, so a
-  // ClientGone (run on an io thread, never inline) always lands after the
-  // NewRequests.
-  void post_choices(std::vector<std::unique_ptr<Request>> reqs, ResponseWriter& writer,
-                    std::vector<uint64_t> http_ids);
+  // Several items posted as one: while a Batch lives, other posts wait. An
+  // answer's choices go in one, with the client's disconnect hook registered
+  // meanwhile, so the hook's ClientGone (run on an io thread, never inline)
+  // always lands after them.
+  class Batch {
+   public:
+    explicit Batch(LinkInbox& inbox) : inbox_(inbox), lock_(inbox.mu_) {}
+    void add(InboxItem item) { inbox_.items_.push_back(std::move(item)); }
+
+   private:
+    LinkInbox& inbox_;
+    std::lock_guard<std::recursive_mutex> lock_;
+  };
   // Everything posted so far, in order. Link thread.
   std::deque<InboxItem> take();
 
  private:
-  std::recursive_mutex mu_;  // recursive: a disconnect callback may run inline while it is held
+  std::recursive_mutex mu_;  // recursive: a disconnect hook may run inline while a Batch holds it
   std::deque<InboxItem> items_;  // guarded by mu_
 };
 

@@ -58,6 +58,8 @@ class HttpFront {
   std::vector<std::unique_ptr<Request>> make_choices(const ApiRequest& api, std::vector<Prompt>& prompts,
                                                      const std::vector<int32_t>& max_tokens,
                                                      const std::shared_ptr<Response>& response);
+  // Hands the choices to the link and hooks the client's disconnect.
+  void post_choices(std::vector<std::unique_ptr<Request>> reqs, const Response& response);
 
   FrontParts p_;
   RequestDefaults sampling_defaults_;    // cfg.sampling, for fields a request omits

@@ -65,8 +65,8 @@ Status Router::run() {
 
 Status Router::start(bool serve_http) {
   if (serve_http) {
-    PD_RETURN_IF_ERROR(http_.start([this](HttpRequest h, std::shared_ptr<ResponseWriter> w) {
-      front_.submit(std::move(h), std::move(w));
+    PD_RETURN_IF_ERROR(http_.start([&front = front_](HttpRequest h, std::shared_ptr<ResponseWriter> w) {
+      front.submit(std::move(h), std::move(w));
     }));
     if (!cfg_.http.port_file.empty()) PD_RETURN_IF_ERROR(
         write_file_atomically(cfg_.http.port_file, std::to_string(http_.port()) + "\n", "http.port_file", 0644));

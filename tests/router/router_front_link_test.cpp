@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -41,10 +42,12 @@ TEST_CASE("front link: the inbox hands the link what the io threads posted, in o
   LinkInbox inbox;
   CHECK(inbox.take().empty());
   auto w = std::make_shared<HookWriter>();
-  std::vector<std::unique_ptr<Request>> reqs;
-  reqs.push_back(request(1));
-  reqs.push_back(request(2));
-  inbox.post_choices(std::move(reqs), *w, {1, 2});
+  {
+    LinkInbox::Batch batch(inbox);
+    w->on_disconnect([&inbox] { inbox.post(ClientGone{{1, 2}}); });
+    batch.add(NewRequest{request(1)});
+    batch.add(NewRequest{request(2)});
+  }
   inbox.post(DrainRank{3, w});
   REQUIRE(w->hook);
   w->hook();  // the client leaves: its choices are named after they were posted
@@ -57,22 +60,22 @@ TEST_CASE("front link: the inbox hands the link what the io threads posted, in o
   CHECK(inbox.take().empty());  // taken once
 }
 
-TEST_CASE("front link: a disconnect hook may run while the inbox is held", "[router][front_link]") {
-  // Were a writer to run the disconnect callback inline from on_disconnect
-  // (the connection already gone), the inbox's lock would be held by
-  // post_choices: it must not deadlock. (The HTTP server posts the callback to
-  // an io thread instead, so the ClientGone lands after the choices.)
-  class InlineWriter : public HookWriter {
-   public:
-    void on_disconnect(std::function<void()> cb) override { cb(); }
-  };
+TEST_CASE("front link: a post from another thread waits for the batch being posted", "[router][front_link]") {
   LinkInbox inbox;
-  InlineWriter w;
-  std::vector<std::unique_ptr<Request>> reqs;
-  reqs.push_back(request(7));
-  inbox.post_choices(std::move(reqs), w, {7});
+  std::thread other;
+  {
+    LinkInbox::Batch batch(inbox);
+    other = std::thread([&inbox] { inbox.post(ClientGone{{9}}); });  // a disconnect hook on an io thread
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    batch.add(NewRequest{request(9)});
+    inbox.post(DrainRank{1, nullptr});  // the batch's own thread may post (a hook run inline)
+  }
+  other.join();
   auto items = inbox.take();
-  CHECK(items.size() == 2);
+  REQUIRE(items.size() == 3);
+  CHECK(std::holds_alternative<NewRequest>(items[0]));
+  CHECK(std::holds_alternative<DrainRank>(items[1]));
+  CHECK(std::holds_alternative<ClientGone>(items[2]));
 }
 
 TEST_CASE("front link: the status is one snapshot, published whole", "[router][front_link]") {
