@@ -125,7 +125,9 @@ void HttpFront::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWr
 
 std::optional<ApiError> HttpFront::check_model(const std::string& model) const {
   if (model.empty() || model == p_.model.name) return std::nullopt;
-  ApiError e = api_error(404, "the model '" + shown_text(model) + "' does not exist (this server serves '" + p_.model.name + "')",
+  ApiError e = api_error(404,
+                         "the model '" + shown_text(model) + "' does not exist (this server serves '" + p_.model.name +
+                             "')",
                          "model", "invalid_request_error");
   e.code = "model_not_found";
   return e;

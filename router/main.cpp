@@ -57,7 +57,8 @@ pd::Status accept_joins(const pd::LaunchFlags& flags, const pd::RoleTable& roles
   const std::string secret_path = flags.secret_path();
   if (auto secret = pd::ClusterSecret::load_or_create(secret_path); !secret.is_ok())
     return pd::Status::invalid_argument(secret.status().to_string() + " (--secret-file)");
-  if (pd::Status st = links.listen(world, secret_path); !st.is_ok()) return pd::Status::invalid_argument(st.to_string());
+  if (pd::Status st = links.listen(world, secret_path); !st.is_ok())
+    return pd::Status::invalid_argument(st.to_string());
   if (pd::Status st = pd::write_join_file(
           flags.join_file, {links.port(), roles.self, roles.hosts[roles.self], roles.pids[roles.self]});
       !st.is_ok())

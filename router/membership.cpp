@@ -148,8 +148,8 @@ std::vector<MembershipEvent> Membership::check_liveness() {
   confirm_deaths();
   for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
                                   std::chrono::milliseconds(cfg_.timeouts.startup_ms)))
-    events.emplace_back(
-        declare_down(rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)"));
+    events.emplace_back(declare_down(
+        rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)"));
   return events;
 }
 

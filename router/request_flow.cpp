@@ -46,7 +46,8 @@ void LinkLoop::dispatch_queued() {
       p_.metrics.stage.observe({"router_queue"}, seconds(r.dispatched_at - r.arrived));
       p_.metrics.prompt_tokens_total.inc(static_cast<double>(n));
     }
-    if (choice->prefill_rank >= 0) p_.metrics.rank_requests_total.inc({"prefill", std::to_string(choice->prefill_rank)});
+    if (choice->prefill_rank >= 0)
+      p_.metrics.rank_requests_total.inc({"prefill", std::to_string(choice->prefill_rank)});
     p_.metrics.rank_requests_total.inc({"decode", std::to_string(choice->decode_rank)});
     p_.metrics.routing_decisions_total.inc({route_reason_name(choice->reason)});
     // Colocated, or a decode rank that holds most of the prompt: it computes the prompt itself.
@@ -164,7 +165,8 @@ void LinkLoop::check_deadlines() {
 }
 
 bool LinkLoop::rerun(Request& r, const std::string& why) {
-  if (!may_rerun(r, {p_.cfg.router.max_attempts, p_.cfg.router.migrate}, shown_.state != RouterState::kServing)) return false;
+  const bool stopping = shown_.state != RouterState::kServing;
+  if (!may_rerun(r, {p_.cfg.router.max_attempts, p_.cfg.router.migrate}, stopping)) return false;
   const uint64_t old_id = r.wire_id;
   const bool migrating = r.state == RequestState::kStreaming;
   release_workers(r, true);  // both legs drop the old attempt

@@ -35,7 +35,8 @@ struct Halves {
     roles.prefill = {kP1, kP2};
     roles.decode = {kD1, kD2};
     front = std::make_unique<HttpFront>(FrontParts{cfg, model, registry, metrics, ids, inbox, status});
-    link = std::make_unique<LinkLoop>(LinkParts{cfg, roles, model, metrics, ids, inbox, status}, hub.endpoint(kRouterRank));
+    link = std::make_unique<LinkLoop>(LinkParts{cfg, roles, model, metrics, ids, inbox, status},
+                                      hub.endpoint(kRouterRank));
     front->set_env(&env);
     link->set_env(&env);
     link->start();

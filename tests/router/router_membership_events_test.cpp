@@ -114,7 +114,8 @@ TEST_CASE("membership: a join is refused while the router stops", "[router][memb
   CHECK(f.workers.find(7) == nullptr);
   bool refused = false;
   for (auto& [src, msg] : f.hub.take_all(7))
-    if (auto* r = std::get_if<proto::JoinRefused>(&msg)) refused |= r->reason.find("shutting down") != std::string::npos;
+    if (auto* r = std::get_if<proto::JoinRefused>(&msg))
+      refused |= r->reason.find("shutting down") != std::string::npos;
   CHECK(refused);
   f.m->on_join(8, j, false);
   CHECK(f.workers.find(8) != nullptr);

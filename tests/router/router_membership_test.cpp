@@ -291,7 +291,8 @@ TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-
   CHECK(illegal_transitions() == 0);
 }
 
-TEST_CASE("router: a rank that does not finish draining within rank_drain_ms is ended as down and removed", "[router]") {
+TEST_CASE("router: a rank that does not finish draining within rank_drain_ms is ended as down and removed",
+          "[router]") {
   // Only the rank's deadline is short: the router's stop grace plays no part.
   Harness h(150, 30000, false, [](ClusterConfig& c) { c.timeouts.rank_drain_ms = 300; });
   auto f = h.post(kStreamBody);
