@@ -4,7 +4,23 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "util/lifecycle.h"
+
 namespace pd::router {
+
+const char* state_name(AnswerState s) {
+  switch (s) {
+    case AnswerState::kOpen: return "open";
+    case AnswerState::kAnswered: return "answered";
+    case AnswerState::kFailed: return "failed";
+    case AnswerState::kAbandoned: return "abandoned";
+  }
+  return "?";
+}
+
+bool legal(AnswerState from, AnswerState to) { return from == AnswerState::kOpen && to != AnswerState::kOpen; }
+
+void Response::end(AnswerState to) { transition(state, to, choices.empty() ? 0 : choices.front(), "router answer"); }
 
 int http_status_of(proto::FailureKind k) {
   switch (k) {
@@ -35,7 +51,7 @@ void answer_finished_choice(Response& resp, ChoiceOut c, Usage usage, bool first
   if (!resp.stream) resp.done.push_back(std::move(c));
   else w.send_event(stream_chunk(resp.endpoint, resp.id, model, resp.created, c, first_chunk));
   if (resp.open > 0) return;
-  resp.ended = true;
+  resp.end(AnswerState::kAnswered);
   if (!resp.stream) {
     std::sort(resp.done.begin(), resp.done.end(), [](const ChoiceOut& a, const ChoiceOut& b) { return a.index < b.index; });
     w.respond(200, "application/json", completion_body(resp.endpoint, resp.id, model, resp.created, resp.done, resp.usage));
@@ -47,7 +63,7 @@ void answer_finished_choice(Response& resp, ChoiceOut c, Usage usage, bool first
 }
 
 void answer_failed(Response& resp, const ApiError& error) {
-  resp.ended = true;
+  resp.end(AnswerState::kFailed);
   ResponseWriter& w = *resp.writer;
   if (!resp.stream) {
     respond_error(w, error);

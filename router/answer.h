@@ -46,6 +46,13 @@ int http_status_of(proto::FailureKind k);
 // rank's new state, or `refusal` as 404 (`known_rank` false) or 409.
 void respond_drain(ResponseWriter& w, int rank, const std::string& refusal, bool known_rank);
 
+// An answer's lifecycle: kOpen until it is given — kAnswered (every choice
+// finished), kFailed (a choice failed: the error was sent) or kAbandoned (the
+// client left, or no one is left to answer) — once.
+enum class AnswerState { kOpen, kAnswered, kFailed, kAbandoned };
+const char* state_name(AnswerState s);
+bool legal(AnswerState from, AnswerState to);
+
 // One HTTP answer: the choices of one API request (several prompts, n per
 // prompt), each generated as its own Request. Answered once every choice
 // finished; the first choice that fails answers it with the error and ends
@@ -60,16 +67,19 @@ struct Response {
   size_t open = 0;                // choices not yet ended
   std::vector<ChoiceOut> done;    // non-streaming: the finished choices
   Usage usage;                    // summed over the finished choices
-  bool ended = false;             // answered, failed, or the client left
+  AnswerState state = AnswerState::kOpen;
+  bool ended() const { return state != AnswerState::kOpen; }
+  // The answer is given (`to`: how). Link thread.
+  void end(AnswerState to);
 };
 
 // A choice of `resp` finished (resp.open already counts it out): its last
 // chunk goes out (streaming) or it is kept; `usage` is added. Once no choice
-// is open the answer is given: the body (choices by index) or, streaming, the
+// is open the answer is given (kAnswered): the body (choices by index) or, streaming, the
 // usage chunk when asked, [DONE] and the end of the stream.
 void answer_finished_choice(Response& resp, ChoiceOut c, Usage usage, bool first_chunk, const std::string& model);
 // Answers `resp` with `error` (a 4xx/5xx body, or mid-stream an error event and
-// [DONE]) and marks it ended. The caller ends the other choices.
+// [DONE]) and marks it kFailed. The caller ends the other choices.
 void answer_failed(Response& resp, const ApiError& error);
 
 }  // namespace pd::router

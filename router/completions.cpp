@@ -1,12 +1,12 @@
 // A completion request on the io threads: parsed, its prompts tokenized
 // (prompts.h), admitted (admission.h), fanned out into one Request per choice
 // (n per prompt, each with its own seed), and handed to the link thread with
-// the client's disconnect hooked.
+// the client's disconnect hooked (HttpFront, http_front.h).
 #include <chrono>
 #include <random>
 
 #include "router/answer.h"
-#include "router/router.h"
+#include "router/http_front.h"
 
 namespace pd::router {
 namespace {
@@ -19,39 +19,48 @@ uint64_t fresh_seed() {
 
 }  // namespace
 
-ClusterState Router::cluster_state() const {
+HttpFront::HttpFront(FrontParts parts) : p_(parts) {
+  sampling_defaults_.temperature = static_cast<float>(p_.cfg.sampling.temperature);
+  sampling_defaults_.top_p = static_cast<float>(p_.cfg.sampling.top_p);
+  sampling_defaults_.top_k = p_.cfg.sampling.top_k;
+  sampling_defaults_.min_p = static_cast<float>(p_.cfg.sampling.min_p);
+  const Tokenizer& tok = *p_.model.tokenizer;
+  if (tok.eos_id() >= 0) hidden_ids_.push_back(tok.eos_id());
+  chat_stop_ids_ = chat_stop_ids(p_.model);
+  hidden_ids_.insert(hidden_ids_.end(), chat_stop_ids_.begin(), chat_stop_ids_.end());
+}
+
+ClusterState HttpFront::cluster_state() const {
+  LinkSnapshot link = p_.status.snapshot();
   ClusterState s;
-  s.stopping = stopping_.load();
-  s.ready = ready_.load();
-  s.degraded = degraded_.load();
-  if (!s.ready && s.degraded) {
-    std::lock_guard lock(ready_mu_);
-    s.not_ready_reason = not_ready_reason_;
-  }
-  s.queued = queued_.load();
+  s.stopping = link.state != RouterState::kServing;
+  s.ready = link.ready;
+  s.degraded = link.degraded;
+  s.not_ready_reason = std::move(link.not_ready_reason);
+  s.queued = p_.status.queued();
   return s;
 }
 
-void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
+void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
   auto reject = [&](const ApiError& e, std::vector<std::pair<std::string, std::string>> headers = {}) {
-    metrics_.requests_total.inc({"rejected"});
+    p_.metrics.requests_total.inc({"rejected"});
     respond_error(*w, e, std::move(headers));
   };
   ApiResult<ApiRequest> parsed = parse_request(ep, http.body, sampling_defaults_);
   if (!parsed.is_ok()) return reject(parsed.error());
   ApiRequest api = std::move(parsed).value();
   if (auto e = check_model(api.model)) return reject(*e);
-  ApiResult<std::vector<Prompt>> prompts = encode_prompts(model_, ep, api);
+  ApiResult<std::vector<Prompt>> prompts = encode_prompts(p_.model, ep, api);
   if (!prompts.is_ok()) return reject(prompts.error());
   if (ep == Endpoint::kChatCompletions) {  // a chat ends at its template's end of turn as at EOS
     api.sampling.stop_token_ids = chat_stop_ids_;
   }
-  ApiResult<std::vector<int32_t>> max_tokens = fit_context(ep, api, prompts.value(), model_.context);
+  ApiResult<std::vector<int32_t>> max_tokens = fit_context(ep, api, prompts.value(), p_.model.context);
   if (!max_tokens.is_ok()) return reject(max_tokens.error());
-  if (auto e = check_answer_size(api, prompts.value(), max_tokens.value(), cfg_.router.max_answer_entries))
+  if (auto e = check_answer_size(api, prompts.value(), max_tokens.value(), p_.cfg.router.max_answer_entries))
     return reject(*e);
   const int n_choices = static_cast<int>(prompts.value().size()) * api.n;
-  if (auto refused = check_capacity(api, n_choices, cluster_state(), cfg_.router))
+  if (auto refused = check_capacity(api, n_choices, cluster_state(), p_.cfg.router))
     return reject(refused->error, std::move(refused->headers));
 
   auto response = std::make_shared<Response>();
@@ -65,11 +74,11 @@ void Router::handle_completion(Endpoint ep, const HttpRequest& http, std::shared
   response->open = reqs.size();
   // SSE headers go out before the link can send a chunk.
   if (api.stream) w->start_sse();
-  queued_ += n_choices;
+  p_.status.add_queued(n_choices);
   post_choices(std::move(reqs), *response);
 }
 
-std::vector<std::unique_ptr<Request>> Router::make_choices(const ApiRequest& api, std::vector<Prompt>& prompts,
+std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& api, std::vector<Prompt>& prompts,
                                                            const std::vector<int32_t>& max_tokens,
                                                            const std::shared_ptr<Response>& response) {
   // Choice j of prompt i has index i * n + j. With a seed, choice j samples
@@ -79,7 +88,7 @@ std::vector<std::unique_ptr<Request>> Router::make_choices(const ApiRequest& api
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (int32_t j = 0; j < api.n; ++j) {
       auto req = std::make_unique<Request>();
-      req->wire_id = req->http_id = requests_.new_id();
+      req->wire_id = req->http_id = p_.ids.next();
       req->api = api;
       req->api.sampling.max_tokens = max_tokens[i];
       req->api.sampling.seed = api.seed_given ? api.sampling.seed + static_cast<uint64_t>(j) : fresh_seed();
@@ -93,7 +102,7 @@ std::vector<std::unique_ptr<Request>> Router::make_choices(const ApiRequest& api
       format.chat = api.endpoint == Endpoint::kChatCompletions;
       format.with_logprobs = api.sampling.logprobs >= 0;
       format.prompt_logprobs = api.sampling.prompt_logprobs;
-      req->out = std::make_unique<ChoiceStream>(*model_.tokenizer, format, api.stop, hidden_ids_,
+      req->out = std::make_unique<ChoiceStream>(*p_.model.tokenizer, format, api.stop, hidden_ids_,
                                                 api.echo ? prompts[i].echo : std::string());
       response->choices.push_back(req->http_id);
       reqs.push_back(std::move(req));
@@ -102,16 +111,13 @@ std::vector<std::unique_ptr<Request>> Router::make_choices(const ApiRequest& api
   return reqs;
 }
 
-void Router::post_choices(std::vector<std::unique_ptr<Request>> reqs, const Response& response) {
-  // The disconnect callback is registered under the inbox lock, so its
+void HttpFront::post_choices(std::vector<std::unique_ptr<Request>> reqs, const Response& response) {
+  // The disconnect hook is registered while the batch holds the inbox, so its
   // ClientGone (posted to an io thread, never run inline) always lands after
   // the NewRequests.
-  std::lock_guard lock(inbox_mu_);
-  response.writer->on_disconnect([this, ids = response.choices] {
-    std::lock_guard lock(inbox_mu_);
-    inbox_.push_back(ClientGone{ids});
-  });
-  for (auto& req : reqs) inbox_.push_back(NewRequest{std::move(req)});
+  LinkInbox::Batch batch(p_.inbox);
+  response.writer->on_disconnect([&inbox = p_.inbox, ids = response.choices] { inbox.post(ClientGone{ids}); });
+  for (auto& req : reqs) batch.add(NewRequest{std::move(req)});
 }
 
 }  // namespace pd::router

@@ -1,8 +1,8 @@
 // The router's HTTP routes (io threads): which handler a path and method reach,
 // the API-key and admin-key checks, /health, /metrics, /v1/models, /tokenize
 // and /detokenize, and POST /admin/drain (handed to the link thread).
-// Completions are in completions.cpp. Touches the link thread's state only
-// through inbox_.
+// Completions are in completions.cpp. Reaches the link thread only through the
+// LinkInbox and the LinkStatus (front_link.h).
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "router/answer.h"
 #include "router/auth.h"
-#include "router/router.h"
+#include "router/http_front.h"
 
 namespace pd::router {
 namespace {
@@ -56,12 +56,12 @@ void respond_unauthorized(ResponseWriter& w, const std::string& what) {
 
 }  // namespace
 
-void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
+void HttpFront::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   const std::string& path = http.target;
   const RouteInfo ri = route_of(path);
   // /health answers before the key check: load balancers probe it without one.
   if (is_admin(path)) {
-    switch (admin_access(http.authorization, cfg_.http.admin_key)) {
+    switch (admin_access(http.authorization, p_.cfg.http.admin_key)) {
       case AdminAccess::kAllowed: break;
       case AdminAccess::kDisabled: {
         ApiError e = api_error(403,
@@ -73,8 +73,8 @@ void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
       }
       case AdminAccess::kDenied: return respond_unauthorized(*w, "admin key (http.admin_key)");
     }
-  } else if (ri.route != Route::kHealth && needs_key(path, cfg_.http.metrics_require_key) &&
-             !authorized(http.authorization, cfg_.http.api_key)) {
+  } else if (ri.route != Route::kHealth && needs_key(path, p_.cfg.http.metrics_require_key) &&
+             !authorized(http.authorization, p_.cfg.http.api_key)) {
     return respond_unauthorized(*w, "API key");
   }
   if (ri.route == Route::kNone) {
@@ -89,8 +89,8 @@ void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   }
   switch (ri.route) {
     case Route::kHealth: return respond_health(*w);
-    case Route::kMetrics: w->respond(200, "text/plain; version=0.0.4; charset=utf-8", registry_.render()); return;
-    case Route::kModels: w->respond(200, "application/json", models_body(model_.name, unix_seconds_now())); return;
+    case Route::kMetrics: w->respond(200, "text/plain; version=0.0.4; charset=utf-8", p_.registry.render()); return;
+    case Route::kModels: w->respond(200, "application/json", models_body(p_.model.name, unix_seconds_now())); return;
     case Route::kDrain: return handle_drain(http, std::move(w));
     case Route::kTokenize: return handle_tokenize(http, *w);
     case Route::kDetokenize: return handle_detokenize(http, *w);
@@ -100,22 +100,18 @@ void Router::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
   }
 }
 
-void Router::respond_health(ResponseWriter& w) {
-  std::string why, ranks;
-  {
-    std::lock_guard lock(ready_mu_);
-    why = stopping_.load() ? "shutting down" : not_ready_reason_;
-    ranks = ranks_json_;
-  }
+void HttpFront::respond_health(ResponseWriter& w) {
+  const LinkSnapshot link = p_.status.snapshot();
+  const bool stopping = link.state != RouterState::kServing;
   nlohmann::json body;
-  const bool ok = ready_.load() && !stopping_.load();
-  body["status"] = !ok ? "unavailable" : degraded_.load() ? "degraded" : "ok";
-  if (!ok) body["reason"] = why;
-  body["ranks"] = nlohmann::json::parse(ranks, nullptr, false);
+  const bool ok = link.ready && !stopping;
+  body["status"] = !ok ? "unavailable" : link.degraded ? "degraded" : "ok";
+  if (!ok) body["reason"] = stopping ? "shutting down" : link.not_ready_reason;
+  body["ranks"] = nlohmann::json::parse(link.ranks_json, nullptr, false);
   w.respond(ok ? 200 : 503, "application/json", body.dump());
 }
 
-void Router::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
+void HttpFront::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w) {
   // {"rank": N}: the rank to drain out of the cluster (see /health for ranks).
   const nlohmann::json body = nlohmann::json::parse(http.body, nullptr, false);
   if (body.is_discarded() || !body.is_object())
@@ -124,28 +120,29 @@ void Router::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWrite
   if (it == body.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 30))
     return respond_error(*w, api_error(400, "'rank' must be a non-negative integer (a worker rank from /health)", "rank",
                                        "invalid_request_error"));
-  std::lock_guard lock(inbox_mu_);
-  inbox_.push_back(DrainRank{static_cast<int>(it->get<int64_t>()), std::move(w)});
+  p_.inbox.post(DrainRank{static_cast<int>(it->get<int64_t>()), std::move(w)});
 }
 
-std::optional<ApiError> Router::check_model(const std::string& model) const {
-  if (model.empty() || model == model_.name) return std::nullopt;
-  ApiError e = api_error(404, "the model '" + shown_text(model) + "' does not exist (this server serves '" + model_.name + "')",
+std::optional<ApiError> HttpFront::check_model(const std::string& model) const {
+  if (model.empty() || model == p_.model.name) return std::nullopt;
+  ApiError e = api_error(404,
+                         "the model '" + shown_text(model) + "' does not exist (this server serves '" + p_.model.name +
+                             "')",
                          "model", "invalid_request_error");
   e.code = "model_not_found";
   return e;
 }
 
-void Router::handle_tokenize(const HttpRequest& http, ResponseWriter& w) {
+void HttpFront::handle_tokenize(const HttpRequest& http, ResponseWriter& w) {
   ApiResult<TokenizeRequest> parsed = parse_tokenize(http.body);
   if (!parsed.is_ok()) return respond_error(w, parsed.error());
   const TokenizeRequest& t = parsed.value();
   if (auto e = check_model(t.model)) return respond_error(w, *e);
-  const Tokenizer& tok = *model_.tokenizer;
+  const Tokenizer& tok = *p_.model.tokenizer;
   std::vector<TokenId> ids;
   if (t.chat) {
     // As the chat endpoint feeds the model: BOS included (the template's or the vocabulary's).
-    auto chat = encode_chat(model_, t.messages, t.add_generation_prompt);
+    auto chat = encode_chat(p_.model, t.messages, t.add_generation_prompt);
     if (!chat.is_ok()) return respond_error(w, api_error(400, "messages: " + chat.status().message(), "messages"));
     ids = std::move(chat).value();
     if (!t.add_special_tokens && !ids.empty() && ids.front() == tok.bos_id()) ids.erase(ids.begin());
@@ -153,14 +150,14 @@ void Router::handle_tokenize(const HttpRequest& http, ResponseWriter& w) {
     ids = tok.encode(t.prompt, t.parse_special);
     if (t.add_special_tokens && tok.add_bos() && tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
   }
-  w.respond(200, "application/json", tokenize_body(ids, model_.context));
+  w.respond(200, "application/json", tokenize_body(ids, p_.model.context));
 }
 
-void Router::handle_detokenize(const HttpRequest& http, ResponseWriter& w) {
-  ApiResult<DetokenizeRequest> parsed = parse_detokenize(http.body, model_.tokenizer->vocab_size());
+void HttpFront::handle_detokenize(const HttpRequest& http, ResponseWriter& w) {
+  ApiResult<DetokenizeRequest> parsed = parse_detokenize(http.body, p_.model.tokenizer->vocab_size());
   if (!parsed.is_ok()) return respond_error(w, parsed.error());
   if (auto e = check_model(parsed.value().model)) return respond_error(w, *e);
-  w.respond(200, "application/json", detokenize_body(model_.tokenizer->decode(parsed.value().tokens)));
+  w.respond(200, "application/json", detokenize_body(p_.model.tokenizer->decode(parsed.value().tokens)));
 }
 
 }  // namespace pd::router

@@ -8,14 +8,8 @@
 namespace pd::router {
 
 Membership::Membership(const ClusterConfig& cfg, std::string kv_dtype, WorkerTable& workers, ControlChannel& channel,
-                       RouterMetrics& metrics, const std::atomic<bool>& stopping, OnDown on_down)
-    : cfg_(cfg),
-      kv_dtype_(std::move(kv_dtype)),
-      workers_(workers),
-      channel_(channel),
-      metrics_(metrics),
-      stopping_(stopping),
-      on_down_(std::move(on_down)) {}
+                       RouterMetrics& metrics)
+    : cfg_(cfg), kv_dtype_(std::move(kv_dtype)), workers_(workers), channel_(channel), metrics_(metrics) {}
 
 std::vector<int> Membership::worker_ranks(int except) const {
   std::vector<int> out;
@@ -52,7 +46,7 @@ void Membership::on_report(int source, const proto::LoadReport& m) {
   }
 }
 
-std::string Membership::join_refusal(const proto::Join& m) const {
+std::string Membership::join_refusal(const proto::Join& m, bool router_stopping) const {
   const bool prefill = m.role == static_cast<int32_t>(Role::kPrefill);
   if (!prefill && m.role != static_cast<int32_t>(Role::kDecode))
     return "role " + std::to_string(m.role) + " cannot join (only prefill and decode ranks)";
@@ -62,14 +56,14 @@ std::string Membership::join_refusal(const proto::Join& m) const {
     return "kv.block_size " + std::to_string(m.block_size) + " differs from the cluster's " +
            std::to_string(cfg_.kv.block_size);
   if (m.kv_dtype != kv_dtype_) return "kv.dtype " + m.kv_dtype + " differs from the cluster's " + kv_dtype_;
-  if (stopping_.load()) return "the cluster is shutting down";
+  if (router_stopping) return "the cluster is shutting down";
   return "";
 }
 
-void Membership::on_join(int source, const proto::Join& m) {
+void Membership::on_join(int source, const proto::Join& m, bool router_stopping) {
   const bool prefill = m.role == static_cast<int32_t>(Role::kPrefill);
   const char* role = prefill ? "prefill" : "decode";
-  if (const std::string refused = join_refusal(m); !refused.empty()) {
+  if (const std::string refused = join_refusal(m, router_stopping); !refused.empty()) {
     spdlog::warn("router: refused a {} rank from {} (pid {}): {}", role, m.host, m.pid, refused);
     channel_.send(source, proto::JoinRefused{refused});
     channel_.forget(source);
@@ -132,21 +126,34 @@ void Membership::on_drained(int rank) {
   channel_.forget(rank);
 }
 
-void Membership::check_drains() {
-  const auto limit = std::chrono::milliseconds(cfg_.timeouts.drain_ms);
+void Membership::check_drains(std::vector<MembershipEvent>& events) {
+  const auto limit = std::chrono::milliseconds(cfg_.timeouts.rank_drain_ms);
   std::vector<int> late;
   for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
     for (const WorkerView& w : *pool)
       if (w.state == RankState::kDraining && env_->now() - w.drain_started > limit) late.push_back(w.rank);
   for (int rank : late) {
     // What it still holds ends as if it had gone down (re-run or failed); then it is removed.
-    on_rank_down(rank, "did not finish draining within " + std::to_string(cfg_.timeouts.drain_ms) +
-                           " ms (timeouts.drain_ms)");
-    on_drained(rank);
+    events.emplace_back(declare_down(rank, "did not finish draining within " +
+                                               std::to_string(cfg_.timeouts.rank_drain_ms) +
+                                               " ms (timeouts.rank_drain_ms)"));
+    events.emplace_back(RemoveRank{rank});
   }
 }
 
-void Membership::check_liveness() {
+std::vector<MembershipEvent> Membership::check_liveness() {
+  send_beats();
+  std::vector<MembershipEvent> events;
+  check_drains(events);
+  confirm_deaths();
+  for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
+                                  std::chrono::milliseconds(cfg_.timeouts.startup_ms)))
+    events.emplace_back(declare_down(
+        rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)"));
+  return events;
+}
+
+void Membership::send_beats() {
   const auto now = env_->now();
   if (!last_beat_ || now - *last_beat_ >= std::chrono::seconds(1)) {
     // Not to a down rank (it hears Rejoin when it speaks again), nor to one
@@ -166,11 +173,6 @@ void Membership::check_liveness() {
       }
     last_beat_ = now;
   }
-  check_drains();
-  confirm_deaths();
-  for (int rank : workers_.expire(std::chrono::milliseconds(cfg_.timeouts.heartbeat_ms),
-                                  std::chrono::milliseconds(cfg_.timeouts.startup_ms)))
-    on_rank_down(rank, "sent nothing for " + std::to_string(cfg_.timeouts.heartbeat_ms) + " ms (timeouts.heartbeat_ms)");
 }
 
 void Membership::confirm_deaths() {
@@ -187,14 +189,14 @@ void Membership::confirm_deaths() {
     }
 }
 
-void Membership::on_rank_down(int rank, const std::string& why) {
+RankDown Membership::declare_down(int rank, const std::string& why) {
   const WorkerView* w = workers_.find(rank);
   const std::string name = std::string(role_label(*w)) + " rank " + std::to_string(rank);
   spdlog::error("router: {} is down: {}", name, why);
   metrics_.rank_down_total.inc({role_label(*w), std::to_string(rank)});
   // Fence it: the other workers drop what they share with this incarnation.
   for (int r : worker_ranks(rank)) channel_.send(r, proto::PeerDown{rank, w->epoch});
-  on_down_(rank, name, why);
+  return RankDown{rank, name, why};
 }
 
 void Membership::cancel_on(int rank, uint64_t id) {

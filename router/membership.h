@@ -7,24 +7,25 @@
 //    it takes no new work, its queued prefills come back to be re-run elsewhere
 //    (FailureKind::kLeaving), the rest finishes; on Drained the others get
 //    PeerLeft and it gets Shutdown. One that does not finish within
-//    timeouts.drain_ms is ended as down, then removed.
+//    timeouts.rank_drain_ms is ended as down, then removed.
 //  - Liveness: every message from a worker is its heartbeat; one silent for
 //    timeouts.heartbeat_ms is declared down and fenced (the others get
-//    PeerDown; what it held re-runs or fails, through the on-down callback),
+//    PeerDown; what it held re-runs or fails: check_liveness returns it as a
+//    RankDown for the link loop to apply),
 //    told to Rejoin when it speaks again, and re-admitted under a new epoch
 //    once it reports under that epoch. A down rank whose process has ended
 //    (env's rank_gone: mpirun's process table, any host) is reported to the
 //    others once (PeerGone): blocks under its unfinished transfers can be freed.
 // The worker table (dispatch.h) holds the states; this class moves them and
-// tells the ranks. Link thread only.
+// tells the ranks. It calls nothing of the router: what the router must do
+// about the requests comes back as events. Link thread only.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <functional>
 #include <optional>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "config/cluster_config.h"
@@ -36,32 +37,45 @@
 
 namespace pd::router {
 
+// `rank` was declared down and the other ranks told (PeerDown): what it held
+// is re-run or failed. `name` is "prefill rank N" / "decode rank N", `why` the cause.
+struct RankDown {
+  int rank = -1;
+  std::string name;
+  std::string why;
+};
+// A drain past its deadline: once its RankDown was applied, the rank is
+// removed (Membership::on_drained).
+struct RemoveRank {
+  int rank = -1;
+};
+// What a membership check asks of the link loop, applied in order.
+using MembershipEvent = std::variant<RankDown, RemoveRank>;
+
 class Membership {
  public:
-  // Called once a rank was declared down and the others told: `name` is
-  // "prefill rank N" / "decode rank N", `why` the cause. The router re-runs or
-  // fails what the rank held.
-  using OnDown = std::function<void(int rank, const std::string& name, const std::string& why)>;
-  // Every reference must outlive this. `stopping` is set while the router stops.
+  // Every reference must outlive this.
   Membership(const ClusterConfig& cfg, std::string kv_dtype, WorkerTable& workers, ControlChannel& channel,
-             RouterMetrics& metrics, const std::atomic<bool>& stopping, OnDown on_down);
+             RouterMetrics& metrics);
   void set_env(const Env* env) { env_ = env; }
 
-  void on_join(int source, const proto::Join& m);
+  // A rank asks to join; refused while `router_stopping`.
+  void on_join(int source, const proto::Join& m, bool router_stopping);
   // Starts draining `rank` out of the cluster; returns why it cannot, or "".
   std::string begin_drain(int rank, const std::string& why);
+  // `rank` holds nothing more (Drained, or a RemoveRank): the others are told, it is removed.
   void on_drained(int rank);
   void on_report(int source, const proto::LoadReport& m);
-  // Drains past timeouts.drain_ms, and ranks silent past timeouts.heartbeat_ms
-  // (or not ready within timeouts.startup_ms): ended as down. The other way
+  // Drains past timeouts.rank_drain_ms, and ranks silent past
+  // timeouts.heartbeat_ms (or not ready within timeouts.startup_ms): declared
+  // down (fenced, the others told), returned for the caller to apply in order
+  // (a late drain's RankDown is followed by its RemoveRank). The other way
   // round, every worker hears that the router is alive (RouterBeat, once a
   // second; a worker stops after timeouts.router_ms without it).
-  void check_liveness();
+  [[nodiscard]] std::vector<MembershipEvent> check_liveness();
   // A rank that served and has been silent this long gets no RouterBeat until
   // it is heard again (check_liveness).
   static constexpr std::chrono::milliseconds kBeatSilence{1500};
-  // `rank` is declared down: fenced, the others told, then on_down.
-  void on_rank_down(int rank, const std::string& why);
   // Tells `rank` to drop wire id `id` (unless it is down: it dropped everything).
   void cancel_on(int rank, uint64_t id);
   // Every worker in the table except `except` (broadcasts).
@@ -69,18 +83,19 @@ class Membership {
 
  private:
   // Why a Join is refused, or "".
-  std::string join_refusal(const proto::Join& m) const;
-  void check_drains();
+  std::string join_refusal(const proto::Join& m, bool router_stopping) const;
+  void send_beats();
+  void check_drains(std::vector<MembershipEvent>& events);
   // Down ranks whose process has ended: the others are told (PeerGone), once a rank, at most once a second.
   void confirm_deaths();
+  // `rank` is declared down: fenced, the others told; its RankDown.
+  RankDown declare_down(int rank, const std::string& why);
 
   const ClusterConfig& cfg_;
   const std::string kv_dtype_;
   WorkerTable& workers_;
   ControlChannel& channel_;
   RouterMetrics& metrics_;
-  const std::atomic<bool>& stopping_;
-  OnDown on_down_;
   const Env* env_ = &system_env();
   std::optional<std::chrono::steady_clock::time_point> last_beat_, last_death_check_;
   std::set<int> gone_;  // ranks confirmed ended (PeerGone sent)

@@ -38,6 +38,10 @@ bool retryable(proto::FailureKind k) {
   return k == proto::FailureKind::kPeerDown || k == proto::FailureKind::kTransfer || k == proto::FailureKind::kLeaving;
 }
 
+bool serves(const Request& r, int source) {
+  return r.state != RequestState::kQueued && (source == r.where.decode_rank || source == r.where.prefill_rank);
+}
+
 bool may_rerun(const Request& r, const RerunPolicy& policy, bool stopping) {
   const bool before_tokens = r.state == RequestState::kDispatched;
   const bool migrates = r.state == RequestState::kStreaming && policy.migrate &&

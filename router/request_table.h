@@ -22,10 +22,9 @@
 //   token). A queued request ends cancelled or failed (deadline, shutdown); an
 //   ended request leaves the table in the same step.
 //
-// Link thread only, except new_id() (any thread).
+// Link thread only. Its ids come from RequestIds (front_link.h).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -83,6 +82,9 @@ struct RerunPolicy {
 // Whether a failed attempt of `r` runs again: it has attempts left, the router
 // is not stopping, and no token reached the client yet or migration is on.
 bool may_rerun(const Request& r, const RerunPolicy& policy, bool stopping);
+// Whether rank `source` serves the current attempt of `r` (it was dispatched
+// and `source` is its prefill or decode rank).
+bool serves(const Request& r, int source);
 // The next attempt's prompt length and max_tokens: a migrated request's prompt
 // ends with the tokens generated so far, and it generates the rest.
 int64_t attempt_prompt_tokens(const Request& r);
@@ -94,8 +96,6 @@ proto::PrefillRequest attempt_message(const Request& r, int32_t decode_rank);
 
 class RequestTable {
  public:
-  // A fresh id (an http id, or a re-run's wire id). Any thread.
-  uint64_t new_id() { return next_id_.fetch_add(1); }
   // An accepted request: queued at the back.
   void add(std::unique_ptr<Request> r);
   Request* find(uint64_t wire_id);
@@ -123,7 +123,6 @@ class RequestTable {
   size_t queue_length() const { return queue_.size(); }
 
  private:
-  std::atomic<uint64_t> next_id_{1};
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;  // by wire id
   std::deque<uint64_t> queue_;  // wire ids, accepted and waiting for a worker
   std::unordered_map<uint64_t, uint64_t> wire_id_of_http_id_;  // re-run requests

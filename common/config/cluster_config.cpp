@@ -173,10 +173,19 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
         .get("top_k", c.sampling.top_k).get("min_p", c.sampling.min_p).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "timeouts", [&](const json& j, std::string p) {
-    return Reader(j, p).get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
+    Reader r(j, p);
+    // drain_ms named both deadlines once: it still sets both, and either new key wins over it.
+    if (j.contains("drain_ms")) {
+      r.get("drain_ms", c.timeouts.stop_grace_ms).get("drain_ms", c.timeouts.rank_drain_ms);
+      c.warnings.push_back("config: '" + p + "drain_ms' is deprecated: it sets both '" + p +
+                           "stop_grace_ms' (in-flight requests' time to finish when the router stops) and '" + p +
+                           "rank_drain_ms' (a draining rank's deadline); set those instead");
+    }
+    return r.get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
         .get("prefill_queue_ms", c.timeouts.prefill_queue_ms).get("request_ms", c.timeouts.request_ms)
-        .get("queue_ms", c.timeouts.queue_ms)
-        .get("drain_ms", c.timeouts.drain_ms).get("startup_ms", c.timeouts.startup_ms)
+        .get("queue_ms", c.timeouts.queue_ms).known("drain_ms")
+        .get("stop_grace_ms", c.timeouts.stop_grace_ms).get("rank_drain_ms", c.timeouts.rank_drain_ms)
+        .get("startup_ms", c.timeouts.startup_ms)
         .get("heartbeat_ms", c.timeouts.heartbeat_ms).get("router_ms", c.timeouts.router_ms)
         .get("rejoin_ms", c.timeouts.rejoin_ms).finish();
   }));
@@ -256,7 +265,8 @@ Status ClusterConfig::validate() const {
   for (auto [k, v] : {std::pair{"timeouts.handoff_ms", timeouts.handoff_ms}, {"timeouts.transfer_ms", timeouts.transfer_ms},
                       {"timeouts.prefill_queue_ms", timeouts.prefill_queue_ms},
                       {"timeouts.request_ms", timeouts.request_ms}, {"timeouts.queue_ms", timeouts.queue_ms},
-                      {"timeouts.drain_ms", timeouts.drain_ms}, {"timeouts.startup_ms", timeouts.startup_ms}})
+                      {"timeouts.stop_grace_ms", timeouts.stop_grace_ms},
+                      {"timeouts.rank_drain_ms", timeouts.rank_drain_ms}, {"timeouts.startup_ms", timeouts.startup_ms}})
     PD_RETURN_IF_ERROR(range(k, v, 1, 86400000));
   // Workers report at least once a second: a shorter deadline would take healthy ranks for dead.
   PD_RETURN_IF_ERROR(range("timeouts.heartbeat_ms", timeouts.heartbeat_ms, 1500, 86400000));

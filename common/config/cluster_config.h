@@ -160,12 +160,20 @@ struct ClusterConfig {
     int prefill_queue_ms = 300000;  // waiting in a prefill rank's queue for a batch to start
     int request_ms = 600000;   // whole request, router side
     int queue_ms = 60000;      // waiting in the router's queue
-    int drain_ms = 30000;      // SIGTERM: in-flight requests get this long to finish
+    // SIGTERM to the router: its in-flight requests get this long to finish.
+    int stop_grace_ms = 30000;
+    // A rank draining out of the cluster (POST /admin/drain, or its Leave) that
+    // has not finished within this long is ended as down, then removed.
+    int rank_drain_ms = 30000;
     int startup_ms = 120000;   // workers to report ready
     int heartbeat_ms = 5000;   // a rank silent this long is declared down (its requests re-run or fail)
     int router_ms = 15000;     // a worker that hears nothing from the router this long stops (it is gone)
     int rejoin_ms = 60000;     // then waits this long for a new router to take it back (join file); 0 = exits
   } timeouts;
+
+  // What parse() accepted but the operator should change (a deprecated key,
+  // with the keys that replace it). The caller logs them; they never fail the load.
+  std::vector<std::string> warnings;
 
   // Reads a JSON file. IoError naming the path; InvalidArgument naming the key.
   static Result<ClusterConfig> load(const std::string& path);

@@ -44,7 +44,9 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->timeouts.handoff_ms == d.timeouts.handoff_ms);
   CHECK(c->timeouts.transfer_ms == d.timeouts.transfer_ms);
   CHECK(c->timeouts.prefill_queue_ms == d.timeouts.prefill_queue_ms);
-  CHECK(c->timeouts.drain_ms == d.timeouts.drain_ms);
+  CHECK(c->timeouts.stop_grace_ms == d.timeouts.stop_grace_ms);
+  CHECK(c->timeouts.rank_drain_ms == d.timeouts.rank_drain_ms);
+  CHECK(c->warnings.empty());  // the shipped file uses no deprecated key
   CHECK(c->model_name() == "SmolLM2-135M-Instruct.Q4_1");
   // The one deliberate difference: the shipped file sets the default model card's
   // sampling recommendation; the code's defaults are OpenAI's.
@@ -186,4 +188,49 @@ TEST_CASE("config: the http and timeouts keys added for the router", "[config]")
   auto short_hb = ClusterConfig::parse(R"({"timeouts": {"heartbeat_ms": 1000}})");
   REQUIRE(!short_hb.is_ok());
   CHECK(short_hb.status().message().find("timeouts.heartbeat_ms") != std::string::npos);
+}
+
+TEST_CASE("config: the router's stop grace and a rank's drain deadline are two keys", "[config]") {
+  const ClusterConfig d;
+  CHECK(d.timeouts.stop_grace_ms == 30000);
+  CHECK(d.timeouts.rank_drain_ms == 30000);
+  auto both = ClusterConfig::parse(R"({"timeouts": {"stop_grace_ms": 1000, "rank_drain_ms": 2000}})");
+  INFO(both.status().to_string());
+  REQUIRE(both.is_ok());
+  CHECK(both->timeouts.stop_grace_ms == 1000);
+  CHECK(both->timeouts.rank_drain_ms == 2000);
+  CHECK(both->warnings.empty());
+  auto grace = ClusterConfig::parse(R"({"timeouts": {"stop_grace_ms": 1000}})");
+  REQUIRE(grace.is_ok());
+  CHECK(grace->timeouts.stop_grace_ms == 1000);
+  CHECK(grace->timeouts.rank_drain_ms == d.timeouts.rank_drain_ms);
+  CHECK(!ClusterConfig::parse(R"({"timeouts": {"stop_grace_ms": 0}})").is_ok());
+  auto bad = ClusterConfig::parse(R"({"timeouts": {"rank_drain_ms": 0}})");
+  REQUIRE(!bad.is_ok());
+  CHECK(bad.status().message().find("'timeouts.rank_drain_ms' = 0 is out of range") != std::string::npos);
+}
+
+TEST_CASE("config: the old timeouts.drain_ms still sets both, with a warning naming the new keys", "[config]") {
+  auto old = ClusterConfig::parse(R"({"timeouts": {"drain_ms": 7000}})");
+  INFO(old.status().to_string());
+  REQUIRE(old.is_ok());
+  CHECK(old->timeouts.stop_grace_ms == 7000);
+  CHECK(old->timeouts.rank_drain_ms == 7000);
+  REQUIRE(old->warnings.size() == 1);
+  const std::string& w = old->warnings.front();
+  CHECK(w.find("'timeouts.drain_ms' is deprecated") != std::string::npos);
+  CHECK(w.find("'timeouts.stop_grace_ms'") != std::string::npos);
+  CHECK(w.find("'timeouts.rank_drain_ms'") != std::string::npos);
+  // A new key beside it wins for its own deadline, whatever the order in the file.
+  for (const char* text : {R"({"timeouts": {"drain_ms": 7000, "rank_drain_ms": 500}})",
+                           R"({"timeouts": {"rank_drain_ms": 500, "drain_ms": 7000}})"}) {
+    auto mixed = ClusterConfig::parse(text);
+    REQUIRE(mixed.is_ok());
+    CHECK(mixed->timeouts.stop_grace_ms == 7000);
+    CHECK(mixed->timeouts.rank_drain_ms == 500);
+    CHECK(mixed->warnings.size() == 1);
+  }
+  auto wrong = ClusterConfig::parse(R"({"timeouts": {"drain_ms": "x"}})");
+  REQUIRE(!wrong.is_ok());
+  CHECK(wrong.status().message().find("'timeouts.drain_ms' has the wrong type") != std::string::npos);
 }

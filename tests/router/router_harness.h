@@ -170,7 +170,7 @@ struct Harness {
   std::set<int> silent;  // ranks that stopped sending heartbeats
   std::vector<int> live{kP1, kP2, kD1, kD2};  // ranks the test plays (joined ones are added)
   std::chrono::steady_clock::time_point last_beat{};
-  // The router's clock: deadlines (heartbeat_ms, drain_ms, startup_ms) run on
+  // The router's clock: deadlines (heartbeat_ms, rank_drain_ms, startup_ms) run on
   // it, and each pump() moves it 200 us.
   FakeEnv env;
   bool serve_http = false;  // true: the router also listens on a loopback port
@@ -179,11 +179,12 @@ struct Harness {
 
   // `configure` may change the config further before the router is made.
   // `change_model` may change what the router knows of the model.
+  // `drain_ms`: timeouts.rank_drain_ms and timeouts.stop_grace_ms.
   explicit Harness(int heartbeat_ms = 150, int drain_ms = 30000, bool http = false,
                    const std::function<void(ClusterConfig&)>& configure = {},
                    const std::function<void(ModelInfo&)>& change_model = {})
       : serve_http(http) {
-    cfg.timeouts.drain_ms = drain_ms;
+    cfg.timeouts.rank_drain_ms = cfg.timeouts.stop_grace_ms = drain_ms;
     cfg.http.port = 0;
     cfg.timeouts.heartbeat_ms = heartbeat_ms;  // below the config's floor: the test's ranks beat every 10 ms
     cfg.http.admin_key = kAdminKey;  // the admin endpoints are closed without one

@@ -291,8 +291,10 @@ TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-
   CHECK(illegal_transitions() == 0);
 }
 
-TEST_CASE("router: a rank that does not finish draining within drain_ms is ended as down and removed", "[router]") {
-  Harness h(150, 300);
+TEST_CASE("router: a rank that does not finish draining within rank_drain_ms is ended as down and removed",
+          "[router]") {
+  // Only the rank's deadline is short: the router's stop grace plays no part.
+  Harness h(150, 30000, false, [](ClusterConfig& c) { c.timeouts.rank_drain_ms = 300; });
   auto f = h.post(kStreamBody);
   auto d = h.dispatched();
   REQUIRE(d);
@@ -301,7 +303,7 @@ TEST_CASE("router: a rank that does not finish draining within drain_ms is ended
   auto drain = h.admin_post("{\"rank\": " + std::to_string(decode) + "}");
   CHECK(h.finish(drain).status == 200);
   REQUIRE(h.expect<proto::Drain>(decode));
-  // It keeps beating but never says Drained: after drain_ms it is ended as down:
+  // It keeps beating but never says Drained: after rank_drain_ms it is ended as down:
   // its stream goes on on the other pair, the others are told it left, and it
   // is told to shut down.
   auto again = h.dispatched(2000ms, [&] { return f->done(); });
