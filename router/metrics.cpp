@@ -108,8 +108,8 @@ Counter::Counter(prometheus::Registry& registry, std::string name, std::string h
 }
 
 Counter::Child& Counter::with(const LabelValues& values) {
-  const LabelValues& v = values.size() == label_names().size() ? values : normalized(values);
-  return children_.get(v, [&] { return std::make_unique<Child>(family_.Add(labels_of(v))); });
+  if (values.size() != label_names().size()) return with(normalized(values));
+  return children_.get(values, [&] { return std::make_unique<Child>(family_.Add(labels_of(values))); });
 }
 
 std::vector<prometheus::MetricFamily> Counter::collect_children() const { return family_.Collect(); }
@@ -127,8 +127,8 @@ Gauge::Gauge(prometheus::Registry& registry, std::string name, std::string help,
 }
 
 Gauge::Child& Gauge::with(const LabelValues& values) {
-  const LabelValues& v = values.size() == label_names().size() ? values : normalized(values);
-  return children_.get(v, [&] { return std::make_unique<Child>(family_.Add(labels_of(v))); });
+  if (values.size() != label_names().size()) return with(normalized(values));
+  return children_.get(values, [&] { return std::make_unique<Child>(family_.Add(labels_of(values))); });
 }
 
 std::vector<prometheus::MetricFamily> Gauge::collect_children() const { return family_.Collect(); }
@@ -174,8 +174,9 @@ Histogram::Histogram(prometheus::Registry& registry, std::string name, std::stri
 }
 
 Histogram::Child& Histogram::with(const LabelValues& values) {
-  const LabelValues& v = values.size() == label_names().size() ? values : normalized(values);
-  return children_.get(v, [&] { return std::make_unique<Child>(family_.Add(labels_of(v), bounds_), bounds_.size()); });
+  if (values.size() != label_names().size()) return with(normalized(values));
+  return children_.get(values,
+                       [&] { return std::make_unique<Child>(family_.Add(labels_of(values), bounds_), bounds_.size()); });
 }
 
 std::vector<prometheus::MetricFamily> Histogram::collect_children() const { return family_.Collect(); }
