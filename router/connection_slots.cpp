@@ -1,6 +1,19 @@
 #include "router/connection_slots.h"
 
+#include "util/lifecycle.h"
+
 namespace pd::router {
+
+const char* state_name(SlotHold h) {
+  switch (h) {
+    case SlotHold::kNone: return "none";
+    case SlotHold::kHeld: return "held";
+    case SlotHold::kLost: return "lost";
+  }
+  return "?";
+}
+
+bool legal(SlotHold from, SlotHold to) { return from == SlotHold::kHeld && to == SlotHold::kLost; }
 
 const char* admission_name(Admission a) {
   switch (a) {
@@ -39,13 +52,13 @@ AdmitResult ConnectionSlots::admit(Clock::time_point now) {
     r.evicted = victim;
     r.evicted_reading = from == &reading_;
     unlist(e);
-    e.slot = false;
+    transition(e.hold, SlotHold::kLost, victim, "connection slots");
     r.admission = Admission::kSlot;
   } else {
     r.admission = Admission::kOverflow;
   }
   r.id = next_id_++;
-  conns_.emplace(r.id, Entry{r.admission == Admission::kSlot, Listing::kNone, {}});
+  conns_.emplace(r.id, Entry{r.admission == Admission::kSlot ? SlotHold::kHeld : SlotHold::kNone, Listing::kNone, {}});
   return r;
 }
 
@@ -59,7 +72,7 @@ void ConnectionSlots::list(uint64_t id, Listing how, Clock::time_point now) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Entry& e = it->second;
-  if (!e.slot || (how == Listing::kIdle && e.listed == Listing::kIdle)) return;
+  if (e.hold != SlotHold::kHeld || (how == Listing::kIdle && e.listed == Listing::kIdle)) return;
   unlist(e);
   if (how == Listing::kNone) return;
   e.listed = how;
@@ -70,14 +83,14 @@ void ConnectionSlots::list(uint64_t id, Listing how, Clock::time_point now) {
 void ConnectionSlots::remove(uint64_t id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
-  if (it->second.slot) --slots_used_;
+  if (it->second.hold == SlotHold::kHeld) --slots_used_;
   unlist(it->second);
   conns_.erase(it);
 }
 
 bool ConnectionSlots::holds_slot(uint64_t id) const {
   auto it = conns_.find(id);
-  return it != conns_.end() && it->second.slot;
+  return it != conns_.end() && it->second.hold == SlotHold::kHeld;
 }
 
 }  // namespace pd::router

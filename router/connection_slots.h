@@ -44,6 +44,12 @@ enum class Listing {
   kReading,  // part of a request received; a candidate once silent for stall_after
 };
 
+// A connection's hold on a slot: never had one (no connection limit, or an
+// overflow connection), holds one, or lost it to a newer connection (evicted).
+enum class SlotHold { kNone, kHeld, kLost };
+const char* state_name(SlotHold h);
+bool legal(SlotHold from, SlotHold to);
+
 class ConnectionSlots {
  public:
   using Clock = std::chrono::steady_clock;
@@ -81,7 +87,7 @@ class ConnectionSlots {
  private:
   using Key = std::pair<Clock::time_point, uint64_t>;  // (listed at, a sequence number: ties)
   struct Entry {
-    bool slot = false;  // holds one of the max_connections slots
+    SlotHold hold = SlotHold::kNone;  // kHeld: one of the max_connections slots
     Listing listed = Listing::kNone;
     Key key{};          // its key in idle_ or reading_ while listed there
   };
@@ -92,7 +98,7 @@ class ConnectionSlots {
   const std::chrono::milliseconds stall_after_;
   std::unordered_map<uint64_t, Entry> conns_;
   uint64_t next_id_ = 0;
-  size_t slots_used_ = 0;  // entries with slot
+  size_t slots_used_ = 0;  // entries holding a slot
   // Listed slot holders, longest listed first (key -> connection id).
   std::map<Key, uint64_t> idle_;
   std::map<Key, uint64_t> reading_;

@@ -38,27 +38,38 @@ WorkerTable::WorkerTable(const std::vector<int>& prefill_ranks, const std::vecto
 
 namespace {
 
+// What one pick() reads of the table: the pools, the policy and the caches.
+// A plain view, so the picker depends on the table's data, never on the table.
+struct PickView {
+  const std::vector<WorkerView>& prefill;
+  const std::vector<WorkerView>& decode;
+  bool colocated;
+  const RoutingPolicy& policy;
+  const PrefixIndex& index;
+  int block_size;
+};
+
 // One pick(): the request against the ranks that can take it now.
 class Picker {
  public:
-  Picker(const WorkerTable& t, const PrefixIndex& index, int block_size, const DispatchRequest& q, int max_inflight)
-      : t_(t), p_(t.policy()), index_(index), bs_(block_size), q_(q), n_(q.prompt_tokens),
-        need_((q.prompt_tokens + q.max_tokens + block_size - 1) / block_size),
+  Picker(const PickView& v, const DispatchRequest& q, int max_inflight)
+      : p_(v.policy), index_(v.index), colocated_(v.colocated), bs_(v.block_size), q_(q), n_(q.prompt_tokens),
+        need_((q.prompt_tokens + q.max_tokens + v.block_size - 1) / v.block_size),
         use_cache_(p_.cache_aware && !q.block_hashes.empty()) {
-    for (const WorkerView& w : t.prefill())
+    for (const WorkerView& w : v.prefill)
       if (w.state == RankState::kUp && w.outstanding < max_inflight) open_prefill_.push_back(&w);
-    for (const WorkerView& w : t.decode())
+    for (const WorkerView& w : v.decode)
       if (w.state == RankState::kUp && w.outstanding < max_inflight) open_decode_.push_back(&w);
     prefill_limit_ = limit_of(open_prefill_);
     decode_limit_ = limit_of(open_decode_);
   }
 
   std::optional<DispatchChoice> run() {
-    if (!t_.colocated() && open_prefill_.empty()) return std::nullopt;
+    if (!colocated_ && open_prefill_.empty()) return std::nullopt;
     rank_prefills();
-    if (!t_.colocated())
+    if (!colocated_)
       if (auto reuse = decode_reuse()) return reuse;
-    if (t_.colocated()) prefills_.push_back({nullptr, 0, 0});
+    if (colocated_) prefills_.push_back({nullptr, 0, 0});
     for (const Candidate& p : prefills_) {
       int64_t cached = 0;
       const WorkerView* d = decode_for(p.w, &cached);
@@ -169,7 +180,7 @@ class Picker {
     const WorkerView* most_free = nullptr;
     int64_t best_cached = 0;
     for (const WorkerView* w : open_decode_) {
-      if (prefill != nullptr && !t_.linked(*prefill, *w)) continue;
+      if (prefill != nullptr && !ranks_linked(*prefill, *w)) continue;
       const int64_t cached = prefill == nullptr && within(*w, decode_limit_) ? cached_on(*w) : 0;
       if (free_of(*w) >= need_ &&
           (!best_fit || cached > best_cached || (cached == best_cached && less_busy(*w, *best_fit)))) {
@@ -182,9 +193,9 @@ class Picker {
     return best_fit ? best_fit : most_free;
   }
 
-  const WorkerTable& t_;
   const RoutingPolicy& p_;
   const PrefixIndex& index_;
+  const bool colocated_;
   const int64_t bs_;
   const DispatchRequest& q_;
   const int64_t n_, need_;
@@ -222,10 +233,11 @@ std::optional<DispatchChoice> WorkerTable::pick_warm(std::span<const uint64_t> h
 }
 
 std::optional<DispatchChoice> WorkerTable::pick(const DispatchRequest& q, int max_inflight) const {
-  return Picker(*this, index_, block_size_, q, max_inflight).run();
+  const PickView view{prefill_, decode_, colocated_, policy_, index_, block_size_};
+  return Picker(view, q, max_inflight).run();
 }
 
-bool WorkerTable::linked(const WorkerView& a, const WorkerView& b) const {
+bool ranks_linked(const WorkerView& a, const WorkerView& b) {
   if (!a.joined && !b.joined) return true;
   if (a.joined && b.joined && a.pool == b.pool) return true;
   return a.links.count(b.rank) > 0 || b.links.count(a.rank) > 0;

@@ -63,6 +63,10 @@ enum class RouteReason {
 };
 const char* route_reason_name(RouteReason r);
 
+// Whether two ranks can exchange KV: both of the launching job, both of one
+// joined pool, or linked after launch (see WorkerView's links).
+bool ranks_linked(const WorkerView& a, const WorkerView& b);
+
 // How the table picks ranks (router.* in cluster.json; docs/ROUTING.md).
 struct RoutingPolicy {
   bool cache_aware = true;
@@ -166,8 +170,6 @@ class WorkerTable {
   WorkerView& add(int rank, bool is_prefill, const std::string& pool);
   // Links two ranks (a joined rank connected to a worker's port).
   void link(int a, int b);
-  // Whether the two ranks can exchange KV (see WorkerView's links).
-  bool linked(const WorkerView& a, const WorkerView& b) const;
   // Starts removing `rank`: no new work goes to it. False unless it is up or starting.
   bool begin_drain(int rank);
   // The rank left: gone from the table (and from every rank's links).

@@ -151,6 +151,12 @@ namespace detail {
 struct ServerCore;
 }
 
+// The server's life: created -> serving (start() succeeded) -> stopped (stop()).
+// A stopped server does not start again; stop() before start() does nothing.
+enum class HttpServerState { kCreated, kServing, kStopped };
+const char* state_name(HttpServerState s);
+bool legal(HttpServerState from, HttpServerState to);
+
 // Pipelining: while an answer is pending, the server keeps reading so that it
 // notices a client leaving. A client may send up to 64 KiB ahead; those
 // requests are served in order after the pending one. Once more than that has
@@ -192,8 +198,7 @@ class HttpServer {
   std::shared_ptr<detail::ServerCore> core_;  // shared with every connection; outlives them
   std::vector<std::thread> threads_;
   uint16_t port_ = 0;
-  bool started_ = false;
-  bool stopped_ = false;
+  HttpServerState state_ = HttpServerState::kCreated;  // changed through transition() only
 };
 
 }  // namespace pd::router

@@ -2,18 +2,26 @@
 // a registry that renders them in the text exposition format 0.0.4 (the body of
 // GET /metrics, Content-Type kPrometheusContentType).
 //
+// A thin facade over prometheus-cpp (its core library): the series, their
+// children and the exposition are prometheus-cpp's; this keeps the router's
+// calling convention (label values in the order of the metric's label names, a
+// child looked up once and kept) and the shape of /metrics that its scrapers
+// read: families in registration order, labels in the order they were
+// declared, children sorted by their label values, every unlabelled series
+// present from the start (0).
+//
 // Thread safety: every method of every class here may be called from any
-// thread. Updating a child (one label-value combination) is a few atomic
-// operations; finding a child by its label values takes a shared lock and a
-// map lookup, and creating one an exclusive lock. Hot paths can look a child
-// up once with with() and keep the reference: children live as long as the
-// registry and are never removed.
+// thread. Updating a child (one label-value combination) is prometheus-cpp's
+// update (atomic for counters and gauges, a short lock for a histogram);
+// finding a child by its label values takes a shared lock and a map lookup,
+// and creating one an exclusive lock. Hot paths can look a child up once with
+// with() and keep the reference: children live as long as the registry and
+// are never removed.
 //
 // Lifetime: metrics are owned by their Registry; the references it hands out
 // stay valid until the Registry is destroyed.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,6 +29,16 @@
 #include <shared_mutex>
 #include <string>
 #include <vector>
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+struct MetricFamily;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace pd::router {
 
@@ -32,14 +50,11 @@ using LabelValues = std::vector<std::string>;
 // Latency buckets in seconds: 5 ms ... 60 s.
 const std::vector<double>& default_latency_buckets();
 
-// Escaping for the exposition format: label values escape \ " and newline,
-// HELP text escapes \ and newline.
-std::string escape_label_value(const std::string& s);
+// HELP text as the exposition format wants it: \ and newline escaped.
 std::string escape_help(const std::string& s);
-// A sample value: shortest round-trip decimal, "+Inf", "-Inf" or "NaN".
-std::string format_metric_value(double v);
 
-// What every metric shares: name, help, label names, and its rendering.
+// What every metric shares: name, help, label names, and its part of the
+// exposition.
 class Metric {
  public:
   virtual ~Metric() = default;
@@ -47,20 +62,20 @@ class Metric {
   const std::string& help() const { return help_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
   virtual const char* type() const = 0;  // "counter", "gauge", "histogram"
-  // Appends "# HELP", "# TYPE" and one line per sample. Children appear in
-  // the order of their label values; an unlabelled metric always has its one
-  // sample (0 before any update).
-  void render(std::string& out) const;
+  // This metric's family as the exposition shows it: its children in the
+  // order of their label values, each child's labels in the order of
+  // label_names(); HELP and TYPE even before any child exists.
+  prometheus::MetricFamily collect() const;
 
  protected:
   Metric(std::string name, std::string help, std::vector<std::string> label_names);
-  // Appends this metric's sample lines.
-  virtual void render_samples(std::string& out) const = 0;
-  // 'a="x",b="y"' for these values (missing values render as "").
-  std::string label_pairs(const LabelValues& values) const;
+  // prometheus-cpp's collection of this metric's children (empty: none yet).
+  virtual std::vector<prometheus::MetricFamily> collect_children() const = 0;
   // `values` resized to the number of label names (asserts they match: a
   // mismatch is a programming error, never input).
   LabelValues normalized(const LabelValues& values) const;
+  // The label set prometheus-cpp files a child under.
+  std::map<std::string, std::string> labels_of(const LabelValues& values) const;
 
  private:
   const std::string name_;
@@ -69,7 +84,8 @@ class Metric {
 };
 
 namespace detail {
-// Children of a metric by label values, with stable addresses.
+// Children of a metric by label values, with stable addresses: the lookup
+// that keeps a labelled update to a shared lock and a map find.
 template <typename Child>
 class ChildMap {
  public:
@@ -85,11 +101,6 @@ class ChildMap {
     if (inserted) it->second = make();
     return *it->second;
   }
-  template <typename Fn>
-  void for_each(Fn fn) const {
-    std::shared_lock lock(mu_);
-    for (const auto& [values, child] : children_) fn(values, *child);
-  }
 
  private:
   mutable std::shared_mutex mu_;
@@ -102,13 +113,14 @@ class Counter final : public Metric {
  public:
   class Child {
    public:
-    void inc(double v = 1.0);  // v >= 0 (negative increments are dropped)
-    double value() const { return value_.load(std::memory_order_relaxed); }
+    explicit Child(prometheus::Counter& c) : c_(c) {}
+    void inc(double v = 1.0);  // v >= 0 (negative increments and NaN are dropped)
+    double value() const;
 
    private:
-    std::atomic<double> value_{0.0};
+    prometheus::Counter& c_;
   };
-  Counter(std::string name, std::string help, std::vector<std::string> label_names);
+  Counter(prometheus::Registry& registry, std::string name, std::string help, std::vector<std::string> label_names);
   const char* type() const override { return "counter"; }
   // The child for these label values (created at 0 on first use); the
   // reference stays valid for the registry's lifetime.
@@ -119,7 +131,8 @@ class Counter final : public Metric {
   double value(const LabelValues& values = {}) { return with(values).value(); }
 
  private:
-  void render_samples(std::string& out) const override;
+  std::vector<prometheus::MetricFamily> collect_children() const override;
+  prometheus::Family<prometheus::Counter>& family_;
   detail::ChildMap<Child> children_;
 };
 
@@ -128,14 +141,15 @@ class Gauge final : public Metric {
  public:
   class Child {
    public:
-    void set(double v) { value_.store(v, std::memory_order_relaxed); }
-    void add(double d) { value_.fetch_add(d, std::memory_order_relaxed); }
-    double value() const { return value_.load(std::memory_order_relaxed); }
+    explicit Child(prometheus::Gauge& g) : g_(g) {}
+    void set(double v);
+    void add(double d);
+    double value() const;
 
    private:
-    std::atomic<double> value_{0.0};
+    prometheus::Gauge& g_;
   };
-  Gauge(std::string name, std::string help, std::vector<std::string> label_names);
+  Gauge(prometheus::Registry& registry, std::string name, std::string help, std::vector<std::string> label_names);
   const char* type() const override { return "gauge"; }
   Child& with(const LabelValues& values);
   void set(double v) { with({}).set(v); }
@@ -145,7 +159,8 @@ class Gauge final : public Metric {
   double value(const LabelValues& values = {}) { return with(values).value(); }
 
  private:
-  void render_samples(std::string& out) const override;
+  std::vector<prometheus::MetricFamily> collect_children() const override;
+  prometheus::Family<prometheus::Gauge>& family_;
   detail::ChildMap<Child> children_;
 };
 
@@ -154,21 +169,22 @@ class Histogram final : public Metric {
  public:
   class Child {
    public:
-    explicit Child(const std::vector<double>* bounds);
+    Child(prometheus::Histogram& h, size_t n_bounds) : h_(h), n_bounds_(n_bounds) {}
+    // Bucket i counts v <= bounds[i]; the last one (+Inf) the rest, NaN included.
     void observe(double v);
     uint64_t count() const;  // all observations
-    double sum() const { return sum_.load(std::memory_order_relaxed); }
+    double sum() const;
     // Cumulative counts per bound, then +Inf (size bounds + 1).
     std::vector<uint64_t> cumulative_counts() const;
 
    private:
-    const std::vector<double>* bounds_;                   // the histogram's, constant
-    std::unique_ptr<std::atomic<uint64_t>[]> counts_;     // [bounds + 1], per bucket, not cumulative
-    std::atomic<double> sum_{0.0};
+    prometheus::Histogram& h_;
+    const size_t n_bounds_;
   };
   // `bounds`: finite, strictly increasing upper bounds (+Inf is implicit; a
   // trailing +Inf given here is dropped).
-  Histogram(std::string name, std::string help, std::vector<double> bounds, std::vector<std::string> label_names);
+  Histogram(prometheus::Registry& registry, std::string name, std::string help, std::vector<double> bounds,
+            std::vector<std::string> label_names);
   const char* type() const override { return "histogram"; }
   Child& with(const LabelValues& values);
   void observe(double v) { with({}).observe(v); }
@@ -176,15 +192,17 @@ class Histogram final : public Metric {
   const std::vector<double>& bounds() const { return bounds_; }
 
  private:
-  void render_samples(std::string& out) const override;
+  std::vector<prometheus::MetricFamily> collect_children() const override;
   const std::vector<double> bounds_;
+  prometheus::Family<prometheus::Histogram>& family_;
   detail::ChildMap<Child> children_;
 };
 
 // Owns metrics and renders them, in registration order.
 class Registry {
  public:
-  Registry() = default;
+  Registry();
+  ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
@@ -197,7 +215,7 @@ class Registry {
                        std::vector<double> bounds = default_latency_buckets(),
                        std::vector<std::string> label_names = {});
 
-  // The whole exposition (text format 0.0.4).
+  // The whole exposition (text format 0.0.4, prometheus-cpp's TextSerializer).
   std::string render() const;
 
  private:
@@ -205,7 +223,8 @@ class Registry {
   M& get_or_create(const std::string& name, Args&&... args);
 
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Metric>> metrics_;  // guarded by mu_; elements never move or die
+  const std::unique_ptr<prometheus::Registry> families_;  // prometheus-cpp's: owns the families
+  std::vector<std::unique_ptr<Metric>> metrics_;          // guarded by mu_; elements never move or die
 };
 
 }  // namespace pd::router

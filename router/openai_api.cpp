@@ -392,8 +392,9 @@ std::optional<ApiError> parse_stream(const json& obj, ApiRequest& r) {
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest& r, const RequestDefaults& d) {
-  SamplingParams& s = r.sampling;
+// The sampler's knobs (temperature, top_p, min_p, penalties, ignore_eos,
+// top_k) over the configured defaults.
+std::optional<ApiError> parse_sampler_knobs(const json& obj, SamplingParams& s, const RequestDefaults& d) {
   s.temperature = d.temperature;  // OpenAI's 1 unless configured; SamplingParams' own default is greedy
   s.top_p = d.top_p;
   s.top_k = d.top_k < 0 ? 0 : d.top_k;
@@ -405,35 +406,40 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
   if (auto e = read_float(obj, "frequency_penalty", -2.0, 2.0, false, s.frequency_penalty)) return e;
   if (auto e = read_bool(obj, "ignore_eos", s.ignore_eos)) return e;
 
-  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
   if (const json* v = field(obj, "top_k"); v && as_int64(*v).kind == IntRead::kOk && as_int64(*v).value < -1) {
     return bad_request("top_k", "top_k must be -1 or 0 (disabled) or >= 1, got " + shown(*v));
   }
   std::optional<int64_t> top_k;
-  if (auto e = read_int(obj, "top_k", -1, kInt64Max, top_k)) return e;
+  if (auto e = read_int(obj, "top_k", -1, std::numeric_limits<int64_t>::max(), top_k)) return e;
   if (top_k) s.top_k = static_cast<int32_t>(std::clamp<int64_t>(*top_k, 0, std::numeric_limits<int32_t>::max()));
+  return std::nullopt;
+}
 
-  // seed: any 64-bit integer, signed or not, in [-2^63, 2^64 - 1]; stored as its
-  // two's-complement bits. An integral float is converted only inside that range.
-  if (const json* seed = field(obj, "seed")) {
-    r.seed_given = true;
-    const IntRead i = as_int64(*seed);
-    const double d = seed->is_number_float() ? seed->get<double>() : 0.0;
-    if (seed->is_number_unsigned()) {
-      s.seed = seed->get<uint64_t>();
-    } else if (i.kind == IntRead::kOk) {
-      s.seed = static_cast<uint64_t>(i.value);
-    } else if (i.kind == IntRead::kOutOfRange && d >= 0 && d < kUint64End) {
-      s.seed = static_cast<uint64_t>(d);  // an integral float in [2^63, 2^64)
-    } else if (i.kind == IntRead::kOutOfRange) {
-      return bad_request("seed", "seed must be an integer in [-9223372036854775808, 18446744073709551615], got " +
-                                     shown(*seed));
-    } else {
-      return bad_request("seed", "seed must be an integer, got " + shown(*seed));
-    }
+// seed: any 64-bit integer, signed or not, in [-2^63, 2^64 - 1]; stored as its
+// two's-complement bits. An integral float is converted only inside that range.
+std::optional<ApiError> parse_seed(const json& obj, ApiRequest& r) {
+  const json* seed = field(obj, "seed");
+  if (!seed) return std::nullopt;
+  r.seed_given = true;
+  const IntRead i = as_int64(*seed);
+  const double d = seed->is_number_float() ? seed->get<double>() : 0.0;
+  if (seed->is_number_unsigned()) {
+    r.sampling.seed = seed->get<uint64_t>();
+  } else if (i.kind == IntRead::kOk) {
+    r.sampling.seed = static_cast<uint64_t>(i.value);
+  } else if (i.kind == IntRead::kOutOfRange && d >= 0 && d < kUint64End) {
+    r.sampling.seed = static_cast<uint64_t>(d);  // an integral float in [2^63, 2^64)
+  } else if (i.kind == IntRead::kOutOfRange) {
+    return bad_request("seed", "seed must be an integer in [-9223372036854775808, 18446744073709551615], got " +
+                                   shown(*seed));
+  } else {
+    return bad_request("seed", "seed must be an integer, got " + shown(*seed));
   }
+  return std::nullopt;
+}
 
-  // max_tokens (chat: max_completion_tokens wins when both are given).
+// max_tokens (chat: max_completion_tokens wins when both are given).
+std::optional<ApiError> parse_max_tokens(Endpoint ep, const json& obj, ApiRequest& r) {
   const char* max_key = "max_tokens";
   if (ep == Endpoint::kChatCompletions && field(obj, "max_completion_tokens")) max_key = "max_completion_tokens";
   // Completions may ask for 0 tokens (with echo: the prompt's logprobs alone).
@@ -447,7 +453,7 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
     if (below) {
       return bad_request(key, std::string(key) + " must be >= " + std::to_string(min_tokens) + ", got " + shown(*v));
     }
-    if (auto e = read_int(obj, key, min_tokens, kInt64Max, max_tokens)) return e;
+    if (auto e = read_int(obj, key, min_tokens, std::numeric_limits<int64_t>::max(), max_tokens)) return e;
   }
   if (max_tokens && *max_tokens == 0) {
     r.prompt_only = true;  // one token is computed and dropped: the cluster always samples token 1
@@ -455,10 +461,16 @@ std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest&
   }
   if (max_tokens) {
     // Larger than any context: the caller clamps to the context left anyway.
-    s.max_tokens = static_cast<int32_t>(std::min<int64_t>(*max_tokens, std::numeric_limits<int32_t>::max()));
+    r.sampling.max_tokens = static_cast<int32_t>(std::min<int64_t>(*max_tokens, std::numeric_limits<int32_t>::max()));
     r.max_tokens_given = true;
   }
+  return std::nullopt;
+}
 
+std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest& r, const RequestDefaults& d) {
+  if (auto e = parse_sampler_knobs(obj, r.sampling, d)) return e;
+  if (auto e = parse_seed(obj, r)) return e;
+  if (auto e = parse_max_tokens(ep, obj, r)) return e;
   std::optional<int64_t> n;
   if (auto e = read_int(obj, "n", 1, kMaxChoices, n)) return e;
   if (n) r.n = static_cast<int32_t>(*n);

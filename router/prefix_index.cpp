@@ -13,8 +13,9 @@ void PrefixIndex::apply(int rank, const proto::KvEvents& e) {
   for (uint64_t h : e.removed) total_ -= held.erase(h);
   for (uint64_t h : e.stored) {
     if (held.size() >= kMaxBlocksPerRank) {
-      if (!warned_) spdlog::error("router: rank {} reports more than {} cached blocks; ignoring the rest", rank, held.size());
-      warned_ = true;
+      if (overflows_++ == 0) {
+        spdlog::error("router: rank {} reports more than {} cached blocks; ignoring the rest", rank, held.size());
+      }
       break;
     }
     total_ += held.insert(h).second ? 1 : 0;

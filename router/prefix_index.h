@@ -39,7 +39,7 @@ class PrefixIndex {
  private:
   std::unordered_map<int, std::unordered_set<uint64_t>> held_;
   size_t total_ = 0;
-  bool warned_ = false;
+  uint64_t overflows_ = 0;  // events cut at kMaxBlocksPerRank (the first one is logged)
 };
 
 // The chained hashes of the full blocks of `tokens` (block k covers tokens

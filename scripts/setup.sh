@@ -14,6 +14,7 @@ PACKAGES=(
   libxxhash-dev                       # KV checksums, prefix-block hashes
   libcli11-dev                        # command-line parsing
   libspdlog-dev                       # logging
+  prometheus-cpp-dev                  # the router's /metrics (its core library only)
   libpcre2-dev                        # Unicode regexes for the tokenizer's pre-tokenizer
   libssl-dev                          # OpenSSL's libcrypto: the cluster secret's HMAC (link proofs)
   iproute2                            # ip, tc: network-namespace hosts of tests/cluster/test_multihost.py

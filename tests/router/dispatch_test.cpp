@@ -124,9 +124,9 @@ TEST_CASE("dispatch: a joined rank is paired only with the ranks it linked to, a
   CHECK(t.ready(&why));  // a rank still starting after launch does not hold readiness back
   t.on_report(5, report(800));
   CHECK(t.find(5)->state == RankState::kUp);
-  CHECK(t.linked(*t.find(2), *t.find(5)));
-  CHECK(!t.linked(*t.find(1), *t.find(5)));
-  CHECK(t.linked(*t.find(1), *t.find(3)));  // the launching job's ranks reach each other
+  CHECK(ranks_linked(*t.find(2), *t.find(5)));
+  CHECK(!ranks_linked(*t.find(1), *t.find(5)));
+  CHECK(ranks_linked(*t.find(1), *t.find(3)));  // the launching job's ranks reach each other
   REQUIRE(t.begin_drain(3));
   CHECK(!t.begin_drain(3));
   // Prefill rank 1 is preferred (less outstanding work) but cannot reach rank 5: rank 2 is used.

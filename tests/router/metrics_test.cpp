@@ -1,6 +1,7 @@
-// Tests of the Prometheus metrics: exact render output of counters, gauges and
-// histograms (cumulative buckets, +Inf, _sum, _count), label escaping, and
-// concurrent updates.
+// Tests of the Prometheus metrics (a facade over prometheus-cpp): exact render
+// output of counters, gauges and histograms (cumulative buckets, +Inf, _sum,
+// _count), labels in declared order, children in order of their label values,
+// escaping, value formatting, and concurrent updates.
 #include "router/metrics.h"
 
 #include <catch2/catch.hpp>
@@ -71,12 +72,12 @@ TEST_CASE("metrics: histogram buckets are cumulative with +Inf, sum and count", 
   CHECK(r.render() ==
         "# HELP pd_ttft_seconds Time to first token.\n"
         "# TYPE pd_ttft_seconds histogram\n"
+        "pd_ttft_seconds_count 4\n"
+        "pd_ttft_seconds_sum 7.4375\n"
         "pd_ttft_seconds_bucket{le=\"0.125\"} 2\n"
         "pd_ttft_seconds_bucket{le=\"0.5\"} 3\n"
         "pd_ttft_seconds_bucket{le=\"1\"} 3\n"
-        "pd_ttft_seconds_bucket{le=\"+Inf\"} 4\n"
-        "pd_ttft_seconds_sum 7.4375\n"
-        "pd_ttft_seconds_count 4\n");
+        "pd_ttft_seconds_bucket{le=\"+Inf\"} 4\n");
 }
 
 TEST_CASE("metrics: labelled histogram and the default buckets", "[metrics]") {
@@ -107,19 +108,59 @@ TEST_CASE("metrics: label values and help text are escaped", "[metrics]") {
         "# HELP pd_errors_total Errors\\\\by \"reason\"\\nsecond line.\n"
         "# TYPE pd_errors_total counter\n"
         "pd_errors_total{reason=\"bad \\\"quote\\\" \\\\ back\\nslash\"} 1\n");
-  CHECK(escape_label_value("a\\b\"c\nd") == "a\\\\b\\\"c\\nd");
   CHECK(escape_help("a\\b\"c\nd") == "a\\\\b\"c\\nd");
 }
 
 TEST_CASE("metrics: value formatting", "[metrics]") {
-  CHECK(format_metric_value(0) == "0");
-  CHECK(format_metric_value(12) == "12");
-  CHECK(format_metric_value(0.005) == "0.005");
-  CHECK(format_metric_value(-2.5) == "-2.5");
-  CHECK(format_metric_value(1e21) == "1e+21");
-  CHECK(format_metric_value(std::numeric_limits<double>::infinity()) == "+Inf");
-  CHECK(format_metric_value(-std::numeric_limits<double>::infinity()) == "-Inf");
-  CHECK(format_metric_value(std::numeric_limits<double>::quiet_NaN()) == "NaN");
+  Registry r;
+  Gauge& g = r.gauge("pd_value", "A value.", {"case"});
+  g.set({"zero"}, 0);
+  g.set({"integer"}, 12);
+  g.set({"fraction"}, 0.005);
+  g.set({"negative"}, -2.5);
+  g.set({"large"}, 1e21);
+  g.set({"small"}, 1e-7);
+  g.set({"inf"}, std::numeric_limits<double>::infinity());
+  g.set({"minus_inf"}, -std::numeric_limits<double>::infinity());
+  const std::string out = r.render();
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"zero\"} 0\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"integer\"} 12\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"fraction\"} 0.005\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"negative\"} -2.5\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"large\"} 1e+21\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"small\"} 1e-07\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"inf\"} +Inf\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("pd_value{case=\"minus_inf\"} -Inf\n"));
+}
+
+TEST_CASE("metrics: a labelled metric without children shows HELP and TYPE alone", "[metrics]") {
+  Registry r;
+  r.counter("pd_rank_down_total", "Times down.", {"role", "rank"});
+  CHECK(r.render() ==
+        "# HELP pd_rank_down_total Times down.\n"
+        "# TYPE pd_rank_down_total counter\n");
+}
+
+TEST_CASE("metrics: labels keep their declared order, not the alphabet's", "[metrics]") {
+  Registry r;
+  Gauge& g = r.gauge("pd_rank_up", "Up.", {"role", "rank"});
+  g.set({"prefill", "2"}, 1);
+  g.set({"decode", "10"}, 0);
+  CHECK(r.render() ==
+        "# HELP pd_rank_up Up.\n"
+        "# TYPE pd_rank_up gauge\n"
+        "pd_rank_up{role=\"decode\",rank=\"10\"} 0\n"
+        "pd_rank_up{role=\"prefill\",rank=\"2\"} 1\n");
+}
+
+TEST_CASE("metrics: a NaN observation counts in the +Inf bucket only", "[metrics]") {
+  Registry r;
+  Histogram& h = r.histogram("pd_ratio", "A ratio.", {0.5, 1});
+  h.observe(std::numeric_limits<double>::quiet_NaN());
+  h.observe(0.25);
+  Histogram::Child& child = h.with({});
+  CHECK(child.count() == 2);
+  CHECK(child.cumulative_counts() == std::vector<uint64_t>{1, 1, 2});
 }
 
 TEST_CASE("metrics: registering a name twice returns the same metric", "[metrics]") {
