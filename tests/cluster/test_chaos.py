@@ -63,8 +63,8 @@ from loadgen import words  # noqa: E402
 
 HEARTBEAT_MS = 4000
 HEARTBEAT_S = HEARTBEAT_MS / 1000.0
-# request_ms: nothing hangs for ever; drain_ms: a failed suite's teardown is quick.
-CONFIG = {"timeouts": {"heartbeat_ms": HEARTBEAT_MS, "request_ms": 60000, "drain_ms": 10000}}
+# request_ms: nothing hangs for ever; stop_grace_ms: a failed suite's teardown is quick.
+CONFIG = {"timeouts": {"heartbeat_ms": HEARTBEAT_MS, "request_ms": 60000, "stop_grace_ms": 10000}}
 N = 32              # concurrent streamed requests
 MAX_TOKENS = 48
 # The fault -> every request of the load has ended: heartbeat_ms plus a generous

@@ -38,7 +38,7 @@ from test_chaos import Stream  # noqa: E402
 
 # The admin key: POST /admin/drain needs it (the admin endpoints are closed without one).
 ADMIN_KEY = "test-elastic-admin"
-CONFIG = {"timeouts": {"heartbeat_ms": 4000, "request_ms": 120000, "drain_ms": 30000}, "http": {"admin_key": ADMIN_KEY}}
+CONFIG = {"timeouts": {"heartbeat_ms": 4000, "request_ms": 120000, "stop_grace_ms": 30000, "rank_drain_ms": 30000}, "http": {"admin_key": ADMIN_KEY}}
 MAX_TOKENS = 96  # long enough that the first 16 still stream when a pool has joined (~3-5 s)
 
 

@@ -89,7 +89,7 @@ BLOCK = 16                       # kv.block_size (default)
 LINK_RATE, LINK_DELAY = "1gbit", "1ms"
 # Every request is handed off over the link: a prompt sent again would otherwise go back to the
 # decode rank that holds it and be computed there from its cache (docs/ROUTING.md).
-CONFIG = {"timeouts": {"request_ms": 120000, "drain_ms": 30000}, "router": {"decode_reuse_tokens": 0}}
+CONFIG = {"timeouts": {"request_ms": 120000, "stop_grace_ms": 30000, "rank_drain_ms": 30000}, "router": {"decode_reuse_tokens": 0}}
 HOSTS = 4                        # multihost_elastic: pdh1-3 for the cluster, pdh4 for the pool that joins later
 
 

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import BUILD, DEFAULT_MODEL, ROOT, check, need_default_model, run_suite, wait_for  # noqa: E402
 
 CONFIG = {"model": DEFAULT_MODEL, "http": {"port": 0},
-          "timeouts": {"heartbeat_ms": 2000, "router_ms": 3000, "drain_ms": 10000}}
+          "timeouts": {"heartbeat_ms": 2000, "router_ms": 3000, "stop_grace_ms": 10000, "rank_drain_ms": 10000}}
 
 
 class Supervised:
