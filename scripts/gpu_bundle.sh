@@ -144,7 +144,8 @@ if [[ "$DEV" == 1 ]]; then
   # scripts/setup.sh's -dev packages and the -dev packages their CMake/pkg-config files lead to.
   for p in libboost1.74-dev nlohmann-json3-dev catch2 libopenblas-dev libopenblas-pthread-dev libxxhash-dev \
       libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libopenmpi-dev libpmix-dev libhwloc-dev libevent-dev \
-      pkgconf pkgconf-bin libpkgconf3; do
+      prometheus-cpp-dev libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0 libcivetweb-dev libcivetweb1 \
+      libcurl4-openssl-dev zlib1g-dev pkgconf pkgconf-bin libpkgconf3; do
     PKG[$p]=1
   done
 fi
