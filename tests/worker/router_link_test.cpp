@@ -122,7 +122,7 @@ TEST_CASE("router link: load reports carry the prompt-token counts kept here", "
   CHECK(got.running == 3);
 }
 
-TEST_CASE("worker stage: leaving goes serving -> (leave asked) -> leaving -> drained -> shutdown; stops are final",
+TEST_CASE("worker stage: leaving goes serving -> (leave asked) -> leaving -> drained -> shutdown, and stops are final",
           "[router_link]") {
   using S = WorkerStage;
   CHECK(legal(S::kServing, S::kLeaveAsked));
