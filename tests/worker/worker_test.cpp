@@ -920,14 +920,14 @@ TEST_CASE("workers: a handoff abandoned after its receives were cancelled never 
   // sends nobody receives; MPI cannot cancel them. Before the fix the tag
   // came round again (every 30,000 handoffs; here 2) and the stale sends
   // matched a new request's receives; the prefill rank's blocks never
-  // returned (its job waited for the sends forever).
+  // returned (its sequence waited for the sends forever).
   const auto reference = clean_run({2, 3, 4, 5});
   ClusterConfig cfg = small_config();
   cfg.timeouts.prefill_queue_ms = 20;
   cfg.timeouts.transfer_ms = 20;
+  cfg.kv.tag_span = 2;
   MiniCluster c(cfg);
   c.use_fake_clock();
-  c.decode->set_kv_tag_span(2);
   c.submit(MiniCluster::request(1));
   c.step_prefill();  // offered, computed, held (no accept yet)
   c.hub.hold();      // the accept will arrive late
