@@ -638,8 +638,8 @@ TEST_CASE("workers: a failing op fails its requests, a failed device stops the r
 }
 
 TEST_CASE("workers: a cancel reaching the prefill rank while its prompt is queued", "[workers]") {
-  // The fix: on_cancel used to erase the job but leave its id in queue_, and
-  // the next batch's jobs_.at() threw out of run_once (the rank died).
+  // The fix: on_cancel used to erase the sequence but leave its id in queue_, and
+  // the next batch's seqs_.at() threw out of run_once (the rank died).
   ClusterConfig cfg = small_config();
   cfg.prefill.max_batch = 1;
   MiniCluster c(cfg);
@@ -1190,10 +1190,10 @@ class FailingSends final : public test::ForwardingTransport {
   int left_;
 };
 
-TEST_CASE("workers: a send failing inside forward() ends the job after the pass, not during it", "[workers]") {
+TEST_CASE("workers: a send failing inside forward() ends the sequence after the pass, not during it", "[workers]") {
   // Request 2 is accepted before its batch, so its layers are posted from the
   // layer hook while forward() reads its block table; the second layer's
-  // send fails there. The job must outlive the pass (ASan checks the reads).
+  // send fails there. The sequence must outlive the pass (ASan checks the reads).
   ClusterConfig cfg = small_config();
   cfg.prefill.max_batch = 1;
   const int layers = TinyLlamaSpec{}.n_layers;
