@@ -203,7 +203,7 @@ TEST_CASE("handoff intake: cancelled by the router while receiving, the blocks c
   CHECK(r.kv_tags_reclaiming == 0);  // every receive completed: the tag is free
 }
 
-TEST_CASE("handoff intake: a sender aborting mid-handoff ends it; its tag is sealed, reclaimed, and given out again") {
+TEST_CASE("handoff intake: a sender aborting mid-handoff ends it, its tag is sealed, reclaimed, and given out again") {
   Rig rig;
   REQUIRE(rig.intake.on_offer(rig.offer(11), kPrefill, false, 0));
   REQUIRE(rig.intake.accept_offers(0));
@@ -235,7 +235,7 @@ TEST_CASE("handoff intake: a sender aborting mid-handoff ends it; its tag is sea
   CHECK(after.kv_tags_retired == 0);
 }
 
-TEST_CASE("handoff intake: a trailer of another attempt under the tag fails the handoff; its tag is reclaimed") {
+TEST_CASE("handoff intake: a trailer of another attempt under the tag fails the handoff, its tag is reclaimed") {
   Rig rig;
   REQUIRE(rig.intake.on_offer(rig.offer(12), kPrefill, false, 0));
   REQUIRE(rig.intake.accept_offers(0));

@@ -220,7 +220,7 @@ TEST_CASE("handoff sender: a send that fails, or a failure outside, fails the ha
   CHECK(h.accepted());  // a failed handoff keeps its tag (the worker answers and seals by it)
 }
 
-TEST_CASE("handoff sender: phases move only along the table, and a refused move leaves the phase") {
+TEST_CASE("handoff sender: phases move only along the table, a sent handoff stays sent when abandoned") {
   CHECK(legal(Phase::kOffered, Phase::kAccepted));
   CHECK(legal(Phase::kOffered, Phase::kHeld));
   CHECK(legal(Phase::kHeld, Phase::kFinishing));

@@ -142,7 +142,7 @@ TEST_CASE("prompt pass: prompt logprobs are gathered over the chunks and go with
   CHECK(ev.prompt_logprobs.size() == 5);  // every prompt token but the first
 }
 
-TEST_CASE("prompt pass: a failed placement changes nothing; a recompute wants no rows") {
+TEST_CASE("prompt pass: a failed placement changes nothing, a recompute wants no rows") {
   KvBlockManager blocks = pool(2);
   const std::vector<int32_t> prompt = prompt_of(12);
   PromptPass p(9, options(12));
