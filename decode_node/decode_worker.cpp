@@ -3,7 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <thread>
+#include <set>
+#include <unordered_set>
 
 #include "decode_node/scheduler.h"
 #include "serving/token_events.h"
@@ -11,16 +12,33 @@
 #include "util/lifecycle.h"
 
 namespace pd {
+namespace {
+
+// The sequence under `id` in `seqs`, or null.
+template <typename Map>
+auto* find_in(Map& seqs, proto::RequestId id) {
+  auto it = seqs.find(id);
+  return it == seqs.end() ? nullptr : &it->second;
+}
+
+bool chunked(const ClusterConfig& cfg) { return cfg.prefill.chunk_tokens > 0; }
+
+// `table` <- the ids of the blocks sequence `id` holds (it keeps its capacity).
+void fill_table(const KvBlockManager& blocks, proto::RequestId id, std::vector<int32_t>& table) {
+  table.clear();
+  for (BlockId b : blocks.block_table(seq_of(id))) table.push_back(b.value);
+}
+
+}  // namespace
+
 const char* state_name(DecodeWorker::SeqState s) {
   using S = DecodeWorker::SeqState;
   switch (s) {
-    case S::kOffered: return "offered";
-    case S::kReceiving: return "receiving";
     case S::kReady: return "ready";
+    case S::kQueued: return "queued";
     case S::kRunning: return "running";
     case S::kPreempted: return "preempted";
     case S::kPrefilling: return "prefilling";
-    case S::kCancelling: return "cancelling";
   }
   return "?";
 }
@@ -28,23 +46,27 @@ const char* state_name(DecodeWorker::SeqState s) {
 bool legal(DecodeWorker::SeqState from, DecodeWorker::SeqState to) {
   using S = DecodeWorker::SeqState;
   switch (from) {
-    case S::kOffered: return to == S::kReceiving;
-    case S::kReceiving: return to == S::kReady || to == S::kCancelling;
-    case S::kReady: return to == S::kRunning || to == S::kPreempted || to == S::kPrefilling;
+    case S::kReady: return to == S::kRunning || to == S::kPreempted;
+    case S::kQueued: return to == S::kRunning || to == S::kPrefilling;
     case S::kRunning: return to == S::kPreempted;
     case S::kPreempted: return to == S::kRunning || to == S::kPrefilling;
     case S::kPrefilling: return to == S::kRunning || to == S::kPreempted;
-    case S::kCancelling: return false;  // only ended (erased) from here
   }
   return false;
 }
 
-void DecodeWorker::set_state(Seq& s, SeqState to) { transition(s.state, to, s.id, "decode"); }
+proto::TokenEvent DecodeWorker::Seq::next_token(std::span<float> row, int32_t eos_id, std::vector<float>& scratch) {
+  proto::TokenEvent ev = sample_token_event(*sampler, id, n_generated + 1, row, eos_id, scratch);
+  tokens.push_back(ev.tokens[0]);
+  ++n_generated;
+  return ev;
+}
 
 DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                            std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
-    : WorkerCore("decode", cfg, roles, std::move(engine), std::move(transport), std::move(channel)) {
-  tag_span_ = cfg_.kv.tag_span;
+    : WorkerCore("decode", cfg, roles, std::move(engine), std::move(transport), std::move(channel)),
+      intake_(HandoffIntake::Context{roles_.self, roles_.router, engine_.get(), transport_.get(), channel_.get(),
+                                     &peers_, &header_, &endpoint_, &epoch_, &env_, cfg_.timeouts, cfg_.kv.tag_span}) {
   // Between layers of a long forward pass (a colocated prefill, a recompute):
   // keep sends moving and load reports flowing so /health stays truthful.
   engine_->model->set_kv_written_hook([this](int) {
@@ -54,69 +76,35 @@ DecodeWorker::DecodeWorker(const ClusterConfig& cfg, const RoleTable& roles, std
 }
 
 bool DecodeWorker::work() {
-  bool busy = seal_tags();
+  bool busy = intake_.seal_tags();
   busy |= accept_offers();
   busy |= step();
   return busy;
 }
 
-// Shutdown: receives still posted are cancelled (nothing more is coming), and
-// so are the reclaims of tags (no handoff will take them again).
-void DecodeWorker::before_exit() {
-  for (auto& [id, s] : seqs_) s.handoff.cancel(*transport_);
-  for (auto& [rank, pool] : tags_) pool.cancel_reclaims(*transport_);
-}
-
-void DecodeWorker::forget_peer(int rank) {
-  // Left: it went down first (on_peer_down retired its tags being reclaimed).
-  // Its whole pool goes: a rank id is never given to another rank.
-  if (auto it = tags_.find(rank); it != tags_.end()) {
-    it->second.retire_unsealed(*transport_);
-    tags_.erase(it);
-  }
-}
-
-// Sent from the engine loop's work (not as a handoff ends), so a rank that
-// ends its handoffs while it rejoins asks under its new epoch, which the
-// prefill rank acts on.
-bool DecodeWorker::seal_tags() {
-  bool asked = false;
-  for (auto& [rank, pool] : tags_) {
-    if (peers_.is_down(rank)) continue;  // on_peer_down retired them
-    for (const KvTagPool::Unsealed& u : pool.unsealed()) {
-      Result<TransferOp> op = transport_->post_reclaim(rank, u.tag);
-      if (!op.is_ok()) {
-        spdlog::warn("decode rank {}: KV tag {} of prefill rank {}: {}; retired", roles_.self, u.tag, rank,
-                     op.status().to_string());
-        pool.retire(u.tag, *transport_);
-        continue;
-      }
-      pool.sealing(u.tag, *op);
-      channel_->send(rank, proto::KvTagSeal{u.id, u.tag, epoch_});
-      asked = true;
-    }
-  }
-  return asked;
-}
-
-bool DecodeWorker::poll_tags() {
-  bool any = false;
-  const auto limit = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
-  for (auto& [rank, pool] : tags_) any |= pool.poll(*transport_, env_->now(), limit);
-  return any;
-}
-
 bool DecodeWorker::on_message(int source, proto::Message& msg) {
   if (auto* m = std::get_if<proto::HandoffOffer>(&msg)) {
-    if (current(source, m->epoch)) on_offer(std::move(*m), source);
+    if (current(source, m->epoch)) {
+      const proto::RequestId id = m->header.request_id;
+      const bool known = seqs_.count(id) > 0 || intake_.source_of(id).has_value();
+      if (intake_.on_offer(std::move(*m), source, known, next_order_)) ++next_order_;
+    }
   } else if (auto* m = std::get_if<proto::PrefillRequest>(&msg)) {
     on_prompt(std::move(*m));
   } else if (auto* m = std::get_if<proto::Cancel>(&msg)) {
-    on_cancel(m->id, false, "cancelled");
+    // Its KV here (or to compute here): it simply ends. Else the intake's (or
+    // not here yet: the intake remembers the router's cancel).
+    if (Seq* s = find_in(seqs_, m->id)) erase(*s);
+    else intake_.on_cancel(m->id, false);
   } else if (auto* m = std::get_if<proto::HandoffAbort>(&msg)) {
-    // Only the handoff's own prefill rank may abort it.
-    if (current(source, m->epoch))
-      if (const Seq* s = find_seq(m->id); s != nullptr && s->source == source) on_cancel(m->id, true, m->reason);
+    // Only the handoff's own prefill rank may abort it (an aborting prefill
+    // rank told the router why itself).
+    if (!current(source, m->epoch)) return true;
+    if (Seq* s = find_in(seqs_, m->id)) {
+      if (s->source == source) erase(*s);
+    } else if (intake_.source_of(m->id) == source) {
+      intake_.on_cancel(m->id, true);
+    }
   } else {
     return false;
   }
@@ -124,113 +112,27 @@ bool DecodeWorker::on_message(int source, proto::Message& msg) {
 }
 
 void DecodeWorker::on_drain() {
-  spdlog::info("decode rank {}: draining (finishing {} sequences)", roles_.self, seqs_.size());
-}
-
-DecodeWorker::Seq* DecodeWorker::find_seq(proto::RequestId id) {
-  auto it = seqs_.find(id);
-  return it == seqs_.end() ? nullptr : &it->second;
-}
-
-void DecodeWorker::on_peer_down(int rank) {
-  std::vector<proto::RequestId> ids;
-  for (auto& [id, s] : seqs_)
-    if (s.source == rank && (s.state == SeqState::kOffered || s.state == SeqState::kReceiving)) ids.push_back(id);
-  for (proto::RequestId id : ids)
-    if (Seq* s = find_seq(id))
-      fail(*s, "prefill rank " + std::to_string(rank) + " went down before the KV handoff completed",
-           proto::FailureKind::kPeerDown);
-  if (!ids.empty())
-    spdlog::warn("decode rank {}: prefill rank {} is down; ended {} handoffs from it", roles_.self, rank, ids.size());
-  // Sequences whose KV arrived do not need it: they keep running. Tags being
-  // reclaimed: a stopped sender may resume and send under them.
-  if (auto it = tags_.find(rank); it != tags_.end()) it->second.retire_unsealed(*transport_);
+  spdlog::info("decode rank {}: draining (finishing {} sequences)", roles_.self, held());
 }
 
 void DecodeWorker::drop_all() {
+  intake_.drop_all();
   std::vector<proto::RequestId> ids;
   for (auto& [id, s] : seqs_) ids.push_back(id);
-  for (proto::RequestId id : ids) {
-    Seq* s = find_seq(id);
-    if (s == nullptr || s->state == SeqState::kCancelling) continue;
-    if (s->state == SeqState::kReceiving) cancel_receives(*s);  // posted receives end (or are quarantined) as usual
-    else erase(*s);
-  }
-  offers_.clear();
+  for (proto::RequestId id : ids)
+    if (Seq* s = find_in(seqs_, id)) erase(*s);
   running_.clear();
   prefilling_.clear();
   waiting_.clear();
 }
 
-void DecodeWorker::cancel_receives(Seq& s) {
-  s.handoff.cancel(*transport_);
-  if (s.handoff.all_ended()) return erase(s);
-  set_state(s, SeqState::kCancelling);
-}
-
-void DecodeWorker::end_tag(Seq& s) {
-  KvTagPool& pool = tags_of(s.source);
-  // Every receive under the tag completed: each of the peer's sends under it
-  // matched one and completed too. Otherwise one of its sends may still be
-  // pending under the tag (MPI cannot cancel a send): reclaim the tag while
-  // the peer is up — its seal orders everything it sent there on the mpi
-  // path; a device path's KV travels apart from the tag, and a down peer
-  // may resume (the receives were abandoned only if its process is gone).
-  if (s.handoff.all_ended() && s.handoff.clean()) pool.release(s.tag);
-  else if (s.handoff.all_ended() && s.path.path == KvPath::kMpi && !peers_.is_down(s.source))
-    pool.reclaim(s.tag, s.id, env_->now());
-  else pool.retire(s.tag, *transport_);
-  s.tag = 0;
-}
-
 void DecodeWorker::erase(Seq& s) {
-  if (s.tag != 0) end_tag(s);
-  s.handoff.abandon(*transport_);  // only a confirmed-dead sender's leave any here
-  release(s);
+  s.kv.release(*engine_->blocks, s.id, roles_.self);
   const proto::RequestId id = s.id;
   std::erase(running_, id);
   std::erase(prefilling_, id);
   std::erase(waiting_, id);
-  std::erase(offers_, id);
   seqs_.erase(id);
-}
-
-void DecodeWorker::remember_cancelled(proto::RequestId id) { cancelled_[id] = env_->now(); }
-bool DecodeWorker::was_cancelled(proto::RequestId id) { return cancelled_.erase(id) > 0; }
-
-void DecodeWorker::on_offer(proto::HandoffOffer m, int source) {
-  const proto::RequestId id = m.header.request_id;
-  auto reject = [&](const std::string& reason, bool cancelled) {
-    channel_->send(source, proto::HandoffReject{id, reason, cancelled});
-  };
-  if (was_cancelled(id)) return reject("cancelled", true);
-  if (seqs_.count(id)) return reject("duplicate request id " + std::to_string(id), false);
-  if (Status st = proto::check_compatible(header_, m.header); !st.is_ok()) {
-    spdlog::error("decode rank {}: offer from rank {}: {}", roles_.self, source, st.message());
-    return reject(st.message(), false);
-  }
-  if (m.header.n_tokens != static_cast<int32_t>(m.prompt.size()) || m.prompt.empty())
-    return reject("offer header says " + std::to_string(m.header.n_tokens) + " tokens, prompt has " +
-                      std::to_string(m.prompt.size()),
-                  false);
-  if (Status st = m.sampling.validate(); !st.is_ok()) return reject(st.message(), false);
-  const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
-  if (need > engine_->blocks->num_blocks())
-    return reject("request needs " + std::to_string(need) + " KV blocks at its longest; this decode rank has " +
-                      std::to_string(engine_->blocks->num_blocks()) + " (raise kv.decode_budget_mb)",
-                  false);
-  Seq& s = seqs_[id];
-  s.id = id;
-  s.source = source;
-  s.state = SeqState::kOffered;
-  s.path = choose_kv_path(m.endpoint, endpoint_);
-  s.n_prompt = static_cast<int32_t>(m.prompt.size());
-  s.tokens = std::move(m.prompt);
-  s.params = m.sampling;
-  s.arrived = channel_->arrival().value_or(env_->now());  // taken off the network by the communication side
-  s.order = next_order_++;
-  s.handoff = HandoffReceiver(source, header_.n_layers, kv_segments(blocks_for_tokens(s.n_prompt)));
-  offers_.push_back(id);
 }
 
 void DecodeWorker::on_prompt(proto::PrefillRequest m) {
@@ -238,8 +140,9 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   auto fail_now = [&](const std::string& reason, proto::FailureKind kind) {
     channel_->send(roles_.router, proto::RequestFailed{id, reason, kind});
   };
-  if (was_cancelled(id)) return;
-  if (seqs_.count(id)) return fail_now("duplicate request id " + std::to_string(id), proto::FailureKind::kInternal);
+  if (intake_.was_cancelled(id)) return;
+  if (seqs_.count(id) || intake_.source_of(id))
+    return fail_now("duplicate request id " + std::to_string(id), proto::FailureKind::kInternal);
   if (Status st = m.sampling.validate(); !st.is_ok()) return fail_now(st.message(), proto::FailureKind::kInvalid);
   const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
   if (m.prompt.empty() || need > engine_->blocks->num_blocks())
@@ -248,53 +151,21 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
                     proto::FailureKind::kInvalid);
   Seq& s = seqs_[id];
   s.id = id;
-  s.state = SeqState::kReady;
+  s.state = SeqState::kQueued;
   s.n_prompt = static_cast<int32_t>(m.prompt.size());
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
-  s.needs_compute = true;
   s.arrived = s.received = channel_->arrival().value_or(env_->now());
   s.order = next_order_++;
   waiting_.push_back(id);
 }
 
-void DecodeWorker::on_cancel(proto::RequestId id, bool from_prefill, const std::string& reason) {
-  (void)reason;  // an aborting prefill rank told the router why itself
-  Seq* found = find_seq(id);
-  if (found == nullptr) {
-    // The router's cancel can overtake the prefill rank's offer: remember it.
-    if (!from_prefill) remember_cancelled(id);
-    return;
-  }
-  Seq& s = *found;
-  switch (s.state) {
-    case SeqState::kOffered:
-      if (!from_prefill) channel_->send(s.source, proto::HandoffReject{id, "cancelled", true, epoch_});
-      return erase(s);
-    case SeqState::kReceiving:
-      // An aborting prefill rank will never send: cancel the receives now. A
-      // router cancel waits for the prefill rank's abort or its data (a
-      // receive cancelled under a live sender costs the tag a reclaim).
-      if (from_prefill) return cancel_receives(s);
-      return set_state(s, SeqState::kCancelling);
-    case SeqState::kReady:
-    case SeqState::kRunning:
-    case SeqState::kPreempted:
-    case SeqState::kPrefilling:
-      return erase(s);
-    case SeqState::kCancelling:
-      if (from_prefill) s.handoff.cancel(*transport_);
-      return;
-  }
-}
-
 bool DecodeWorker::accept_offers() {
-  bool any = false;
   KvBlockManager& blocks = *engine_->blocks;
   // Preempted sequences have first call on freed blocks: no new handoffs until they are back.
   for (proto::RequestId w : waiting_)
-    if (const Seq* s = find_seq(w); s != nullptr && s->state == SeqState::kPreempted) return false;
-  if (offers_.empty()) return false;
+    if (const Seq* s = find_in(seqs_, w); s != nullptr && s->state == SeqState::kPreempted) return false;
+  if (!intake_.has_offers()) return false;
   // Keep room for the running batch's next tokens and for received-but-not-yet-
   // running sequences, so accepting a handoff does not force a preemption.
   // (Accepted handoffs join neither list, so this holds for the whole loop.)
@@ -302,208 +173,48 @@ bool DecodeWorker::accept_offers() {
   for (proto::RequestId r : running_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
   for (proto::RequestId r : prefilling_) reserved += blocks.blocks_needed_to_append(seq_of(r), 1);
   for (proto::RequestId w : waiting_)
-    if (const Seq* s = find_seq(w); s != nullptr && s->has_blocks) reserved += blocks.blocks_needed_to_append(seq_of(w), 1);
-  while (!offers_.empty()) {
-    Seq* offered = find_seq(offers_.front());
-    if (offered == nullptr || offered->state != SeqState::kOffered) {  // ended while it waited
-      offers_.pop_front();
-      continue;
-    }
-    Seq& s = *offered;
-    // The whole prompt's KV arrives into fresh blocks, registered for reuse once it has.
-    const AllocateOptions received{.reuse = false, .publish = false};
-    const int64_t need = blocks.blocks_needed_for_prompt(s.tokens, received);
-    if (need + reserved > blocks.num_free_blocks()) break;
-    KvTagPool& pool = tags_of(s.source);
-    std::optional<int> tag = pool.acquire();
-    // A tag comes back when a handoff under one ends or a reclaim takes its
-    // seal: wait for it (in order, as for blocks; the offer's deadline holds).
-    if (!tag && pool.held() + pool.reclaiming() > 0) break;
-    if (!tag) {  // every tag of this peer retired: refuse this handoff
-      channel_->send(s.source, proto::HandoffReject{s.id, "decode rank has no free KV transfer tag for this prefill rank",
-                                                    false, epoch_});
-      offers_.pop_front();
-      erase(s);
-      continue;
-    }
-    auto alloc = blocks.allocate(seq_of(s.id), s.tokens, received);
-    if (!alloc.is_ok()) {
-      pool.release(*tag);  // nothing was posted under it
-      break;
-    }
-    s.has_blocks = true;
-    s.kv_complete = false;
-    offers_.pop_front();
-    s.tag = *tag;
-    std::vector<int32_t> table;
-    for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
-    s.accepted = env_->now();
-    Status st = transport_->select_path(s.source, s.path);
-    if (st.is_ok())
-      st = s.handoff.post(*transport_, s.tag, [&](int l, int segment) {
-        return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, kv_segment(table, segment));
-      }, s.accepted);
-    else
-      s.handoff.mark_foreign();  // nothing was posted; the tag ends as a failed handoff's (end_tag)
-    set_state(s, SeqState::kReceiving);
-    if (!st.is_ok()) {
-      channel_->send(s.source, proto::HandoffReject{s.id, "decode rank could not post receives: " + st.message(), false,
-                                                    epoch_});
-      cancel_receives(s);
-      continue;
-    }
-    channel_->send(s.source, proto::HandoffAccept{s.id, s.tag, epoch_, endpoint_});
-    any = true;
-  }
-  return any;
+    if (const Seq* s = find_in(seqs_, w); s != nullptr && s->kv.held()) reserved += blocks.blocks_needed_to_append(seq_of(w), 1);
+  return intake_.accept_offers(reserved);
 }
 
+// A landed handoff joins the waiting sequences: its sampler replays token 1
+// (sampled by the prefill rank) after the prompt.
 bool DecodeWorker::progress_transfers() {
-  bool any = false;
-  std::vector<proto::RequestId> done;
-  const auto now = env_->now();
-  for (auto& [id, s] : seqs_) {
-    if (s.handoff.all_ended()) continue;
-    const size_t before = s.handoff.pending();
-    s.handoff.poll(*transport_, now);
-    any |= s.handoff.pending() != before;
-    if (s.handoff.all_ended()) done.push_back(id);
+  std::vector<HandoffIntake::Landed> landed;
+  const bool any = intake_.progress(landed);
+  for (HandoffIntake::Landed& l : landed) {
+    Seq& s = seqs_[l.id];
+    s.id = l.id;
+    s.source = l.source;
+    s.state = SeqState::kReady;
+    s.n_prompt = static_cast<int32_t>(l.prompt.size());
+    s.tokens = std::move(l.prompt);
+    s.params = l.params;
+    s.kv = l.kv;
+    s.order = l.order;
+    s.received = l.received;
+    s.sampler.emplace(s.params);
+    s.sampler->resume(s.tokens);  // the prompt
+    s.sampler->replay(l.first_token);
+    s.tokens.push_back(l.first_token);
+    s.n_generated = 1;
+    waiting_.push_back(s.id);
   }
-  for (proto::RequestId id : done) {
-    Seq* found = find_seq(id);
-    if (found == nullptr) continue;
-    Seq& s = *found;
-    if (s.state == SeqState::kCancelling) erase(s);
-    else if (s.state == SeqState::kReceiving && !s.handoff.clean())
-      fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " failed", proto::FailureKind::kTransfer);
-    else if (s.state == SeqState::kReceiving) finish_transfer(s);
-  }
-  any |= poll_tags();
   return any;
-}
-
-void DecodeWorker::finish_transfer(Seq& s) {
-  s.received = env_->now();
-  auto trailer = s.handoff.trailer();
-  if (!trailer.is_ok()) return fail(s, trailer.status().message(), proto::FailureKind::kTransfer);
-  if (trailer->request_id != s.id || trailer->epoch != peers_.epoch(s.source)) {
-    // Another handoff's data under this tag: this one's own sends may still be
-    // pending (fail() retires the tag). Never decoded.
-    s.handoff.mark_foreign();
-    return fail(s, "KV transfer from prefill rank " + std::to_string(s.source) + " carried request " +
-                       std::to_string(trailer->request_id) + " (epoch " + std::to_string(trailer->epoch) +
-                       "), expected " + std::to_string(s.id) + " (epoch " + std::to_string(peers_.epoch(s.source)) +
-                       "): a stale transfer, dropped",
-                proto::FailureKind::kTransfer);
-  }
-  std::vector<int32_t> table;
-  for (BlockId b : engine_->blocks->block_table(seq_of(s.id))) table.push_back(b.value);
-  for (int l = 0; l < header_.n_layers; ++l) {
-    if (trailer->checksums[l] == 0) continue;  // the sender does not checksum
-    const Result<uint64_t> got = kv_region_checksum(
-        *engine_->backend, *engine_->cache.buffer, kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, l, table));
-    if (!got.is_ok())
-      return fail(s, "KV checksum of layer " + std::to_string(l) + " failed: " + got.status().message(),
-                  proto::FailureKind::kTransfer);
-    if (*got != trailer->checksums[l])
-      return fail(s, "KV checksum mismatch at layer " + std::to_string(l) + " (transfer from prefill rank " +
-                         std::to_string(s.source) + " corrupted)",
-                  proto::FailureKind::kTransfer);
-  }
-  // Every message under the tag arrived: the peer has no send pending on it.
-  end_tag(s);
-  kv_written(s);
-  if (trailer->finished) return erase(s);  // ended at its first token; the prefill rank told the router
-  s.sampler.emplace(s.params);
-  s.sampler->resume(s.tokens);  // the prompt
-  s.sampler->replay(trailer->first_token);
-  s.tokens.push_back(trailer->first_token);
-  s.n_generated = 1;
-  set_state(s, SeqState::kReady);
-  waiting_.push_back(s.id);
 }
 
 void DecodeWorker::check_deadlines() {
-  const auto now = env_->now();
-  const auto handoff = std::chrono::milliseconds(cfg_.timeouts.handoff_ms);
-  const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
-  std::vector<proto::RequestId> expired_offers;
-  for (proto::RequestId id : offers_) {
-    const Seq* s = find_seq(id);
-    if (s != nullptr && s->state == SeqState::kOffered && now - s->arrived > handoff) expired_offers.push_back(id);
-  }
-  for (proto::RequestId id : expired_offers) {
-    Seq& s = seqs_.at(id);
-    channel_->send(s.source, proto::HandoffReject{s.id, "no KV room on decode rank " + std::to_string(roles_.self) +
-                                                           " within " + std::to_string(cfg_.timeouts.handoff_ms) + " ms",
-                                                 false, epoch_});
-    erase(s);
-  }
-  // The prefill rank enforces timeouts.transfer_ms: it knows whether it is
-  // computing the next layers or stalled, and aborts the handoff (HandoffAbort)
-  // when its sends stop moving or its prompt waited prefill_queue_ms in its
-  // queue. This side only guards against a prefill rank that went silent: no
-  // layer landing for prefill_queue_ms + transfer_ms. Time spent queued or
-  // computing between layers is never taken for a stall. (A prefill rank that
-  // stops altogether is declared down by the router after heartbeat_ms.)
-  const int backstop_ms = cfg_.timeouts.prefill_queue_ms + cfg_.timeouts.transfer_ms;
-  const auto backstop = std::chrono::milliseconds(backstop_ms);
-  std::vector<proto::RequestId> stalled, gone;
-  for (auto& [id, s] : seqs_) {
-    if (s.state == SeqState::kReceiving && now - s.handoff.last_progress() > backstop) {
-      stalled.push_back(id);
-    } else if (s.state == SeqState::kCancelling && !s.handoff.all_ended()) {
-      if (peers_.is_down(s.source) && peer_gone(s.source)) gone.push_back(id);
-      else if (now - s.handoff.last_progress() > backstop)
-        s.handoff.cancel(*transport_);  // a cancelled handoff whose data never came
-    }
-  }
-  for (proto::RequestId id : stalled) {  // fail() may erase: not while iterating seqs_
-    Seq* s = find_seq(id);
-    if (s == nullptr) continue;
-    fail(*s, "KV transfer from prefill rank " + std::to_string(s->source) + " did not complete: nothing arrived for " +
-                 std::to_string(backstop_ms) + " ms (timeouts.prefill_queue_ms + timeouts.transfer_ms)",
-         proto::FailureKind::kTimeout);
-  }
-  for (proto::RequestId id : gone) {
-    // The sender's process has ended: nothing can write into these blocks any
-    // more (what it sent before dying was consumed by the progress calls since
-    // it was declared down). Abandon the receives MPI cannot cancel; free the blocks.
-    Seq* s = find_seq(id);
-    if (s == nullptr) continue;
-    spdlog::info("decode rank {}: prefill rank {} is gone; releasing request {}'s quarantined blocks", roles_.self,
-                 s->source, id);
-    erase(*s);
-  }
-  const auto keep = std::max(handoff, transfer) * 2;
-  for (auto it = cancelled_.begin(); it != cancelled_.end();)
-    it = now - it->second > keep ? cancelled_.erase(it) : std::next(it);
-}
-
-void DecodeWorker::kv_written(Seq& s) {
-  s.kv_complete = true;
-  if (Status st = engine_->blocks->publish(seq_of(s.id)); !st.is_ok())
-    spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
+  // Of the down senders quarantining blocks, those whose process is known to have ended.
+  std::set<int> gone;
+  for (int rank : intake_.down_senders())
+    if (peer_gone(rank)) gone.insert(rank);
+  intake_.check_deadlines(gone);
 }
 
 void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind kind) {
   spdlog::warn("decode rank {}: request {} failed: {}", roles_.self, s.id, reason);
   channel_->send(roles_.router, proto::RequestFailed{s.id, reason, kind});
-  std::erase(running_, s.id);
-  std::erase(prefilling_, s.id);
-  std::erase(waiting_, s.id);
-  std::erase(offers_, s.id);
-  if (s.state == SeqState::kReceiving) return cancel_receives(s);  // receives posted: blocks freed when they end
-  if (s.state == SeqState::kCancelling) return;
   erase(s);
-}
-
-bool DecodeWorker::chunked() const { return cfg_.prefill.chunk_tokens > 0; }
-
-int64_t DecodeWorker::compute_target(const Seq& s) const {
-  // A new prompt computes all its tokens (logits for token 1); a preempted
-  // sequence recomputes all but its last token, which its next step feeds.
-  return static_cast<int64_t>(s.tokens.size()) - (s.n_generated == 0 ? 0 : 1);
 }
 
 // The scheduler's view of this iteration. Admission order: sequences whose KV
@@ -524,7 +235,7 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
   for (proto::RequestId id : running_)
     in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1), held(id), seqs_.at(id).order});
   for (proto::RequestId id : prefilling_) in.running.push_back({id, 0, held(id), seqs_.at(id).order});
-  auto rank_of = [&](const Seq& s) { return !s.needs_compute ? 0 : s.state == SeqState::kPreempted ? 1 : 2; };
+  auto rank_of = [&](const Seq& s) { return s.state == SeqState::kReady ? 0 : s.state == SeqState::kPreempted ? 1 : 2; };
   std::vector<proto::RequestId> order(waiting_.begin(), waiting_.end());
   std::stable_sort(order.begin(), order.end(), [&](proto::RequestId a, proto::RequestId b) {
     const Seq &sa = seqs_.at(a), &sb = seqs_.at(b);
@@ -532,18 +243,18 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
     return sa.order < sb.order;
   });
   std::unordered_set<proto::RequestId> given_chunk;
-  if (chunked()) {
+  if (chunked(cfg_)) {
     std::vector<PrefillCandidate> candidates;
     for (proto::RequestId id : prefilling_) {
       const Seq& s = seqs_.at(id);
-      candidates.push_back({id, compute_target(s) - s.computed, s.computed});
+      candidates.push_back({id, s.prompt.target() - s.prompt.computed(), s.prompt.computed()});
     }
     for (proto::RequestId id : order) {
       const Seq& s = seqs_.at(id);
-      if (!s.needs_compute) continue;
-      const auto toks = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(compute_target(s)));
-      const int64_t cached = reuses_cache(s) ? blocks.cached_prefix_tokens(toks) : 0;
-      candidates.push_back({id, compute_target(s) - cached, cached});
+      if (s.state == SeqState::kReady) continue;  // its KV is here
+      const auto toks = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.compute_target()));
+      const int64_t cached = s.reuses_cache() ? blocks.cached_prefix_tokens(toks) : 0;
+      candidates.push_back({id, s.compute_target() - cached, cached});
     }
     const ChunkPolicy policy{colocated_prompt_budget(cfg_.decode.step_tokens, static_cast<int64_t>(running_.size())),
                              cfg_.prefill.chunk_tokens, cfg_.decode.max_running, cfg_.prefill.context_cost_tokens};
@@ -554,9 +265,9 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
   for (proto::RequestId id : order) {
     const Seq& s = seqs_.at(id);
     int64_t need;
-    if (s.needs_compute) {
+    if (s.state != SeqState::kReady) {  // KV to compute here
       const int64_t n = static_cast<int64_t>(s.tokens.size());
-      if (chunked()) {
+      if (chunked(cfg_)) {
         if (!given_chunk.count(id)) continue;
       } else {
         if (compute_tokens > 0 && compute_tokens + n > cfg_.prefill.token_budget) break;
@@ -566,7 +277,7 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
     } else {
       need = blocks.blocks_needed_to_append(seq_of(id), 1);
     }
-    in.waiting.push_back({id, need, s.has_blocks ? held(id) : 0});
+    in.waiting.push_back({id, need, s.kv.held() ? held(id) : 0});
   }
   return in;
 }
@@ -577,11 +288,9 @@ SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
 std::vector<proto::RequestId> DecodeWorker::commit(const SchedulerPlan& plan) {
   for (uint64_t id : plan.preempt) {
     Seq& s = seqs_.at(id);
-    release(s);
-    s.needs_compute = true;
-    s.computed = 0;
-    s.prompt_logprobs.clear();
-    set_state(s, SeqState::kPreempted);
+    s.kv.release(*engine_->blocks, s.id, roles_.self);
+    s.prompt = PromptPass();  // its KV is computed again from the start
+    transition(s.state, SeqState::kPreempted, s.id, "decode");
     std::erase(running_, id);
     std::erase(prefilling_, id);
     waiting_.push_front(id);
@@ -590,42 +299,39 @@ std::vector<proto::RequestId> DecodeWorker::commit(const SchedulerPlan& plan) {
   }
   for (uint64_t id : plan.evict) {  // stalled holders: recompute later
     Seq& s = seqs_.at(id);
-    release(s);
-    s.needs_compute = true;
-    set_state(s, SeqState::kPreempted);
+    s.kv.release(*engine_->blocks, s.id, roles_.self);
+    transition(s.state, SeqState::kPreempted, s.id, "decode");
     ++preemptions_;
   }
   std::vector<proto::RequestId> whole;
   for (uint64_t id : plan.admit) {
     Seq& s = seqs_.at(id);
     std::erase(waiting_, id);
-    if (!s.needs_compute) {
-      set_state(s, SeqState::kRunning);
+    if (s.state == SeqState::kReady) {
+      transition(s.state, SeqState::kRunning, s.id, "decode");
       running_.push_back(id);
-    } else if (!chunked()) {
+    } else if (!chunked(cfg_)) {
       whole.push_back(id);
-    } else if (Status st = start_prefill(s); !st.is_ok()) {
+    } else if (Status st = start_prompt(s); !st.is_ok()) {
       fail(s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
+    } else {  // its chunks run in the next steps
+      s.prompt.start(env_->now());
+      transition(s.state, SeqState::kPrefilling, s.id, "decode");
+      prefilling_.push_back(s.id);
     }
   }
   return whole;
 }
 
-Status DecodeWorker::allocate_local(Seq& s) {
-  const auto toks = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(compute_target(s)));
-  PD_ASSIGN_OR_RETURN(s.cached,
-                      engine_->blocks->allocate(seq_of(s.id), toks, {.reuse = reuses_cache(s), .publish = false}));
-  s.has_blocks = true;
-  s.kv_complete = false;  // until the pass that computes the rest has written it
-  return Status::ok();
-}
-
-Status DecodeWorker::start_prefill(Seq& s) {
-  PD_RETURN_IF_ERROR(allocate_local(s));
-  s.computed = s.cached;
-  s.prefill_started = env_->now();
-  set_state(s, SeqState::kPrefilling);
-  prefilling_.push_back(s.id);
+Status DecodeWorker::start_prompt(Seq& s) {
+  const bool fresh = s.n_generated == 0;
+  s.prompt = PromptPass(s.id, {.target = s.compute_target(),
+                               .first_token = fresh,
+                               .prompt_logprobs = fresh && s.params.prompt_logprobs,
+                               .top_logprobs = s.params.logprobs,
+                               .publish = false});  // registered once written (kv.written)
+  PD_RETURN_IF_ERROR(s.prompt.place(*engine_->blocks, s.tokens, s.compute_target()));
+  s.kv.allocated(s.id);  // written when the pass that computes the rest has run
   return Status::ok();
 }
 
@@ -652,12 +358,12 @@ bool DecodeWorker::step() {
   // none past its sequence's end (its cached prefix can only have shrunk
   // since the plan: then it is simply not the last chunk).
   std::erase_if(chunks, [&](const PrefillChunk& c) {
-    const Seq* s = find_seq(c.id);
+    const Seq* s = find_in(seqs_, c.id);
     return s == nullptr || s->state != SeqState::kPrefilling;
   });
   for (PrefillChunk& c : chunks) {
     const Seq& s = seqs_.at(c.id);
-    c.tokens = std::min(c.tokens, compute_target(s) - s.computed);
+    c.tokens = std::min(c.tokens, s.prompt.target() - s.prompt.computed());
   }
   if (!running_.empty() || !chunks.empty()) run_step(chunks, events);
   if (!events.events.empty()) channel_->send(roles_.router, events);
@@ -675,30 +381,23 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
   step_batch_.resize(n_seqs);
   stepped_.clear();
   size_t used = 0;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Seq& s = seqs_.at(running_[i]);
-    const SeqId sid = seq_of(s.id);
-    if (Status st = blocks.append(sid, std::span<const int32_t>(&s.tokens.back(), 1), nullptr); !st.is_ok()) {
+  for (proto::RequestId id : running_) {
+    Seq& s = seqs_.at(id);
+    if (Status st = blocks.append(seq_of(id), std::span<const int32_t>(&s.tokens.back(), 1), nullptr); !st.is_ok()) {
       spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
       continue;  // the scheduler planned room; should not happen — retried next iteration
     }
-    std::vector<int32_t>& table = step_tables_[used];
-    table.clear();
-    for (BlockId b : blocks.block_table(sid)) table.push_back(b.value);
-    step_batch_[used++] = SequenceBatch{std::span<const int32_t>(&s.tokens.back(), 1),
-                                        static_cast<int32_t>(s.tokens.size()) - 1, table, true, false};
+    fill_table(blocks, id, step_tables_[used]);
+    step_batch_[used] = SequenceBatch{std::span<const int32_t>(&s.tokens.back(), 1),
+                                      static_cast<int32_t>(s.tokens.size()) - 1, step_tables_[used], true, false};
+    ++used;
     stepped_.push_back(s.id);
   }
   for (const PrefillChunk& c : chunks) {
-    Seq& s = seqs_.at(c.id);
-    std::vector<int32_t>& table = step_tables_[used];
-    table.clear();
-    for (BlockId b : blocks.block_table(seq_of(s.id))) table.push_back(b.value);
-    const bool fresh = s.n_generated == 0;
-    const bool last = s.computed + c.tokens == compute_target(s);
-    step_batch_[used++] = SequenceBatch{
-        std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed), static_cast<size_t>(c.tokens)),
-        static_cast<int32_t>(s.computed), table, fresh && last, fresh && s.params.prompt_logprobs};
+    const Seq& s = seqs_.at(c.id);
+    fill_table(blocks, c.id, step_tables_[used]);
+    step_batch_[used] = s.prompt.chunk(s.tokens, s.prompt.computed() + c.tokens, step_tables_[used]);
+    ++used;
   }
   step_batch_.resize(used);
   Status st = engine_->model->forward(step_batch_, engine_->cache, &logits_);
@@ -706,16 +405,14 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
     check_device();
     for (proto::RequestId id : stepped_) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
     for (const PrefillChunk& c : chunks)
-      if (Seq* s = find_seq(c.id)) fail(*s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
+      if (Seq* s = find_in(seqs_, c.id)) fail(*s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
     return;
   }
-  const int64_t vocab = engine_->config().vocab;
-  auto rows = [&](size_t first, size_t n) {
-    return std::span<float>(logits_).subspan(first * vocab, n * static_cast<size_t>(vocab));
-  };
+  const size_t vocab = static_cast<size_t>(engine_->config().vocab);
+  auto rows = [&](size_t first, size_t n) { return std::span<float>(logits_).subspan(first * vocab, n * vocab); };
   for (size_t i = 0; i < stepped_.size(); ++i) {
     Seq& s = seqs_.at(stepped_[i]);
-    proto::TokenEvent ev = next_token_event(s, rows(i, 1));
+    proto::TokenEvent ev = s.next_token(rows(i, 1), engine_->eos_id, raw_row_);
     if (!s.timing_sent) {
       ev.queue_s = seconds(step_start - s.received);
       s.timing_sent = true;
@@ -725,10 +422,10 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
     if (stop) erase(s);
   }
   size_t row = stepped_.size();
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const SequenceBatch& sb = step_batch_[stepped_.size() + i];
-    const size_t n_rows = sb.all_logits ? sb.tokens.size() : sb.want_logits ? 1 : 0;
-    finish_local_chunk(seqs_.at(chunks[i].id), chunks[i].tokens, rows(row, n_rows), events);
+  for (const PrefillChunk& c : chunks) {
+    Seq& s = seqs_.at(c.id);
+    const size_t n_rows = s.prompt.rows(s.prompt.computed() + c.tokens);
+    finish_local_chunk(s, c.tokens, rows(row, n_rows), events);
     row += n_rows;
   }
 }
@@ -737,117 +434,75 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
 // running batch — a new prompt first samples token 1 from `rows`' last row.
 void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, proto::TokenEvents& events) {
   const int64_t vocab = engine_->config().vocab;
-  if (s.n_generated == 0 && s.params.prompt_logprobs)
-    append_prompt_logprobs(s.tokens, s.computed, s.computed + n, rows, vocab, s.params.logprobs, s.prompt_logprobs);
-  s.computed += n;
-  if (s.computed < compute_target(s)) return;
+  s.prompt.chunk_done(s.tokens, s.prompt.computed() + n, rows, vocab);
+  if (!s.prompt.done()) return;
   std::erase(prefilling_, s.id);
-  s.needs_compute = false;
-  kv_written(s);
+  s.kv.written(*engine_->blocks, s.id, roles_.self);
   if (s.n_generated > 0) {  // resumed after preemption
-    set_state(s, SeqState::kRunning);
+    transition(s.state, SeqState::kRunning, s.id, "decode");
     running_.push_back(s.id);
     return;
   }
+  first_token(s, rows.subspan(rows.size() - static_cast<size_t>(vocab)), env_->now(), events);
+}
+
+void DecodeWorker::first_token(Seq& s, std::span<float> last_row, Clock::time_point now, proto::TokenEvents& events) {
   s.sampler.emplace(s.params);
-  s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
-  count_prompt(s.cached, static_cast<int64_t>(s.tokens.size()) - s.cached);
-  proto::TokenEvent ev = next_token_event(s, rows.subspan(rows.size() - static_cast<size_t>(vocab)));
-  ev.prompt_logprobs = std::move(s.prompt_logprobs);
-  ev.cached_tokens = static_cast<int32_t>(s.cached);
-  ev.queue_s = seconds(s.prefill_started - s.arrived);
-  ev.prefill_s = seconds(env_->now() - s.prefill_started);
+  count_prompt(s.prompt.cached(), static_cast<int64_t>(s.tokens.size()) - s.prompt.cached());
+  proto::TokenEvent ev = s.prompt.first_token(*s.sampler, s.tokens, last_row, engine_->eos_id, raw_row_);
+  s.tokens.push_back(ev.tokens[0]);
+  ++s.n_generated;
+  s.prompt.stamp(ev, s.arrived, now);
   s.timing_sent = true;
   const bool stop = ev.finish != proto::Finish::kNone;
   events.events.push_back(std::move(ev));
   if (stop) return erase(s);
-  set_state(s, SeqState::kRunning);
+  transition(s.state, SeqState::kRunning, s.id, "decode");
   running_.push_back(s.id);
-}
-
-// Samples the sequence's next token from its logits row (its sampler set up),
-// appends it, and returns its event (no timings).
-proto::TokenEvent DecodeWorker::next_token_event(Seq& s, std::span<float> row) {
-  proto::TokenEvent ev = sample_token_event(*s.sampler, s.id, s.n_generated + 1, row, engine_->eos_id, raw_row_);
-  s.tokens.push_back(ev.tokens[0]);
-  ++s.n_generated;
-  return ev;
 }
 
 // Whole prompts (prefill.chunk_tokens = 0): one pass computes the KV of every
 // admitted sequence; new prompts sample token 1; all join the running batch.
 Status DecodeWorker::compute_local(const std::vector<proto::RequestId>& ids, proto::TokenEvents& events) {
-  KvBlockManager& blocks = *engine_->blocks;
   std::vector<std::vector<int32_t>> tables(ids.size());
   std::vector<SequenceBatch> batch(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     Seq& s = seqs_.at(ids[i]);
-    const bool fresh = s.n_generated == 0;
-    const std::span<const int32_t> toks(s.tokens.data(), static_cast<size_t>(compute_target(s)));
-    PD_RETURN_IF_ERROR(allocate_local(s));
-    for (BlockId b : blocks.block_table(seq_of(s.id))) tables[i].push_back(b.value);
-    batch[i] = SequenceBatch{toks.subspan(static_cast<size_t>(s.cached)), static_cast<int32_t>(s.cached), tables[i],
-                             fresh, fresh && s.params.prompt_logprobs};
+    PD_RETURN_IF_ERROR(start_prompt(s));
+    fill_table(*engine_->blocks, s.id, tables[i]);
+    batch[i] = s.prompt.chunk(s.tokens, s.prompt.target(), tables[i]);
   }
   const auto t0 = env_->now();
   std::vector<float> logits;
   Status st = engine_->model->prefill(batch, engine_->cache, &logits);
   if (!st.is_ok()) check_device();
   if (!st.is_ok()) return st;
-  for (proto::RequestId id : ids) kv_written(seqs_.at(id));
-  const double prefill_s = seconds(env_->now() - t0);
-  const int64_t vocab = engine_->config().vocab;
+  for (proto::RequestId id : ids) seqs_.at(id).kv.written(*engine_->blocks, id, roles_.self);
+  const auto t1 = env_->now();
+  const size_t vocab = static_cast<size_t>(engine_->config().vocab);
   size_t row = 0;  // the next logits row: one per fresh prompt, one per token of an all_logits one
-  auto row_at = [&](size_t r) { return std::span<float>(logits.data() + r * vocab, static_cast<size_t>(vocab)); };
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const proto::RequestId id = ids[i];
+  for (proto::RequestId id : ids) {
     Seq& s = seqs_.at(id);
-    s.needs_compute = false;
+    s.prompt.start(t0);
+    const size_t n_rows = s.prompt.rows(s.prompt.target());
+    const auto rows = std::span<float>(logits).subspan(row * vocab, n_rows * vocab);
+    s.prompt.chunk_done(s.tokens, s.prompt.target(), rows, static_cast<int64_t>(vocab));
+    row += n_rows;
     if (s.n_generated > 0) {  // resumed after preemption
-      set_state(s, SeqState::kRunning);
+      transition(s.state, SeqState::kRunning, s.id, "decode");
       running_.push_back(id);
       continue;
     }
-    std::vector<LogprobEntry> prompt_logprobs;
-    if (batch[i].all_logits) {
-      const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
-      append_prompt_logprobs(s.tokens, 0, n, std::span<const float>(logits).subspan(row * vocab), vocab,
-                             s.params.logprobs, prompt_logprobs);
-      row += static_cast<size_t>(n) - 1;
-    }
-    s.sampler.emplace(s.params);
-    s.sampler->resume(s.tokens);  // the prompt (n_generated is 0)
-    count_prompt(s.cached, static_cast<int64_t>(s.tokens.size()) - s.cached);
-    proto::TokenEvent ev = next_token_event(s, row_at(row++));
-    ev.prompt_logprobs = std::move(prompt_logprobs);
-    ev.cached_tokens = static_cast<int32_t>(s.cached);
-    ev.queue_s = seconds(t0 - s.arrived);
-    ev.prefill_s = prefill_s;
-    s.timing_sent = true;
-    const bool stop = ev.finish != proto::Finish::kNone;
-    events.events.push_back(std::move(ev));
-    if (stop) {
-      erase(s);
-    } else {
-      set_state(s, SeqState::kRunning);
-      running_.push_back(id);
-    }
+    first_token(s, rows.last(vocab), t1, events);
   }
   return Status::ok();
 }
 
 void DecodeWorker::fill_load(proto::LoadReport& r) const {
-  r.waiting = static_cast<int32_t>(offers_.size() + waiting_.size());
+  r.waiting = static_cast<int32_t>(waiting_.size());
   r.running = static_cast<int32_t>(running_.size() + prefilling_.size());
   r.preemptions = preemptions_;
-  for (const auto& [rank, pool] : tags_) {
-    r.kv_tags_retired += static_cast<int64_t>(pool.retired());
-    r.kv_tags_reclaiming += static_cast<int64_t>(pool.reclaiming());
-  }
-  if (peers_.any_down())  // runs every iteration: walk the sequences only when a quarantine can exist
-    for (const auto& [id, s] : seqs_)
-      if (s.state == SeqState::kCancelling && peers_.is_down(s.source) && s.has_blocks)
-        r.quarantined_blocks += static_cast<int64_t>(engine_->blocks->block_table(seq_of(id)).size());
+  intake_.fill_load(r);  // its offers wait too
 }
 
 }  // namespace pd

@@ -3,32 +3,59 @@
 #include <algorithm>
 #include <utility>
 
+#include "util/lifecycle.h"
+
 namespace pd {
 
-const char* handoff_phase_name(HandoffSender::Phase p) {
+const char* state_name(HandoffSender::Phase p) {
+  using P = HandoffSender::Phase;
   switch (p) {
-    case HandoffSender::Phase::kOffered: return "offered";
-    case HandoffSender::Phase::kSending: return "sending";
-    case HandoffSender::Phase::kSent: return "sent";
-    case HandoffSender::Phase::kFailed: return "failed";
+    case P::kOffered: return "offered";
+    case P::kHeld: return "held";
+    case P::kAccepted: return "accepted";
+    case P::kFinishing: return "finishing";
+    case P::kSending: return "sending";
+    case P::kSent: return "sent";
+    case P::kFailed: return "failed";
   }
   return "?";
 }
 
+bool legal(HandoffSender::Phase from, HandoffSender::Phase to) {
+  using P = HandoffSender::Phase;
+  switch (from) {
+    case P::kOffered: return to == P::kAccepted || to == P::kHeld || to == P::kFailed;
+    case P::kHeld:
+    case P::kAccepted: return to == P::kFinishing || to == P::kFailed;
+    case P::kFinishing: return to == P::kSending || to == P::kFailed;
+    case P::kSending: return to == P::kSent || to == P::kFailed;
+    case P::kSent:
+    case P::kFailed: return false;
+  }
+  return false;
+}
+
 HandoffSender::HandoffSender(int peer, uint64_t request_id, uint32_t epoch, int n_layers, int n_segments)
-    : peer_(peer), request_id_(request_id), epoch_(epoch), n_layers_(n_layers), n_segments_(std::max(1, n_segments)),
-      checksums_(static_cast<size_t>(n_layers), 0) {}
+    : peer_(peer), n_layers_(n_layers), n_segments_(std::max(1, n_segments)) {
+  trailer_fields_.request_id = request_id;
+  trailer_fields_.epoch = epoch;
+  trailer_fields_.checksums.assign(static_cast<size_t>(n_layers), 0);
+}
+
+void HandoffSender::set_phase(Phase to) { transition(phase_, to, trailer_fields_.request_id, "handoff sender"); }
 
 bool HandoffSender::accept(int tag) {
-  if (accepted_) return false;
-  accepted_ = true;
+  if (accepted()) return false;
   tag_ = tag;
+  // A failed handoff keeps its tag (the worker seals and answers by it) but stays failed.
+  if (phase_ == Phase::kOffered) set_phase(Phase::kAccepted);
+  else if (phase_ == Phase::kHeld) set_phase(Phase::kFinishing);
   return true;
 }
 
 void HandoffSender::layer_written(int layer, uint64_t checksum) {
   if (layer < 0 || layer >= n_layers_) return;
-  checksums_[static_cast<size_t>(layer)] = checksum;
+  trailer_fields_.checksums[static_cast<size_t>(layer)] = checksum;
   if (layer + 1 > layers_written_) layers_written_ = layer + 1;
 }
 
@@ -39,31 +66,26 @@ bool HandoffSender::written(int message) const {
 }
 
 void HandoffSender::post_written(Transport& t, const RegionOf& region_of, TimePoint now) {
-  if (!accepted_ || phase_ == Phase::kFailed || phase_ == Phase::kSent) return;
+  if (phase_ != Phase::kAccepted && phase_ != Phase::kFinishing) return;
   const int messages = n_segments_ * n_layers_;
   while (posted_ < messages && written(posted_) && phase_ != Phase::kFailed) post(t, posted_, region_of, now);
-  if (finish_called_ && !trailer_posted_ && posted_ == messages && phase_ != Phase::kFailed) {
-    KvTrailer tr;
-    tr.request_id = request_id_;
-    tr.epoch = epoch_;
-    tr.first_token = first_token_;
-    tr.finished = finished_at_first_ ? 1 : 0;
-    tr.checksums = checksums_;
-    trailer_ = tr.serialize();
+  if (phase_ == Phase::kFinishing && posted_ == messages) {
+    trailer_ = trailer_fields_.serialize();
     post(t, -1, region_of, now);
     // Token 1 is out and the decode rank starts once these land: ahead of
     // segments of prompts still computing (kvtransfer/send_order.h).
-    if (trailer_posted_) t.expedite(ops_.back().op);
+    if (phase_ == Phase::kSending) t.expedite(ops_.back().op);
   }
 }
 
 void HandoffSender::finish(int32_t first_token, bool finished_at_first, Transport& t, const RegionOf& region_of,
                            TimePoint now) {
-  finish_called_ = true;
-  first_token_ = first_token;
-  finished_at_first_ = finished_at_first;
+  trailer_fields_.first_token = first_token;
+  trailer_fields_.finished = finished_at_first ? 1 : 0;
   layers_written_ = n_layers_;
   segments_done_ = n_segments_;
+  if (phase_ == Phase::kOffered) set_phase(Phase::kHeld);
+  else if (phase_ == Phase::kAccepted) set_phase(Phase::kFinishing);
   post_written(t, region_of, now);
 }
 
@@ -80,18 +102,18 @@ void HandoffSender::post(Transport& t, int message, const RegionOf& region_of, T
     return t.post_send(peer_, tag_, region);
   }();
   if (!op.is_ok()) {
+    if (layer < 0) trailer_.clear();  // never posted: nothing reads it
     fail(std::string(layer >= 0 ? "KV send failed: " : "KV trailer send failed: ") + op.status().message());
     return;
   }
   if (ops_.empty() && bytes_posted_ == 0) send_started_ = now;
-  if (layer < 0) trailer_posted_ = true;
+  if (layer < 0) set_phase(Phase::kSending);
   else {
     ++posted_;
     bytes_posted_ += bytes;
   }
   ops_.push_back({*op, bytes});
   last_progress_ = now;
-  phase_ = Phase::kSending;
 }
 
 HandoffSender::Phase HandoffSender::poll(Transport& t, TimePoint now) {
@@ -107,13 +129,13 @@ HandoffSender::Phase HandoffSender::poll(Transport& t, TimePoint now) {
     it = ops_.erase(it);
     last_progress_ = now;
   }
-  if (phase_ == Phase::kSending && trailer_posted_ && ops_.empty()) phase_ = Phase::kSent;
+  if (phase_ == Phase::kSending && ops_.empty()) set_phase(Phase::kSent);
   return phase_;
 }
 
 void HandoffSender::fail(const std::string& why) {
-  if (phase_ == Phase::kFailed) return;
-  phase_ = Phase::kFailed;
+  if (phase_ == Phase::kFailed || phase_ == Phase::kSent) return;
+  set_phase(Phase::kFailed);
   error_ = why;
 }
 
@@ -124,7 +146,7 @@ void HandoffSender::abandon(Transport& t, std::deque<std::vector<uint8_t>>& grav
   for (auto it = ops_.rbegin(); it != ops_.rend(); ++it) t.abandon(it->op);
   const bool had_ops = !ops_.empty();
   ops_.clear();
-  if (had_ops && trailer_posted_ && !trailer_.empty()) {
+  if (had_ops && !trailer_.empty()) {  // the trailer was posted and MPI may still read it
     graveyard.push_back(std::move(trailer_));
     if (graveyard.size() > 4096) graveyard.pop_front();  // long done or never coming: bounded
   }

@@ -11,10 +11,15 @@
 //   while (h.poll(t, now) == Phase::kSending) ...          // the engine loop
 //   h.abandon(t);                                          // an ended handoff (any phase)
 //
-// Phases (poll()):
-//   kOffered  -> kSending (accept + finish, or layers posted on accept)
-//   kSending  -> kSent    (every send completed: the blocks may be reused)
-//   any       -> kFailed  (a post or a send failed: error() says why)
+// Phases (phase(), poll(); every change checked, util/lifecycle.h):
+//   kOffered   -> kAccepted  (accept(): written layers go out as they land)
+//   kOffered   -> kHeld      (finish() first: every layer written, the first
+//                             token known; it all waits for the accept)
+//   kAccepted  -> kFinishing (finish(): the rest and the trailer to post)
+//   kHeld      -> kFinishing (accept())
+//   kFinishing -> kSending   (the trailer posted; sends in flight)
+//   kSending   -> kSent      (every send completed: the blocks may be reused)
+//   any but kSent -> kFailed (a post or a send failed, or abandon(): error() says why)
 // The worker owns the request's lifecycle, its blocks and its deadlines; this
 // object owns the transfer: the tag, the order of sends, the trailer bytes
 // (alive until MPI no longer reads them), the checksums, what was sent behind
@@ -39,7 +44,9 @@ namespace pd {
 class HandoffSender {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
-  enum class Phase { kOffered, kSending, kSent, kFailed };
+  enum class Phase { kOffered, kHeld, kAccepted, kFinishing, kSending, kSent, kFailed };
+  friend const char* state_name(Phase p);
+  friend bool legal(Phase from, Phase to);
   // The region of one layer of one segment of this sequence's KV in the sender's cache.
   using RegionOf = std::function<KvRegion(int layer, int segment)>;
 
@@ -49,11 +56,14 @@ class HandoffSender {
   int peer() const { return peer_; }
   Phase phase() const { return phase_; }
   const std::string& error() const { return error_; }
-  bool accepted() const { return accepted_; }
-  bool finished() const { return trailer_posted_; }
+  // Whether the decode rank accepted (it gave a tag), in any phase, kFailed included.
+  bool accepted() const { return tag_ != 0; }
+  // The trailer went to the transport (the handoff's last post).
+  bool finished() const { return !trailer_.empty(); }
   int tag() const { return tag_; }
 
-  // The decode rank accepted under `tag`. Duplicates are ignored (false).
+  // The decode rank accepted under `tag` (nonzero: a KV tag). Duplicates are
+  // ignored (false).
   bool accept(int tag);
   // Layer `layer`'s KV of the whole sequence is in the cache (its last chunk
   // wrote it) with this checksum (0 when off).
@@ -90,24 +100,18 @@ class HandoffSender {
  private:
   void post(Transport& t, int message, const RegionOf& region_of, TimePoint now);  // message -1 = the trailer
   bool written(int message) const;
+  void set_phase(Phase to);
   int peer_ = -1;
-  uint64_t request_id_ = 0;
-  uint32_t epoch_ = 0;
   int n_layers_ = 0;
   int n_segments_ = 1;
   Phase phase_ = Phase::kOffered;
   std::string error_;
-  bool accepted_ = false;
-  int tag_ = 0;
+  int tag_ = 0;                      // 0 until accept()
   int layers_written_ = 0;           // layers [0, layers_written_) of every segment are in the cache
   int segments_done_ = 0;            // segments [0, segments_done_) of every layer are in the cache
   int posted_ = 0;                   // messages [0, posted_) went to the transport (message = segment * layers + layer)
-  std::vector<uint64_t> checksums_;  // per layer
-  bool finish_called_ = false;
-  int32_t first_token_ = -1;
-  bool finished_at_first_ = false;
-  bool trailer_posted_ = false;
-  std::vector<uint8_t> trailer_;
+  KvTrailer trailer_fields_;         // request, epoch, first token and checksums (per layer), for the trailer
+  std::vector<uint8_t> trailer_;     // the trailer as posted (empty until then): alive while MPI may read it
   struct SendOp {
     TransferOp op;
     int64_t bytes;
@@ -116,7 +120,5 @@ class HandoffSender {
   int64_t bytes_posted_ = 0, bytes_sent_ = 0;
   TimePoint send_started_{}, last_progress_{};
 };
-
-const char* handoff_phase_name(HandoffSender::Phase p);
 
 }  // namespace pd

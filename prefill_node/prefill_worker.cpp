@@ -13,48 +13,52 @@
 namespace pd {
 namespace {
 
-// Places `prompt` in fresh blocks, reusing no cached prefix, so that every
-// position is computed (prompt logprobs need each one's logits). Returns 0
-// cached tokens; on failure nothing changed.
-Result<int64_t> allocate_uncached(KvBlockManager& blocks, SeqId seq, std::span<const int32_t> prompt) {
-  PD_RETURN_IF_ERROR(blocks.allocate(seq, {}).status());
-  if (Status st = blocks.append(seq, prompt, nullptr); !st.is_ok()) {
-    (void)blocks.free(seq);
-    return st;
-  }
-  return int64_t{0};
+// The sequence under `id` in `seqs`, or null.
+template <typename Map>
+auto* find_in(Map& seqs, proto::RequestId id) {
+  auto it = seqs.find(id);
+  return it == seqs.end() ? nullptr : &it->second;
+}
+
+// The region of one layer of one segment of a sequence's KV (blocks `table`) in `engine`'s cache.
+HandoffSender::RegionOf region_of(const Engine& engine, const std::vector<int32_t>& table) {
+  return [&engine, &table](int layer, int segment) {
+    return kv_layer_region(engine.cache.buffer->data(), engine.cache.layout, layer, kv_segment(table, segment));
+  };
+}
+
+// Remaining tokens of a prompt that has not started: what the prefix cache does
+// not hold (prompt logprobs need every position: such a prompt reuses nothing).
+int64_t uncached_tokens(const KvBlockManager& blocks, const proto::PrefillRequest& req) {
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
+  return req.sampling.prompt_logprobs ? n : n - blocks.cached_prefix_tokens(req.prompt);
 }
 
 }  // namespace
 
-const char* state_name(PrefillWorker::JobState s) {
-  using S = PrefillWorker::JobState;
+const char* state_name(PrefillWorker::SeqState s) {
+  using S = PrefillWorker::SeqState;
   switch (s) {
     case S::kQueued: return "queued";
     case S::kComputing: return "computing";
     case S::kPrefilling: return "prefilling";
-    case S::kHeld: return "held";
-    case S::kSending: return "sending";
+    case S::kHandingOff: return "handing-off";
     case S::kAborted: return "aborted";
   }
   return "?";
 }
 
-bool legal(PrefillWorker::JobState from, PrefillWorker::JobState to) {
-  using S = PrefillWorker::JobState;
+bool legal(PrefillWorker::SeqState from, PrefillWorker::SeqState to) {
+  using S = PrefillWorker::SeqState;
   switch (from) {
     case S::kQueued: return to == S::kComputing;
-    case S::kComputing:
-      return to == S::kHeld || to == S::kSending || to == S::kAborted || to == S::kPrefilling;
+    case S::kComputing: return to == S::kHandingOff || to == S::kAborted || to == S::kPrefilling;
     case S::kPrefilling: return to == S::kComputing;
-    case S::kHeld: return to == S::kSending;
-    case S::kSending:
+    case S::kHandingOff:
     case S::kAborted: return false;  // only ended (erased) from here
   }
   return false;
 }
-
-void PrefillWorker::set_state(Job& job, JobState to) { transition(job.state, to, job.req.id, "prefill"); }
 
 PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, std::shared_ptr<Engine> engine,
                              std::unique_ptr<Transport> transport, std::unique_ptr<ControlChannel> channel)
@@ -64,29 +68,29 @@ PrefillWorker::PrefillWorker(const ClusterConfig& cfg, const RoleTable& roles, s
   // held request sends later); the control messages that arrived meanwhile
   // are acted on (mid_pass_message); every layer written so far of an
   // accepted handoff is handed to the communication side, which sends it
-  // while the next layers compute. Nothing here ends a job under forward():
-  // a job ended mid-pass becomes kAborted and run_batch ends it after the pass.
+  // while the next layers compute. Nothing here ends a sequence under forward():
+  // a sequence ended mid-pass becomes kAborted and run_batch ends it after the pass.
   engine_->model->set_kv_written_hook([this](int layer) {
     for (proto::RequestId id : batch_) {
-      auto it = jobs_.find(id);
-      if (it == jobs_.end()) continue;
-      Job& job = it->second;
+      auto it = seqs_.find(id);
+      if (it == seqs_.end()) continue;
+      Seq& seq = it->second;
       // A layer of the prompt is complete when its last chunk writes it.
-      if (job.state != JobState::kComputing || !job.last_chunk()) continue;
+      if (seq.state != SeqState::kComputing || !seq.last_chunk()) continue;
       if (engine_->kv_checksum) {
         Result<uint64_t> sum = kv_region_checksum(
             *engine_->backend, *engine_->cache.buffer,
-            kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, job.table));
-        if (sum.is_ok()) job.handoff.layer_written(layer, *sum);
-        else job.handoff.fail("KV checksum failed: " + sum.status().message());
+            kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, seq.table));
+        if (sum.is_ok()) seq.handoff.layer_written(layer, *sum);
+        else seq.handoff.fail("KV checksum failed: " + sum.status().message());
       } else {
-        job.handoff.layer_written(layer, 0);
+        seq.handoff.layer_written(layer, 0);
       }
     }
     handle_messages(/*in_pass=*/true);
     for (proto::RequestId id : batch_) {
-      Job* job = find_job(id);
-      if (job != nullptr && job->state == JobState::kComputing && job->last_chunk()) post_written(*job);
+      Seq* seq = find_in(seqs_, id);
+      if (seq != nullptr && seq->state == SeqState::kComputing && seq->last_chunk()) post_written(*seq);
     }
     progress_transfers();  // what went out during the pass counts as hidden
     report_load(false);
@@ -122,14 +126,14 @@ bool PrefillWorker::on_message(int source, proto::Message& msg) {
 
 void PrefillWorker::on_peer_down(int rank) {
   std::vector<proto::RequestId> ids;
-  for (auto& [id, job] : jobs_)
-    if (job.req.decode_rank == rank) ids.push_back(id);
+  for (auto& [id, seq] : seqs_)
+    if (seq.req.decode_rank == rank) ids.push_back(id);
   for (proto::RequestId id : ids) {
-    Job* job = find_job(id);
-    if (job == nullptr) continue;
+    Seq* seq = find_in(seqs_, id);
+    if (seq == nullptr) continue;
     // The router decides what happens to the request (re-run or error); an
     // id it already re-dispatched is stale to it and ignored.
-    fail(*job, "decode rank " + std::to_string(rank) + " is down", proto::FailureKind::kPeerDown, false);
+    fail(*seq, "decode rank " + std::to_string(rank) + " is down", proto::FailureKind::kPeerDown, false);
   }
   if (!ids.empty())
     spdlog::warn("prefill rank {}: decode rank {} is down; ended {} handoffs to it", roles_.self, rank, ids.size());
@@ -152,32 +156,23 @@ void PrefillWorker::on_drain() {
   // Hand back what has not started: the router runs it on another rank.
   std::vector<proto::RequestId> queued(queue_.begin(), queue_.end());
   for (proto::RequestId id : queued)
-    if (Job* job = find_job(id); job != nullptr && job->state == JobState::kQueued)
-      fail(*job, "prefill rank " + std::to_string(roles_.self) + " is leaving the cluster",
+    if (Seq* seq = find_in(seqs_, id); seq != nullptr && seq->state == SeqState::kQueued)
+      fail(*seq, "prefill rank " + std::to_string(roles_.self) + " is leaving the cluster",
            proto::FailureKind::kLeaving, true);
   spdlog::info("prefill rank {}: draining (handed back {} queued, finishing {})", roles_.self, queued.size(),
-               jobs_.size());
+               seqs_.size());
 }
 
 void PrefillWorker::drop_all() {
   std::vector<proto::RequestId> ids;
-  for (auto& [id, job] : jobs_) ids.push_back(id);
+  for (auto& [id, seq] : seqs_) ids.push_back(id);
   for (proto::RequestId id : ids) end(id);
   queue_.clear();
 }
 
-PrefillWorker::Job* PrefillWorker::find_job(proto::RequestId id) {
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : &it->second;
-}
-
-bool PrefillWorker::in_batch(proto::RequestId id) const {
-  return std::find(batch_.begin(), batch_.end(), id) != batch_.end();
-}
-
 void PrefillWorker::on_request(proto::PrefillRequest req) {
   const proto::RequestId id = req.id;
-  if (jobs_.count(id)) {
+  if (seqs_.count(id)) {
     spdlog::error("prefill rank {}: duplicate request {}", roles_.self, id);
     return;
   }
@@ -186,61 +181,71 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
                                                        proto::FailureKind::kPeerDown});
     return;
   }
-  Job& job = jobs_[id];
-  job.req = std::move(req);
+  Seq& seq = seqs_[id];
+  seq.req = std::move(req);
   // Its queue wait counts from when the communication side took it off the
   // network, not from when this loop got to it.
-  job.arrived = channel_->arrival().value_or(env_->now());
-  job.offered = env_->now();
-  if (job.warm()) {  // no handoff: the prompt only goes into the prefix cache
+  seq.arrived = channel_->arrival().value_or(env_->now());
+  seq.offered = env_->now();
+  const SamplingParams& sp = seq.req.sampling;
+  seq.prompt = PromptPass(id, {.target = static_cast<int64_t>(seq.req.prompt.size()),
+                               .first_token = true,
+                               .prompt_logprobs = sp.prompt_logprobs,
+                               .top_logprobs = sp.logprobs,
+                               .publish = true});
+  if (seq.warm()) {  // no handoff: the prompt only goes into the prefix cache
     queue_.push_back(id);
     return;
   }
   const int64_t bs = engine_->blocks->block_size();
-  job.handoff = HandoffSender(job.req.decode_rank, id, epoch_, header_.n_layers,
-                              kv_segments((static_cast<int64_t>(job.req.prompt.size()) + bs - 1) / bs));
+  seq.handoff = HandoffSender(seq.req.decode_rank, id, epoch_, header_.n_layers,
+                              kv_segments((static_cast<int64_t>(seq.req.prompt.size()) + bs - 1) / bs));
   // Offer the handoff now: the decode rank reserves blocks while we compute.
   proto::HandoffOffer offer;
   offer.header = header_;
   offer.header.request_id = id;
-  offer.header.n_tokens = static_cast<int32_t>(job.req.prompt.size());
-  offer.prompt = job.req.prompt;
-  offer.sampling = job.req.sampling;
+  offer.header.n_tokens = static_cast<int32_t>(seq.req.prompt.size());
+  offer.prompt = seq.req.prompt;
+  offer.sampling = seq.req.sampling;
   offer.epoch = epoch_;
   offer.endpoint = endpoint_;
-  channel_->send(job.req.decode_rank, offer);
+  channel_->send(seq.req.decode_rank, offer);
   queue_.push_back(id);
 }
 
 void PrefillWorker::on_cancel(proto::RequestId id) {
-  Job* job = find_job(id);
-  if (job == nullptr) return;  // already handed off or finished
-  switch (job->state) {
-    case JobState::kQueued:
-    case JobState::kComputing:
-    case JobState::kPrefilling:
-    case JobState::kHeld:
-      if (!job->warm()) channel_->send(job->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});
+  Seq* seq = find_in(seqs_, id);
+  if (seq == nullptr) return;  // already handed off or finished
+  switch (seq->state) {
+    case SeqState::kQueued:
+    case SeqState::kComputing:
+    case SeqState::kPrefilling:
+      if (!seq->warm()) channel_->send(seq->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});
       end(id);
       break;
-    case JobState::kSending:  // the decode rank was cancelled too; the transfer completes, then we free
-    case JobState::kAborted: break;
+    case SeqState::kHandingOff:
+      // Sending: the decode rank was cancelled too; the transfer completes, then we free.
+      if (seq->handoff.accepted()) break;
+      channel_->send(seq->req.decode_rank, proto::HandoffAbort{id, "cancelled", epoch_});  // held here
+      end(id);
+      break;
+    case SeqState::kAborted: break;
   }
 }
 
 void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
-  Job* job = find_job(m.id);
-  if (job == nullptr) {
+  Seq* seq = find_in(seqs_, m.id);
+  if (seq == nullptr) {
     // Ended here without telling that rank (it was declared down, or the abort
     // crossed this accept): say so, or its blocks wait for timeouts.transfer_ms.
     channel_->send(source, proto::HandoffAbort{m.id, "the handoff ended on prefill rank " +
                                                          std::to_string(roles_.self), epoch_});
     return;
   }
-  if (job->state == JobState::kAborted) return;  // aborted in the running pass; its abort tells it
-  if (source != job->req.decode_rank) {
+  if (seq->state == SeqState::kAborted) return;  // aborted in the running pass; its abort tells it
+  if (source != seq->req.decode_rank) {
     spdlog::error("prefill rank {}: accept for request {} from rank {}, offered to {}", roles_.self, m.id, source,
-                  job->req.decode_rank);
+                  seq->req.decode_rank);
     return;
   }
   if (!proto::is_kv_tag(m.tag)) {
@@ -250,27 +255,24 @@ void PrefillWorker::on_accept(const proto::HandoffAccept& m, int source) {
     count_refused();
     return;
   }
-  if (!job->handoff.accept(m.tag)) return;  // a duplicate
+  if (!seq->handoff.accept(m.tag)) return;  // a duplicate
   sealed_.erase({source, m.tag});  // the tag came back to us: a new handoff under it
   // The decode rank chose the same path from the same two endpoints.
   if (Status st = transport_->select_path(source, choose_kv_path(endpoint_, m.endpoint)); !st.is_ok())
-    job->handoff.fail("KV path: " + st.message());
-  if (job->state == JobState::kHeld) {
-    set_state(*job, JobState::kSending);
-    post_written(*job);
-  } else if (job->state == JobState::kPrefilling) {
-    post_written(*job);  // the segments its earlier chunks completed
-  }
-  // A job in the running pass posts its written KV from the layer hook.
+    seq->handoff.fail("KV path: " + st.message());
+  // Held (its handoff now kFinishing): everything goes now. Prefilling: the
+  // segments its earlier chunks completed. A sequence in the running pass
+  // posts its written KV from the layer hook.
+  if (seq->state == SeqState::kHandingOff || seq->state == SeqState::kPrefilling) post_written(*seq);
 }
 
 void PrefillWorker::on_reject(const proto::HandoffReject& m, int source) {
-  Job* job = find_job(m.id);
-  if (job == nullptr || source != job->req.decode_rank) return;
-  if (job->handoff.accepted() || job->state == JobState::kSending || job->state == JobState::kAborted) return;
+  Seq* seq = find_in(seqs_, m.id);
+  if (seq == nullptr || source != seq->req.decode_rank) return;
+  if (seq->handoff.accepted() || seq->state == SeqState::kAborted) return;
   if (!m.cancelled)
     channel_->send(roles_.router,
-                   proto::RequestFailed{m.id, "decode rank " + std::to_string(job->req.decode_rank) +
+                   proto::RequestFailed{m.id, "decode rank " + std::to_string(seq->req.decode_rank) +
                                                   " refused the KV handoff: " + m.reason,
                                         proto::FailureKind::kOverloaded});
   end(m.id);
@@ -291,15 +293,15 @@ void PrefillWorker::on_seal(const proto::KvTagSeal& m, int source) {
   }
   const std::pair<int, int> key{source, m.tag};
   if (auto it = sealed_.find(key); it != sealed_.end() && it->second == m.id) return;
-  for (const auto& [id, job] : jobs_)
-    if (id != m.id && job.req.decode_rank == source && job.handoff.accepted() && job.handoff.tag() == m.tag &&
-        job.state != JobState::kAborted) {
+  for (const auto& [id, seq] : seqs_)
+    if (id != m.id && seq.req.decode_rank == source && seq.handoff.accepted() && seq.handoff.tag() == m.tag &&
+        seq.state != SeqState::kAborted) {
       spdlog::warn("prefill rank {}: decode rank {} asked to seal tag {} for request {}, but request {} holds it",
                    roles_.self, source, m.tag, m.id, id);
       return;
     }
-  // An aborted job (ended in the running pass) posts nothing more and is erased after the pass.
-  if (Job* job = find_job(m.id); job != nullptr && job->req.decode_rank == source && job->state != JobState::kAborted)
+  // An aborted sequence (ended in the running pass) posts nothing more and is erased after the pass.
+  if (Seq* seq = find_in(seqs_, m.id); seq != nullptr && seq->req.decode_rank == source && seq->state != SeqState::kAborted)
     end(m.id);
   Result<TransferOp> op = transport_->post_send_bytes(source, m.tag, nullptr, 0);
   if (!op.is_ok()) {  // the decode rank retires the tag once its reclaim passes its limit
@@ -311,23 +313,10 @@ void PrefillWorker::on_seal(const proto::KvTagSeal& m, int source) {
   sealed_[key] = m.id;
 }
 
-HandoffSender::RegionOf PrefillWorker::region_of(const Job& job) const {
-  return [this, &job](int layer, int segment) {
-    return kv_layer_region(engine_->cache.buffer->data(), engine_->cache.layout, layer, kv_segment(job.table, segment));
-  };
-}
-
-void PrefillWorker::post_written(Job& job) {
+void PrefillWorker::post_written(Seq& seq) {
   // Sends to one peer go out in posting order; how many are in flight at once
   // is the communication side's business (kvtransfer/send_budget.h).
-  job.handoff.post_written(*transport_, region_of(job), env_->now());
-}
-
-// Remaining tokens of a prompt that has not started: what the prefix cache does
-// not hold (prompt logprobs need every position: such a prompt reuses nothing).
-int64_t PrefillWorker::uncached_tokens(const Job& job) const {
-  const int64_t n = static_cast<int64_t>(job.req.prompt.size());
-  return job.req.sampling.prompt_logprobs ? n : n - engine_->blocks->cached_prefix_tokens(job.req.prompt);
+  seq.handoff.post_written(*transport_, region_of(*engine_, seq.table), env_->now());
 }
 
 // Blocks the started prompts will still take for their later chunks: set
@@ -335,55 +324,40 @@ int64_t PrefillWorker::uncached_tokens(const Job& job) const {
 // prompts can wait on each other's blocks).
 int64_t PrefillWorker::reserved_blocks() const {
   int64_t reserved = 0;
-  for (const auto& [id, job] : jobs_)
-    if (job.state == JobState::kPrefilling)
+  for (const auto& [id, seq] : seqs_)
+    if (seq.state == SeqState::kPrefilling)
       reserved += engine_->blocks->blocks_needed_to_append(
-          seq_of(id), static_cast<int>(static_cast<int64_t>(job.req.prompt.size()) - job.done));
+          seq_of(id), static_cast<int>(static_cast<int64_t>(seq.req.prompt.size()) - seq.prompt.computed()));
   return reserved;
 }
 
-// Places the job's next chunk, tokens [job.done, end), in its blocks. The
-// first chunk creates the sequence (reusing cached prefix blocks unless prompt
-// logprobs need every position; job.done becomes what the cache held); a
-// block is registered for reuse only when the pass that writes it is next.
-Status PrefillWorker::place_chunk(Job& job, int64_t end) {
+// The first chunk creates the sequence (reusing cached prefix blocks unless
+// prompt logprobs need every position; prompt.computed() becomes what the
+// cache held); a block is registered for reuse only when the pass that
+// writes it is next.
+Status PrefillWorker::place_chunk(Seq& seq, int64_t end) {
   KvBlockManager& blocks = *engine_->blocks;
-  const SeqId seq = seq_of(job.req.id);
-  const std::span<const int32_t> prompt(job.req.prompt);
-  if (!job.has_seq) {
-    Result<int64_t> cached = job.req.sampling.prompt_logprobs
-                                 ? allocate_uncached(blocks, seq, prompt.first(static_cast<size_t>(end)))
-                                 : blocks.allocate(seq, prompt.first(static_cast<size_t>(end)));
-    PD_RETURN_IF_ERROR(cached.status());
-    job.has_seq = true;
-    job.done = job.cached = *cached;
-  } else {
-    std::vector<BlockCopy> copies;  // a prompt's last block is its own: nothing to copy
-    PD_RETURN_IF_ERROR(blocks.append(seq, prompt.subspan(static_cast<size_t>(job.done),
-                                                         static_cast<size_t>(end - job.done)), &copies));
-    if (!copies.empty()) return Status::internal("prefill: a prompt's block was shared while it was computed");
-  }
-  job.chunk_end = end;
-  job.table.clear();
-  for (BlockId b : blocks.block_table(seq)) job.table.push_back(b.value);
+  PD_RETURN_IF_ERROR(seq.prompt.place(blocks, seq.req.prompt, end));
+  seq.table.clear();
+  for (BlockId b : blocks.block_table(seq_of(seq.req.id))) seq.table.push_back(b.value);
   return Status::ok();
 }
 
 // Chooses the next pass: chunks of waiting and started prompts under the
 // token budget (serving/prefill_chunks.h), a prompt that has not started only
 // if its whole prompt's blocks are free beside what started ones will take.
-// Fills batch_ (the jobs become kComputing).
+// Fills batch_ (the sequences become kComputing).
 void PrefillWorker::plan_pass() {
-  std::erase_if(queue_, [&](proto::RequestId id) { return find_job(id) == nullptr; });
+  std::erase_if(queue_, [&](proto::RequestId id) { return find_in(seqs_, id) == nullptr; });
   std::vector<PrefillCandidate> candidates;
   for (proto::RequestId id : queue_) {
-    const Job& job = jobs_.at(id);
-    const int64_t n = static_cast<int64_t>(job.req.prompt.size());
-    if (job.state == JobState::kQueued) {
-      const int64_t uncached = uncached_tokens(job);
+    const Seq& seq = seqs_.at(id);
+    const int64_t n = static_cast<int64_t>(seq.req.prompt.size());
+    if (seq.state == SeqState::kQueued) {
+      const int64_t uncached = uncached_tokens(*engine_->blocks, seq.req);
       candidates.push_back({id, uncached, n - uncached});
-    } else if (job.state == JobState::kPrefilling) {
-      candidates.push_back({id, n - job.done, job.done});
+    } else if (seq.state == SeqState::kPrefilling) {
+      candidates.push_back({id, n - seq.prompt.computed(), seq.prompt.computed()});
     }
   }
   const ChunkPolicy policy{cfg_.prefill.token_budget, cfg_.prefill.chunk_tokens, cfg_.prefill.max_batch,
@@ -392,19 +366,19 @@ void PrefillWorker::plan_pass() {
   int64_t free = blocks.num_free_blocks() - reserved_blocks();
   bool may_start = true;  // no overtaking among prompts that have not started
   for (const PrefillChunk& chunk : plan_prefill_chunks(candidates, policy)) {
-    Job& job = jobs_.at(chunk.id);
-    const int64_t n = static_cast<int64_t>(job.req.prompt.size());
-    int64_t end = job.done + chunk.tokens;
-    if (job.state == JobState::kQueued) {
+    Seq& seq = seqs_.at(chunk.id);
+    const int64_t n = static_cast<int64_t>(seq.req.prompt.size());
+    int64_t end = seq.prompt.computed() + chunk.tokens;
+    if (seq.state == SeqState::kQueued) {
       if (!may_start) continue;
-      const int64_t needed = job.req.sampling.prompt_logprobs
-                                 ? blocks.blocks_needed_to_append(seq_of(job.req.id), static_cast<int>(n))
-                                 : blocks.blocks_needed_for_prompt(job.req.prompt);
+      const int64_t needed = seq.req.sampling.prompt_logprobs
+                                 ? blocks.blocks_needed_to_append(seq_of(seq.req.id), static_cast<int>(n))
+                                 : blocks.blocks_needed_for_prompt(seq.req.prompt);
       if (needed > free) {
         // Held KV (offers not yet accepted) and sends in flight free blocks
         // later. A prompt that cannot fit even in an empty pool fails now.
         if (batch_.empty() && blocks.num_free_blocks() == blocks.num_blocks() && reserved_blocks() == 0)
-          fail(job, "prompt of " + std::to_string(n) + " tokens does not fit this prefill rank's KV pool (" +
+          fail(seq, "prompt of " + std::to_string(n) + " tokens does not fit this prefill rank's KV pool (" +
                         std::to_string(blocks.num_blocks() * blocks.block_size()) +
                         " tokens; raise kv.prefill_budget_mb)",
                proto::FailureKind::kInvalid, true);
@@ -412,19 +386,16 @@ void PrefillWorker::plan_pass() {
         continue;
       }
       free -= needed;
-      end = n - uncached_tokens(job) + chunk.tokens;  // what the cache holds, then the chunk
+      end = n - uncached_tokens(blocks, seq.req) + chunk.tokens;  // what the cache holds, then the chunk
     }
-    if (Status st = place_chunk(job, std::min(end, n)); !st.is_ok()) {
-      spdlog::error("prefill rank {}: request {}: placing its chunk: {}", roles_.self, job.req.id, st.to_string());
-      if (job.state == JobState::kQueued) may_start = false;
+    if (Status st = place_chunk(seq, std::min(end, n)); !st.is_ok()) {
+      spdlog::error("prefill rank {}: request {}: placing its chunk: {}", roles_.self, seq.req.id, st.to_string());
+      if (seq.state == SeqState::kQueued) may_start = false;
       continue;
     }
-    if (job.state == JobState::kQueued) {
-      job.started = env_->now();
-      job.queue_s = seconds(job.started - job.arrived);
-    }
-    set_state(job, JobState::kComputing);
-    batch_.push_back(job.req.id);
+    if (seq.state == SeqState::kQueued) seq.prompt.start(env_->now());
+    transition(seq.state, SeqState::kComputing, seq.req.id, "prefill");
+    batch_.push_back(seq.req.id);
   }
 }
 
@@ -433,24 +404,19 @@ bool PrefillWorker::run_batch() {
   plan_pass();
   if (batch_.empty()) return false;
 
-  // Sequence views (spans into the jobs, which do not move during the pass:
-  // nothing erases a kComputing job; it becomes kAborted instead).
-  std::vector<SequenceBatch> seqs;
-  seqs.reserve(batch_.size());
+  // Sequence views (spans into the sequences, which do not move during the
+  // pass: nothing erases a kComputing one; it becomes kAborted instead).
+  std::vector<SequenceBatch> chunks;
+  std::vector<size_t> n_rows;  // logits rows of each chunk
+  chunks.reserve(batch_.size());
   for (proto::RequestId id : batch_) {
-    const Job& job = jobs_.at(id);
-    SequenceBatch sb;
-    sb.tokens = std::span<const int32_t>(job.req.prompt)
-                    .subspan(static_cast<size_t>(job.done), static_cast<size_t>(job.chunk_end - job.done));
-    sb.start_pos = static_cast<int32_t>(job.done);
-    sb.block_table = job.table;
-    sb.want_logits = job.last_chunk();
-    sb.all_logits = job.req.sampling.prompt_logprobs;
-    seqs.push_back(sb);
+    const Seq& seq = seqs_.at(id);
+    chunks.push_back(seq.prompt.chunk(seq.req.prompt, seq.prompt.placed_end(), seq.table));
+    n_rows.push_back(seq.prompt.rows(seq.prompt.placed_end()));
   }
   std::vector<float> logits;
   in_pass_ = true;
-  Status st = engine_->model->prefill(seqs, engine_->cache, &logits);
+  Status st = engine_->model->prefill(chunks, engine_->cache, &logits);
   in_pass_ = false;
   // What the communication side sent during the pass counts as hidden: take
   // the completions now, before the pass's end is stamped.
@@ -461,76 +427,69 @@ bool PrefillWorker::run_batch() {
     spdlog::error("prefill rank {}: batch of {} failed: {}", roles_.self, ran.size(), st.to_string());
     check_device();
     for (proto::RequestId id : ran)
-      if (Job* job = find_job(id)) fail(*job, "prefill failed: " + st.message(), proto::FailureKind::kInternal, true);
+      if (Seq* seq = find_in(seqs_, id)) fail(*seq, "prefill failed: " + st.message(), proto::FailureKind::kInternal, true);
   }
   const int64_t vocab = engine_->config().vocab;
   proto::TokenEvents events;
   size_t next_row = 0;  // the first logits row of ran[i]
   for (size_t i = 0; i < ran.size(); ++i) {
     const size_t first_row = next_row;
-    next_row += seqs[i].all_logits ? seqs[i].tokens.size() : seqs[i].want_logits ? 1 : 0;
-    Job* found = find_job(ran[i]);
+    next_row += n_rows[i];
+    Seq* found = find_in(seqs_, ran[i]);
     if (found == nullptr) continue;
-    Job& job = *found;
-    if (job.state == JobState::kAborted) {  // ended during the pass: forward() is done with its blocks now
-      end(job.req.id);
+    Seq& seq = *found;
+    if (seq.state == SeqState::kAborted) {  // ended during the pass: forward() is done with its blocks now
+      end(seq.req.id);
       continue;
     }
-    if (job.handoff.phase() == HandoffSender::Phase::kFailed) {  // a checksum or a send from the layer hook failed
-      fail(job, job.handoff.error(), proto::FailureKind::kTransfer, true);
+    if (seq.handoff.phase() == HandoffSender::Phase::kFailed) {  // a checksum or a send from the layer hook failed
+      fail(seq, seq.handoff.error(), proto::FailureKind::kTransfer, true);
       continue;
     }
     const auto rows = std::span<float>(logits).subspan(first_row * vocab, (next_row - first_row) * vocab);
-    if (std::optional<proto::TokenEvent> ev = finish_chunk(job, rows)) events.events.push_back(std::move(*ev));
+    if (std::optional<proto::TokenEvent> ev = finish_chunk(seq, rows)) events.events.push_back(std::move(*ev));
   }
   if (!events.events.empty()) channel_->send(roles_.router, events);
   return true;
 }
 
-// After a pass: the job's chunk is in the cache. A prompt with chunks left
-// waits for the next pass (kPrefilling); a finished one samples token 1,
+// After a pass: the sequence's chunk is in the cache. A prompt with chunks
+// left waits for the next pass (kPrefilling); a finished one samples token 1,
 // returns its event, and hands off the rest of its KV (now if the decode rank
 // accepted; else when it does, on_accept).
-std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Job& job, std::span<float> rows) {
+std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Seq& seq, std::span<float> rows) {
   const int64_t vocab = engine_->config().vocab;
-  const SamplingParams& sp = job.req.sampling;
-  if (sp.prompt_logprobs)
-    append_prompt_logprobs(job.req.prompt, job.done, job.chunk_end, rows, vocab, sp.logprobs, job.prompt_logprobs);
-  job.done = job.chunk_end;
-  if (job.warm() && job.last_chunk()) {  // in the cache now (its blocks stay there as the job ends)
+  const int64_t n = static_cast<int64_t>(seq.req.prompt.size());
+  seq.prompt.chunk_done(seq.req.prompt, seq.prompt.placed_end(), rows, vocab);
+  if (seq.warm() && seq.last_chunk()) {  // in the cache now (its blocks stay there as the sequence ends)
     // Not in the rank's prompt-token counts: those add up to the prompts the router dispatched.
-    const int64_t n = static_cast<int64_t>(job.req.prompt.size());
-    channel_->send(roles_.router, proto::Warmed{job.req.id, n - job.cached});
-    end(job.req.id);
+    channel_->send(roles_.router, proto::Warmed{seq.req.id, n - seq.prompt.cached()});
+    end(seq.req.id);
     return std::nullopt;
   }
-  if (job.done < static_cast<int64_t>(job.req.prompt.size())) {
-    set_state(job, JobState::kPrefilling);
-    if (job.warm()) return std::nullopt;
+  if (!seq.prompt.done()) {
+    transition(seq.state, SeqState::kPrefilling, seq.req.id, "prefill");
+    if (seq.warm()) return std::nullopt;
     // The KV segments every layer of which is now written go behind the next passes.
-    job.handoff.segments_done(static_cast<int>(job.done / (int64_t{kKvSegmentBlocks} * engine_->blocks->block_size())));
-    post_written(job);
+    seq.handoff.segments_done(
+        static_cast<int>(seq.prompt.computed() / (int64_t{kKvSegmentBlocks} * engine_->blocks->block_size())));
+    post_written(seq);
     return std::nullopt;
   }
-  std::erase(queue_, job.req.id);
-  count_prompt(job.cached, static_cast<int64_t>(job.req.prompt.size()) - job.cached);
-  Sampler sampler(sp);  // the decode rank's own sampler replays this token (Sampler::replay)
-  sampler.resume(job.req.prompt);
+  std::erase(queue_, seq.req.id);
+  count_prompt(seq.prompt.cached(), n - seq.prompt.cached());
+  Sampler sampler(seq.req.sampling);  // the decode rank's own sampler replays this token (Sampler::replay)
   std::vector<float> scratch;
-  proto::TokenEvent ev = sample_token_event(sampler, job.req.id, 1, rows.last(static_cast<size_t>(vocab)),
-                                            engine_->eos_id, scratch);
-  ev.prompt_logprobs = std::move(job.prompt_logprobs);
-  ev.cached_tokens = static_cast<int32_t>(job.cached);
+  proto::TokenEvent ev =
+      seq.prompt.first_token(sampler, seq.req.prompt, rows.last(static_cast<size_t>(vocab)), engine_->eos_id, scratch);
   const int32_t first_token = ev.tokens[0];
   const bool stop = ev.finish != proto::Finish::kNone;
-  job.computed = env_->now();
-  job.hidden_bytes = job.handoff.bytes_sent();
-  ev.queue_s = job.queue_s;
-  // From its first chunk's pass to its last (a chunked prompt's time includes
-  // the other prompts' chunks computed beside it: what chunking costs it).
-  ev.prefill_s = seconds(job.computed - job.started);
-  job.handoff.finish(first_token, stop, *transport_, region_of(job), env_->now());
-  set_state(job, job.handoff.accepted() ? JobState::kSending : JobState::kHeld);
+  seq.computed = env_->now();
+  seq.hidden_bytes = seq.handoff.bytes_sent();
+  seq.prompt.stamp(ev, seq.arrived, seq.computed);
+  seq.handoff.finish(first_token, stop, *transport_, region_of(*engine_, seq.table), env_->now());
+  // Held until the accept, or sending: its handoff's phase says which.
+  transition(seq.state, SeqState::kHandingOff, seq.req.id, "prefill");
   return ev;
 }
 
@@ -538,26 +497,26 @@ bool PrefillWorker::progress_transfers() {
   bool any = false;
   std::vector<proto::RequestId> sent, broken;
   const auto now = env_->now();
-  for (auto& [id, job] : jobs_) {
-    const size_t before = job.handoff.in_flight();
-    const HandoffSender::Phase phase = job.handoff.poll(*transport_, now);
-    any |= job.handoff.in_flight() != before;
-    // A job of the running batch (kComputing) keeps its blocks until the pass
+  for (auto& [id, seq] : seqs_) {
+    const size_t before = seq.handoff.in_flight();
+    const HandoffSender::Phase phase = seq.handoff.poll(*transport_, now);
+    any |= seq.handoff.in_flight() != before;
+    // A sequence of the running batch (kComputing) keeps its blocks until the pass
     // ends (the layer hook runs this function mid-pass).
-    if (job.state == JobState::kComputing || job.state == JobState::kAborted) continue;
+    if (seq.state == SeqState::kComputing || seq.state == SeqState::kAborted) continue;
     if (phase == HandoffSender::Phase::kFailed) broken.push_back(id);
-    else if (job.state == JobState::kSending && phase == HandoffSender::Phase::kSent) sent.push_back(id);
+    else if (seq.state == SeqState::kHandingOff && phase == HandoffSender::Phase::kSent) sent.push_back(id);
   }
   for (proto::RequestId id : sent) {
-    Job& job = jobs_.at(id);
+    Seq& seq = seqs_.at(id);
     // Every byte is out: the blocks may be reused.
     channel_->send(roles_.router,
-                   proto::TransferStats{job.req.id, job.handoff.bytes_posted(), seconds(now - job.computed),
-                                        seconds(now - job.handoff.send_started()), job.hidden_bytes});
+                   proto::TransferStats{seq.req.id, seq.handoff.bytes_posted(), seconds(now - seq.computed),
+                                        seconds(now - seq.handoff.send_started()), seq.hidden_bytes});
     end(id);
   }
   for (proto::RequestId id : broken)
-    if (Job* job = find_job(id)) fail(*job, job->handoff.error(), proto::FailureKind::kTransfer, true);
+    if (Seq* seq = find_in(seqs_, id)) fail(*seq, seq->handoff.error(), proto::FailureKind::kTransfer, true);
   const size_t seals = seals_.size();
   std::erase_if(seals_, [&](const Seal& s) {
     const Result<OpState> r = transport_->test(s.op);
@@ -575,63 +534,64 @@ void PrefillWorker::check_deadlines() {
   const auto transfer = std::chrono::milliseconds(cfg_.timeouts.transfer_ms);
   const auto queue_bound = std::chrono::milliseconds(cfg_.timeouts.prefill_queue_ms);
   std::vector<std::pair<proto::RequestId, std::pair<std::string, proto::FailureKind>>> expired;
-  for (auto& [id, job] : jobs_) {
-    if (job.state == JobState::kQueued && now - job.arrived > queue_bound) {
+  for (auto& [id, seq] : seqs_) {
+    if (seq.state == SeqState::kQueued && now - seq.arrived > queue_bound) {
       // Each deadline measures what it names: this one the wait for a batch.
       expired.push_back({id, {"waited " + std::to_string(cfg_.timeouts.prefill_queue_ms) + " ms in prefill rank " +
                                   std::to_string(roles_.self) + "'s queue without starting (timeouts.prefill_queue_ms)",
                               proto::FailureKind::kOverloaded}});
-    } else if (!job.warm() && !job.handoff.accepted() && job.state != JobState::kAborted &&
-               now - job.offered > handoff) {
-      expired.push_back({id, {"decode rank " + std::to_string(job.req.decode_rank) +
+    } else if (!seq.warm() && !seq.handoff.accepted() && seq.state != SeqState::kAborted &&
+               now - seq.offered > handoff) {
+      expired.push_back({id, {"decode rank " + std::to_string(seq.req.decode_rank) +
                                   " did not accept the KV handoff within " + std::to_string(cfg_.timeouts.handoff_ms) +
                                   " ms",
                               proto::FailureKind::kOverloaded}});
-    } else if (job.state == JobState::kSending && now - job.handoff.last_progress() > transfer) {
-      expired.push_back({id, {"KV transfer to decode rank " + std::to_string(job.req.decode_rank) +
+    } else if (seq.state == SeqState::kHandingOff && seq.handoff.accepted() &&
+               now - seq.handoff.last_progress() > transfer) {
+      expired.push_back({id, {"KV transfer to decode rank " + std::to_string(seq.req.decode_rank) +
                                   " did not complete: no progress for " + std::to_string(cfg_.timeouts.transfer_ms) +
                                   " ms (timeouts.transfer_ms)",
                               proto::FailureKind::kTimeout}});
     }
   }
-  for (auto& [id, why] : expired)  // fail() erases: not while iterating jobs_
-    if (Job* job = find_job(id)) fail(*job, why.first, why.second, true);
+  for (auto& [id, why] : expired)  // fail() erases: not while iterating seqs_
+    if (Seq* seq = find_in(seqs_, id)) fail(*seq, why.first, why.second, true);
 }
 
-void PrefillWorker::fail(Job& job, const std::string& reason, proto::FailureKind kind, bool tell_decode) {
-  if (job.state == JobState::kAborted) return;
-  spdlog::warn("prefill rank {}: request {} failed: {}", roles_.self, job.req.id, reason);
-  channel_->send(roles_.router, proto::RequestFailed{job.req.id, reason, kind});
-  if (tell_decode && !job.warm()) channel_->send(job.req.decode_rank, proto::HandoffAbort{job.req.id, reason, epoch_});
-  end(job.req.id);
+void PrefillWorker::fail(Seq& seq, const std::string& reason, proto::FailureKind kind, bool tell_decode) {
+  if (seq.state == SeqState::kAborted) return;
+  spdlog::warn("prefill rank {}: request {} failed: {}", roles_.self, seq.req.id, reason);
+  channel_->send(roles_.router, proto::RequestFailed{seq.req.id, reason, kind});
+  if (tell_decode && !seq.warm()) channel_->send(seq.req.decode_rank, proto::HandoffAbort{seq.req.id, reason, epoch_});
+  end(seq.req.id);
 }
 
 void PrefillWorker::end(proto::RequestId id) {
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
-  Job& job = it->second;
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  Seq& seq = it->second;
   // Sends still in flight cannot be cancelled (ob1): the handoff abandons
   // them (HandoffSender::abandon), and nothing more of it goes out.
-  job.handoff.abandon(*transport_, graveyard_);
-  if (job.state == JobState::kComputing && in_pass_) {
-    // forward() is reading this job's block table: run_batch ends it after the pass.
-    set_state(job, JobState::kAborted);
+  seq.handoff.abandon(*transport_, graveyard_);
+  if (seq.state == SeqState::kComputing && in_pass_) {
+    // forward() is reading this sequence's block table: run_batch ends it after the pass.
+    transition(seq.state, SeqState::kAborted, seq.req.id, "prefill");
     return;
   }
   // Blocks whose KV was computed stay in the prefix cache (free); others are discarded.
-  const bool computed = job.state == JobState::kSending || job.state == JobState::kHeld ||
-                        (job.warm() && job.done == static_cast<int64_t>(job.req.prompt.size()));
-  release_blocks(id, job.has_seq, computed);
+  const bool computed = seq.state == SeqState::kHandingOff || (seq.warm() && seq.prompt.done());
+  bool placed = seq.prompt.placed();
+  release_blocks(id, placed, computed);
   // A prompt stays in queue_ until its last chunk is computed, in any of
   // kQueued, kComputing and kPrefilling: leave nothing of it there.
   std::erase(queue_, id);
-  jobs_.erase(it);
+  seqs_.erase(it);
 }
 
 void PrefillWorker::fill_load(proto::LoadReport& r) const {
   r.waiting = static_cast<int32_t>(
-      std::count_if(jobs_.begin(), jobs_.end(), [](const auto& kv) { return kv.second.state == JobState::kQueued; }));
-  r.running = static_cast<int32_t>(jobs_.size()) - r.waiting;
+      std::count_if(seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.state == SeqState::kQueued; }));
+  r.running = static_cast<int32_t>(seqs_.size()) - r.waiting;
 }
 
 // Shutdown: the sends in flight get a bounded chance to complete.

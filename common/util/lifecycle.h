@@ -4,10 +4,10 @@
 // vLLM's RequestStatus and TensorRT-LLM's LlmRequestState keep one state per
 // request instead of a state plus flags.
 //
-//   enum class JobState { kQueued, kComputing, ... };
-//   const char* state_name(JobState s);
-//   bool legal(JobState from, JobState to);
-//   transition(job.state, JobState::kComputing, job.id, "prefill");
+//   enum class SeqState { kQueued, kComputing, ... };
+//   const char* state_name(SeqState s);
+//   bool legal(SeqState from, SeqState to);
+//   transition(seq.state, SeqState::kComputing, seq.id, "prefill");
 //
 // An illegal transition is a bug: it is logged (component, request, from, to)
 // and counted; a Debug build (the sanitizer test run) aborts on it.

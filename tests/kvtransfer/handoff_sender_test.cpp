@@ -102,13 +102,14 @@ TEST_CASE("handoff sender: accepted before the pass, each layer goes as it is wr
     cache.write(l);
     h.layer_written(l, 1000 + l);
     h.post_written(*t, cache.region_of(), kT0);
-    CHECK(h.phase() == Phase::kSending);
+    CHECK(h.phase() == Phase::kAccepted);  // layers go out; the trailer waits for finish()
     h.poll(*t, kT0);
     CHECK(h.bytes_sent() == 256 * (l + 1));  // the loopback completes a matched pair at once
   }
   CHECK_FALSE(h.finished());
   h.finish(11, false, *t, cache.region_of(), kT0);
   CHECK(h.finished());
+  CHECK(h.phase() == Phase::kSending);
   CHECK(h.poll(*t, kT0) == Phase::kSent);
   CHECK(rx.done() == kLayers + 1);
   CHECK(rx.cache.bytes == cache.bytes);
@@ -179,10 +180,13 @@ TEST_CASE("handoff sender: accepted after its pass, everything goes at once, not
     h.post_written(*t, cache.region_of(), kT0);  // not accepted: holds
   }
   h.finish(9, true, *t, cache.region_of(), kT0);
-  CHECK(h.phase() == Phase::kOffered);
+  CHECK(h.phase() == Phase::kHeld);
+  CHECK_FALSE(h.accepted());
   CHECK(h.bytes_posted() == 0);
   CHECK(t->pending() == 0);
   h.accept(kTag);
+  CHECK(h.phase() == Phase::kFinishing);  // everything to post: the worker posts it now
+  CHECK(h.accepted());
   Receiver rx(net);
   h.post_written(*t, cache.region_of(), kT0 + std::chrono::seconds(1));
   CHECK(h.send_started() == kT0 + std::chrono::seconds(1));
@@ -204,7 +208,7 @@ TEST_CASE("handoff sender: a send that fails, or a failure outside, fails the ha
   REQUIRE(bad->post_recv_bytes(kPrefill, kTag, small.data(), small.size()).is_ok());
   h.layer_written(0, 0);
   h.post_written(*t, cache.region_of(), kT0);
-  CHECK(h.poll(*t, kT0) == Phase::kSending);  // the send completes; the receiver's side reports the error
+  CHECK(h.poll(*t, kT0) == Phase::kAccepted);  // the send completes; the receiver's side reports the error
   h.fail("KV checksum failed: test");
   CHECK(h.phase() == Phase::kFailed);
   CHECK(h.error() == "KV checksum failed: test");
@@ -212,6 +216,37 @@ TEST_CASE("handoff sender: a send that fails, or a failure outside, fails the ha
   h.finish(1, false, *t, cache.region_of(), kT0);
   CHECK(h.bytes_posted() == posted);  // nothing more goes out
   CHECK_FALSE(h.finished());
+  CHECK(h.phase() == Phase::kFailed);
+  CHECK(h.accepted());  // a failed handoff keeps its tag (the worker answers and seals by it)
+}
+
+TEST_CASE("handoff sender: phases move only along the table, a sent handoff stays sent when abandoned") {
+  CHECK(legal(Phase::kOffered, Phase::kAccepted));
+  CHECK(legal(Phase::kOffered, Phase::kHeld));
+  CHECK(legal(Phase::kHeld, Phase::kFinishing));
+  CHECK(legal(Phase::kAccepted, Phase::kFinishing));
+  CHECK(legal(Phase::kFinishing, Phase::kSending));
+  CHECK(legal(Phase::kSending, Phase::kSent));
+  CHECK_FALSE(legal(Phase::kOffered, Phase::kSending));  // nothing goes out before the accept
+  CHECK_FALSE(legal(Phase::kHeld, Phase::kAccepted));
+  CHECK_FALSE(legal(Phase::kSent, Phase::kFailed));  // a handoff that is out stays out
+  CHECK_FALSE(legal(Phase::kFailed, Phase::kSending));
+  for (Phase p : {Phase::kOffered, Phase::kHeld, Phase::kAccepted, Phase::kFinishing, Phase::kSending})
+    CHECK(legal(p, Phase::kFailed));
+  CHECK(std::string(state_name(Phase::kFinishing)) == "finishing");
+  // Abandoned once sent: it stays sent (nothing was in flight).
+  LoopbackNetwork net;
+  auto t = net.endpoint(kPrefill);
+  Cache cache;
+  HandoffSender h(kDecode, 8, 0, kLayers);
+  h.accept(kTag);
+  Receiver rx(net);
+  h.finish(2, false, *t, cache.region_of(), kT0);
+  REQUIRE(h.poll(*t, kT0) == Phase::kSent);
+  std::deque<std::vector<uint8_t>> graveyard;
+  h.abandon(*t, graveyard);
+  CHECK(h.phase() == Phase::kSent);
+  CHECK(graveyard.empty());
 }
 
 TEST_CASE("handoff sender: abandoned with sends in flight, the trailer's bytes stay alive") {

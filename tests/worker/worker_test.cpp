@@ -638,8 +638,8 @@ TEST_CASE("workers: a failing op fails its requests, a failed device stops the r
 }
 
 TEST_CASE("workers: a cancel reaching the prefill rank while its prompt is queued", "[workers]") {
-  // The fix: on_cancel used to erase the job but leave its id in queue_, and
-  // the next batch's jobs_.at() threw out of run_once (the rank died).
+  // The fix: on_cancel used to erase the sequence but leave its id in queue_, and
+  // the next batch's seqs_.at() threw out of run_once (the rank died).
   ClusterConfig cfg = small_config();
   cfg.prefill.max_batch = 1;
   MiniCluster c(cfg);
@@ -920,14 +920,14 @@ TEST_CASE("workers: a handoff abandoned after its receives were cancelled never 
   // sends nobody receives; MPI cannot cancel them. Before the fix the tag
   // came round again (every 30,000 handoffs; here 2) and the stale sends
   // matched a new request's receives; the prefill rank's blocks never
-  // returned (its job waited for the sends forever).
+  // returned (its sequence waited for the sends forever).
   const auto reference = clean_run({2, 3, 4, 5});
   ClusterConfig cfg = small_config();
   cfg.timeouts.prefill_queue_ms = 20;
   cfg.timeouts.transfer_ms = 20;
+  cfg.kv.tag_span = 2;
   MiniCluster c(cfg);
   c.use_fake_clock();
-  c.decode->set_kv_tag_span(2);
   c.submit(MiniCluster::request(1));
   c.step_prefill();  // offered, computed, held (no accept yet)
   c.hub.hold();      // the accept will arrive late
@@ -1190,10 +1190,10 @@ class FailingSends final : public test::ForwardingTransport {
   int left_;
 };
 
-TEST_CASE("workers: a send failing inside forward() ends the job after the pass, not during it", "[workers]") {
+TEST_CASE("workers: a send failing inside forward() ends the sequence after the pass, not during it", "[workers]") {
   // Request 2 is accepted before its batch, so its layers are posted from the
   // layer hook while forward() reads its block table; the second layer's
-  // send fails there. The job must outlive the pass (ASan checks the reads).
+  // send fails there. The sequence must outlive the pass (ASan checks the reads).
   ClusterConfig cfg = small_config();
   cfg.prefill.max_batch = 1;
   const int layers = TinyLlamaSpec{}.n_layers;
