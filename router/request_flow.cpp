@@ -62,8 +62,8 @@ void LinkLoop::on_tokens(int source, const proto::TokenEvents& m) {
     Request* found = requests_.find(ev.id);
     if (found == nullptr || !serves(*found, source)) continue;
     Request& r = *found;
-    if (ev.first_index == 0 && !r.prefill_done) {
-      r.prefill_done = true;
+    if (ev.first_index == 0 && !r.prefill_done()) {
+      transition(r.leg, AttemptLeg::kDecode, r.wire_id, "router request");
       r.cached_tokens = ev.cached_tokens;
       workers_.on_prefill_done(source, r.where.prefill_work);  // the prefill rank, or a decode reuse's
       p_.metrics.stage.observe({"prefill_queue"}, ev.queue_s);
@@ -170,7 +170,7 @@ bool LinkLoop::rerun(Request& r, const std::string& why) {
   const uint64_t old_id = r.wire_id;
   const bool migrating = r.state == RequestState::kStreaming;
   release_workers(r, true);  // both legs drop the old attempt
-  r.prefill_done = false;
+  r.leg = AttemptLeg::kPrefill;  // a new attempt
   r.where = {};
   r.out->restart();  // the next attempt's tokens follow those delivered
   set_state(r, RequestState::kQueued);
@@ -190,10 +190,10 @@ bool LinkLoop::rerun(Request& r, const std::string& why) {
 void LinkLoop::release_workers(const Request& r, bool tell_workers) {
   // Tell both legs; a worker that already finished ignores an unknown id.
   if (tell_workers) {
-    if (r.where.prefill_rank >= 0 && !r.prefill_done) membership_.cancel_on(r.where.prefill_rank, r.wire_id);
+    if (r.where.prefill_rank >= 0 && !r.prefill_done()) membership_.cancel_on(r.where.prefill_rank, r.wire_id);
     membership_.cancel_on(r.where.decode_rank, r.wire_id);
   }
-  if (!r.prefill_done)
+  if (!r.prefill_done())
     workers_.on_prefill_done(r.where.prefill_rank >= 0 ? r.where.prefill_rank : r.where.decode_rank,
                              r.where.prefill_work);
   workers_.on_request_done(r.where.decode_rank, r.sent_prompt_tokens, r.sent_max_tokens);

@@ -17,6 +17,10 @@ const char* state_name(RequestState s) {
   return "?";
 }
 
+const char* state_name(AttemptLeg s) { return s == AttemptLeg::kPrefill ? "prefill" : "decode"; }
+
+bool legal(AttemptLeg from, AttemptLeg to) { return from == AttemptLeg::kPrefill && to == AttemptLeg::kDecode; }
+
 bool is_ended(RequestState s) {
   return s == RequestState::kFinished || s == RequestState::kCancelled || s == RequestState::kFailed;
 }
@@ -113,7 +117,7 @@ std::vector<uint64_t> RequestTable::held_by(int rank) const {
   std::vector<uint64_t> out;
   for (const auto& [id, r] : requests_) {
     if (r->state == RequestState::kQueued) continue;
-    if (r->where.decode_rank == rank || (r->where.prefill_rank == rank && !r->prefill_done)) out.push_back(id);
+    if (r->where.decode_rank == rank || (r->where.prefill_rank == rank && !r->prefill_done())) out.push_back(id);
   }
   return out;
 }

@@ -44,6 +44,14 @@ const char* state_name(RequestState s);
 bool legal(RequestState from, RequestState to);
 bool is_ended(RequestState s);
 
+// Which leg of its current attempt a request is on: kPrefill until token 0 of
+// the attempt arrives (the prefill rank, or a decode rank computing the prompt
+// itself, still holds prompt work the router counts), then kDecode. A new
+// attempt (re-run, migration) starts at kPrefill again.
+enum class AttemptLeg { kPrefill, kDecode };
+const char* state_name(AttemptLeg s);
+bool legal(AttemptLeg from, AttemptLeg to);
+
 struct Request {  // one choice of an answer
   using Clock = std::chrono::steady_clock;
   uint64_t wire_id = 0;           // the current attempt's id on the wire
@@ -55,7 +63,8 @@ struct Request {  // one choice of an answer
   bool counts_prompt = true;      // usage: the first choice of each prompt counts its tokens
   std::vector<TokenId> prompt;
   std::unique_ptr<ChoiceStream> out;
-  bool prefill_done = false;
+  AttemptLeg leg = AttemptLeg::kPrefill;  // of the current attempt
+  bool prefill_done() const { return leg == AttemptLeg::kDecode; }
   DispatchChoice where;           // the pair serving the current attempt (kDispatched, kStreaming)
   std::vector<TokenId> generated;  // the tokens the client was given
   int64_t n_generated() const { return static_cast<int64_t>(generated.size()); }
