@@ -50,6 +50,7 @@ void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::sha
   if (!parsed.is_ok()) return reject(parsed.error());
   ApiRequest api = std::move(parsed).value();
   if (auto e = check_model(api.model)) return reject(*e);
+  if (auto e = check_logit_bias(api.sampling, p_.model.tokenizer->vocab_size())) return reject(*e);
   ApiResult<std::vector<Prompt>> prompts = encode_prompts(p_.model, ep, api);
   if (!prompts.is_ok()) return reject(prompts.error());
   if (ep == Endpoint::kChatCompletions) {  // a chat ends at its template's end of turn as at EOS

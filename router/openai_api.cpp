@@ -1,6 +1,7 @@
 #include "router/openai_api.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -185,9 +186,9 @@ enum class FieldKind {
 // Fields handled for both endpoints.
 constexpr const char* kCommonFields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-    "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo"};
+    "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
-constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "logit_bias", "tools",
+constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "tools",
                                               "functions", "tool_choice", "function_call", "response_format",
                                               "suffix"};
 
@@ -218,7 +219,6 @@ bool asks_for_nothing(const std::string& key, const json& v) {
     const IntRead i = as_int64(v);
     return i.kind == IntRead::kOk && i.value == (key == "best_of" ? 1 : 0);
   }
-  if (key == "logit_bias") return v.is_object() && v.empty();
   if (key == "tools" || key == "functions") return v.is_array() && v.empty();
   if (key == "tool_choice" || key == "function_call") return v.is_string() && v.get<std::string>() == "none";
   if (key == "response_format") {
@@ -467,8 +467,55 @@ std::optional<ApiError> parse_max_tokens(Endpoint ep, const json& obj, ApiReques
   return std::nullopt;
 }
 
+// logit_bias: {"<token id>": bias in [-100, 100], ...} (OpenAI's shape; the
+// ids are checked against the vocabulary once the model is known).
+std::optional<ApiError> parse_logit_bias(const json& obj, SamplingParams& s) {
+  const json* v = field(obj, "logit_bias");
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_object()) return bad_request("logit_bias", "logit_bias must be an object of token id -> bias, got " + shown(*v));
+  if (v->size() > kMaxLogitBias) {
+    return bad_request("logit_bias", "logit_bias may hold at most " + std::to_string(kMaxLogitBias) + " tokens, got " +
+                                         std::to_string(v->size()));
+  }
+  for (const auto& [key, bias] : v->items()) {
+    TokenId id = 0;
+    const char* end = key.data() + key.size();
+    const auto [ptr, ec] = std::from_chars(key.data(), end, id);
+    if (key.empty() || ec != std::errc() || ptr != end || id < 0) {
+      return bad_request("logit_bias", "logit_bias keys must be token ids (integers >= 0 as strings), got \"" +
+                                           key.substr(0, 40) + "\"");
+    }
+    if (!bias.is_number() || !(bias.get<double>() >= -100.0 && bias.get<double>() <= 100.0)) {
+      return bad_request("logit_bias", "logit_bias[\"" + key + "\"] must be a number in [-100, 100], got " + shown(bias));
+    }
+    s.logit_bias.emplace_back(id, bias.get<float>());
+  }
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  for (size_t i = 1; i < s.logit_bias.size(); ++i) {
+    if (s.logit_bias[i].first == s.logit_bias[i - 1].first) {  // "7" and "07"
+      return bad_request("logit_bias", "logit_bias names token " + std::to_string(s.logit_bias[i].first) + " twice");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> check_logit_bias(const SamplingParams& s, int32_t vocab) {
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id >= vocab) {
+      return bad_request("logit_bias", "logit_bias names token " + std::to_string(id) + ", outside the vocabulary [0, " +
+                                           std::to_string(vocab) + ")");
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
 std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest& r, const RequestDefaults& d) {
   if (auto e = parse_sampler_knobs(obj, r.sampling, d)) return e;
+  if (auto e = parse_logit_bias(obj, r.sampling)) return e;
   if (auto e = parse_seed(obj, r)) return e;
   if (auto e = parse_max_tokens(ep, obj, r)) return e;
   std::optional<int64_t> n;

@@ -133,10 +133,11 @@ std::string shown_text(std::string_view text);
 // in [-2^63, 2^64 - 1]), a malformed prompt (param "prompt", the message naming
 // the element: "prompt[1][2] must be a token id"), more than kMaxChoices
 // choices, an unsupported feature ("<field> is not supported": best_of,
-// completions top_logprobs, logit_bias, tools, functions, tool_choice,
+// completions top_logprobs, tools, functions, tool_choice,
 // function_call, response_format other than text, suffix, chat echo = true),
 // a `stop` of more than kMaxStopStrings strings or one longer than
-// kMaxStopBytes bytes,
+// kMaxStopBytes bytes, a `logit_bias` that is not an object of token id strings
+// to numbers in [-100, 100] (at most kMaxLogitBias of them),
 // or an unknown field ("unknown field: X"). Completions `logprobs` is an
 // integer in [0, kMaxLogprobs] (false = none); chat `logprobs` a boolean and
 // `top_logprobs` an integer in [0, kMaxLogprobs] that needs logprobs: true.
@@ -144,6 +145,9 @@ std::string shown_text(std::string_view text);
 // messages (and keys in `param`) are cut to kMaxShownChars. Integral floats (5.0)
 // count as integers.
 ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const RequestDefaults& defaults = {});
+
+// 400 naming logit_bias when one of its token ids is outside [0, vocab).
+std::optional<ApiError> check_logit_bias(const SamplingParams& s, int32_t vocab);
 
 struct Usage {
   int64_t prompt_tokens = 0;

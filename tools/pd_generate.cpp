@@ -23,7 +23,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -59,13 +61,34 @@ struct GenerateFlags {
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f;
   int top_k = 0;
   uint64_t seed = 0;
+  std::vector<std::pair<pd::TokenId, float>> logit_bias;  // --logit-bias, ids ascending
   pd::tools::BackendFlags backend;
 };
+
+// --logit-bias ID=BIAS (repeated): the same bias the API's logit_bias gives.
+std::string parse_logit_bias(const std::vector<std::string>& specs, GenerateFlags* f) {
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    char* end = nullptr;
+    const long id = eq == std::string::npos ? -1 : std::strtol(spec.c_str(), &end, 10);
+    const bool id_ok = eq != std::string::npos && end == spec.c_str() + eq && eq > 0 && id >= 0 && id <= INT32_MAX;
+    const float bias = id_ok ? std::strtof(spec.c_str() + eq + 1, &end) : 0.0f;
+    if (!id_ok || eq + 1 == spec.size() || *end != '\0' || !(bias >= -100.0f && bias <= 100.0f))
+      return "--logit-bias: expected TOKEN_ID=BIAS with BIAS in [-100, 100], got '" + spec + "'";
+    f->logit_bias.emplace_back(static_cast<pd::TokenId>(id), bias);
+  }
+  std::sort(f->logit_bias.begin(), f->logit_bias.end());
+  for (size_t i = 1; i < f->logit_bias.size(); ++i)
+    if (f->logit_bias[i].first == f->logit_bias[i - 1].first)
+      return "--logit-bias: token " + std::to_string(f->logit_bias[i].first) + " given twice";
+  return "";
+}
 
 // Parses the command line into *f. Returns the exit status when the tool
 // stops here (--help, a bad flag), nothing when it goes on.
 std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   CLI::App app{"pd-generate: generate text with the pdcluster engine"};
+  std::vector<std::string> bias_specs;
   app.add_option("-m,--model", f->model_path, "GGUF model file")->required();
   auto* prompt_opt = app.add_option("-p,--prompt", f->prompt, "prompt text (with --chat: the user message)");
   auto* batch_opt =
@@ -85,6 +108,9 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_option("--frequency-penalty", f->frequency, "frequency penalty")->check(CLI::Range(-2.0f, 2.0f));
   app.add_option("--seed", f->seed, "sampling seed");
   app.add_flag("--ignore-eos", f->ignore_eos, "keep generating past the end-of-sequence token");
+  auto* bias_opt = app.add_option("--logit-bias", bias_specs,
+                                  "TOKEN_ID=BIAS added to that token's logit before sampling, BIAS in [-100, 100] "
+                                  "(repeat the flag; the API's logit_bias)");
   app.add_flag("--parse-special", f->raw_specials, "recognize special tokens written in the prompt text");
   app.add_option("-t,--threads", f->backend.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", f->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
@@ -98,6 +124,9 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-generate")) return code;
   f->has_prompt = prompt_opt->count() > 0;
   f->has_batch = batch_opt->count() > 0;
+  if (bias_opt->count() > 0) {
+    if (std::string err = parse_logit_bias(bias_specs, f); !err.empty()) return fail(err, kExitUsage);
+  }
   return std::nullopt;
 }
 
@@ -200,6 +229,7 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
   req->sampling.ignore_eos = j.value("ignore_eos", f.ignore_eos);
   req->sampling.temperature = j.value("temperature", f.temp);
   req->sampling.seed = j.value("seed", f.seed);
+  req->sampling.logit_bias = f.logit_bias;
   if (auto st = req->sampling.validate(); !st.is_ok()) return ToolError{where + st.message(), kExitUsage};
   return std::nullopt;
 }
@@ -295,6 +325,7 @@ pd::GenerateRequest single_request(const GenerateFlags& f, std::vector<pd::Token
   req.sampling.seed = f.seed;
   req.sampling.max_tokens = f.n_predict;
   req.sampling.ignore_eos = f.ignore_eos;
+  req.sampling.logit_bias = f.logit_bias;
   return req;
 }
 

@@ -16,7 +16,7 @@ json sampling_json(const SamplingParams& p) {
               {"seed", p.seed},               {"max_tokens", p.max_tokens},
               {"ignore_eos", p.ignore_eos},   {"stop_ids", p.stop_token_ids},
               {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs},
-              {"resumed", p.resumed_tokens}};
+              {"resumed", p.resumed_tokens},  {"bias", p.logit_bias}};
 }
 SamplingParams sampling_from(const json& j) {
   SamplingParams p;
@@ -33,6 +33,7 @@ SamplingParams sampling_from(const json& j) {
   p.logprobs = j.at("logprobs").get<int32_t>();
   p.prompt_logprobs = j.at("prompt_logprobs").get<bool>();
   p.resumed_tokens = j.at("resumed").get<int32_t>();
+  p.logit_bias = j.at("bias").get<std::vector<std::pair<int32_t, float>>>();
   return p;
 }
 // A LogprobEntry as [token, logprob, [top ids], [top logprobs]].

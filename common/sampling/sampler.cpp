@@ -171,6 +171,18 @@ Status SamplingParams::validate() const {
   }
   if (prompt_logprobs && logprobs < 0) return Status::invalid_argument("prompt_logprobs needs logprobs >= 0");
   if (resumed_tokens < 0) return Status::invalid_argument("resumed_tokens must be >= 0, got " + std::to_string(resumed_tokens));
+  if (logit_bias.size() > kMaxLogitBias) {
+    return Status::invalid_argument("logit_bias may hold at most " + std::to_string(kMaxLogitBias) + " tokens, got " +
+                                    std::to_string(logit_bias.size()));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [id, bias] = logit_bias[i];
+    if (id < 0) return Status::invalid_argument("logit_bias token ids must be >= 0, got " + std::to_string(id));
+    if (i > 0 && id <= logit_bias[i - 1].first) return Status::invalid_argument("logit_bias token ids must ascend, each once");
+    if (!in_closed(bias, -100.0f, 100.0f)) {
+      return Status::invalid_argument("logit_bias values must be in [-100, 100], got " + fmt_float(bias));
+    }
+  }
   return Status::ok();
 }
 
@@ -200,6 +212,10 @@ void Sampler::resume(std::span<const TokenId> prompt) {
 TokenId Sampler::sample(std::span<float> logits) {
   const size_t vocab = logits.size();
   if (vocab == 0) return 0;
+
+  // 0. The request's logit bias (ids past this vocabulary change nothing).
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= 0 && static_cast<size_t>(id) < vocab) logits[id] += bias;
 
   // 1. Penalties on the tokens generated so far (OpenAI semantics).
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {

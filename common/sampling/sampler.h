@@ -41,13 +41,20 @@ struct SamplingParams {
   // prompt's last `resumed_tokens` tokens; the sampler replays them (resume()),
   // so the penalties and a seeded draw go on where they were.
   int32_t resumed_tokens = 0;
+  // Added to the logits of these tokens before anything else (OpenAI's
+  // logit_bias): ids ascending, each once, biases in [-100, 100]. -100 in
+  // effect bans a token, +100 forces it. Logprobs stay those of the raw model
+  // distribution. At most kMaxLogitBias entries.
+  std::vector<std::pair<TokenId, float>> logit_bias;
 
   // InvalidArgument naming the field (e.g. "top_p must be in (0, 1]").
   Status validate() const;
 };
 
+inline constexpr size_t kMaxLogitBias = 1024;
+
 // One request's sampler: owns its RNG and the counts of tokens it generated.
-// Order of operations (as vLLM): penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+// Order of operations (as vLLM): logit bias -> penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);

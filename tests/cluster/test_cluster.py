@@ -113,6 +113,15 @@ def suite_api(tmp):
         for case, ref in zip(cases, refs):
             for stream in (False, True):
                 expect_same(case, run_case_key(c, key, case, stream), ref)
+        # logit_bias holds for token 1 (sampled on the prefill rank) and every token after it
+        # (the decode rank): the same text as pd-generate given the same bias.
+        bias_cases = [("completion", "hello world", 8), ("chat", "hi there", 8)]
+        for bias, flags in (({"7": 100}, ["--logit-bias", "7=100"]),
+                            ({"7": -100, "11": 4.5}, ["--logit-bias", "7=-100", "--logit-bias", "11=4.5"])):
+            refs = references(model, bias_cases, ignore_eos=True, args=flags)
+            for case, ref in zip(bias_cases, refs):
+                for stream in (False, True):
+                    expect_same((case, bias), run_case_key(c, key, case, stream, logit_bias=bias), ref)
 
         def err(status, method, path, body=None, raw=None, headers=key, param=None):
             r = c.request(method, path, body, headers=headers, raw=raw)
@@ -129,7 +138,8 @@ def suite_api(tmp):
         err(400, "POST", comp, {"prompt": "x", "max_tokens": "4"}, param="max_tokens")
         err(400, "POST", comp, {"prompt": "x", "temperature": 5}, param="temperature")
         err(400, "POST", comp, {"prompt": "x", "n": 0}, param="n")
-        err(400, "POST", comp, {"prompt": "x", "logit_bias": {"1": 2}}, param="logit_bias")
+        err(400, "POST", comp, {"prompt": "x", "logit_bias": {"999999": 2}}, param="logit_bias")  # past the vocabulary
+        err(400, "POST", comp, {"prompt": "x", "logit_bias": {"1": 200}}, param="logit_bias")
         err(400, "POST", comp, {"prompt": "x", "frobnicate": 1}, param="frobnicate")
         err(400, "POST", comp, {"prompt": "x", "max_tokens": 100000}, param="max_tokens")
         err(400, "POST", comp, {"prompt": "x " * 600}, param="prompt")  # over the tiny model's 512 context
@@ -202,9 +212,9 @@ def check_front_door_bounds(c, key):
     print("a streaming client that stopped reading was cut: its %d choices ended %s" % (n, delta))
 
 
-def run_case_key(c, key, case, stream):
+def run_case_key(c, key, case, stream, **extra):
     endpoint, prompt, max_tokens = case
-    body = request_body(endpoint, prompt, max_tokens, stream, ignore_eos=True)
+    body = request_body(endpoint, prompt, max_tokens, stream, ignore_eos=True, **extra)
     if not stream:
         r = c.post(path_of(endpoint), body, headers=key)
         check(r.status == 200, "HTTP %d: %s" % (r.status, r.body))

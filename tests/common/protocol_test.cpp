@@ -39,6 +39,7 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   sp.logprobs = 5;
   sp.prompt_logprobs = true;
   sp.resumed_tokens = 2;
+  sp.logit_bias = {{3, -100.0f}, {1234, 2.5f}};
   PrefillRequest pr{123456789012345ULL, {1, 2, 3}, sp, 4};
   const PrefillRequest pr2 = round_trip(pr);
   CHECK(pr2.id == pr.id);
@@ -54,6 +55,7 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(pr2.sampling.logprobs == 5);
   CHECK(pr2.sampling.prompt_logprobs);
   CHECK(pr2.sampling.resumed_tokens == 2);
+  CHECK(pr2.sampling.logit_bias == sp.logit_bias);
 
   KvWireHeader h;
   h.request_id = 9;

@@ -61,6 +61,39 @@ TEST_CASE("sampler: argmax picks the lowest index on ties", "[sampler]") {
   CHECK(argmax(neg) == 1);
 }
 
+TEST_CASE("sampler: logit_bias moves the tokens it names before anything else, greedy or drawn", "[sampler]") {
+  const std::vector<float> l = {0.5f, 2.0f, 1.0f, 1.9f};
+  SamplingParams ban = params_with(0.0f);
+  ban.logit_bias = {{1, -100.0f}};  // the argmax banned: the next best wins
+  std::vector<float> row = l;
+  CHECK(Sampler(ban).sample(row) == 3);
+  SamplingParams force = params_with(1.0f);
+  force.logit_bias = {{0, 100.0f}, {99, 100.0f}};  // an id past the vocabulary changes nothing
+  Sampler s(force);
+  CHECK(histogram(s, l, 200)[0] == 200);
+  SamplingParams nudge = params_with(0.0f);
+  nudge.logit_bias = {{2, 1.5f}};  // 1.0 + 1.5 passes 2.0
+  row = l;
+  CHECK(Sampler(nudge).sample(row) == 2);
+}
+
+TEST_CASE("sampler: logit_bias is validated: ids ascending and once, biases in [-100, 100], at most 1024", "[sampler]") {
+  SamplingParams p;
+  p.logit_bias = {{1, 100.0f}, {7, -100.0f}};
+  CHECK(p.validate().is_ok());
+  p.logit_bias = {{1, 100.5f}};
+  CHECK(p.validate().message().find("[-100, 100]") != std::string::npos);
+  p.logit_bias = {{7, 1.0f}, {1, 1.0f}};
+  CHECK_FALSE(p.validate().is_ok());
+  p.logit_bias = {{1, 1.0f}, {1, 2.0f}};
+  CHECK_FALSE(p.validate().is_ok());
+  p.logit_bias = {{-1, 1.0f}};
+  CHECK_FALSE(p.validate().is_ok());
+  p.logit_bias.clear();
+  for (int i = 0; i <= static_cast<int>(kMaxLogitBias); ++i) p.logit_bias.emplace_back(i, 1.0f);
+  CHECK(p.validate().message().find("at most") != std::string::npos);
+}
+
 TEST_CASE("sampler: temperature 0 and top_k 1 are greedy", "[sampler]") {
   const std::vector<float> l = {0.5f, 2.0f, 2.0f, 1.9f, -1.0f};
   for (const SamplingParams& p : {params_with(0.0f), params_with(1.0f, /*top_k=*/1), params_with(5.0f, 1)}) {

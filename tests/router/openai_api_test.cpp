@@ -316,10 +316,40 @@ TEST_CASE("openai_api: stop holds at most 4 strings of at most kMaxStopBytes byt
   }
 }
 
+TEST_CASE("openai_api: logit_bias is read as token id -> bias, ids ascending, and refused by name when malformed",
+          "[openai_api]") {
+  for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const auto with = [&](const std::string& extra) {
+      return ep == Endpoint::kCompletions ? completions_with(extra) : chat_with(extra);
+    };
+    const ApiRequest r = parse_ok(ep, with(R"("logit_bias": {"50256": -100, "7": 2.5, "0": 100})"));
+    const std::vector<std::pair<TokenId, float>> want = {{0, 100.0f}, {7, 2.5f}, {50256, -100.0f}};
+    CHECK(r.sampling.logit_bias == want);
+    CHECK(parse_ok(ep, with(R"("logit_bias": {})")).sampling.logit_bias.empty());
+    CHECK(parse_ok(ep, with(R"("logit_bias": null)")).sampling.logit_bias.empty());
+    CHECK(check_logit_bias(r.sampling, 50257) == std::nullopt);
+    const std::optional<ApiError> outside = check_logit_bias(r.sampling, 50000);
+    REQUIRE(outside);
+    CHECK(outside->param == "logit_bias");
+    CHECK(outside->message.find("outside the vocabulary") != std::string::npos);
+    const std::vector<BadCase> cases = {
+        {R"("logit_bias": [1, 2])", "logit_bias", "must be an object"},
+        {R"("logit_bias": {"x": 1})", "logit_bias", "token ids"},
+        {R"("logit_bias": {"-1": 1})", "logit_bias", "token ids"},
+        {R"("logit_bias": {"1.5": 1})", "logit_bias", "token ids"},
+        {R"("logit_bias": {"": 1})", "logit_bias", "token ids"},
+        {R"("logit_bias": {"99999999999": 1})", "logit_bias", "token ids"},
+        {R"("logit_bias": {"3": 101})", "logit_bias", "[-100, 100]"},
+        {R"("logit_bias": {"3": "5"})", "logit_bias", "[-100, 100]"},
+        {R"("logit_bias": {"3": 1, "03": 2})", "logit_bias", "twice"},
+    };
+    for (const BadCase& c : cases) check_bad(ep, c);
+  }
+}
+
 TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]") {
   const std::vector<BadCase> cases = {
       {R"("best_of": 2)", "best_of", "best_of is not supported"},
-      {R"("logit_bias": {"50256": -100})", "logit_bias", "logit_bias is not supported"},
       {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"},
       {R"("functions": [{"name": "f"}])", "functions", "functions is not supported"},
       {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"},
