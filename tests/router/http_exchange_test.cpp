@@ -34,6 +34,13 @@ struct Fixture {
     core->ioc.restart();
     core->ioc.poll();
   }
+  // What the exchange posted and no test ran holds the core (its io_context
+  // owns the handlers, the handlers own the core): run it dry, as stop() does.
+  ~Fixture() {
+    exchange.reset();
+    core->work.reset();
+    run();
+  }
 };
 
 TEST_CASE("http exchange: a response, once, and nothing after it", "[http]") {
