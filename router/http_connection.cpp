@@ -328,14 +328,23 @@ void Connection::dispatch() {
 // Applies the answers queued, then, while the exchange still takes answers
 // (kHandling), waits for the bell that says more came.
 void Connection::serve_answers() {
-  for (Answer& a : exchange_->take()) {
-    if (phase_ != ConnPhase::kHandling) return;  // the final answer went first, or the client left
-    apply(std::move(a));
-  }
-  if (phase_ != ConnPhase::kHandling) return;
+  if (!take_answers()) return;
   exchange_->bell().async_wait([self = shared_from_this(), ex = exchange_](beast::error_code) {
     if (self->exchange_ == ex && self->phase_ == ConnPhase::kHandling) self->serve_answers();
   });
+}
+
+bool Connection::take_answers() {
+  for (Answer& a : exchange_->take()) {
+    if (phase_ != ConnPhase::kHandling) return false;  // the final answer went first, or the client left
+    apply(std::move(a));
+  }
+  return phase_ == ConnPhase::kHandling;
+}
+
+void Connection::close_for_stop() {
+  if (exchange_ && phase_ == ConnPhase::kHandling) take_answers();
+  close();
 }
 
 void Connection::apply(Answer a) {

@@ -164,6 +164,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void evict(bool stalled);
   // Closes the socket; a pending exchange sees on_disconnect. Idempotent.
   void close();
+  // The server stops: the answers the handler already gave start their writes
+  // (their bytes reach the socket as each write starts), then it closes. An
+  // answer given just before the stop is not lost behind its bell.
+  void close_for_stop();
 
  private:
   void move_to(ConnPhase to);
@@ -183,6 +187,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // ---- The exchange: the handler's answers, written in order.
   void serve_answers();
+  // Applies the answers queued so far; false once the exchange no longer takes them.
+  bool take_answers();
   void apply(Answer a);
   void push(Outgoing item);
   void pump();

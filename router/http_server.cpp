@@ -229,7 +229,7 @@ bool HttpServer::close_all_connections() {
       if (auto conn = weak.lock()) open.push_back(std::move(conn));
     }
   }
-  for (auto& conn : open) net::post(conn->strand(), [conn] { conn->close(); });
+  for (auto& conn : open) net::post(conn->strand(), [conn] { conn->close_for_stop(); });
   return !open.empty();
 }
 

@@ -170,9 +170,13 @@ TEST_CASE("comm side: messages out go at once, messages in wait in the inbox wit
   }));
   REQUIRE(eventually([&] { return p.channel[1]->pending_sends() == 0; }));
 
+  p.channel[1]->wait_for_work(std::chrono::microseconds(1000));  // catch up with the exchange above
   const auto before = Clock::now();
   p.send_as_router(1, proto::Cancel{7});
-  std::this_thread::sleep_for(30ms);  // taken off the network long before this drain
+  // Once the communication side has taken it off the network (wait_for_work
+  // returns), it waits in the inbox: 30 ms here, however busy the machine.
+  p.channel[1]->wait_for_work(std::chrono::microseconds(2000000));
+  std::this_thread::sleep_for(30ms);
   int seen = 0;
   Clock::time_point arrived{};
   REQUIRE(eventually([&] {
