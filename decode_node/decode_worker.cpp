@@ -152,7 +152,6 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   Seq& s = seqs_[id];
   s.id = id;
   s.state = SeqState::kQueued;
-  s.n_prompt = static_cast<int32_t>(m.prompt.size());
   s.tokens = std::move(m.prompt);
   s.params = m.sampling;
   s.arrived = s.received = channel_->arrival().value_or(env_->now());
@@ -187,9 +186,8 @@ bool DecodeWorker::progress_transfers() {
     s.id = l.id;
     s.source = l.source;
     s.state = SeqState::kReady;
-    s.n_prompt = static_cast<int32_t>(l.prompt.size());
     s.tokens = std::move(l.prompt);
-    s.params = l.params;
+    s.params = std::move(l.params);
     s.kv = l.kv;
     s.order = l.order;
     s.received = l.received;

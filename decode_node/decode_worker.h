@@ -66,7 +66,6 @@ class DecodeWorker final : public WorkerCore {
     int source = -1;                   // prefill rank (-1: colocated, prompt came from the router)
     SeqState state = SeqState::kReady;
     std::vector<int32_t> tokens;       // prompt + generated
-    int32_t n_prompt = 0;
     int32_t n_generated = 0;
     SamplingParams params;
     std::optional<Sampler> sampler;

@@ -53,7 +53,7 @@ std::optional<int> HandoffIntake::source_of(proto::RequestId id) const {
 bool HandoffIntake::on_offer(proto::HandoffOffer m, int source, bool known, uint64_t order) {
   const proto::RequestId id = m.header.request_id;
   auto reject = [&](const std::string& reason, bool cancelled) {
-    ctx_.channel->send(source, proto::HandoffReject{id, reason, cancelled});
+    ctx_.channel->send(source, proto::HandoffReject{id, reason, cancelled, *ctx_.epoch});
     return false;
   };
   if (was_cancelled(id)) return reject("cancelled", true);
@@ -229,7 +229,8 @@ void HandoffIntake::finish_transfer(Handoff& h, std::vector<Landed>& landed) {
   h.kv.written(*engine.blocks, h.id, ctx_.self);
   if (trailer->finished) return erase(h);  // ended at its first token; the prefill rank told the router
   const proto::RequestId id = h.id;
-  landed.push_back(Landed{id, h.source, std::move(h.prompt), h.params, trailer->first_token, h.order, received, h.kv});
+  landed.push_back(
+      Landed{id, h.source, std::move(h.prompt), std::move(h.params), trailer->first_token, h.order, received, h.kv});
   handoffs_.erase(id);  // its blocks are the worker's now (Landed::kv)
 }
 

@@ -113,12 +113,13 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
 }
 
 void HttpFront::post_choices(std::vector<std::unique_ptr<Request>> reqs, const Response& response) {
-  // The disconnect hook is registered while the batch holds the inbox, so its
-  // ClientGone (posted to an io thread, never run inline) always lands after
-  // the NewRequests.
+  // The NewRequests go in first and the disconnect hook is registered while
+  // the batch still holds the inbox, so the hook's ClientGone lands after them
+  // whether it runs later on an io thread or at once, here (a client already
+  // gone once the server stopped).
   LinkInbox::Batch batch(p_.inbox);
-  response.writer->on_disconnect([&inbox = p_.inbox, ids = response.choices] { inbox.post(ClientGone{ids}); });
   for (auto& req : reqs) batch.add(NewRequest{std::move(req)});
+  response.writer->on_disconnect([&inbox = p_.inbox, ids = response.choices] { inbox.post(ClientGone{ids}); });
 }
 
 }  // namespace pd::router

@@ -59,10 +59,10 @@ using InboxItem = std::variant<NewRequest, ClientGone, DrainRank>;
 class LinkInbox {
  public:
   void post(InboxItem item);
-  // Several items posted as one: while a Batch lives, other posts wait. An
-  // answer's choices go in one, with the client's disconnect hook registered
-  // meanwhile, so the hook's ClientGone (run on an io thread, never inline)
-  // always lands after them.
+  // Several items posted as one: while a Batch lives, other threads' posts
+  // wait. An answer's choices go in one, then the client's disconnect hook is
+  // registered under it, so the hook's ClientGone lands after them, whether it
+  // runs later on an io thread or inline at once (the mutex is recursive).
   class Batch {
    public:
     explicit Batch(LinkInbox& inbox) : inbox_(inbox), lock_(inbox.mu_) {}

@@ -37,7 +37,6 @@ void LinkLoop::set_env(const Env* env) {
   env_ = env;
   workers_.set_env(env);
   membership_.set_env(env);
-  started_ = env_->now();
 }
 
 void LinkLoop::start() {
@@ -140,7 +139,7 @@ void LinkLoop::on_worker_message(int source, proto::Message& msg) {
 void LinkLoop::apply(const std::vector<MembershipEvent>& events) {
   for (const MembershipEvent& e : events) {
     if (const auto* down = std::get_if<RankDown>(&e)) on_rank_down(*down);
-    else membership_.on_drained(std::get<RemoveRank>(e).rank);
+    else membership_.remove(std::get<RemoveRank>(e).rank);
   }
 }
 

@@ -101,8 +101,7 @@ std::string Membership::begin_drain(int rank, const std::string& why) {
     // Down: the router already re-ran or failed what it had; removing it holds
     // nothing up (a pool that died is cleared from /health this way).
     spdlog::info("router: removing {} rank {}, which is down ({})", role_label(*w), rank, why);
-    w->state = RankState::kDraining;
-    on_drained(rank);
+    remove(rank);
     return "";
   }
   if (!workers_.begin_drain(rank))
@@ -114,11 +113,17 @@ std::string Membership::begin_drain(int rank, const std::string& why) {
 }
 
 void Membership::on_drained(int rank) {
-  WorkerView* w = workers_.find(rank);
+  const WorkerView* w = workers_.find(rank);
   if (w == nullptr || w->state != RankState::kDraining) return;
   // It holds nothing; anything the router still counts on it (a request whose
   // last token is on its way from the other leg) is unaffected by its leaving.
   spdlog::info("router: {} rank {} drained; removing it", role_label(*w), rank);
+  remove(rank);
+}
+
+void Membership::remove(int rank) {
+  WorkerView* w = workers_.find(rank);
+  if (w == nullptr) return;
   for (int r : worker_ranks(rank)) channel_.send(r, proto::PeerLeft{rank});
   channel_.send(rank, proto::Shutdown{});
   metrics_.rank_left(*w);
@@ -133,10 +138,13 @@ void Membership::check_drains(std::vector<MembershipEvent>& events) {
     for (const WorkerView& w : *pool)
       if (w.state == RankState::kDraining && env_->now() - w.drain_started > limit) late.push_back(w.rank);
   for (int rank : late) {
-    // What it still holds ends as if it had gone down (re-run or failed); then it is removed.
+    // What it still holds ends as if it had gone down (re-run or failed); then
+    // it is removed. Down now, so this check's heartbeat pass does not declare
+    // it again.
     events.emplace_back(declare_down(rank, "did not finish draining within " +
                                                std::to_string(cfg_.timeouts.rank_drain_ms) +
                                                " ms (timeouts.rank_drain_ms)"));
+    workers_.mark_down(rank);
     events.emplace_back(RemoveRank{rank});
   }
 }

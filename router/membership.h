@@ -45,7 +45,7 @@ struct RankDown {
   std::string why;
 };
 // A drain past its deadline: once its RankDown was applied, the rank is
-// removed (Membership::on_drained).
+// removed (Membership::remove).
 struct RemoveRank {
   int rank = -1;
 };
@@ -63,8 +63,11 @@ class Membership {
   void on_join(int source, const proto::Join& m, bool router_stopping);
   // Starts draining `rank` out of the cluster; returns why it cannot, or "".
   std::string begin_drain(int rank, const std::string& why);
-  // `rank` holds nothing more (Drained, or a RemoveRank): the others are told, it is removed.
+  // `rank` says it holds nothing more (Drained): a draining rank is removed.
   void on_drained(int rank);
+  // Removes `rank` (a RemoveRank, or a drained or down rank taken out): the
+  // others are told (PeerLeft), it gets Shutdown.
+  void remove(int rank);
   void on_report(int source, const proto::LoadReport& m);
   // Drains past timeouts.rank_drain_ms, and ranks silent past
   // timeouts.heartbeat_ms (or not ready within timeouts.startup_ms): declared

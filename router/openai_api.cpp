@@ -483,10 +483,11 @@ std::optional<ApiError> parse_logit_bias(const json& obj, SamplingParams& s) {
     const auto [ptr, ec] = std::from_chars(key.data(), end, id);
     if (key.empty() || ec != std::errc() || ptr != end || id < 0) {
       return bad_request("logit_bias", "logit_bias keys must be token ids (integers >= 0 as strings), got \"" +
-                                           key.substr(0, 40) + "\"");
+                                           shown_key(key) + "\"");
     }
     if (!bias.is_number() || !(bias.get<double>() >= -100.0 && bias.get<double>() <= 100.0)) {
-      return bad_request("logit_bias", "logit_bias[\"" + key + "\"] must be a number in [-100, 100], got " + shown(bias));
+      return bad_request("logit_bias", "logit_bias[\"" + std::to_string(id) + "\"] must be a number in [-100, 100], got " +
+                                           shown(bias));
     }
     s.logit_bias.emplace_back(id, bias.get<float>());
   }

@@ -170,7 +170,7 @@ bool LinkLoop::rerun(Request& r, const std::string& why) {
   const uint64_t old_id = r.wire_id;
   const bool migrating = r.state == RequestState::kStreaming;
   release_workers(r, true);  // both legs drop the old attempt
-  r.leg = AttemptLeg::kPrefill;  // a new attempt
+  transition(r.leg, AttemptLeg::kPrefill, r.wire_id, "router request");  // a new attempt
   r.where = {};
   r.out->restart();  // the next attempt's tokens follow those delivered
   set_state(r, RequestState::kQueued);

@@ -19,7 +19,10 @@ const char* state_name(RequestState s) {
 
 const char* state_name(AttemptLeg s) { return s == AttemptLeg::kPrefill ? "prefill" : "decode"; }
 
-bool legal(AttemptLeg from, AttemptLeg to) { return from == AttemptLeg::kPrefill && to == AttemptLeg::kDecode; }
+// Prefill -> decode within an attempt; any -> prefill starts a new attempt (a re-run or migration).
+bool legal(AttemptLeg from, AttemptLeg to) {
+  return to == AttemptLeg::kPrefill || (from == AttemptLeg::kPrefill && to == AttemptLeg::kDecode);
+}
 
 bool is_ended(RequestState s) {
   return s == RequestState::kFinished || s == RequestState::kCancelled || s == RequestState::kFailed;

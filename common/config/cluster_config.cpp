@@ -183,7 +183,7 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
     }
     return r.get("handoff_ms", c.timeouts.handoff_ms).get("transfer_ms", c.timeouts.transfer_ms)
         .get("prefill_queue_ms", c.timeouts.prefill_queue_ms).get("request_ms", c.timeouts.request_ms)
-        .get("queue_ms", c.timeouts.queue_ms).known("drain_ms")
+        .get("queue_ms", c.timeouts.queue_ms)
         .get("stop_grace_ms", c.timeouts.stop_grace_ms).get("rank_drain_ms", c.timeouts.rank_drain_ms)
         .get("startup_ms", c.timeouts.startup_ms)
         .get("heartbeat_ms", c.timeouts.heartbeat_ms).get("router_ms", c.timeouts.router_ms)

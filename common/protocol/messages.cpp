@@ -33,7 +33,7 @@ SamplingParams sampling_from(const json& j) {
   p.logprobs = j.at("logprobs").get<int32_t>();
   p.prompt_logprobs = j.at("prompt_logprobs").get<bool>();
   p.resumed_tokens = j.at("resumed").get<int32_t>();
-  p.logit_bias = j.at("bias").get<std::vector<std::pair<int32_t, float>>>();
+  p.logit_bias = j.value("bias", std::vector<std::pair<int32_t, float>>{});  // absent from an older peer: none
   return p;
 }
 // A LogprobEntry as [token, logprob, [top ids], [top logprobs]].

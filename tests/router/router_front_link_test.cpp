@@ -158,6 +158,15 @@ TEST_CASE("front link: the router's lifecycle is serving -> stopping -> stopped"
   CHECK(std::string(state_name(S::kStopped)) == "stopped");
 }
 
+TEST_CASE("request: an attempt's leg goes prefill -> decode, and a new attempt starts at prefill",
+          "[router][front_link]") {
+  using L = AttemptLeg;
+  CHECK(legal(L::kPrefill, L::kDecode));
+  CHECK_FALSE(legal(L::kDecode, L::kDecode));  // token 0 arrives once per attempt
+  CHECK(legal(L::kDecode, L::kPrefill));       // a migration after tokens
+  CHECK(legal(L::kPrefill, L::kPrefill));      // a re-run before token 0
+}
+
 TEST_CASE("front link: an answer is given once", "[router][front_link]") {
   using A = AnswerState;
   for (A to : {A::kAnswered, A::kFailed, A::kAbandoned}) {

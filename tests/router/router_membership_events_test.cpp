@@ -96,12 +96,39 @@ TEST_CASE("membership: a drain past rank_drain_ms is a RankDown, then a RemoveRa
   // Told down, not yet removed: the caller re-runs what it held first.
   CHECK(f.peer_downs(kP) == std::vector<int>{kD1});
   REQUIRE(f.workers.find(kD1) != nullptr);
-  f.m->on_drained(remove->rank);
+  f.m->remove(remove->rank);
   CHECK(f.workers.find(kD1) == nullptr);
   bool left = false;
   for (auto& [src, msg] : f.hub.take_all(kD2))
     if (auto* l = std::get_if<proto::PeerLeft>(&msg)) left |= l->rank == kD1;
   CHECK(left);
+}
+
+TEST_CASE("membership: a drain past its deadline that is also silent is declared down once, then removed",
+          "[router][membership]") {
+  Fixture f;
+  REQUIRE(f.m->begin_drain(kD1, "test").empty());
+  f.report(kD1);  // it has reported (a silent draining rank is then down too)
+  for (int i = 0; i < 5; ++i) {  // the others report; kD1 falls silent while draining
+    f.env.advance(1000ms);
+    for (int r : {kP, kD2}) f.report(r);
+    if (i < 1) CHECK(f.m->check_liveness().empty());
+  }
+  // The link thread was held up: both deadlines passed by the next check.
+  f.env.advance(1500ms);
+  for (int r : {kP, kD2}) f.report(r);
+  const std::vector<MembershipEvent> events = f.m->check_liveness();
+  int downs = 0, removes = 0;
+  for (const MembershipEvent& e : events) {
+    downs += std::holds_alternative<RankDown>(e);
+    removes += std::holds_alternative<RemoveRank>(e);
+  }
+  CHECK(downs == 1);
+  CHECK(removes == 1);
+  CHECK(f.peer_downs(kP) == std::vector<int>{kD1});  // fenced once
+  for (const MembershipEvent& e : events)
+    if (const auto* r = std::get_if<RemoveRank>(&e)) f.m->remove(r->rank);
+  CHECK(f.workers.find(kD1) == nullptr);
 }
 
 TEST_CASE("membership: a join is refused while the router stops", "[router][membership]") {
