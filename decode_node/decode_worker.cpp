@@ -144,6 +144,8 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   if (seqs_.count(id) || intake_.source_of(id))
     return fail_now("duplicate request id " + std::to_string(id), proto::FailureKind::kInternal);
   if (Status st = m.sampling.validate(); !st.is_ok()) return fail_now(st.message(), proto::FailureKind::kInvalid);
+  if (Status st = engine_->grammars->compile(m.sampling.grammar); !st.is_ok())
+    return fail_now(st.message(), proto::FailureKind::kInvalid);
   const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
   if (m.prompt.empty() || need > engine_->blocks->num_blocks())
     return fail_now("request needs " + std::to_string(need) + " KV blocks at its longest; this rank has " +
@@ -192,6 +194,10 @@ bool DecodeWorker::progress_transfers() {
     s.order = l.order;
     s.received = l.received;
     s.sampler.emplace(s.params);
+    if (Status st = constrain(*s.sampler, engine_->grammars.get(), engine_->eos_id); !st.is_ok()) {
+      fail(s, st.message(), proto::FailureKind::kInvalid);
+      continue;
+    }
     s.sampler->resume(s.tokens);  // the prompt
     s.sampler->replay(l.first_token);
     s.tokens.push_back(l.first_token);
@@ -446,6 +452,8 @@ void DecodeWorker::finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, 
 
 void DecodeWorker::first_token(Seq& s, std::span<float> last_row, Clock::time_point now, proto::TokenEvents& events) {
   s.sampler.emplace(s.params);
+  if (Status st = constrain(*s.sampler, engine_->grammars.get(), engine_->eos_id); !st.is_ok())
+    return fail(s, st.message(), proto::FailureKind::kInvalid);
   count_prompt(s.prompt.cached(), static_cast<int64_t>(s.tokens.size()) - s.prompt.cached());
   proto::TokenEvent ev = s.prompt.first_token(*s.sampler, s.tokens, last_row, engine_->eos_id, raw_row_);
   s.tokens.push_back(ev.tokens[0]);

@@ -181,6 +181,12 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
                                                        proto::FailureKind::kPeerDown});
     return;
   }
+  // A grammar is compiled as its request arrives (a no-op once cached), so
+  // token 1 only makes a matcher from it.
+  if (Status st = engine_->grammars->compile(req.sampling.grammar); !st.is_ok()) {
+    channel_->send(roles_.router, proto::RequestFailed{id, st.message(), proto::FailureKind::kInvalid});
+    return;
+  }
   Seq& seq = seqs_[id];
   seq.req = std::move(req);
   // Its queue wait counts from when the communication side took it off the
@@ -479,6 +485,10 @@ std::optional<proto::TokenEvent> PrefillWorker::finish_chunk(Seq& seq, std::span
   std::erase(queue_, seq.req.id);
   count_prompt(seq.prompt.cached(), n - seq.prompt.cached());
   Sampler sampler(seq.req.sampling);  // the decode rank's own sampler replays this token (Sampler::replay)
+  if (Status st = constrain(sampler, engine_->grammars.get(), engine_->eos_id); !st.is_ok()) {
+    fail(seq, st.message(), proto::FailureKind::kInvalid, /*tell_decode=*/true);
+    return std::nullopt;
+  }
   std::vector<float> scratch;
   proto::TokenEvent ev =
       seq.prompt.first_token(sampler, seq.req.prompt, rows.last(static_cast<size_t>(vocab)), engine_->eos_id, scratch);

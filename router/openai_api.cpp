@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/structured_output.h"
+
 namespace pd::router {
 namespace {
 
@@ -189,14 +191,13 @@ constexpr const char* kCommonFields[] = {
     "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
 constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "tools",
-                                              "functions", "tool_choice", "function_call", "response_format",
-                                              "suffix"};
+                                              "functions", "tool_choice", "function_call", "suffix"};
 
 std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
   for (const char* f : kCommonFields) {
     if (key == f) return FieldKind::kHandled;
   }
-  if (key == "logprobs") return FieldKind::kHandled;
+  if (key == "logprobs" || is_structured_output_field(key)) return FieldKind::kHandled;
   if (ep == Endpoint::kCompletions && (key == "prompt" || key == "parse_special")) return FieldKind::kHandled;
   if (ep == Endpoint::kChatCompletions &&
       (key == "messages" || key == "max_completion_tokens" || key == "top_logprobs")) {
@@ -221,9 +222,6 @@ bool asks_for_nothing(const std::string& key, const json& v) {
   }
   if (key == "tools" || key == "functions") return v.is_array() && v.empty();
   if (key == "tool_choice" || key == "function_call") return v.is_string() && v.get<std::string>() == "none";
-  if (key == "response_format") {
-    return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
-  }
   if (key == "suffix") return v.is_string() && v.get<std::string>().empty();
   return false;
 }
@@ -729,6 +727,12 @@ ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const Re
   if (auto e = parse_stop(obj, r)) return *e;
   if (auto e = parse_stream(obj, r)) return *e;
   if (auto e = parse_logprobs(ep, obj, r)) return *e;
+  if (std::any_of(obj.items().begin(), obj.items().end(),
+                  [](const auto& kv) { return is_structured_output_field(kv.key()); })) {
+    // Again with the keys in order: a schema's properties keep theirs.
+    const ojson ordered = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (auto e = parse_structured_output(ordered, r.sampling.grammar)) return *e;
+  }
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) {
     return bad_request("n", std::to_string(r.prompts.size()) + " prompts x n " + std::to_string(r.n) +
                                 " choices is over the limit of " + std::to_string(kMaxChoices) + " per request");

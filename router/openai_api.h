@@ -5,7 +5,7 @@
 //
 // Supported endpoints: POST /v1/completions (several prompts, token-id prompts,
 // echo, logprobs) and POST /v1/chat/completions (logprobs, top_logprobs), n
-// choices per prompt, no tools; POST /tokenize and /detokenize. Anything a
+// choices per prompt, structured output (router/structured_output.h); POST /tokenize and /detokenize. Anything a
 // client asks for that is not served is refused with a 400 that names the
 // field, never silently ignored; a short list of harmless OpenAI fields (user,
 // metadata, store, ...) is accepted and ignored.
@@ -134,7 +134,8 @@ std::string shown_text(std::string_view text);
 // the element: "prompt[1][2] must be a token id"), more than kMaxChoices
 // choices, an unsupported feature ("<field> is not supported": best_of,
 // completions top_logprobs, tools, functions, tool_choice,
-// function_call, response_format other than text, suffix, chat echo = true),
+// function_call, suffix, chat echo = true), a response_format or other output
+// constraint that router/structured_output.h refuses,
 // a `stop` of more than kMaxStopStrings strings or one longer than
 // kMaxStopBytes bytes, a `logit_bias` that is not an object of token id strings
 // to numbers in [-100, 100] (at most kMaxLogitBias of them),

@@ -39,6 +39,10 @@ else
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# xgrammar's C++ core (from its PyPI source package, checked by sha256): the
+# grammar engine of structured output and tool calls. Built once into .deps/.
+bash "$(dirname "${BASH_SOURCE[0]}")/build_xgrammar.sh"
+
 # Python packages (PyPI), for the python3 on PATH (the one CMake's FindPython3
 # picks for the cluster tests). Schemathesis: the API fuzz suite
 # (tests/cluster/test_fuzz.py, ctest cluster.fuzz_api), which skips when it
@@ -51,5 +55,15 @@ else
   python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
       "schemathesis==${SCHEMATHESIS_VERSION}" ||
     echo "setup.sh: warning: could not install schemathesis; cluster.fuzz_api will be skipped"
+fi
+# The official OpenAI client: the structured-output and tool-call tests
+# (tests/cluster/test_structured.py) talk to the cluster through it, as users do.
+OPENAI_VERSION=3.63.0
+if python3 -c 'import openai' 2>/dev/null; then
+  echo "setup.sh: openai already installed"
+else
+  echo "setup.sh: installing openai ${OPENAI_VERSION}"
+  python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "openai==${OPENAI_VERSION}" ||
+    echo "setup.sh: warning: could not install openai; cluster.structured_* will be skipped"
 fi
 echo "setup.sh: done"

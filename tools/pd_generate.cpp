@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,6 +36,7 @@
 
 #include "backend/backend.h"
 #include "gguf/gguf_reader.h"
+#include "grammar/grammar.h"
 #include "kv/kv_block_manager.h"
 #include "model/generate.h"
 #include "model/kv_cache.h"
@@ -62,6 +64,7 @@ struct GenerateFlags {
   int top_k = 0;
   uint64_t seed = 0;
   std::vector<std::pair<pd::TokenId, float>> logit_bias;  // --logit-bias, ids ascending
+  pd::GrammarSpec grammar;  // --json-schema, --json-object, --regex, --grammar
   pd::tools::BackendFlags backend;
 };
 
@@ -84,11 +87,57 @@ std::string parse_logit_bias(const std::vector<std::string>& specs, GenerateFlag
   return "";
 }
 
+// --json-schema / --json-object / --regex / --grammar: at most one; a value
+// "@PATH" is read from that file. The same constraint as the API's
+// response_format / structured_outputs.
+std::string parse_grammar_flags(const std::string& schema, bool json_object, const std::string& regex,
+                                const std::string& ebnf, GenerateFlags* f) {
+  const int given = !schema.empty() + json_object + !regex.empty() + !ebnf.empty();
+  if (given == 0) return "";
+  if (given > 1) return "--json-schema, --json-object, --regex and --grammar: give at most one";
+  auto value = [](const std::string& v, std::string* out) -> std::string {
+    if (v.empty() || v[0] != '@') {
+      *out = v;
+      return "";
+    }
+    std::ifstream in(v.substr(1), std::ios::binary);
+    if (!in) return "cannot read '" + v.substr(1) + "'";
+    out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return "";
+  };
+  pd::GrammarSpec& g = f->grammar;
+  std::string err;
+  if (json_object) {
+    g.kind = pd::GrammarKind::kJsonObject;
+  } else if (!schema.empty()) {
+    g.kind = pd::GrammarKind::kJsonSchema;
+    err = value(schema, &g.text);
+    if (err.empty()) {
+      const nlohmann::ordered_json j = nlohmann::ordered_json::parse(g.text, nullptr, false);  // keys keep their order
+      if (j.is_discarded() || !j.is_object()) return "--json-schema: not a JSON object";
+      g.text = j.dump();  // compact, as the router sends it
+    }
+  } else if (!regex.empty()) {
+    g.kind = pd::GrammarKind::kRegex;
+    err = value(regex, &g.text);
+  } else {
+    g.kind = pd::GrammarKind::kEbnf;
+    err = value(ebnf, &g.text);
+  }
+  if (!err.empty()) return "--json-schema/--regex/--grammar: " + err;
+  if (pd::Status st = pd::GrammarCompiler::check(g); !st.is_ok()) return "--" + std::string(
+      g.kind == pd::GrammarKind::kEbnf ? "grammar" : g.kind == pd::GrammarKind::kRegex ? "regex" : "json-schema") +
+      ": " + st.message();
+  return "";
+}
+
 // Parses the command line into *f. Returns the exit status when the tool
 // stops here (--help, a bad flag), nothing when it goes on.
 std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   CLI::App app{"pd-generate: generate text with the pdcluster engine"};
   std::vector<std::string> bias_specs;
+  std::string schema, regex, ebnf;
+  bool json_object = false;
   app.add_option("-m,--model", f->model_path, "GGUF model file")->required();
   auto* prompt_opt = app.add_option("-p,--prompt", f->prompt, "prompt text (with --chat: the user message)");
   auto* batch_opt =
@@ -111,6 +160,12 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   auto* bias_opt = app.add_option("--logit-bias", bias_specs,
                                   "TOKEN_ID=BIAS added to that token's logit before sampling, BIAS in [-100, 100] "
                                   "(repeat the flag; the API's logit_bias)");
+  app.add_option("--json-schema", schema,
+                 "constrain the output to this JSON schema (its JSON text, or @FILE; the API's response_format "
+                 "json_schema)");
+  app.add_flag("--json-object", json_object, "constrain the output to a JSON object (response_format json_object)");
+  app.add_option("--regex", regex, "constrain the output to this regular expression (or @FILE)");
+  app.add_option("--grammar", ebnf, "constrain the output to this EBNF grammar, root rule \"root\" (or @FILE)");
   app.add_flag("--parse-special", f->raw_specials, "recognize special tokens written in the prompt text");
   app.add_option("-t,--threads", f->backend.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", f->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
@@ -127,6 +182,7 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   if (bias_opt->count() > 0) {
     if (std::string err = parse_logit_bias(bias_specs, f); !err.empty()) return fail(err, kExitUsage);
   }
+  if (std::string err = parse_grammar_flags(schema, json_object, regex, ebnf, f); !err.empty()) return fail(err, kExitUsage);
   return std::nullopt;
 }
 
@@ -168,7 +224,13 @@ pd::Result<std::vector<pd::GenerateResult>> run_generate(const GenerateFlags& f,
   PD_ASSIGN_OR_RETURN(auto cache,
                       pd::KvCache::create(*e.backend, e.model->config(), f.block_size, n_blocks, e.kv_dtype));
   pd::KvBlockManager blocks(pd::KvBlockManagerConfig{f.block_size, n_blocks, true});
-  return pd::generate(*e.model, cache, blocks, reqs, opt, stats);
+  pd::GenerateOptions with_grammars = opt;
+  std::unique_ptr<pd::GrammarCompiler> grammars;
+  if (f.grammar.active()) {
+    PD_ASSIGN_OR_RETURN(grammars, pd::GrammarCompiler::create(*e.tok));
+    with_grammars.grammars = grammars.get();
+  }
+  return pd::generate(*e.model, cache, blocks, reqs, with_grammars, stats);
 }
 
 // ---- batch mode
@@ -230,6 +292,7 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
   req->sampling.temperature = j.value("temperature", f.temp);
   req->sampling.seed = j.value("seed", f.seed);
   req->sampling.logit_bias = f.logit_bias;
+  req->sampling.grammar = f.grammar;
   if (auto st = req->sampling.validate(); !st.is_ok()) return ToolError{where + st.message(), kExitUsage};
   return std::nullopt;
 }
@@ -326,6 +389,7 @@ pd::GenerateRequest single_request(const GenerateFlags& f, std::vector<pd::Token
   req.sampling.max_tokens = f.n_predict;
   req.sampling.ignore_eos = f.ignore_eos;
   req.sampling.logit_bias = f.logit_bias;
+  req.sampling.grammar = f.grammar;
   return req;
 }
 

@@ -30,6 +30,10 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
   for (size_t i = 0; i < n; ++i) {
     seqs[i] = SeqId{static_cast<int64_t>(first + i)};
     samplers.emplace_back(reqs[i].sampling);
+    if (Status st = constrain(samplers.back(), opt.grammars, opt.eos_id); !st.is_ok()) {
+      return st.is_invalid_argument() ? Status::invalid_argument("request " + std::to_string(first + i) + ": " + st.message())
+                                      : st;
+    }
   }
   // On success every sequence is freed (its full blocks stay in the prefix
   // cache); on any failure discarded, so KV that may never have been written is

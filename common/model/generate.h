@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "grammar/grammar.h"
 #include "kv/kv_block_manager.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
@@ -41,6 +42,9 @@ struct GenerateOptions {
   std::function<void(size_t, TokenId)> on_token;
   // Run every request alone (batch of one) instead of together; for tests.
   bool one_at_a_time = false;
+  // Compiles the requests' grammars (structured output); needed only by
+  // requests that have one.
+  GrammarCompiler* grammars = nullptr;
 };
 
 // Requires: every request's prompt is non-empty and prompt + max_tokens fits

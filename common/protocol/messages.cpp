@@ -10,13 +10,18 @@ namespace {
 using nlohmann::json;
 
 json sampling_json(const SamplingParams& p) {
-  return json{{"temperature", p.temperature}, {"top_k", p.top_k},
+  json j{{"temperature", p.temperature}, {"top_k", p.top_k},
               {"top_p", p.top_p},             {"min_p", p.min_p},
               {"presence", p.presence_penalty}, {"frequency", p.frequency_penalty},
               {"seed", p.seed},               {"max_tokens", p.max_tokens},
               {"ignore_eos", p.ignore_eos},   {"stop_ids", p.stop_token_ids},
               {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs},
               {"resumed", p.resumed_tokens},  {"bias", p.logit_bias}};
+  if (p.grammar.active()) {
+    j["grammar"] = json{{"kind", static_cast<int32_t>(p.grammar.kind)}, {"text", p.grammar.text},
+                        {"prefix", p.grammar.prefix}, {"suffix", p.grammar.suffix}};
+  }
+  return j;
 }
 SamplingParams sampling_from(const json& j) {
   SamplingParams p;
@@ -34,6 +39,14 @@ SamplingParams sampling_from(const json& j) {
   p.prompt_logprobs = j.at("prompt_logprobs").get<bool>();
   p.resumed_tokens = j.at("resumed").get<int32_t>();
   p.logit_bias = j.value("bias", std::vector<std::pair<int32_t, float>>{});  // absent from an older peer: none
+  if (const auto g = j.find("grammar"); g != j.end()) {  // absent: unconstrained
+    const int32_t kind = g->at("kind").get<int32_t>();
+    if (kind < 0 || kind > kGrammarKindMax) throw std::out_of_range("unknown grammar kind " + std::to_string(kind));
+    p.grammar.kind = static_cast<GrammarKind>(kind);
+    p.grammar.text = g->at("text").get<std::string>();
+    p.grammar.prefix = g->at("prefix").get<std::string>();
+    p.grammar.suffix = g->at("suffix").get<std::string>();
+  }
   return p;
 }
 // A LogprobEntry as [token, logprob, [top ids], [top logprobs]].

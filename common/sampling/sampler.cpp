@@ -183,6 +183,11 @@ Status SamplingParams::validate() const {
       return Status::invalid_argument("logit_bias values must be in [-100, 100], got " + fmt_float(bias));
     }
   }
+  const auto kind = static_cast<int32_t>(grammar.kind);
+  if (kind < 0 || kind > kGrammarKindMax) return Status::invalid_argument("grammar kind " + std::to_string(kind) + " is unknown");
+  if (grammar.text.size() + grammar.prefix.size() + grammar.suffix.size() > kMaxGrammarBytes) {
+    return Status::invalid_argument("a grammar may hold at most " + std::to_string(kMaxGrammarBytes) + " bytes");
+  }
   return Status::ok();
 }
 
@@ -197,7 +202,12 @@ TokenId argmax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
-void Sampler::accept(TokenId id) { ++counts_[id]; }
+void Sampler::accept(TokenId id) {
+  ++counts_[id];
+  // A token the grammar refuses can only follow a complete output (with
+  // ignore_eos): the constraint stays where it was.
+  if (constraint_) (void)constraint_->accept(id);
+}
 
 void Sampler::replay(TokenId id) {
   if (!(params_.temperature <= 0.0f || params_.top_k == 1)) rng_.discard(1);  // sample()'s one draw
@@ -216,6 +226,8 @@ TokenId Sampler::sample(std::span<float> logits) {
   // 0. The request's logit bias (ids past this vocabulary change nothing).
   for (const auto& [id, bias] : params_.logit_bias)
     if (id >= 0 && static_cast<size_t>(id) < vocab) logits[id] += bias;
+  // 0'. The grammar: tokens it does not allow next get -inf.
+  if (constraint_) constraint_->apply(logits);
 
   // 1. Penalties on the tokens generated so far (OpenAI semantics).
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "sampling/grammar_spec.h"
 #include "sampling/logprobs.h"
 #include "util/status.h"
 
@@ -46,6 +48,10 @@ struct SamplingParams {
   // effect bans a token, +100 forces it. Logprobs stay those of the raw model
   // distribution. At most kMaxLogitBias entries.
   std::vector<std::pair<TokenId, float>> logit_bias;
+  // Structured output: what the generated text must match (grammar_spec.h).
+  // Every rank that samples the request's tokens follows it from the first
+  // generated token on, so a handoff and a migration keep it.
+  GrammarSpec grammar;
 
   // InvalidArgument naming the field (e.g. "top_p must be in (0, 1]").
   Status validate() const;
@@ -53,11 +59,34 @@ struct SamplingParams {
 
 inline constexpr size_t kMaxLogitBias = 1024;
 
+// Which tokens may come next (structured output; grammar/grammar.h makes
+// them). One per sequence; not thread-safe.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Works out the tokens allowed next. May run on another thread than the
+  // sampler's (while the forward pass runs), never at the same time as the
+  // other calls.
+  virtual void prepare() = 0;
+  // Sets the logits of the tokens not allowed next to -inf (prepare()s first
+  // unless done since the last accept()).
+  virtual void apply(std::span<float> logits) = 0;
+  // Moves past `id`. False when it was not allowed (nothing changes).
+  virtual bool accept(TokenId id) = 0;
+  // The output is complete: only stop tokens may follow.
+  virtual bool done() const = 0;
+};
+
 // One request's sampler: owns its RNG and the counts of tokens it generated.
-// Order of operations (as vLLM): logit bias -> penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+// Order of operations (as vLLM): logit bias -> grammar mask -> penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
+  // Follows `c` from now on (structured output): sample() draws only tokens it
+  // allows, and accept()/replay()/resume() move it on. Set it before the first
+  // token is sampled, replayed or resumed.
+  void constrain(std::unique_ptr<TokenConstraint> c) { constraint_ = std::move(c); }
+  TokenConstraint* constraint() const { return constraint_.get(); }
   // Picks the next token from raw logits (size = vocab). `logits` may be modified
   // (the penalties are applied in place). Greedy (temperature 0 or top_k 1) is
   // argmax and draws no random number; otherwise exactly one 64-bit draw from
@@ -83,6 +112,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_map<TokenId, int32_t> counts_;
+  std::unique_ptr<TokenConstraint> constraint_;
   // Per-call scratch, kept to avoid reallocating each token.
   std::vector<float> weights_;                       // [vocab] exp((logit - max) / T)
   std::vector<std::pair<float, TokenId>> scratch_;  // surviving candidates (weight, id)

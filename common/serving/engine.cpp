@@ -16,6 +16,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
   e->gguf = std::shared_ptr<const GgufFile>(std::move(file));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::from_gguf(*e->gguf));
   e->eos_id = tok->eos_id();
+  PD_ASSIGN_OR_RETURN(e->grammars, GrammarCompiler::create(*tok));
   BackendConfig bc;
   bc.kind = cfg.backend;
   bc.n_threads = cfg.threads;

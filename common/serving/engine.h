@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "gguf/gguf_reader.h"
+#include "grammar/grammar.h"
 #include "kv/kv_block_manager.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
@@ -39,6 +40,8 @@ struct Engine {
   std::unique_ptr<KvBlockManager> blocks;
   TokenId eos_id = -1;
   bool kv_checksum = true;
+  // Structured output: this rank's grammars, compiled once each and cached.
+  std::unique_ptr<GrammarCompiler> grammars;
 
   // Loads the model and allocates the pool. IoError/Unsupported naming the
   // model file; ResourceExhausted if the budget holds no block.

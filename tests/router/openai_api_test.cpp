@@ -1,10 +1,12 @@
 // Tests of the OpenAI API layer: every validation rule (status, param, message),
 // good completions and chat requests parsed into the right fields, and the
 // response bodies parsed back as JSON with OpenAI's shapes.
+#include "grammar/grammar.h"
 #include "router/openai_api.h"
 
 #include <catch2/catch.hpp>
 
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include <limits>
@@ -353,7 +355,6 @@ TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]"
       {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"},
       {R"("functions": [{"name": "f"}])", "functions", "functions is not supported"},
       {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"},
-      {R"("response_format": {"type": "json_object"})", "response_format", "response_format is not supported"},
       {R"("suffix": "tail")", "suffix", "suffix is not supported"},
   };
   for (const BadCase& c : cases) {
@@ -366,6 +367,63 @@ TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]"
                                      "only allowed when stream is true"});
   check_bad(Endpoint::kCompletions, {R"("stream": true, "stream_options": {"continuous": true})",
                                      "stream_options.continuous", "unknown field: stream_options.continuous"});
+}
+
+TEST_CASE("openai_api: output constraints become the request's grammar", "[openai_api]") {
+  for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    auto with = [&](const std::string& extra) {
+      return parse_ok(ep, ep == Endpoint::kCompletions ? completions_with(extra) : chat_with(extra)).sampling.grammar;
+    };
+    CHECK(!with(R"("response_format": {"type": "text"})").active());
+    CHECK(with(R"("response_format": {"type": "json_object"})").kind == GrammarKind::kJsonObject);
+    // The schema's keys keep their order (the output's follow it).
+    const GrammarSpec s = with(R"("response_format": {"type": "json_schema", "json_schema": {"name": "p",
+        "strict": true, "schema": {"type": "object", "properties": {"zeta": {"type": "string"},
+        "alpha": {"type": "integer"}}, "required": ["zeta", "alpha"]}}})");
+    CHECK(s.kind == GrammarKind::kJsonSchema);
+    CHECK(s.text == R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}},)"
+                    R"("required":["zeta","alpha"]})");
+    CHECK(with(R"("structured_outputs": {"regex": "[0-9]+"})").kind == GrammarKind::kRegex);
+    CHECK(with(R"("structured_outputs": {"json": "{\"type\": \"object\"}"})").kind == GrammarKind::kJsonSchema);
+    const GrammarSpec choice = with(R"("guided_choice": ["yes", "no \"way\""])");
+    CHECK(choice.kind == GrammarKind::kEbnf);
+    CHECK(choice.text == R"(root ::= "yes" | "no \"way\"")");
+    CHECK(with(R"("guided_grammar": "root ::= \"a\"", "guided_decoding_backend": "xgrammar")").kind ==
+          GrammarKind::kEbnf);
+    CHECK(with(R"("structured_outputs": {"json_object": true})").kind == GrammarKind::kJsonObject);
+  }
+}
+
+TEST_CASE("openai_api: bad output constraints are refused by name", "[openai_api]") {
+  if (!grammar_engine_built()) {
+    std::cout << "SKIP: this build has no grammar engine (scripts/build_xgrammar.sh)\n";
+    return;
+  }
+  const std::vector<BadCase> cases = {
+      {R"("response_format": {"type": "regex"})", "response_format.type", "not supported"},
+      {R"("response_format": "json")", "response_format", "must be an object"},
+      {R"("response_format": {"type": "json_schema"})", "response_format.json_schema", "is required"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x"}})",
+       "response_format.json_schema.schema", "is required"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}})",
+       "response_format.json_schema.schema", "nonsense"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": {}, "extra": 1}})",
+       "response_format.json_schema", "unknown field"},
+      {R"("response_format": {"type": "json_object", "schema": {}})", "response_format", "unknown field"},
+      {R"("structured_outputs": {"regex": "(unclosed"})", "structured_outputs.regex", "structured_outputs.regex"},
+      {R"("structured_outputs": {"regex": "a", "choice": ["b"]})", "structured_outputs.choice", "more than one"},
+      {R"("structured_outputs": {"whitespace_pattern": " "})", "structured_outputs.whitespace_pattern",
+       "not supported"},
+      {R"("guided_choice": [])", "guided_choice", "non-empty array"},
+      {R"("guided_choice": ["a", 3])", "guided_choice", "guided_choice[1]"},
+      {R"("guided_json": "not json")", "guided_json", "JSON schema"},
+      {R"("guided_grammar": "root ::= missing")", "guided_grammar", "guided_grammar"},
+      {R"("response_format": {"type": "json_object"}, "guided_regex": "a")", "guided_regex", "one output constraint"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
 }
 
 TEST_CASE("openai_api: unknown fields are refused, harmless ones ignored", "[openai_api]") {

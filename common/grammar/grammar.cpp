@@ -1,0 +1,264 @@
+// The grammar engine on xgrammar's C++ core: see grammar.h.
+#include "grammar/grammar.h"
+
+#include <dlpack/dlpack.h>
+#include <xgrammar/xgrammar.h>
+
+#include <algorithm>
+#include <limits>
+#include <exception>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "tokenizer/tokenizer.h"
+
+namespace pd {
+namespace {
+
+// What the engine says went wrong, as one line (its messages can span several).
+std::string engine_message(const std::exception& e) {
+  std::string m = e.what();
+  // Its log prefix, "[hh:mm:ss] /path/file.cc:123: ", says nothing to a client.
+  if (!m.empty() && m[0] == '[') {
+    const size_t close = m.find("] ");
+    const size_t colon = close == std::string::npos ? std::string::npos : m.find(": ", close);
+    if (colon != std::string::npos && m.find(".cc:", close) < colon) m.erase(0, colon + 2);
+  }
+  for (char& c : m)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!m.empty() && m.back() == ' ') m.pop_back();
+  return m;
+}
+
+// The spec as one grammar: prefix, then what `kind` matches, then suffix.
+// Throws the engine's exceptions on a bad spec.
+xgrammar::Grammar build_grammar(const GrammarSpec& spec) {
+  xgrammar::Grammar body = [&] {
+    switch (spec.kind) {
+      case GrammarKind::kJsonObject:
+        return xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false);
+      case GrammarKind::kJsonSchema:
+        // Compact JSON (", " and ": " separators, no other whitespace): a small
+        // model cannot wander into endless whitespace, and the text is the
+        // same from every rank. strict_mode: no properties beyond the schema's
+        // unless it allows them.
+        return xgrammar::Grammar::FromJSONSchema(spec.text, /*any_whitespace=*/false);
+      case GrammarKind::kRegex: return xgrammar::Grammar::FromRegex(spec.text);
+      case GrammarKind::kEbnf: return xgrammar::Grammar::FromEBNF(spec.text, "root");
+      case GrammarKind::kNone: break;
+    }
+    throw std::invalid_argument("no grammar");
+  }();
+  if (spec.prefix.empty() && spec.suffix.empty()) return body;
+  std::vector<xgrammar::Grammar> parts;
+  if (!spec.prefix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.prefix)));
+  parts.push_back(std::move(body));
+  if (!spec.suffix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.suffix)));
+  return xgrammar::Grammar::Concat(parts);
+}
+
+std::string cache_key(const GrammarSpec& spec) {
+  std::string k = std::to_string(static_cast<int32_t>(spec.kind));
+  for (const std::string* s : {&spec.text, &spec.prefix, &spec.suffix}) {
+    k += '\0';
+    k += std::to_string(s->size());
+    k += ':';
+    k += *s;
+  }
+  return k;
+}
+
+// One sequence's place in its grammar, and the bitmask of the tokens allowed
+// next (one bit per token, xgrammar's layout).
+class XgrammarConstraint final : public TokenConstraint {
+ public:
+  XgrammarConstraint(const xgrammar::CompiledGrammar& g, std::vector<TokenId> stop_ids, int32_t vocab)
+      : matcher_(g, stop_ids, /*terminate_without_stop_token=*/false),
+        stop_ids_(std::move(stop_ids)),
+        vocab_(vocab),
+        bits_(static_cast<size_t>(xgrammar::GetBitmaskSize(vocab)), 0) {}
+
+  void prepare() override {
+    if (prepared_) return;
+    prepared_ = true;
+    if (matcher_.IsTerminated()) return;  // apply() allows the stop tokens only
+    int64_t shape[1] = {static_cast<int64_t>(bits_.size())};
+    DLTensor t{};
+    t.data = bits_.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = xgrammar::GetBitmaskDLType();
+    t.shape = shape;
+    t.strides = nullptr;
+    t.byte_offset = 0;
+    all_allowed_ = !matcher_.FillNextTokenBitmask(&t);
+  }
+
+  void apply(std::span<float> logits) override {
+    prepare();
+    prepared_ = false;  // the next token needs a new mask
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    const size_t n = logits.size();
+    if (matcher_.IsTerminated()) {
+      // Complete: a stop token, or (with ignore_eos) whatever the caller
+      // allows after one. Only stop tokens stay.
+      std::vector<float> keep;
+      keep.reserve(stop_ids_.size());
+      for (TokenId id : stop_ids_) keep.push_back(id >= 0 && static_cast<size_t>(id) < n ? logits[id] : kNegInf);
+      std::fill(logits.begin(), logits.end(), kNegInf);
+      for (size_t i = 0; i < stop_ids_.size(); ++i)
+        if (stop_ids_[i] >= 0 && static_cast<size_t>(stop_ids_[i]) < n) logits[stop_ids_[i]] = keep[i];
+      return;
+    }
+    if (all_allowed_) return;
+    const size_t words = std::min(bits_.size(), (n + 31) / 32);
+    for (size_t w = 0; w < words; ++w) {
+      const uint32_t word = static_cast<uint32_t>(bits_[w]);
+      if (word == 0xFFFFFFFFu) continue;
+      const size_t base = w * 32;
+      const size_t end = std::min(base + 32, n);
+      for (size_t i = base; i < end; ++i)
+        if (!((word >> (i - base)) & 1u)) logits[i] = kNegInf;
+    }
+    // Rows wider than the vocabulary the grammar knows (padding): never drawn.
+    for (size_t i = static_cast<size_t>(vocab_); i < n; ++i) logits[i] = kNegInf;
+  }
+
+  bool accept(TokenId id) override {
+    prepared_ = false;
+    if (matcher_.IsTerminated()) return false;
+    try {
+      return matcher_.AcceptToken(id);
+    } catch (const std::exception&) {
+      return false;  // an id the engine does not know
+    }
+  }
+
+  bool done() const override { return matcher_.IsTerminated(); }
+
+ private:
+  xgrammar::GrammarMatcher matcher_;
+  std::vector<TokenId> stop_ids_;
+  int32_t vocab_ = 0;
+  std::vector<int32_t> bits_;
+  bool prepared_ = false;
+  bool all_allowed_ = false;
+};
+
+}  // namespace
+
+bool grammar_engine_built() { return true; }
+
+struct GrammarCompiler::Impl {
+  xgrammar::TokenizerInfo info;
+  xgrammar::GrammarCompiler compiler;
+  int32_t vocab = 0;
+  int64_t bound = 0;
+
+  std::mutex mu;  // guards the cache and the counts
+  using Entry = std::pair<std::string, std::shared_ptr<const xgrammar::CompiledGrammar>>;
+  std::list<Entry> lru;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index;
+  int64_t bytes = 0;
+  Stats stats;
+
+  Impl(xgrammar::TokenizerInfo i, int32_t v, int64_t cache_bytes)
+      : info(std::move(i)),
+        compiler(info, static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u)),
+                 /*cache_enabled=*/false),
+        vocab(v),
+        bound(cache_bytes) {}
+
+  std::shared_ptr<const xgrammar::CompiledGrammar> find(const std::string& key) {
+    std::lock_guard lock(mu);
+    const auto it = index.find(key);
+    if (it == index.end()) return nullptr;
+    lru.splice(lru.begin(), lru, it->second);
+    ++stats.cache_hits;
+    return it->second->second;
+  }
+
+  Result<std::shared_ptr<const xgrammar::CompiledGrammar>> get(const GrammarSpec& spec);
+
+  void keep(const std::string& key, std::shared_ptr<const xgrammar::CompiledGrammar> g) {
+    std::lock_guard lock(mu);
+    ++stats.compiled;
+    if (index.count(key)) return;  // another thread compiled it meanwhile
+    bytes += static_cast<int64_t>(g->MemorySizeBytes());
+    lru.emplace_front(key, std::move(g));
+    index[key] = lru.begin();
+    while (bytes > bound && lru.size() > 1) {
+      bytes -= static_cast<int64_t>(lru.back().second->MemorySizeBytes());
+      index.erase(lru.back().first);
+      lru.pop_back();
+    }
+    stats.cache_bytes = bytes;
+  }
+};
+
+GrammarCompiler::GrammarCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrammarCompiler::~GrammarCompiler() = default;
+
+Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer& tok, int64_t cache_bytes) {
+  const int32_t vocab = tok.vocab_size();
+  std::vector<std::string> bytes(static_cast<size_t>(vocab));
+  for (TokenId id = 0; id < vocab; ++id) {
+    // "" marks a special token to the engine: never part of grammar text.
+    if (!tok.is_control(id)) bytes[static_cast<size_t>(id)] = tok.token_to_bytes(id);
+  }
+  try {
+    xgrammar::TokenizerInfo info(bytes, xgrammar::VocabType::RAW, vocab, std::vector<int32_t>{tok.eos_id()});
+    return std::unique_ptr<GrammarCompiler>(
+        new GrammarCompiler(std::make_unique<Impl>(std::move(info), vocab, cache_bytes)));
+  } catch (const std::exception& e) {
+    return Status::internal("grammar engine: the vocabulary was refused: " + engine_message(e));
+  }
+}
+
+Status GrammarCompiler::check(const GrammarSpec& spec) {
+  if (!spec.active()) return Status::ok();
+  try {
+    (void)build_grammar(spec);
+    return Status::ok();
+  } catch (const std::exception& e) {
+    return Status::invalid_argument(engine_message(e));
+  }
+}
+
+// The compiled grammar of `spec`, from the cache or compiled into it.
+Result<std::shared_ptr<const xgrammar::CompiledGrammar>> GrammarCompiler::Impl::get(const GrammarSpec& spec) {
+  const std::string key = cache_key(spec);
+  if (std::shared_ptr<const xgrammar::CompiledGrammar> g = find(key)) return g;
+  try {
+    auto g = std::make_shared<const xgrammar::CompiledGrammar>(compiler.CompileGrammar(build_grammar(spec)));
+    keep(key, g);
+    return g;
+  } catch (const std::exception& e) {
+    return Status::invalid_argument(std::string(grammar_kind_name(spec.kind)) + ": " + engine_message(e));
+  }
+}
+
+Status GrammarCompiler::compile(const GrammarSpec& spec) {
+  if (!spec.active()) return Status::ok();
+  return impl_->get(spec).status();
+}
+
+Result<std::unique_ptr<TokenConstraint>> GrammarCompiler::matcher(const GrammarSpec& spec, std::vector<TokenId> stop_ids) {
+  if (!spec.active()) return Status::invalid_argument("no grammar to match");
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<const xgrammar::CompiledGrammar> g, impl_->get(spec));
+  try {
+    return std::unique_ptr<TokenConstraint>(std::make_unique<XgrammarConstraint>(*g, std::move(stop_ids), impl_->vocab));
+  } catch (const std::exception& e) {
+    return Status::invalid_argument(std::string(grammar_kind_name(spec.kind)) + ": " + engine_message(e));
+  }
+}
+
+GrammarCompiler::Stats GrammarCompiler::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace pd

@@ -1,0 +1,197 @@
+#include "router/structured_output.h"
+
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/grammar.h"
+
+namespace pd::router {
+namespace structured {  // named: this file shares unity batches with openai_api.cpp
+
+using json = nlohmann::ordered_json;
+
+ApiError bad(std::string param, std::string message) {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+const char* type_name(const json& v) { return v.type_name(); }
+
+// One constraint read from a field: the spec and the field it came from.
+struct Found {
+  GrammarSpec spec;
+  std::string param;
+};
+
+std::optional<ApiError> schema_spec(const json& v, const std::string& where, Found& f) {
+  if (v.is_string()) {  // a schema given as its JSON text
+    json parsed = json::parse(v.get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !parsed.is_object())
+      return bad(where, where + " must be a JSON schema (an object, or its JSON text)");
+    return schema_spec(parsed, where, f);
+  }
+  if (!v.is_object()) return bad(where, where + " must be a JSON schema object, got " + type_name(v));
+  f.spec.kind = GrammarKind::kJsonSchema;
+  f.spec.text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  f.param = where;
+  return std::nullopt;
+}
+
+std::optional<ApiError> string_spec(const json& v, const std::string& where, GrammarKind kind, Found& f) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty())
+    return bad(where, where + " must be a non-empty string");
+  f.spec.kind = kind;
+  f.spec.text = v.get<std::string>();
+  f.param = where;
+  return std::nullopt;
+}
+
+// choice: the output is exactly one of the strings.
+std::optional<ApiError> choice_spec(const json& v, const std::string& where, Found& f) {
+  if (!v.is_array() || v.empty()) return bad(where, where + " must be a non-empty array of strings");
+  std::string ebnf = "root ::= ";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string() || v[i].get_ref<const std::string&>().empty())
+      return bad(where, where + "[" + std::to_string(i) + "] must be a non-empty string");
+    if (i > 0) ebnf += " | ";
+    ebnf += ebnf_literal(v[i].get_ref<const std::string&>());
+  }
+  f.spec.kind = GrammarKind::kEbnf;
+  f.spec.text = std::move(ebnf);
+  f.param = where;
+  return std::nullopt;
+}
+
+std::optional<ApiError> response_format(const json& v, std::optional<Found>& out) {
+  if (!v.is_object()) return bad("response_format", std::string("response_format must be an object, got ") + type_name(v));
+  for (const auto& [key, value] : v.items()) {
+    if (key != "type" && key != "json_schema")
+      return bad("response_format", "unknown field: response_format." + shown_text(key));
+  }
+  const auto type = v.find("type");
+  if (type == v.end() || !type->is_string()) return bad("response_format.type", "response_format.type must be a string");
+  const std::string& t = type->get_ref<const std::string&>();
+  if (t == "text") return std::nullopt;
+  if (t == "json_object") {
+    out = Found{GrammarSpec{GrammarKind::kJsonObject, "", "", ""}, "response_format"};
+    return std::nullopt;
+  }
+  if (t != "json_schema") {
+    return bad("response_format.type", "response_format.type \"" + shown_text(t) +
+                                           "\" is not supported (\"text\", \"json_object\" or \"json_schema\")");
+  }
+  const auto js = v.find("json_schema");
+  if (js == v.end() || !js->is_object())
+    return bad("response_format.json_schema", "response_format.json_schema is required (an object) with type json_schema");
+  for (const auto& [key, value] : js->items()) {
+    if (key == "name" || key == "description") {
+      if (!value.is_string()) return bad("response_format.json_schema." + key, "response_format.json_schema." + key + " must be a string");
+    } else if (key == "strict") {
+      if (!value.is_boolean() && !value.is_null())
+        return bad("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean");
+    } else if (key != "schema") {
+      return bad("response_format.json_schema", "unknown field: response_format.json_schema." + shown_text(key));
+    }
+  }
+  const auto schema = js->find("schema");
+  if (schema == js->end() || schema->is_null())
+    return bad("response_format.json_schema.schema", "response_format.json_schema.schema is required");
+  Found f;
+  if (auto e = schema_spec(*schema, "response_format.json_schema.schema", f)) return e;
+  out = std::move(f);
+  return std::nullopt;
+}
+
+// One key of structured_outputs (or a guided_* field: `where` names it).
+std::optional<ApiError> constraint_field(const std::string& key, const json& v, const std::string& where, Found& f) {
+  if (key == "json") return schema_spec(v, where, f);
+  if (key == "regex") return string_spec(v, where, GrammarKind::kRegex, f);
+  if (key == "grammar") return string_spec(v, where, GrammarKind::kEbnf, f);
+  if (key == "choice") return choice_spec(v, where, f);
+  if (key == "json_object") {
+    if (!v.is_boolean()) return bad(where, where + " must be a boolean");
+    f.spec.kind = v.get<bool>() ? GrammarKind::kJsonObject : GrammarKind::kNone;
+    f.param = where;
+    return std::nullopt;
+  }
+  return bad(where, where + " is not supported (json, regex, choice, grammar, json_object)");
+}
+
+std::optional<ApiError> structured_outputs(const json& v, std::optional<Found>& out) {
+  if (!v.is_object()) return bad("structured_outputs", std::string("structured_outputs must be an object, got ") + type_name(v));
+  for (const auto& [key, value] : v.items()) {
+    if (value.is_null()) continue;
+    const std::string where = "structured_outputs." + shown_text(key);
+    Found f;
+    if (auto e = constraint_field(key, value, where, f)) return e;
+    if (!f.spec.active()) continue;
+    if (out) return bad(where, "structured_outputs holds more than one constraint: " + out->param + " and " + where);
+    out = std::move(f);
+  }
+  return std::nullopt;
+}
+
+constexpr const char* kGuided[][2] = {
+    {"guided_json", "json"}, {"guided_regex", "regex"}, {"guided_choice", "choice"}, {"guided_grammar", "grammar"}};
+
+}  // namespace structured
+
+using structured::Found;
+using structured::bad;
+using structured::constraint_field;
+using structured::kGuided;
+
+bool is_structured_output_field(const std::string& key) {
+  if (key == "response_format" || key == "structured_outputs" || key == "guided_decoding_backend") return true;
+  for (const auto& g : kGuided)
+    if (key == g[0]) return true;
+  return false;
+}
+
+std::optional<ApiError> check_grammar(const GrammarSpec& spec, const std::string& param) {
+  if (!spec.active()) return std::nullopt;
+  if (spec.text.size() + spec.prefix.size() + spec.suffix.size() > kMaxGrammarBytes)
+    return bad(param, param + " is over the limit of " + std::to_string(kMaxGrammarBytes) + " bytes");
+  if (Status st = GrammarCompiler::check(spec); !st.is_ok()) {
+    ApiError e = bad(param, param + ": " + st.message());
+    if (!grammar_engine_built()) e.message = param + ": " + st.message();
+    return e;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_structured_output(const nlohmann::ordered_json& body, GrammarSpec& out) {
+  out = GrammarSpec{};
+  std::vector<Found> found;
+  std::optional<Found> one;
+  if (const auto v = body.find("response_format"); v != body.end() && !v->is_null()) {
+    if (auto e = structured::response_format(*v, one)) return e;
+    if (one) found.push_back(std::move(*one));
+  }
+  one.reset();
+  if (const auto v = body.find("structured_outputs"); v != body.end() && !v->is_null()) {
+    if (auto e = structured::structured_outputs(*v, one)) return e;
+    if (one) found.push_back(std::move(*one));
+  }
+  for (const auto& g : kGuided) {
+    const auto v = body.find(g[0]);
+    if (v == body.end() || v->is_null()) continue;
+    Found f;
+    if (auto e = constraint_field(g[1], *v, g[0], f)) return e;
+    if (f.spec.active()) found.push_back(std::move(f));
+  }
+  if (const auto v = body.find("guided_decoding_backend"); v != body.end() && !v->is_null() && !v->is_string())
+    return bad("guided_decoding_backend", "guided_decoding_backend must be a string");
+  if (found.empty()) return std::nullopt;
+  if (found.size() > 1)
+    return bad(found[1].param, "a request may hold one output constraint; got " + found[0].param + " and " + found[1].param);
+  if (auto e = check_grammar(found[0].spec, found[0].param)) return e;
+  out = std::move(found[0].spec);
+  return std::nullopt;
+}
+
+}  // namespace pd::router
