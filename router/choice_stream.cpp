@@ -41,18 +41,39 @@ bool ChoiceStream::push(const PendingToken& t, const Response& resp, const std::
   return text_.stopped();
 }
 
-void ChoiceStream::flush(const Response& resp, const std::string& model) { deliver(text_.finish(), resp, model); }
+void ChoiceStream::flush(const Response& resp, const std::string& model) {
+  deliver(text_.finish(), resp, model);
+  if (tools_) {
+    ToolCallStream::Piece rest = tools_->finish();
+    send(rest.content, std::move(rest.calls), resp, model);
+  }
+}
+
+void ChoiceStream::parse_tool_calls(ToolFormat format, std::vector<ToolFunction> tools, std::string id_base) {
+  tools_.emplace(format, std::move(tools), std::move(id_base));
+}
 
 void ChoiceStream::deliver(const std::string& text, const Response& resp, const std::string& model) {
+  if (!tools_) return send(text, {}, resp, model);
+  ToolCallStream::Piece piece = tools_->feed(text);
+  send(piece.content, std::move(piece.calls), resp, model);
+}
+
+void ChoiceStream::send(const std::string& text, std::vector<ToolCall> calls, const Response& resp,
+                        const std::string& model) {
   if (!format_.stream) {
     text_out_ += text;
+    for (ToolCall& t : calls) calls_.push_back(std::move(t));
     return;
   }
   const bool first = !first_chunk_sent_;
-  if (text.empty() && !(first && format_.chat)) return;
+  if (text.empty() && calls.empty() && !(first && format_.chat)) return;
   ChoiceOut c;
   c.index = format_.index;
   c.text = text;
+  c.tool_call_index = calls_sent_;
+  calls_sent_ += static_cast<int32_t>(calls.size());
+  c.tool_calls = std::move(calls);
   c.with_logprobs = format_.with_logprobs;
   if (!text.empty()) {  // logprobs go with text (a chat's empty role chunk carries none)
     c.text_offset = chars_shown_;
@@ -87,7 +108,11 @@ ShownToken ChoiceStream::shown_token(TokenId id, const LogprobEntry* logprob) co
 ChoiceOut ChoiceStream::finish(const std::string& finish_reason) {
   ChoiceOut c;
   c.index = format_.index;
-  c.finish_reason = finish_reason;
+  // A reply that called tools ends with "tool_calls" (a length cut stays "length").
+  const bool called = calls_sent_ > 0 || !calls_.empty();
+  c.finish_reason = called && finish_reason == "stop" ? "tool_calls" : finish_reason;
+  c.tool_calls = std::move(calls_);
+  c.tool_call_index = calls_sent_;
   c.with_logprobs = format_.with_logprobs;
   c.text_offset = chars_shown_;
   c.logprobs = std::move(shown_);

@@ -15,6 +15,7 @@
 #include "protocol/messages.h"
 #include "router/answer.h"
 #include "router/text_stream.h"
+#include "router/tool_calls.h"
 
 namespace pd::router {
 
@@ -53,14 +54,20 @@ class ChoiceStream {
   // The choice as it ends (its text and logprobs not yet sent, when streaming).
   ChoiceOut finish(const std::string& finish_reason);
   bool first_chunk_sent() const { return first_chunk_sent_; }
+  // Chat with tools: the text is split into content and tool calls in
+  // `format`'s words (ToolCallStream); the calls go out as OpenAI's
+  // tool_calls, and a choice that made any ends with "tool_calls".
+  void parse_tool_calls(ToolFormat format, std::vector<ToolFunction> tools, std::string id_base);
   // A re-run or a migration: what arrived from the old attempt and was not
   // delivered is dropped; the next attempt's token i is this choice's token
   // next_index() + i (a migrated attempt goes on from the tokens delivered).
   void restart();
 
  private:
-  // Sends (streaming) or keeps (not) `text` with the logprobs in shown_.
+  // Text that is out of the TextStream: through the tool-call split, if any, then send().
   void deliver(const std::string& text, const Response& resp, const std::string& model);
+  // Sends (streaming) or keeps (not) `text` and `calls` with the logprobs in shown_.
+  void send(const std::string& text, std::vector<ToolCall> calls, const Response& resp, const std::string& model);
   ShownToken shown_token(TokenId id, const LogprobEntry* logprob) const;
 
   const Tokenizer* tok_;
@@ -75,6 +82,9 @@ class ChoiceStream {
   int32_t next_index_ = 0;
   int32_t attempt_base_ = 0;  // the current attempt's token 0 is this choice's token attempt_base_
   std::map<int32_t, PendingToken> pending_;  // out-of-order tokens
+  std::optional<ToolCallStream> tools_;      // chat with tools: splits content from calls
+  std::vector<ToolCall> calls_;              // non-streaming: the calls made
+  int32_t calls_sent_ = 0;                   // streaming: the calls sent
 };
 
 }  // namespace pd::router

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "router/structured_output.h"
+#include "router/tool_calls.h"
 
 namespace pd::router {
 namespace {
@@ -199,8 +200,8 @@ std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
   }
   if (key == "logprobs" || is_structured_output_field(key)) return FieldKind::kHandled;
   if (ep == Endpoint::kCompletions && (key == "prompt" || key == "parse_special")) return FieldKind::kHandled;
-  if (ep == Endpoint::kChatCompletions &&
-      (key == "messages" || key == "max_completion_tokens" || key == "top_logprobs")) {
+  if (ep == Endpoint::kChatCompletions && (key == "messages" || key == "max_completion_tokens" ||
+                                           key == "top_logprobs" || key == "tools" || key == "tool_choice")) {
     return FieldKind::kHandled;
   }
   for (const char* f : kIgnoredFields) {
@@ -311,6 +312,24 @@ std::optional<ApiError> parse_content(const json& v, const std::string& where, s
   return std::nullopt;
 }
 
+// An assistant message's tool_calls, a tool message's tool_call_id.
+std::optional<ApiError> parse_tool_parts(const json& m, const std::string& where, ApiMessage& msg) {
+  const json* calls = field(m, "tool_calls");
+  if (calls && msg.role != "assistant" && !(calls->is_array() && calls->empty()))
+    return bad_request(where + ".tool_calls", where + ".tool_calls is only for assistant messages");
+  if (msg.role == "assistant") {
+    if (auto e = parse_message_tool_calls(m, where, msg.tool_calls)) return e;
+  }
+  const json* id = field(m, "tool_call_id");
+  if (msg.role == "tool") {
+    if (!id || !id->is_string()) return bad_request(where + ".tool_call_id", where + ".tool_call_id must be a string");
+    msg.tool_call_id = id->get<std::string>();
+  } else if (id) {
+    return bad_request(where + ".tool_call_id", where + ".tool_call_id is only for tool messages");
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_messages(const json& obj, ApiRequest& r) {
   const json* v = field(obj, "messages");
   if (!v) return bad_request("messages", "messages is required");
@@ -320,23 +339,25 @@ std::optional<ApiError> parse_messages(const json& obj, ApiRequest& r) {
     const std::string where = "messages[" + std::to_string(i) + "]";
     const json& m = (*v)[i];
     if (!m.is_object()) return bad_request(where, where + " must be an object");
-    for (const char* key : {"tool_calls", "function_call", "tool_call_id"}) {
-      const json* t = field(m, key);
-      if (t && !(t->is_array() && t->empty())) return unsupported(where + "." + key);
-    }
-    ChatMessage msg;
+    if (const json* t = field(m, "function_call"); t && !(t->is_array() && t->empty()))
+      return unsupported(where + ".function_call");
+    ApiMessage msg;
     const json* role = field(m, "role");
     if (!role) return bad_request(where + ".role", where + ".role is required");
     if (!role->is_string()) return bad_request(where + ".role", where + ".role must be a string");
     msg.role = role->get<std::string>();
     if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for the system role
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
-      return bad_request(where + ".role",
-                         where + ".role must be \"system\", \"user\" or \"assistant\", got " + shown(*role));
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
+      return bad_request(where + ".role", where + ".role must be \"system\", \"user\", \"assistant\" or \"tool\", got " +
+                                              shown(*role));
     }
+    if (auto e = parse_tool_parts(m, where, msg)) return e;
     const json* content = field(m, "content");
-    if (!content) return bad_request(where + ".content", where + ".content is required");
-    if (auto e = parse_content(*content, where + ".content", msg.content)) return e;
+    const bool may_omit = msg.role == "assistant" && !msg.tool_calls.empty();  // a reply that only called tools
+    if (!content && !may_omit) return bad_request(where + ".content", where + ".content is required");
+    if (content) {
+      if (auto e = parse_content(*content, where + ".content", msg.content)) return e;
+    }
     r.messages.push_back(std::move(msg));
   }
   return std::nullopt;
@@ -701,6 +722,33 @@ std::string error_body(const ApiError& e) {
   return dump(body);
 }
 
+namespace {
+
+// response_format and the other output constraints; chat: tools and tool_choice.
+std::optional<ApiError> parse_constraints(Endpoint ep, std::string_view body, const json& obj, ApiRequest& r) {
+  const bool tools = ep == Endpoint::kChatCompletions && (obj.contains("tools") || obj.contains("tool_choice"));
+  const bool constraint = std::any_of(obj.items().begin(), obj.items().end(),
+                                      [](const auto& kv) { return is_structured_output_field(kv.key()); });
+  if (!tools && !constraint) {
+    r.tool_choice.mode = ToolChoiceMode::kNone;
+    return std::nullopt;
+  }
+  // Again with the keys in order: a schema's properties keep theirs (and the
+  // output's keys follow them).
+  const ojson ordered = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (auto e = parse_structured_output(ordered, r.sampling.grammar)) return e;
+  if (ep != Endpoint::kChatCompletions) return std::nullopt;
+  if (auto e = parse_tools(ordered, r.tools, r.tool_choice)) return e;
+  const bool forced = r.tool_choice.mode == ToolChoiceMode::kRequired || r.tool_choice.mode == ToolChoiceMode::kNamed;
+  if (forced && r.sampling.grammar.active()) {
+    return bad_request("tool_choice", "tool_choice \"required\" or a named function constrains the output to a tool "
+                                      "call: it cannot be combined with response_format or another output constraint");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const RequestDefaults& defaults) {
   json obj;
   if (auto e = parse_body(body, obj)) return *e;
@@ -727,12 +775,7 @@ ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const Re
   if (auto e = parse_stop(obj, r)) return *e;
   if (auto e = parse_stream(obj, r)) return *e;
   if (auto e = parse_logprobs(ep, obj, r)) return *e;
-  if (std::any_of(obj.items().begin(), obj.items().end(),
-                  [](const auto& kv) { return is_structured_output_field(kv.key()); })) {
-    // Again with the keys in order: a schema's properties keep theirs.
-    const ojson ordered = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (auto e = parse_structured_output(ordered, r.sampling.grammar)) return *e;
-  }
+  if (auto e = parse_constraints(ep, body, obj, r)) return *e;
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) {
     return bad_request("n", std::to_string(r.prompts.size()) + " prompts x n " + std::to_string(r.n) +
                                 " choices is over the limit of " + std::to_string(kMaxChoices) + " per request");
@@ -754,6 +797,25 @@ std::string make_response_id(Endpoint ep, uint64_t n) {
 }
 
 namespace {
+
+// [{"id", "type": "function", "function": {"name", "arguments"}}]; a stream's
+// deltas also carry each call's "index" among the choice's calls.
+ojson tool_calls_json(const ChoiceOut& c, bool delta) {
+  ojson calls = ojson::array();
+  for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+    const ToolCall& t = c.tool_calls[k];
+    ojson call = ojson::object();
+    if (delta) call["index"] = c.tool_call_index + static_cast<int32_t>(k);
+    call["id"] = t.id;
+    call["type"] = "function";
+    ojson fn = ojson::object();
+    fn["name"] = t.name;
+    fn["arguments"] = t.arguments;
+    call["function"] = std::move(fn);
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
 
 ojson envelope(const char* object, const std::string& id, const std::string& model, int64_t created) {
   ojson j = ojson::object();
@@ -860,7 +922,9 @@ std::string completion_body(Endpoint ep, const std::string& id, const std::strin
     if (chat) {
       ojson message = ojson::object();
       message["role"] = "assistant";
-      message["content"] = c.text;
+      // A reply that only called tools has content null (as OpenAI's).
+      message["content"] = c.text.empty() && !c.tool_calls.empty() ? ojson(nullptr) : ojson(c.text);
+      if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c, /*delta=*/false);
       choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
@@ -883,7 +947,9 @@ std::string stream_chunk(Endpoint ep, const std::string& id, const std::string& 
   if (chat) {
     ojson delta = ojson::object();
     if (first) delta["role"] = "assistant";
-    delta["content"] = c.text;
+    delta["content"] = c.text.empty() && !c.tool_calls.empty() ? ojson(nullptr) : ojson(c.text);
+    // A call goes out whole in one delta (its id, name and all its arguments).
+    if (!c.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(c, /*delta=*/true);
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = c.text;

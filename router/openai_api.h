@@ -64,6 +64,38 @@ struct PromptInput {
   bool is_ids = false;
 };
 
+// Tool calls (router/tool_calls.h has the functions).
+struct ToolFunction {
+  std::string name;
+  std::string description;  // "" when the request gave none
+  // A JSON schema as JSON text (compact, keys in the client's order);
+  // {"type":"object","properties":{}} when the request gave none.
+  std::string parameters;
+};
+
+enum class ToolChoiceMode { kAuto, kNone, kRequired, kNamed };
+
+struct ToolChoice {
+  ToolChoiceMode mode = ToolChoiceMode::kAuto;
+  std::string name;  // kNamed only: one of the tools
+};
+
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text of an object (compact, keys in order)
+};
+
+// A chat message as the API sends it, with its tool parts: an assistant
+// message may carry tool_calls (its content then null or absent, read as ""),
+// a "tool" message carries tool_call_id and the tool's result as content.
+struct ApiMessage {
+  std::string role;  // system, user, assistant or tool
+  std::string content;
+  std::vector<ToolCall> tool_calls;  // assistant only
+  std::string tool_call_id;          // tool only
+};
+
 // A validated request. Sampling fields absent from the body take the
 // RequestDefaults given to parse_request (no penalties); an absent seed is
 // `seed_given` = false (the router then draws a fresh one).
@@ -71,8 +103,11 @@ struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                  // as given; "" when the field is absent or null (use the served model)
   std::vector<PromptInput> prompts;   // completions only: one or more (a batch), in order
-  std::vector<ChatMessage> messages;  // chat only; role is system/user/assistant ("developer" maps to system);
-                                      // content parts of type "text" are joined with "\n"
+  std::vector<ApiMessage> messages;   // chat only; role is system/user/assistant/tool ("developer" maps to
+                                      // system); content parts of type "text" are joined with "\n"; an
+                                      // assistant's tool_calls and a tool message's tool_call_id kept
+  std::vector<ToolFunction> tools;    // chat only: `tools` (router/tool_calls.h)
+  ToolChoice tool_choice;             // chat only: `tool_choice` (kNone without tools)
   SamplingParams sampling;            // passes SamplingParams::validate(). Logprobs asked for are in it:
                                       // logprobs (-1 = none, else the alternatives per token: completions
                                       // `logprobs`, chat `top_logprobs` with `logprobs: true`) and
@@ -176,6 +211,11 @@ struct ChoiceOut {
   bool with_logprobs = false;                // false: "logprobs": null
   std::vector<ShownToken> logprobs;          // the tokens behind `text`, in order
   int64_t text_offset = 0;                   // completions: the choice's characters before logprobs[0]
+  // Chat with tools: the calls the model made (the whole answer's, or those
+  // completed in this stream chunk), and in a stream the index of the first
+  // of them among the choice's calls.
+  std::vector<ToolCall> tool_calls;
+  int32_t tool_call_index = 0;
 };
 // Characters of a token's bytes as text_offset counts them: each character at
 // the byte that starts it (so one split across tokens counts once, at its first).
@@ -215,7 +255,7 @@ struct TokenizeRequest {
   std::string model;
   bool chat = false;
   std::string prompt;                 // !chat
-  std::vector<ChatMessage> messages;  // chat
+  std::vector<ApiMessage> messages;   // chat
   bool add_special_tokens = true;
   bool parse_special = true;          // !chat
   bool add_generation_prompt = true;  // chat

@@ -6,6 +6,8 @@
 
 #include "gguf/gguf_reader.h"
 #include "router/answer.h"
+#include "router/structured_output.h"
+#include "router/tool_calls.h"
 
 namespace pd::router {
 
@@ -14,10 +16,14 @@ std::string prompt_name(Endpoint ep, size_t n_prompts, size_t i) {
   return ep == Endpoint::kCompletions ? "prompt" : "messages";
 }
 
-Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ChatMessage>& messages,
+Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
                                          bool add_generation_prompt) {
   if (!model.chat_template) return Status::invalid_argument(model.no_chat_template);
-  return model.chat_template->encode(*model.tokenizer, messages, add_generation_prompt);
+  const ChatTemplate& tpl = *model.chat_template;
+  ApiResult<std::vector<ChatMessage>> rendered =
+      render_tool_messages(tpl.tool_format(), messages, {}, ToolChoice{ToolChoiceMode::kNone, ""}, tpl.default_system());
+  if (!rendered.is_ok()) return Status::invalid_argument(rendered.error().message);
+  return tpl.encode(*model.tokenizer, rendered.value(), add_generation_prompt);
 }
 
 std::string choose_chat_template(const std::string& configured, const GgufFile& file, ModelInfo& model) {
@@ -88,7 +94,20 @@ ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint e
                               model.no_chat_template + ")",
                      "messages");
   }
-  auto ids = encode_chat(model, api.messages);
+  // The tools and earlier tool turns in the template's own tool format (a 400
+  // naming tools when it has none), and the grammar that forces a call.
+  const ChatTemplate& tpl = *model.chat_template;
+  ApiResult<std::vector<ChatMessage>> messages =
+      render_tool_messages(tpl.tool_format(), api.messages, api.tools, api.tool_choice, tpl.default_system());
+  if (!messages.is_ok()) return messages.error();
+  const GrammarSpec forced = tool_call_grammar(tpl.tool_format(), api.tools, api.tool_choice);
+  if (forced.active()) {
+    if (auto e = check_grammar(forced, "tools")) return *e;
+    api.sampling.grammar = forced;
+  }
+  auto ids = tools_described(api.tools, api.tool_choice)
+                 ? tpl.with_tools_described().encode(tok, messages.value(), true)
+                 : tpl.encode(tok, messages.value(), true);
   if (!ids.is_ok()) return api_error(400, "messages: " + ids.status().message(), "messages");
   Prompt p;
   p.ids = std::move(ids).value();

@@ -43,9 +43,11 @@ struct Prompt {
 // chat. Moves the prompts (or messages) out of `api`. A 400 naming the field
 // for a token id outside the vocabulary or a chat the template cannot render.
 ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint ep, ApiRequest& api);
-// The chat `messages` as the template renders them (see above), BOS included.
-// InvalidArgument (why) when the model has no chat template.
-Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ChatMessage>& messages,
+// The chat `messages` as the template renders them (see above; their tool
+// turns in the template's tool format), BOS included. InvalidArgument (why)
+// when the model has no chat template or the messages hold tool turns it has
+// no format for.
+Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
                                          bool add_generation_prompt = true);
 // The ids of the chat template's end-of-turn tokens that the vocabulary has
 // (e.g. Gemma's <end_of_turn>, 106), EOS excluded: a chat reply ends there.

@@ -213,9 +213,12 @@ Status ClusterConfig::validate() const {
   if (engine.backend != "cpu" && engine.backend != "cuda")
     return Status::invalid_argument("config: 'engine.backend' = \"" + engine.backend + "\" (expected \"cpu\" or \"cuda\")");
   if (model.empty()) return Status::invalid_argument("config: 'model' must name a GGUF file");
-  if (!chat_template.empty() && chat_template != "chatml" && chat_template != "gemma" && chat_template != "llama3")
+  static constexpr const char* kTemplateNames[] = {"chatml", "gemma", "llama3", "llama3.1", "hermes", "qwen2.5"};
+  if (!chat_template.empty() &&
+      std::find(std::begin(kTemplateNames), std::end(kTemplateNames), chat_template) == std::end(kTemplateNames))
     return Status::invalid_argument("config: 'chat_template' = \"" + chat_template +
-                                    "\" (expected \"\" for the model's own, \"chatml\", \"gemma\" or \"llama3\")");
+                                    "\" (expected \"\" for the model's own, \"chatml\", \"gemma\", \"llama3\", "
+                                    "\"llama3.1\", \"hermes\" or \"qwen2.5\")");
   PD_RETURN_IF_ERROR(range("http.port", http.port, 0, 65535));
   PD_RETURN_IF_ERROR(range("http.threads", http.threads, 1, 64));
   PD_RETURN_IF_ERROR(range("http.max_body_bytes", http.max_body_bytes, 1024, int64_t{1} << 30));

@@ -159,13 +159,14 @@ std::string today_date() {
   return std::strftime(buf, sizeof(buf), "%d %b %Y", &tm) ? std::string(buf) : std::string();
 }
 
-Status check_roles(const std::vector<ChatMessage>& messages) {
+// `ipython`: the template also takes "ipython" turns (a tool's result; Llama 3).
+Status check_roles(const std::vector<ChatMessage>& messages, bool ipython) {
   if (messages.empty()) return Status::invalid_argument("messages is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant") {
-      return Status::invalid_argument("messages[" + std::to_string(i) + "].role '" + role +
-                                      "' is not one of system, user, assistant");
+    if (role != "system" && role != "user" && role != "assistant" && !(ipython && role == "ipython")) {
+      return Status::invalid_argument("messages[" + std::to_string(i) + "].role '" + role + "' is not one of " +
+                                      (ipython ? "system, user, assistant, ipython" : "system, user, assistant"));
     }
   }
   return Status::ok();
@@ -291,9 +292,10 @@ Status render_gemma(Segments& out, const std::vector<ChatMessage>& messages, boo
 }
 
 // Llama 3 (3.1+ with date_header: a system header with the knowledge and
-// today's dates, holding the system message if any).
+// today's dates, holding the system message if any; `tools`: the request's
+// tools are described, and the header opens with "Environment: ipython\n").
 void render_llama3(Segments& out, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                   bool date_header, const std::string& date) {
+                   bool date_header, const std::string& date, bool tools) {
   auto header = [&](std::string_view role) {
     out.text("<|start_header_id|>");
     out.text(role);
@@ -307,6 +309,7 @@ void render_llama3(Segments& out, const std::vector<ChatMessage>& messages, bool
       system = messages[0].content;
     }
     header("system");
+    if (tools) out.text("Environment: ipython\n");
     out.text("Cutting Knowledge Date: December 2023\nToday Date: ");
     out.text(date.empty() ? today_date() : date);
     out.text("\n\n");
@@ -315,7 +318,8 @@ void render_llama3(Segments& out, const std::vector<ChatMessage>& messages, bool
   }
   for (size_t i = first; i < messages.size(); ++i) {
     header(messages[i].role);
-    out.content(py_strip(messages[i].content));
+    // A tool's result is written as it is (3.1's template does not trim it).
+    out.content(messages[i].role == "ipython" ? messages[i].content : py_strip(messages[i].content));
     out.text("<|eot_id|>");
   }
   if (add_generation_prompt) header("assistant");
@@ -335,18 +339,20 @@ Result<ChatTemplate> ChatTemplate::from_gguf(const GgufFile& file) {
 Result<ChatTemplate> ChatTemplate::from_string(std::string_view t, std::string_view source) {
   auto has = [&](std::string_view marker) { return t.find(marker) != std::string_view::npos; };
   if (has(kImStart) && has(kImEnd)) {
+    ChatTemplate q = chatml(find_default_system(t));
     // Qwen3: strips <think>...</think> out of earlier assistant turns.
-    if (has("</think>")) {
-      ChatTemplate q = chatml(find_default_system(t));
-      q.format_ = ChatFormat::kQwen3;
-      return q;
-    }
-    return chatml(find_default_system(t));
+    if (has("</think>")) q.format_ = ChatFormat::kQwen3;
+    // Qwen2.5, Qwen3, Hermes: tool calls as <tool_call> blocks.
+    if (has("<tool_call>")) q.tool_format_ = ToolFormat::kHermes;
+    return q;
   }
   if (has("<start_of_turn>") && has("<end_of_turn>")) return gemma(!has("System role not supported"));
   if (has("<|start_header_id|>") && has("<|end_header_id|>") && has("<|eot_id|>")) {
     const bool dated = has("Cutting Knowledge Date");
-    return llama3(dated, has("strftime_now") ? std::string() : llama3_default_date(t));
+    ChatTemplate l = llama3(dated, has("strftime_now") ? std::string() : llama3_default_date(t));
+    // Llama 3.1+: tools in the first user message, results as ipython turns.
+    if (dated && (has("tools is not none") || has("Environment: ipython"))) l.tool_format_ = ToolFormat::kLlama31;
+    return l;
   }
   return Status::unsupported(std::string(source) +
                              ": tokenizer.chat_template is none of the supported formats (ChatML with "
@@ -355,11 +361,29 @@ Result<ChatTemplate> ChatTemplate::from_string(std::string_view t, std::string_v
 }
 
 Result<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
+  ChatTemplate t;
   if (name == "chatml") return chatml();
   if (name == "gemma") return gemma();
   if (name == "llama3") return llama3();
+  if (name == "llama3.1") {
+    t = llama3(/*date_header=*/true, "26 Jul 2024");  // 3.1's template's own date_string
+    t.tool_format_ = ToolFormat::kLlama31;
+    return t;
+  }
+  if (name == "hermes" || name == "qwen2.5") {
+    t = chatml(name == "hermes" ? "" : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    t.tool_format_ = ToolFormat::kHermes;
+    return t;
+  }
   return Status::invalid_argument("chat template '" + std::string(name) +
-                                  "' is not one of \"chatml\", \"gemma\", \"llama3\"");
+                                  "' is not one of \"chatml\", \"gemma\", \"llama3\", \"llama3.1\", "
+                                  "\"hermes\", \"qwen2.5\"");
+}
+
+ChatTemplate ChatTemplate::with_tools_described() const {
+  ChatTemplate t = *this;
+  t.tools_described_ = tool_format_ == ToolFormat::kLlama31;
+  return t;
 }
 
 ChatTemplate ChatTemplate::chatml(std::string default_system) {
@@ -396,7 +420,7 @@ std::vector<std::string> ChatTemplate::end_of_turn_tokens() const {
 
 Result<std::vector<ChatSegment>> ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                                       bool add_generation_prompt) const {
-  PD_RETURN_IF_ERROR(check_roles(messages));
+  PD_RETURN_IF_ERROR(check_roles(messages, /*ipython=*/format_ == ChatFormat::kLlama3));
   Segments out;
   switch (format_) {
     case ChatFormat::kChatml:
@@ -406,7 +430,9 @@ Result<std::vector<ChatSegment>> ChatTemplate::render(const std::vector<ChatMess
     case ChatFormat::kGemma:
       PD_RETURN_IF_ERROR(render_gemma(out, messages, add_generation_prompt, system_allowed_));
       break;
-    case ChatFormat::kLlama3: render_llama3(out, messages, add_generation_prompt, date_header_, date_); break;
+    case ChatFormat::kLlama3:
+      render_llama3(out, messages, add_generation_prompt, date_header_, date_, tools_described_);
+      break;
   }
   return out.take();
 }

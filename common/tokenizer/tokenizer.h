@@ -130,7 +130,7 @@ class StreamDecoder {
 //    Knowledge Date: December 2023\nToday Date: {date}\n\n" and the system message.
 // Gemma and Llama 3 templates begin with the BOS token (writes_bos()).
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant"
+  std::string role;     // "system", "user", "assistant" (Llama 3 also "ipython": a tool's result)
   std::string content;
 };
 
@@ -143,6 +143,16 @@ struct ChatSegment {
 
 enum class ChatFormat { kChatml, kQwen3, kGemma, kLlama3 };
 
+// How a template writes tools and tool calls (router/tool_calls.h renders and
+// parses them):
+//  - kHermes (Qwen2.5, Qwen3, NousHermes): tools described in the system
+//    message, calls as <tool_call>\n{"name": .., "arguments": ..}\n</tool_call>,
+//    results as <tool_response> blocks in a user turn;
+//  - kLlama31 (Llama 3.1+): tools described in the first user message, a call
+//    is the whole reply {"name": .., "parameters": ..}, results are "ipython" turns;
+//  - kNone: the template has no tool calls (SmolLM2, Gemma, Llama 3.0).
+enum class ToolFormat { kNone, kHermes, kLlama31 };
+
 class ChatTemplate {
  public:
   // Recognizes tokenizer.chat_template; NotFound naming the file when there is
@@ -151,8 +161,12 @@ class ChatTemplate {
   // The same from a template string; `source` names it in errors.
   static Result<ChatTemplate> from_string(std::string_view tpl, std::string_view source);
   // A template by name, as cluster.json's "chat_template" gives it: "chatml"
-  // (no default system message), "gemma" (Gemma 3's) or "llama3" (Llama 3.0's:
-  // no system turn unless one is given). InvalidArgument otherwise.
+  // (no default system message), "gemma" (Gemma 3's), "llama3" (Llama 3.0's:
+  // no system turn unless one is given), "llama3.1" (3.1's: the dated system
+  // turn, dated "26 Jul 2024" as 3.1's template dates it; tool format
+  // kLlama31), "hermes" (ChatML, no default system message, tool format
+  // kHermes) or "qwen2.5" (ChatML with Qwen2.5's default system message,
+  // kHermes). InvalidArgument otherwise.
   static Result<ChatTemplate> from_name(std::string_view name);
   static ChatTemplate chatml(std::string default_system = "");
   static ChatTemplate gemma(bool system_allowed = true);
@@ -163,12 +177,22 @@ class ChatTemplate {
   // The rendered prompt in pieces, without the BOS token. InvalidArgument
   // naming the message for an unknown role, an empty list, or what the
   // template itself refuses (Gemma: roles not alternating, Gemma 2: system).
+  // Roles: system, user, assistant; Llama 3 also "ipython" (a tool's result,
+  // written as it is: not trimmed).
   Result<std::vector<ChatSegment>> render(const std::vector<ChatMessage>& messages,
                                           bool add_generation_prompt = true) const;
   // render() joined into one string.
   Result<std::string> apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
 
   ChatFormat format() const { return format_; }
+  // The template's tool-call format, recognized from its source (ChatML or
+  // Qwen3 mentioning <tool_call>: kHermes; Llama 3.1+ handling `tools` or
+  // "Environment: ipython": kLlama31) or set by from_name; kNone otherwise.
+  ToolFormat tool_format() const { return tool_format_; }
+  // This template for a request whose tools are described to the model: Llama
+  // 3.1+ (kLlama31) then opens its system turn with "Environment: ipython\n",
+  // as its Jinja does when tools are given; other formats are unchanged.
+  ChatTemplate with_tools_described() const;
   const std::string& default_system() const { return default_system_; }
   // The template writes bos_token first: the prompt starts with one BOS
   // whether or not the vocabulary adds one.
@@ -192,6 +216,8 @@ class ChatTemplate {
   bool system_allowed_ = true;  // Gemma 2 refuses a system message
   bool date_header_ = false;    // Llama 3.1+
   std::string date_;            // Llama 3.1+: "" = today
+  ToolFormat tool_format_ = ToolFormat::kNone;
+  bool tools_described_ = false;  // Llama 3.1+: "Environment: ipython\n" in the system turn
 };
 
 }  // namespace pd

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -109,6 +110,69 @@ TEST_CASE("chat segments: contents apart from template text", "[chat_template]")
   auto bad = ChatTemplate::from_name("mistral");
   REQUIRE_FALSE(bad.is_ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("mistral"));
+}
+
+TEST_CASE("chat templates: the tool-call format read off the template", "[chat_template]") {
+  const json ref = load_chat_reference();
+  const std::vector<std::pair<std::string, ToolFormat>> want = {
+      {"qwen2.5-instruct", ToolFormat::kHermes},      {"qwen3", ToolFormat::kHermes},
+      {"llama-3.1-instruct", ToolFormat::kLlama31},   {"llama-3.2-instruct", ToolFormat::kLlama31},
+      {"llama-3.3-instruct", ToolFormat::kLlama31},   {"gemma-3-it", ToolFormat::kNone},
+      {"gemma-2-it", ToolFormat::kNone}};
+  for (const auto& [name, format] : want) {
+    INFO("template " << name);
+    REQUIRE(ref.at("templates").contains(name));
+    auto tpl = ChatTemplate::from_string(ref.at("templates").at(name).at("template").get<std::string>(), name);
+    REQUIRE(tpl.is_ok());
+    CHECK(tpl->tool_format() == format);
+  }
+  // SmolLM2's template (its file's own): ChatML with no tools.
+  auto smol = ChatTemplate::from_string(
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+      "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>'"
+      " + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+      "%}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+      "smollm2");
+  REQUIRE(smol.is_ok());
+  CHECK(smol->format() == ChatFormat::kChatml);
+  CHECK(smol->tool_format() == ToolFormat::kNone);
+  // Llama 3.0 (no dated system turn) has none either.
+  auto l30 = ChatTemplate::from_string("<|start_header_id|><|end_header_id|><|eot_id|> tools is not none", "llama3");
+  REQUIRE(l30.is_ok());
+  CHECK(l30->tool_format() == ToolFormat::kNone);
+}
+
+TEST_CASE("chat templates by name: hermes, qwen2.5 and llama3.1 carry their tool formats", "[chat_template]") {
+  for (const char* name : {"chatml", "gemma", "llama3"}) {
+    auto t = ChatTemplate::from_name(name);
+    REQUIRE(t.is_ok());
+    CHECK(t->tool_format() == ToolFormat::kNone);
+  }
+  auto hermes = ChatTemplate::from_name("hermes");
+  REQUIRE(hermes.is_ok());
+  CHECK(hermes->format() == ChatFormat::kChatml);
+  CHECK(hermes->default_system().empty());
+  CHECK(hermes->tool_format() == ToolFormat::kHermes);
+  auto qwen = ChatTemplate::from_name("qwen2.5");
+  REQUIRE(qwen.is_ok());
+  CHECK(qwen->default_system() == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  CHECK(qwen->tool_format() == ToolFormat::kHermes);
+  CHECK(qwen->with_tools_described().apply({{"user", "Hi"}}).value() == qwen->apply({{"user", "Hi"}}).value());
+  auto llama = ChatTemplate::from_name("llama3.1");
+  REQUIRE(llama.is_ok());
+  CHECK(llama->format() == ChatFormat::kLlama3);
+  CHECK(llama->tool_format() == ToolFormat::kLlama31);
+  const std::string head = "<|start_header_id|>system<|end_header_id|>\n\n";
+  const std::string dates = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+  const std::string rest =
+      "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>ipython<|end_header_id|>"
+      "\n\n \"r\" <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+  // ipython turns (a tool's result) are Llama 3's, written untrimmed; tools
+  // described add the environment line.
+  const std::vector<ChatMessage> m = {{"user", "Hi"}, {"ipython", " \"r\" "}};
+  CHECK(llama->apply(m).value() == head + dates + rest);
+  CHECK(llama->with_tools_described().apply(m).value() == head + "Environment: ipython\n" + dates + rest);
+  CHECK_FALSE(ChatTemplate::chatml().apply(m).is_ok());
 }
 
 }  // namespace pd

@@ -119,7 +119,7 @@ TEST_CASE("config: bad keys and values are refused naming them", "[config]") {
 }
 
 TEST_CASE("config: chat_template names a format or is empty", "[config]") {
-  for (const char* name : {"", "chatml", "gemma", "llama3"}) {
+  for (const char* name : {"", "chatml", "gemma", "llama3", "llama3.1", "hermes", "qwen2.5"}) {
     auto c = ClusterConfig::parse(std::string(R"({"chat_template": ")") + name + "\"}");
     INFO(name << ": " << c.status().to_string());
     REQUIRE(c.is_ok());

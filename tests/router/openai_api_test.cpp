@@ -352,9 +352,7 @@ TEST_CASE("openai_api: logit_bias is read as token id -> bias, ids ascending, an
 TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]") {
   const std::vector<BadCase> cases = {
       {R"("best_of": 2)", "best_of", "best_of is not supported"},
-      {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"},
       {R"("functions": [{"name": "f"}])", "functions", "functions is not supported"},
-      {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"},
       {R"("suffix": "tail")", "suffix", "suffix is not supported"},
   };
   for (const BadCase& c : cases) {
@@ -362,6 +360,9 @@ TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]"
     check_bad(Endpoint::kChatCompletions, c);
   }
   check_bad(Endpoint::kChatCompletions, {R"("echo": true)", "echo", "echo is not supported"});
+  // Tools are a chat feature.
+  check_bad(Endpoint::kCompletions, {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"});
+  check_bad(Endpoint::kCompletions, {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"});
   check_bad(Endpoint::kCompletions, {R"("top_logprobs": 3)", "top_logprobs", "top_logprobs is not supported"});
   check_bad(Endpoint::kCompletions, {R"("stream_options": {"include_usage": true})", "stream_options",
                                      "only allowed when stream is true"});
@@ -392,6 +393,32 @@ TEST_CASE("openai_api: output constraints become the request's grammar", "[opena
           GrammarKind::kEbnf);
     CHECK(with(R"("structured_outputs": {"json_object": true})").kind == GrammarKind::kJsonObject);
   }
+}
+
+TEST_CASE("openai_api: chat tools, tool turns and a forced call", "[openai_api]") {
+  const ApiRequest r = parse_ok(Endpoint::kChatCompletions, R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "5C"}],
+      "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object",
+          "properties": {"zeta": {"type": "string"}, "alpha": {"type": "string"}}}}}],
+      "tool_choice": "required"})");
+  REQUIRE(r.messages.size() == 3);
+  CHECK(r.messages[1].content.empty());
+  REQUIRE(r.messages[1].tool_calls.size() == 1);
+  CHECK(r.messages[1].tool_calls[0].name == "w");
+  CHECK(r.messages[2].role == "tool");
+  CHECK(r.messages[2].tool_call_id == "c1");
+  REQUIRE(r.tools.size() == 1);
+  CHECK(r.tools[0].parameters.find("zeta") < r.tools[0].parameters.find("alpha"));  // the client's key order
+  CHECK(r.tool_choice.mode == ToolChoiceMode::kRequired);
+  // No tools: no tool choice.
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with("")).tool_choice.mode == ToolChoiceMode::kNone);
+  // A forced call and another output constraint cannot both hold.
+  check_bad(Endpoint::kChatCompletions,
+            {R"("tools": [{"type": "function", "function": {"name": "w"}}], "tool_choice": "required",
+                "response_format": {"type": "json_object"})", "tool_choice", "cannot be combined"});
 }
 
 TEST_CASE("openai_api: bad output constraints are refused by name", "[openai_api]") {
@@ -585,8 +612,13 @@ TEST_CASE("openai_api: chat messages validation", "[openai_api]") {
       {R"(["hi"])", "messages[0]", "messages[0] must be an object"},
       {R"([{"content":"x"}])", "messages[0].role", "messages[0].role is required"},
       {R"([{"role":3,"content":"x"}])", "messages[0].role", "must be a string"},
-      {R"([{"role":"user","content":"a"},{"role":"tool","content":"x"}])", "messages[1].role",
-       R"(must be "system", "user" or "assistant")"},
+      {R"([{"role":"user","content":"a"},{"role":"function","content":"x"}])", "messages[1].role",
+       R"(must be "system", "user", "assistant" or "tool")"},
+      {R"([{"role":"user","content":"a"},{"role":"tool","content":"x"}])", "messages[1].tool_call_id",
+       "must be a string"},
+      {R"([{"role":"user","content":"a","tool_call_id":"c"}])", "messages[0].tool_call_id", "only for tool"},
+      {R"([{"role":"user","content":"a","tool_calls":[{"id":"1"}]}])", "messages[0].tool_calls", "only for assistant"},
+      {R"([{"role":"assistant"}])", "messages[0].content", "is required"},
       {R"([{"role":"user"}])", "messages[0].content", "messages[0].content is required"},
       {R"([{"role":"user","content":null}])", "messages[0].content", "is required"},
       {R"([{"role":"user","content":5}])", "messages[0].content", "must be a string or an array of text parts"},
@@ -594,8 +626,10 @@ TEST_CASE("openai_api: chat messages validation", "[openai_api]") {
       {R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}])",
        "messages[0].content[0].type", "is not supported"},
       {R"([{"role":"user","content":[{"type":"text"}]}])", "messages[0].content[0].text", "must be a string"},
-      {R"([{"role":"assistant","content":"x","tool_calls":[{"id":"1"}]}])", "messages[0].tool_calls",
-       "messages[0].tool_calls is not supported"},
+      {R"([{"role":"assistant","content":"x","tool_calls":[{"id":"1"}]}])", "messages[0].tool_calls[0].function",
+       "is required"},
+      {R"([{"role":"assistant","content":"x","function_call":{"name":"f"}}])", "messages[0].function_call",
+       "not supported"},
   };
   for (const Case& c : cases) {
     const std::string body = R"({"messages":)" + c.messages + "}";
