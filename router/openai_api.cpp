@@ -28,13 +28,7 @@ std::string dump(const J& j) {
   return j.dump(-1, ' ', false, J::error_handler_t::replace);
 }
 
-ApiError bad_request(std::string param, std::string message) {
-  ApiError e;
-  e.status = 400;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
-}
+ApiError bad_request(std::string param, std::string message) { return invalid_request(std::move(param), std::move(message)); }
 
 ApiError unsupported(const std::string& field) { return bad_request(field, field + " is not supported"); }
 
@@ -710,6 +704,14 @@ std::optional<ApiError> parse_body(std::string_view body, json& obj) {
 }  // namespace
 
 std::string shown_text(std::string_view text) { return cut(text); }
+
+ApiError invalid_request(std::string param, std::string message) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
 
 std::string error_body(const ApiError& e) {
   ojson err = ojson::object();

@@ -34,6 +34,9 @@ struct ApiError {
   std::string code;   // "" = null
 };
 
+// A 400 invalid_request_error naming `param` ("" = null).
+ApiError invalid_request(std::string param, std::string message);
+
 // {"error":{"message":..,"type":..,"param":..|null,"code":..|null}}
 std::string error_body(const ApiError& e);
 

@@ -12,12 +12,7 @@ namespace structured {  // named: this file shares unity batches with openai_api
 
 using json = nlohmann::ordered_json;
 
-ApiError bad(std::string param, std::string message) {
-  ApiError e;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
-}
+ApiError bad(std::string param, std::string message) { return invalid_request(std::move(param), std::move(message)); }
 
 const char* type_name(const json& v) { return v.type_name(); }
 

@@ -24,22 +24,11 @@ constexpr std::string_view kOpenTag = "<tool_call>";
 constexpr std::string_view kCloseTag = "</tool_call>";
 constexpr const char* kEmptyParameters = R"({"type":"object","properties":{}})";
 
-ApiError bad_request(std::string param, std::string message) {
-  ApiError e;
-  e.status = 400;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
-}
+ApiError bad_request(std::string param, std::string message) { return invalid_request(std::move(param), std::move(message)); }
 
 // A client's key as shown in a message or `param`: at most kMaxShownChars
 // bytes, cut at a UTF-8 character boundary, "..." when cut.
-std::string shown_key(std::string_view s) {
-  if (s.size() <= kMaxShownChars) return std::string(s);
-  size_t n = kMaxShownChars - 3;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return std::string(s.substr(0, n)) + "...";
-}
+std::string shown_key(std::string_view s) { return shown_text(s); }
 
 // A client's scalar for "got ..." (containers by their type: never a big dump).
 template <typename J>

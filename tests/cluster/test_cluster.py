@@ -122,6 +122,18 @@ def suite_api(tmp):
             for case, ref in zip(bias_cases, refs):
                 for stream in (False, True):
                     expect_same((case, bias), run_case_key(c, key, case, stream, logit_bias=bias), ref)
+        # So does an output constraint (structured output): token 1 is masked on the
+        # prefill rank, the rest on the decode rank, as pd-generate masks them all.
+        schema = {"type": "object", "properties": {"b": {"enum": ["x", "y"]}, "a": {"type": "integer"}},
+                  "required": ["b", "a"]}
+        constrained = [("completion", "hello world", 16), ("chat", "hi there", 16)]
+        for extra, flags in (({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+                              ["--json-schema", json.dumps(schema)]),
+                             ({"structured_outputs": {"regex": "[a-c]{2,6}-[0-9]+"}}, ["--regex", "[a-c]{2,6}-[0-9]+"])):
+            refs = references(model, constrained, ignore_eos=True, args=flags)
+            for case, ref in zip(constrained, refs):
+                for stream in (False, True):
+                    expect_same((case, extra), run_case_key(c, key, case, stream, **extra), ref)
 
         def err(status, method, path, body=None, raw=None, headers=key, param=None):
             r = c.request(method, path, body, headers=headers, raw=raw)

@@ -273,7 +273,9 @@ def main():
     failures = []
     try:
         model = tiny_model(os.path.join(tmp, "tiny.gguf"))
-        cfg = {"http": {"api_key": API_KEY}, "router": {"max_queued": 64}}
+        # A template with a tool-call format, so generated tool requests reach the
+        # grammar engine and the ranks instead of stopping at the router's 400.
+        cfg = {"http": {"api_key": API_KEY}, "router": {"max_queued": 64}, "chat_template": "hermes"}
         with Cluster(1, 1, model=model, config=cfg, threads=1) as c:
             print("cluster up on port %d" % c.port)
             log_path = os.path.join(tmp, "responses.log")
