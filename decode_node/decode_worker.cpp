@@ -144,8 +144,7 @@ void DecodeWorker::on_prompt(proto::PrefillRequest m) {
   if (seqs_.count(id) || intake_.source_of(id))
     return fail_now("duplicate request id " + std::to_string(id), proto::FailureKind::kInternal);
   if (Status st = m.sampling.validate(); !st.is_ok()) return fail_now(st.message(), proto::FailureKind::kInvalid);
-  if (Status st = engine_->grammars->compile(m.sampling.grammar); !st.is_ok())
-    return fail_now(st.message(), proto::FailureKind::kInvalid);
+  engine_->grammars->compile_in_background(m.sampling.grammar);  // for its token 1 (first_token)
   const int64_t need = blocks_for_tokens(static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens);
   if (m.prompt.empty() || need > engine_->blocks->num_blocks())
     return fail_now("request needs " + std::to_string(need) + " KV blocks at its longest; this rank has " +

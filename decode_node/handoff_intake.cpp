@@ -67,8 +67,9 @@ bool HandoffIntake::on_offer(proto::HandoffOffer m, int source, bool known, uint
                       std::to_string(m.prompt.size()),
                   false);
   if (Status st = m.sampling.validate(); !st.is_ok()) return reject(st.message(), false);
-  // Compiled while the prompt runs on the prefill rank (cached after the first).
-  if (Status st = ctx_.engine->grammars->compile(m.sampling.grammar); !st.is_ok()) return reject(st.message(), false);
+  // Compiled in the background while the prompt runs on the prefill rank
+  // (cached after the first); the landing makes a matcher from it.
+  ctx_.engine->grammars->compile_in_background(m.sampling.grammar);
   const KvBlockManager& blocks = *ctx_.engine->blocks;
   const int64_t bs = blocks.block_size();
   const int64_t need = (static_cast<int64_t>(m.prompt.size()) + m.sampling.max_tokens + bs - 1) / bs;

@@ -181,12 +181,9 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
                                                        proto::FailureKind::kPeerDown});
     return;
   }
-  // A grammar is compiled as its request arrives (a no-op once cached), so
-  // token 1 only makes a matcher from it.
-  if (Status st = engine_->grammars->compile(req.sampling.grammar); !st.is_ok()) {
-    channel_->send(roles_.router, proto::RequestFailed{id, st.message(), proto::FailureKind::kInvalid});
-    return;
-  }
+  // A grammar compiles in the background while the prompt is computed (a
+  // no-op once cached); token 1 makes a matcher from it (finish_chunk).
+  engine_->grammars->compile_in_background(req.sampling.grammar);
   Seq& seq = seqs_[id];
   seq.req = std::move(req);
   // Its queue wait counts from when the communication side took it off the

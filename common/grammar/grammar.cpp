@@ -5,8 +5,11 @@
 #include <xgrammar/xgrammar.h>
 
 #include <algorithm>
-#include <limits>
+#include <condition_variable>
+#include <deque>
 #include <exception>
+#include <future>
+#include <limits>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -158,12 +161,26 @@ struct GrammarCompiler::Impl {
   int32_t vocab = 0;
   int64_t bound = 0;
 
-  std::mutex mu;  // guards the cache and the counts
+  using Compiled = Result<std::shared_ptr<const xgrammar::CompiledGrammar>>;
+  struct Job {
+    GrammarSpec spec;
+    std::string key;
+    std::promise<Compiled> done;
+  };
+
+  std::mutex mu;  // guards everything below
   using Entry = std::pair<std::string, std::shared_ptr<const xgrammar::CompiledGrammar>>;
   std::list<Entry> lru;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> index;
   int64_t bytes = 0;
   Stats stats;
+  // Background compiles (start()): queued jobs, and the results to come of
+  // those queued or running, which get() waits for instead of compiling again.
+  std::deque<Job> jobs;
+  std::unordered_map<std::string, std::shared_future<Compiled>> pending;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::thread worker;  // started by the first start()
 
   Impl(xgrammar::TokenizerInfo i, int32_t v, int64_t cache_bytes)
       : info(std::move(i)),
@@ -171,6 +188,20 @@ struct GrammarCompiler::Impl {
                  /*cache_enabled=*/false),
         vocab(v),
         bound(cache_bytes) {}
+
+  ~Impl() {
+    {
+      std::lock_guard lock(mu);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (worker.joinable()) worker.join();
+  }
+
+  Compiled get(const GrammarSpec& spec);
+  Compiled compile_now(const GrammarSpec& spec, const std::string& key);
+  void start(const GrammarSpec& spec);
+  void run_jobs();
 
   std::shared_ptr<const xgrammar::CompiledGrammar> find(const std::string& key) {
     std::lock_guard lock(mu);
@@ -180,8 +211,6 @@ struct GrammarCompiler::Impl {
     ++stats.cache_hits;
     return it->second->second;
   }
-
-  Result<std::shared_ptr<const xgrammar::CompiledGrammar>> get(const GrammarSpec& spec);
 
   void keep(const std::string& key, std::shared_ptr<const xgrammar::CompiledGrammar> g) {
     std::lock_guard lock(mu);
@@ -228,10 +257,21 @@ Status GrammarCompiler::check(const GrammarSpec& spec) {
   }
 }
 
-// The compiled grammar of `spec`, from the cache or compiled into it.
-Result<std::shared_ptr<const xgrammar::CompiledGrammar>> GrammarCompiler::Impl::get(const GrammarSpec& spec) {
+// The compiled grammar of `spec`: from the cache, from a background compile
+// of it (waited for), or compiled here.
+GrammarCompiler::Impl::Compiled GrammarCompiler::Impl::get(const GrammarSpec& spec) {
   const std::string key = cache_key(spec);
   if (std::shared_ptr<const xgrammar::CompiledGrammar> g = find(key)) return g;
+  std::shared_future<Compiled> coming;
+  {
+    std::lock_guard lock(mu);
+    if (const auto it = pending.find(key); it != pending.end()) coming = it->second;
+  }
+  if (coming.valid()) return coming.get();
+  return compile_now(spec, key);
+}
+
+GrammarCompiler::Impl::Compiled GrammarCompiler::Impl::compile_now(const GrammarSpec& spec, const std::string& key) {
   try {
     auto g = std::make_shared<const xgrammar::CompiledGrammar>(compiler.CompileGrammar(build_grammar(spec)));
     keep(key, g);
@@ -241,9 +281,42 @@ Result<std::shared_ptr<const xgrammar::CompiledGrammar>> GrammarCompiler::Impl::
   }
 }
 
+void GrammarCompiler::Impl::start(const GrammarSpec& spec) {
+  std::string key = cache_key(spec);
+  {
+    std::lock_guard lock(mu);
+    if (index.count(key) || pending.count(key)) return;
+    Job job{spec, key, {}};
+    pending[key] = job.done.get_future().share();
+    jobs.push_back(std::move(job));
+    if (!worker.joinable()) worker = std::thread([this] { run_jobs(); });
+  }
+  wake.notify_one();
+}
+
+// The background thread: one compile at a time, in arrival order.
+void GrammarCompiler::Impl::run_jobs() {
+  std::unique_lock lock(mu);
+  while (true) {
+    wake.wait(lock, [this] { return stopping || !jobs.empty(); });
+    if (jobs.empty()) return;  // stopping, nothing left
+    Job job = std::move(jobs.front());
+    jobs.pop_front();
+    lock.unlock();
+    Compiled r = compile_now(job.spec, job.key);
+    lock.lock();
+    pending.erase(job.key);  // in the cache now (or failed: a later get() says why again)
+    job.done.set_value(std::move(r));
+  }
+}
+
 Status GrammarCompiler::compile(const GrammarSpec& spec) {
   if (!spec.active()) return Status::ok();
   return impl_->get(spec).status();
+}
+
+void GrammarCompiler::compile_in_background(const GrammarSpec& spec) {
+  if (spec.active()) impl_->start(spec);
 }
 
 Result<std::unique_ptr<TokenConstraint>> GrammarCompiler::matcher(const GrammarSpec& spec, std::vector<TokenId> stop_ids) {

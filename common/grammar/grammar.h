@@ -46,6 +46,12 @@ class GrammarCompiler {
   // Compiles `spec` into the cache (a no-op when it is there, or without a
   // grammar). Errors as matcher()'s.
   Status compile(const GrammarSpec& spec);
+  // Starts compiling `spec` on this compiler's own thread unless it is cached
+  // or already on its way, and returns at once: a rank calls it as a
+  // constrained request (or handoff offer) arrives, so its loop does not stop
+  // for the compile, and matcher() later takes the result (waiting for it if
+  // the compile has not finished; an error shows there).
+  void compile_in_background(const GrammarSpec& spec);
 
   // A matcher at the start of `spec`'s output (compiled, or taken from the
   // cache). `stop_ids`: the tokens that may end the output once the grammar is

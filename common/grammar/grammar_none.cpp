@@ -22,6 +22,7 @@ Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer
 }
 Status GrammarCompiler::check(const GrammarSpec& spec) { return spec.active() ? absent() : Status::ok(); }
 Status GrammarCompiler::compile(const GrammarSpec& spec) { return check(spec); }
+void GrammarCompiler::compile_in_background(const GrammarSpec&) {}
 Result<std::unique_ptr<TokenConstraint>> GrammarCompiler::matcher(const GrammarSpec&, std::vector<TokenId>) {
   return absent();
 }

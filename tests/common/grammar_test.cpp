@@ -239,3 +239,26 @@ TEST_CASE("grammar: a grammar travels in the sampling parameters' checks") {
 }
 
 }  // namespace pd
+
+namespace pd {
+
+TEST_CASE("grammar: a background compile is waited for, not repeated") {
+  if (grammar_test::skip_without_engine()) return;
+  auto tok = grammar_test::make_tokenizer();
+  auto gc = GrammarCompiler::create(*tok);
+  REQUIRE(gc.is_ok());
+  const GrammarSpec spec{GrammarKind::kJsonSchema, R"({"type":"object","properties":{"n":{"type":"integer"}}})", "", ""};
+  (*gc)->compile_in_background(spec);
+  (*gc)->compile_in_background(spec);  // already on its way
+  REQUIRE((*gc)->matcher(spec, {0}).is_ok());
+  REQUIRE((*gc)->matcher(spec, {0}).is_ok());
+  CHECK((*gc)->stats().compiled == 1);
+  // A spec the engine refuses: the error shows at matcher().
+  const GrammarSpec bad{GrammarKind::kJsonSchema, R"({"type":"nonsense"})", "", ""};
+  (*gc)->compile_in_background(bad);
+  CHECK((*gc)->matcher(bad, {0}).status().is_invalid_argument());
+  // Destroyed with a compile still queued: it finishes or is dropped, nothing dangles.
+  (*gc)->compile_in_background(GrammarSpec{GrammarKind::kRegex, "[a-z]{1,9}", "", ""});
+}
+
+}  // namespace pd
