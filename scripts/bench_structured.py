@@ -4,7 +4,8 @@ constrained by the same JSON schema, against the same batch unconstrained,
 through pd-generate --batch (one batched decode, as a decode rank runs it).
 Both run exactly --max-tokens tokens per request (unconstrained with
 ignore_eos; the schema asks for at least 24 array items, so no constrained
-answer is complete sooner), alternated --reps times. Prints decode tokens/s of
+answer is complete sooner), alternated --reps times (ABBA: the first of each
+pair alternates). Prints decode tokens/s of
 each run, the medians, their ratio, and the grammar's compile times (cold and
 cached, from pd-generate's stderr).
 
@@ -73,7 +74,8 @@ def main():
     try:
         free, bound, compiles = [], [], []
         for rep in range(args.reps):
-            for constrained in (False, True):
+            # ABBA: which one runs first alternates (a run's position in the pair must not favour it).
+            for constrained in ((False, True) if rep % 2 == 0 else (True, False)):
                 tps, tokens, comp = run(args, path, constrained)
                 if tokens != args.batch * args.max_tokens:
                     sys.exit(f"run generated {tokens} tokens, expected {args.batch * args.max_tokens}")
