@@ -66,6 +66,7 @@ struct GenerateFlags {
   uint64_t seed = 0;
   std::vector<std::pair<pd::TokenId, float>> logit_bias;  // --logit-bias, ids ascending
   pd::GrammarSpec grammar;  // --json-schema, --json-object, --regex, --grammar
+  pd::SpeculationConfig speculation;  // --speculate, --ngram-min, --ngram-max
   pd::tools::BackendFlags backend;
 };
 
@@ -167,6 +168,14 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_flag("--json-object", json_object, "constrain the output to a JSON object (response_format json_object)");
   app.add_option("--regex", regex, "constrain the output to this regular expression (or @FILE)");
   app.add_option("--grammar", ebnf, "constrain the output to this EBNF grammar, root rule \"root\" (or @FILE)");
+  app.add_option("--speculate", f->speculation.max_draft,
+                 "speculative decoding: draft up to N tokens a step from the text so far (prompt lookup, "
+                 "n-grams), verified in the same pass; 0 = off")
+      ->check(CLI::Range(0, 16));
+  app.add_option("--ngram-max", f->speculation.max_ngram, "speculation: the longest n-gram looked up")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--ngram-min", f->speculation.min_ngram, "speculation: the shortest n-gram looked up")
+      ->check(CLI::Range(1, 16));
   app.add_flag("--parse-special", f->raw_specials, "recognize special tokens written in the prompt text");
   app.add_option("-t,--threads", f->backend.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", f->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
@@ -241,6 +250,7 @@ pd::Result<std::vector<pd::GenerateResult>> run_generate(const GenerateFlags& f,
                  ms(t1 - t0), ms(t2 - t1), ms(t3 - t2));
     with_grammars.grammars = grammars.get();
   }
+  with_grammars.speculation = f.speculation;
   return pd::generate(*e.model, cache, blocks, reqs, with_grammars, stats);
 }
 
@@ -355,6 +365,11 @@ void print_stats(const Engine& e, const pd::GenerateStats& stats, size_t generat
                static_cast<long long>(stats.prompt_tokens), generated, prefill_tps, decode_tps,
                static_cast<long long>(e.model->config().kv_geometry(e.kv_dtype).bytes_per_token()),
                pd::kv_dtype_name(e.kv_dtype), e.backend->name().c_str(), e.model->weight_bytes() / 1e6);
+  if (stats.drafted_tokens > 0 || stats.decode_steps > 0) {
+    std::fprintf(stderr, "[pd-generate] decode steps: %lld | drafted: %lld | accepted: %lld\n",
+                 static_cast<long long>(stats.decode_steps), static_cast<long long>(stats.drafted_tokens),
+                 static_cast<long long>(stats.accepted_tokens));
+  }
 }
 
 int run_batch(const GenerateFlags& f, Engine& e) {

@@ -308,6 +308,58 @@ Status KvBlockManager::append(SeqId seq, std::span<const TokenId> tokens, std::v
   return Status::ok();
 }
 
+Status KvBlockManager::truncate(SeqId seq, std::span<const TokenId> kept) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(seq);
+  if (it == m.seqs.end()) return Status::not_found("truncate: unknown seq " + std::to_string(seq.value));
+  Impl::Seq& s = it->second;
+  const int64_t n = static_cast<int64_t>(kept.size());
+  if (n > s.n_tokens) {
+    return Status::invalid_argument("truncate seq " + std::to_string(seq.value) + " to " + std::to_string(n) +
+                                    " tokens: it holds " + std::to_string(s.n_tokens));
+  }
+  if (n == s.n_tokens) return Status::ok();
+  const int64_t bs = m.cfg.block_size;
+  const size_t keep_blocks = static_cast<size_t>(ceil_div(n, bs));
+  // The first block holding a cut token: n / bs (partial after the cut) when
+  // n is not a block boundary, else the first block dropped.
+  const size_t first_cut = static_cast<size_t>(n / bs);
+  for (size_t i = first_cut; i < s.table.size(); ++i) {
+    if (m.blocks[s.table[i].value].ref > 1) {
+      return Status::invalid_argument("truncate seq " + std::to_string(seq.value) + ": block " + std::to_string(i) +
+                                      " is shared with another sequence");
+    }
+  }
+  // Commit: nothing below can fail.
+  for (size_t i = s.table.size(); i-- > first_cut;) {
+    const int32_t b = s.table[i].value;
+    if (m.blocks[b].registered) m.unregister(b);  // its hash covers tokens cut off
+    if (i >= keep_blocks) {
+      m.release(b);
+      s.table.pop_back();
+    }
+  }
+  const int64_t n_full = n / bs;
+  if (m.cfg.enable_prefix_sharing) {
+    // The chained hash of the last full block: held by it when registered, else recomputed.
+    const int32_t last_full = n_full > 0 ? s.table[static_cast<size_t>(n_full - 1)].value : -1;
+    if (last_full < 0) {
+      s.last_full_hash = kKvRootBlockHash;
+    } else if (m.blocks[last_full].registered && m.cached.count(m.blocks[last_full].hash)) {
+      s.last_full_hash = m.blocks[last_full].hash;
+    } else {
+      uint64_t h = kKvRootBlockHash;
+      for (int64_t k = 0; k < n_full; ++k) h = kv_block_hash(h, kept.subspan(static_cast<size_t>(k * bs), bs));
+      s.last_full_hash = h;
+    }
+  }
+  s.tail.assign(kept.begin() + n_full * bs, kept.end());
+  s.n_tokens = n;
+  s.n_reused = std::min(s.n_reused, keep_blocks);
+  if (!s.published && m.cfg.enable_prefix_sharing) s.tokens.resize(static_cast<size_t>(n));
+  return Status::ok();
+}
+
 Status KvBlockManager::fork(SeqId parent, SeqId child) {
   Impl& m = *impl_;
   auto it = m.seqs.find(parent);

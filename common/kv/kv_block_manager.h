@@ -178,6 +178,15 @@ class KvBlockManager {
   // NotFound for an unknown seq; InvalidArgument if a copy is needed and
   // `copies` is null; ResourceExhausted. On any error nothing changed.
   Status append(SeqId seq, std::span<const TokenId> tokens, std::vector<BlockCopy>* copies);
+  // Shortens `seq` to its first kept.size() tokens, which `kept` holds (the
+  // caller's copy of them): speculative decoding's rollback of rejected draft
+  // tokens. Blocks past the new end are released, and a block the cut leaves
+  // partial, or any block past it, that was registered for prefix sharing with
+  // the tokens cut off is unregistered first (its KV held them). NotFound for
+  // an unknown seq; InvalidArgument when kept is longer than the sequence or
+  // the cut falls inside a block shared with another sequence. On error
+  // nothing changed.
+  Status truncate(SeqId seq, std::span<const TokenId> kept);
   // New sequence `child` sharing all of `parent`'s blocks (refcounts +1); needs
   // no free block. NotFound if parent is unknown; InvalidArgument if child exists.
   Status fork(SeqId parent, SeqId child);

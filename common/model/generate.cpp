@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "serving/speculation.h"
+
 #include <chrono>
 #include <string>
 
@@ -90,43 +92,98 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
     if (emit(i, std::span<float>(logits).subspan(i * vocab, vocab))) active.push_back(i);
   }
 
-  // ---- decode: one step for every active sequence per iteration
-  // Per-step buffers live outside the loop: a step allocates nothing.
+  // ---- decode: one step for every active sequence per iteration. With
+  // speculation a sequence's step is its last token and the tokens drafted
+  // from its history (serving/speculation.h), verified in the same pass.
+  const SpeculationConfig& spec = opt.speculation;
   std::vector<BlockCopy> copies;
-  std::vector<TokenId> step_tokens(active.size());
+  std::vector<std::vector<TokenId>> step_tokens(n);  // per sequence: its last token, then its draft
+  std::vector<std::vector<TokenId>> history(n);      // speculation only: prompt + generated tokens
+  std::vector<DraftLength> draft_len(n, DraftLength(spec.max_draft));
+  std::vector<int64_t> step_pos(n);  // the position of a sequence's step's first token
+  if (spec.max_draft > 0) {
+    for (size_t i = 0; i < n; ++i) {
+      history[i] = reqs[i].prompt;
+      history[i].insert(history[i].end(), results[first + i].tokens.begin(), results[first + i].tokens.end());
+    }
+  }
   std::vector<size_t> still;
   still.reserve(active.size());
   while (!active.empty()) {
     t0 = Clock::now();
     batch.clear();
-    for (size_t a = 0; a < active.size(); ++a) {
-      const size_t i = active[a];
-      if (blocks.num_tokens(seqs[i]) + 1 > model.config().context)
+    for (size_t i : active) {
+      const int64_t pos = blocks.num_tokens(seqs[i]);
+      step_pos[i] = pos;
+      std::vector<TokenId>& st = step_tokens[i];
+      st.assign(1, last[i]);
+      if (spec.max_draft > 0) {
+        const int64_t left = reqs[i].sampling.max_tokens - static_cast<int64_t>(results[first + i].tokens.size());
+        int64_t k = std::min<int64_t>({draft_len[i].next(), left - 1, model.config().context - pos - 1});
+        if (k > 0 && blocks.blocks_needed_to_append(seqs[i], static_cast<int>(k + 1)) > blocks.num_free_blocks()) k = 0;
+        if (k > 0) {
+          const std::vector<TokenId> d = ngram_draft(history[i], static_cast<int>(k), spec.max_ngram, spec.min_ngram);
+          st.insert(st.end(), d.begin(), d.end());
+        }
+      }
+      if (pos + 1 > model.config().context)
         return Status::invalid_argument("request " + std::to_string(first + i) + " exceeds the context length");
       copies.clear();
-      const TokenId tok = last[i];
-      PD_RETURN_IF_ERROR(blocks.append(seqs[i], std::span<const TokenId>(&tok, 1), &copies));
+      PD_RETURN_IF_ERROR(blocks.append(seqs[i], st, &copies));
       for (const BlockCopy& c : copies)
         PD_RETURN_IF_ERROR(model.backend().kv_copy_block(*cache.buffer, cache.layout, c.src.value, c.dst.value));
       fill_table(blocks, seqs[i], tables[i]);
-      step_tokens[a] = tok;
-    }
-    for (size_t a = 0; a < active.size(); ++a) {
-      const size_t i = active[a];
       SequenceBatch sb;
-      sb.tokens = std::span<const TokenId>(&step_tokens[a], 1);
-      sb.start_pos = static_cast<int32_t>(blocks.num_tokens(seqs[i]) - 1);
+      sb.tokens = st;
+      sb.start_pos = static_cast<int32_t>(pos);
       sb.block_table = tables[i];
+      sb.all_logits = st.size() > 1;
       batch.push_back(sb);
     }
-    PD_RETURN_IF_ERROR(model.decode(batch, cache, &logits));
+    PD_RETURN_IF_ERROR(model.forward(batch, cache, &logits));
     still.clear();
-    for (size_t a = 0; a < active.size(); ++a) {
-      if (emit(active[a], std::span<float>(logits).subspan(a * vocab, vocab))) still.push_back(active[a]);
+    size_t row = 0;
+    int64_t emitted = 0;
+    for (size_t i : active) {
+      const std::vector<TokenId>& st = step_tokens[i];
+      const size_t drafted = st.size() - 1;
+      const size_t before = results[first + i].tokens.size();
+      // Position j's row gives the token after st[j]: kept while it is the
+      // draft's next token; the first that is not (or the last row) ends it.
+      bool going = true;
+      size_t accepted = 0;
+      for (size_t j = 0; j <= drafted && going; ++j) {
+        going = emit(i, std::span<float>(logits).subspan((row + j) * vocab, vocab));
+        if (j < drafted && last[i] == st[j + 1]) {
+          ++accepted;
+        } else {
+          break;
+        }
+      }
+      row += drafted + 1;
+      const std::vector<TokenId>& out = results[first + i].tokens;
+      emitted += static_cast<int64_t>(out.size() - before);
+      if (spec.max_draft > 0) {
+        history[i].insert(history[i].end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+        draft_len[i].update(static_cast<int>(drafted), static_cast<int>(accepted));
+        if (stats) {
+          stats->drafted_tokens += static_cast<int64_t>(drafted);
+          stats->accepted_tokens += static_cast<int64_t>(accepted);
+        }
+        // Rejected draft tokens leave the cache (and the prefix cache: a
+        // finished sequence's blocks stay there): it keeps the step's last
+        // token and the accepted drafts; the token sampled after them is the
+        // next step's input.
+        if (accepted < drafted) {
+          const size_t keep = static_cast<size_t>(step_pos[i]) + 1 + accepted;
+          PD_RETURN_IF_ERROR(blocks.truncate(seqs[i], std::span<const TokenId>(history[i]).first(keep)));
+        }
+      }
+      if (going) still.push_back(i);
     }
     if (stats) {
       stats->decode_seconds += seconds_since(t0);
-      stats->decode_tokens += static_cast<int64_t>(active.size());
+      stats->decode_tokens += emitted;
       stats->decode_steps += 1;
     }
     active.swap(still);

@@ -14,6 +14,7 @@
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "sampling/sampler.h"
+#include "serving/speculation.h"
 
 namespace pd {
 
@@ -34,6 +35,8 @@ struct GenerateStats {
   int64_t decode_tokens = 0;   // tokens produced by decode steps
   double decode_seconds = 0;
   int64_t decode_steps = 0;
+  int64_t drafted_tokens = 0;   // speculation: tokens drafted
+  int64_t accepted_tokens = 0;  // and of those, accepted
 };
 
 struct GenerateOptions {
@@ -45,6 +48,8 @@ struct GenerateOptions {
   // Compiles the requests' grammars (structured output); needed only by
   // requests that have one.
   GrammarCompiler* grammars = nullptr;
+  // Speculative decoding (serving/speculation.h); off by default.
+  SpeculationConfig speculation;
 };
 
 // Requires: every request's prompt is non-empty and prompt + max_tokens fits

@@ -699,3 +699,77 @@ TEST_CASE("kv: KV events coalesce per hash and stay bounded by the pool", "[kv]"
 
 }  // namespace
 }  // namespace pd
+
+namespace pd {
+namespace kv_truncate_test {
+
+KvBlockManagerConfig cfg(int block_size, int64_t num_blocks, bool sharing) {
+  KvBlockManagerConfig c;
+  c.block_size = block_size;
+  c.num_blocks = num_blocks;
+  c.enable_prefix_sharing = sharing;
+  return c;
+}
+
+}  // namespace kv_truncate_test
+
+TEST_CASE("kv: truncate rolls back appended tokens, and what they registered", "[kv]") {
+  for (bool sharing : {true, false}) {
+    KvBlockManager m(kv_truncate_test::cfg(4, 32, sharing));
+    const SeqId a{1};
+    std::vector<TokenId> kept(10);
+    std::iota(kept.begin(), kept.end(), 100);
+    REQUIRE(m.allocate(a, kept).is_ok());
+    const int64_t free_before = m.num_free_blocks();
+    const int64_t cached_before = m.num_cached_blocks();
+    // Draft tokens fill blocks 2 and 3 (registered), then are cut back to 10 + 1.
+    const std::vector<TokenId> draft = {7, 7, 7, 7, 7, 7, 7};
+    REQUIRE(m.append(a, draft, nullptr).is_ok());
+    CHECK(m.num_tokens(a) == 17);
+    std::vector<TokenId> after = kept;
+    after.push_back(7);  // one draft token accepted
+    REQUIRE(m.truncate(a, after).is_ok());
+    CHECK(m.num_tokens(a) == 11);
+    CHECK(m.block_table(a).size() == 3);
+    CHECK(m.num_free_blocks() == free_before);  // block 3 went back; block 2 was already held
+    CHECK(m.num_cached_blocks() == cached_before);  // nothing registered by the draft stays
+    REQUIRE(m.check_invariants().is_ok());
+    // Appending on goes on from the right place: the blocks it fills register
+    // under the tokens really there, and a prompt of those tokens reuses them.
+    const std::vector<TokenId> more = {8, 9, 10, 11, 12};
+    REQUIRE(m.append(a, more, nullptr).is_ok());
+    std::vector<TokenId> full = after;
+    full.insert(full.end(), more.begin(), more.end());
+    REQUIRE(m.check_invariants().is_ok());
+    const SeqId b{2};
+    auto reused = m.allocate(b, full);
+    REQUIRE(reused.is_ok());
+    CHECK(*reused == (sharing ? 12 : 0));  // 3 full blocks of `full` (16 tokens: the 4th block is the last token's)
+    // A prompt of the draft's tokens finds nothing of them.
+    std::vector<TokenId> wrong = kept;
+    wrong.insert(wrong.end(), draft.begin(), draft.end());
+    CHECK(m.cached_prefix_tokens(wrong) == (sharing ? 8 : 0));
+    REQUIRE(m.free(a).is_ok());
+    REQUIRE(m.free(b).is_ok());
+    REQUIRE(m.check_invariants().is_ok());
+  }
+}
+
+TEST_CASE("kv: truncate refuses what it cannot do and changes nothing", "[kv]") {
+  KvBlockManager m(kv_truncate_test::cfg(4, 8, true));
+  std::vector<TokenId> t(8);
+  std::iota(t.begin(), t.end(), 1);
+  CHECK(m.truncate(SeqId{9}, t).is_not_found());
+  REQUIRE(m.allocate(SeqId{1}, t).is_ok());
+  std::vector<TokenId> longer = t;
+  longer.push_back(3);
+  CHECK(m.truncate(SeqId{1}, longer).is_invalid_argument());
+  // A block shared with another sequence (a prefix reused from the cache) is not cut.
+  REQUIRE(m.allocate(SeqId{2}, longer).is_ok());
+  CHECK(m.truncate(SeqId{2}, std::span<const TokenId>(t).first(6)).is_invalid_argument());
+  CHECK(m.num_tokens(SeqId{2}) == 9);
+  CHECK(m.truncate(SeqId{2}, t).is_ok());  // at the boundary: only its own block goes
+  REQUIRE(m.check_invariants().is_ok());
+}
+
+}  // namespace pd

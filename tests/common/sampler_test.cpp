@@ -2,6 +2,7 @@
 // penalties, seeding, the empirical distribution, validate() and check_stop().
 // Every random draw is seeded, so no test can flake.
 #include "sampling/sampler.h"
+#include "serving/speculation.h"
 
 #include <catch2/catch.hpp>
 
@@ -579,4 +580,44 @@ TEST_CASE("logprobs: validate() bounds logprobs and ties prompt_logprobs to it",
   p.logprobs = -2;
   CHECK_FALSE(p.validate().is_ok());
 }
+}  // namespace pd
+
+namespace pd {
+
+TEST_CASE("speculation: prompt lookup drafts what followed the longest recent match") {
+  const std::vector<TokenId> h = {1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3};
+  // Suffix "2 3": its most recent earlier occurrence is at 5..6, followed by 7 8 5 2 3.
+  CHECK(ngram_draft(h, 3, 3, 2) == std::vector<TokenId>{7, 8, 5});
+  CHECK(ngram_draft(h, 10, 3, 2) == std::vector<TokenId>{7, 8, 5, 2, 3});  // up to the history's end
+  // A longer n-gram wins over a more recent shorter one.
+  const std::vector<TokenId> g = {4, 5, 6, 1, 5, 6, 2, 4, 5, 6};
+  CHECK(ngram_draft(g, 2, 3, 1) == std::vector<TokenId>{1, 5});
+  CHECK(ngram_draft(g, 2, 2, 1) == std::vector<TokenId>{2, 4});
+  CHECK(ngram_draft(std::vector<TokenId>{1, 2, 3, 4}, 4, 3, 2).empty());  // nothing repeats
+  CHECK(ngram_draft(h, 0, 3, 2).empty());
+  CHECK(ngram_draft(std::vector<TokenId>{}, 4, 3, 1).empty());
+  CHECK(ngram_draft(std::vector<TokenId>{5}, 4, 3, 1).empty());
+}
+
+TEST_CASE("speculation: the draft length follows acceptance and rests where nothing is taken") {
+  DraftLength d(4);
+  CHECK(d.next() == 4);
+  d.update(4, 4);
+  CHECK(d.next() == 4);  // at most max
+  d.update(4, 1);
+  CHECK(d.next() == 2);  // accepted + 1
+  d.update(2, 2);
+  CHECK(d.next() == 3);
+  d.update(3, 0);
+  CHECK(d.next() == 1);
+  d.update(1, 0);  // a second miss in a row: rest
+  for (int i = 0; i < DraftLength::kRestSteps; ++i) {
+    CHECK(d.next() == 0);
+    d.update(0, 0);
+  }
+  CHECK(d.next() == 4);
+  d.update(0, 0);  // no draft found: nothing changes
+  CHECK(d.next() == 4);
+}
+
 }  // namespace pd

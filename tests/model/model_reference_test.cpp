@@ -116,7 +116,8 @@ std::vector<pd::TokenId> ids_of(const nlohmann::json& j) { return j.get<std::vec
 
 // Greedy generation of n tokens (EOS ignored) for each prompt; batched or one at a time.
 std::vector<std::vector<pd::TokenId>> greedy(const std::vector<std::vector<pd::TokenId>>& prompts, int n,
-                                             bool one_at_a_time, Path path = Path::kInt8) {
+                                             bool one_at_a_time, Path path = Path::kInt8, int speculate = 0,
+                                             pd::GenerateStats* stats = nullptr, float temperature = 0.0f) {
   Engine& e = engine(path);
   const int block_size = 16;
   int64_t blocks_needed = 0;
@@ -129,11 +130,14 @@ std::vector<std::vector<pd::TokenId>> greedy(const std::vector<std::vector<pd::T
     reqs[i].prompt = prompts[i];
     reqs[i].sampling.max_tokens = n;
     reqs[i].sampling.ignore_eos = true;
+    reqs[i].sampling.temperature = temperature;
+    reqs[i].sampling.seed = 11 + i;
   }
   pd::GenerateOptions opt;
   opt.eos_id = e.tok->eos_id();
   opt.one_at_a_time = one_at_a_time;
-  auto out = pd::generate(*e.model, *cache, blocks, reqs, opt, nullptr);
+  opt.speculation.max_draft = speculate;
+  auto out = pd::generate(*e.model, *cache, blocks, reqs, opt, stats);
   INFO(out.status().to_string());
   REQUIRE(out.is_ok());
   REQUIRE(blocks.num_free_blocks() == blocks.num_blocks());
@@ -237,6 +241,35 @@ TEST_CASE("greedy continuations match transformers token for token", "[model][re
     }
     std::printf("greedy (%s): %d of %zu continuations identical to the reference over %d tokens\n", path_name(path),
                 exact, prompts.size(), n);
+  }
+}
+
+TEST_CASE("speculative decoding gives the tokens of plain decoding, greedy and seeded", "[model][speculation]") {
+  pd::test::require_default_model();
+  const nlohmann::json ref = read_json(pd::test::test_data_dir() + "/reference/greedy.json");
+  std::vector<std::vector<pd::TokenId>> prompts;
+  for (const auto& c : ref.at("cases")) prompts.push_back(ids_of(c.at("prompt_ids")));
+  // And prompts with something to copy, so drafts are made and accepted.
+  pd::Tokenizer& tok = *engine().tok;
+  prompts.push_back(tok.encode("1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7 8 9 10 1 2 3", true));
+  prompts.push_back(tok.encode("The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog", true));
+  const int n = 40;
+  for (float temperature : {0.0f, 0.8f}) {
+    const auto plain = greedy(prompts, n, false, Path::kInt8, 0, nullptr, temperature);
+    for (int k : {1, 4}) {
+      pd::GenerateStats stats;
+      const auto spec = greedy(prompts, n, false, Path::kInt8, k, &stats, temperature);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        INFO("prompt " << i << ", draft " << k << ", temperature " << temperature);
+        CHECK(spec[i] == plain[i]);
+      }
+      std::printf("speculation (draft %d, temperature %.1f): %lld steps for %lld tokens, %lld drafted, %lld accepted\n",
+                  k, temperature, static_cast<long long>(stats.decode_steps),
+                  static_cast<long long>(stats.decode_tokens), static_cast<long long>(stats.drafted_tokens),
+                  static_cast<long long>(stats.accepted_tokens));
+      CHECK(stats.accepted_tokens > 0);  // the copy prompts were drafted for and the drafts taken
+      CHECK(stats.decode_steps < stats.decode_tokens);
+    }
   }
 }
 
