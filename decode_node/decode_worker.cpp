@@ -384,15 +384,18 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
   step_batch_.resize(n_seqs);
   stepped_.clear();
   size_t used = 0;
+  int64_t spare = blocks.num_free_blocks();
+  for (proto::RequestId id : running_) spare -= blocks.blocks_needed_to_append(seq_of(id), 1);
   for (proto::RequestId id : running_) {
     Seq& s = seqs_.at(id);
-    if (Status st = blocks.append(seq_of(id), std::span<const int32_t>(&s.tokens.back(), 1), nullptr); !st.is_ok()) {
+    plan_draft(s, spare);
+    if (Status st = blocks.append(seq_of(id), s.step, nullptr); !st.is_ok()) {
       spdlog::error("decode rank {}: request {}: {}", roles_.self, s.id, st.to_string());
       continue;  // the scheduler planned room; should not happen — retried next iteration
     }
     fill_table(blocks, id, step_tables_[used]);
-    step_batch_[used] = SequenceBatch{std::span<const int32_t>(&s.tokens.back(), 1),
-                                      static_cast<int32_t>(s.tokens.size()) - 1, step_tables_[used], true, false};
+    step_batch_[used] = SequenceBatch{s.step, static_cast<int32_t>(s.tokens.size()) - 1, step_tables_[used], true,
+                                      s.step.size() > 1};
     ++used;
     stepped_.push_back(s.id);
   }
@@ -413,24 +416,69 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
   }
   const size_t vocab = static_cast<size_t>(engine_->config().vocab);
   auto rows = [&](size_t first, size_t n) { return std::span<float>(logits_).subspan(first * vocab, n * vocab); };
-  for (size_t i = 0; i < stepped_.size(); ++i) {
-    Seq& s = seqs_.at(stepped_[i]);
-    proto::TokenEvent ev = s.next_token(rows(i, 1), engine_->eos_id, raw_row_);
-    if (!s.timing_sent) {
-      ev.queue_s = seconds(step_start - s.received);
-      s.timing_sent = true;
-    }
-    const bool stop = ev.finish != proto::Finish::kNone;
-    events.events.push_back(std::move(ev));
-    if (stop) erase(s);
+  size_t row = 0;
+  for (proto::RequestId id : stepped_) {
+    Seq& s = seqs_.at(id);
+    const size_t n_rows = s.step.size();
+    verify_step(s, rows(row, n_rows), step_start, events);
+    row += n_rows;
   }
-  size_t row = stepped_.size();
   for (const PrefillChunk& c : chunks) {
     Seq& s = seqs_.at(c.id);
     const size_t n_rows = s.prompt.rows(s.prompt.computed() + c.tokens);
     finish_local_chunk(s, c.tokens, rows(row, n_rows), events);
     row += n_rows;
   }
+}
+
+void DecodeWorker::plan_draft(Seq& s, int64_t& spare) {
+  s.step.assign(1, s.tokens.back());
+  const int max = cfg_.decode.speculate;
+  if (max <= 0 || static_cast<int>(running_.size()) > cfg_.decode.speculate_max_batch) return;
+  if (s.draft.max() != max) s.draft = DraftLength(max);
+  KvBlockManager& blocks = *engine_->blocks;
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  int64_t k = std::min<int64_t>({s.draft.next(), s.params.max_tokens - s.n_generated - 1,
+                                 static_cast<int64_t>(engine_->config().context) - n});
+  if (k <= 0) return;
+  const std::vector<int32_t> d = ngram_draft(s.tokens, static_cast<int>(k), 3, 2);
+  if (d.empty()) return;
+  const int64_t extra = blocks.blocks_needed_to_append(seq_of(s.id), static_cast<int>(d.size()) + 1) -
+                        blocks.blocks_needed_to_append(seq_of(s.id), 1);
+  if (extra > spare) return;
+  spare -= extra;
+  s.step.insert(s.step.end(), d.begin(), d.end());
+}
+
+void DecodeWorker::verify_step(Seq& s, std::span<float> rows, Clock::time_point step_start,
+                               proto::TokenEvents& events) {
+  const size_t vocab = static_cast<size_t>(engine_->config().vocab);
+  const size_t drafted = s.step.size() - 1;
+  const size_t pos = s.tokens.size() - 1;  // of the step's first token
+  size_t accepted = 0;
+  bool stop = false;
+  for (size_t j = 0; j <= drafted; ++j) {
+    proto::TokenEvent ev = s.next_token(rows.subspan(j * vocab, vocab), engine_->eos_id, raw_row_);
+    if (!s.timing_sent) {
+      ev.queue_s = seconds(step_start - s.received);
+      s.timing_sent = true;
+    }
+    stop = ev.finish != proto::Finish::kNone;
+    const bool taken = j < drafted && ev.tokens[0] == s.step[j + 1];
+    events.events.push_back(std::move(ev));
+    accepted += taken ? 1 : 0;
+    if (stop || !taken) break;
+  }
+  if (cfg_.decode.speculate > 0) s.draft.update(static_cast<int>(drafted), static_cast<int>(accepted));
+  drafted_ += static_cast<int64_t>(drafted);
+  accepted_ += static_cast<int64_t>(accepted);
+  if (accepted < drafted) {  // the rejected draft tokens' KV goes (and with it what they registered)
+    const auto kept = std::span<const int32_t>(s.tokens).first(pos + 1 + accepted);
+    if (Status st = engine_->blocks->truncate(seq_of(s.id), kept); !st.is_ok()) {
+      return fail(s, "speculation rollback failed: " + st.message(), proto::FailureKind::kInternal);
+    }
+  }
+  if (stop) erase(s);
 }
 
 // A sequence's chunk is in the cache. With its whole KV computed it joins the
@@ -507,6 +555,8 @@ void DecodeWorker::fill_load(proto::LoadReport& r) const {
   r.waiting = static_cast<int32_t>(waiting_.size());
   r.running = static_cast<int32_t>(running_.size() + prefilling_.size());
   r.preemptions = preemptions_;
+  r.spec_drafted = drafted_;
+  r.spec_accepted = accepted_;
   intake_.fill_load(r);  // its offers wait too
 }
 

@@ -43,6 +43,7 @@
 #include "decode_node/scheduler.h"
 #include "decode_node/seq_kv.h"
 #include "sampling/sampler.h"
+#include "serving/speculation.h"
 #include "serving/prefill_chunks.h"
 #include "worker/prompt_pass.h"
 #include "worker/worker_core.h"
@@ -76,6 +77,10 @@ class DecodeWorker final : public WorkerCore {
     // Its first event here carried its queue time (a fact the router needs
     // once, not a stage: preemption does not change it).
     bool timing_sent = false;
+    // Speculative decoding: its draft length, and this step's tokens (its
+    // last token, then the tokens drafted after it).
+    DraftLength draft{0};
+    std::vector<int32_t> step;
     // Leading tokens whose KV this rank computes: a new prompt all its tokens
     // (logits for token 1); a preempted sequence all but its last token, which
     // its next step feeds.
@@ -116,6 +121,14 @@ class DecodeWorker final : public WorkerCore {
   // reusing its prefix cache; the new blocks register once written (publish).
   Status start_prompt(Seq& s);
   void run_step(const std::vector<PrefillChunk>& chunks, proto::TokenEvents& events);
+  // Speculation: s.step becomes its last token and what it drafts this step,
+  // within `spare` blocks (those the running batch's next tokens leave; what
+  // the draft takes is subtracted).
+  void plan_draft(Seq& s, int64_t& spare);
+  // The step's rows of a running sequence: its tokens sampled in order while
+  // they confirm its draft (one when it drafted nothing), their events, the
+  // rejected draft tokens rolled out of its KV, and its end when one stops it.
+  void verify_step(Seq& s, std::span<float> rows, Clock::time_point step_start, proto::TokenEvents& events);
   void finish_local_chunk(Seq& s, int64_t n, std::span<float> rows, proto::TokenEvents& events);
   // A new prompt's KV is computed: token 1 from `last_row`, its event (with
   // timings to `now`), then the running batch (or its end).
@@ -129,6 +142,8 @@ class DecodeWorker final : public WorkerCore {
   std::deque<proto::RequestId> waiting_;   // ready, queued or preempted, in admission order
   uint64_t next_order_ = 0;
   int64_t preemptions_ = 0;
+  int64_t drafted_ = 0;   // speculation: tokens drafted, and of those accepted (LoadReport)
+  int64_t accepted_ = 0;
   std::vector<float> logits_;
   std::vector<float> raw_row_;  // a logits row before sample() changes it (logprobs are of the raw one)
   // The decode step's per-sequence inputs, reused from step to step (the

@@ -59,6 +59,9 @@ constexpr Series kTotalBlocks{"pd_kv_blocks", "KV blocks of a worker's pool"};
 constexpr Series kKvPoolBytes{"pd_kv_pool_bytes",
                               "Bytes of a worker's KV pool (blocks x block_size x pd_kv_bytes_per_token)"};
 constexpr Series kPreemptions{"pd_preemptions", "Preemptions on a decode rank since start"};
+constexpr Series kSpecDrafted{"pd_spec_draft_tokens", "Tokens a decode rank drafted (speculative decoding) since start"};
+constexpr Series kSpecAccepted{"pd_spec_accepted_tokens",
+                               "Drafted tokens a decode rank's verification accepted since start"};
 constexpr Series kRankUp{"pd_rank_up", "1 while the rank is up, 0 while starting or declared down"};
 constexpr Series kQuarantined{
     "pd_kv_blocks_quarantined",
@@ -132,6 +135,8 @@ RouterMetrics::RouterMetrics(Registry& r, const std::string& kv_dtype, int64_t k
       total_blocks(gauge(r, kTotalBlocks, kRankLabels)),
       kv_pool_bytes(gauge(r, kKvPoolBytes, kRankLabels)),
       preemptions(gauge(r, kPreemptions, {"rank"})),
+      spec_drafted(gauge(r, kSpecDrafted, {"rank"})),
+      spec_accepted(gauge(r, kSpecAccepted, {"rank"})),
       router_queue(gauge(r, kRouterQueue)),
       in_flight(gauge(r, kInFlight)),
       rank_up(gauge(r, kRankUp, kRankLabels)),
@@ -171,7 +176,12 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
       total_blocks.set(labels, static_cast<double>(wv.load.total_blocks));
       kv_pool_bytes.set(labels, static_cast<double>(wv.load.total_blocks) * block_size *
                                     static_cast<double>(kv_bytes_per_token));
-      if (!wv.is_prefill) preemptions.set({std::to_string(wv.rank)}, static_cast<double>(wv.load.preemptions));
+      if (!wv.is_prefill) {
+        const std::vector<std::string> rank{std::to_string(wv.rank)};
+        preemptions.set(rank, static_cast<double>(wv.load.preemptions));
+        spec_drafted.set(rank, static_cast<double>(wv.load.spec_drafted));
+        spec_accepted.set(rank, static_cast<double>(wv.load.spec_accepted));
+      }
       rank_up.set(labels, wv.state == RankState::kUp ? 1 : 0);
       quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));
       kv_tags_retired.set(labels, static_cast<double>(wv.load.kv_tags_retired));

@@ -49,6 +49,8 @@ struct RouterMetrics {
   Gauge& total_blocks;
   Gauge& kv_pool_bytes;
   Gauge& preemptions;
+  Gauge& spec_drafted;   // a decode rank's, from its load reports
+  Gauge& spec_accepted;
   Gauge& router_queue;
   Gauge& in_flight;
   Gauge& rank_up;

@@ -155,7 +155,8 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   }));
   PD_RETURN_IF_ERROR(section(root, "decode", [&](const json& j, std::string p) {
     return Reader(j, p).get("max_running", c.decode.max_running).get("step_tokens", c.decode.step_tokens)
-        .get("threads", c.decode.threads).finish();
+        .get("threads", c.decode.threads).get("speculate", c.decode.speculate)
+        .get("speculate_max_batch", c.decode.speculate_max_batch).finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "router", [&](const json& j, std::string p) {
     return Reader(j, p).get("max_queued", c.router.max_queued)
@@ -241,6 +242,8 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("prefill.threads", prefill.threads, 0, 1024));
   PD_RETURN_IF_ERROR(range("decode.max_running", decode.max_running, 1, 4096));
   PD_RETURN_IF_ERROR(range("decode.step_tokens", decode.step_tokens, 1, 1 << 20));
+  PD_RETURN_IF_ERROR(range("decode.speculate", decode.speculate, 0, 16));
+  PD_RETURN_IF_ERROR(range("decode.speculate_max_batch", decode.speculate_max_batch, 1, 4096));
   PD_RETURN_IF_ERROR(range("decode.threads", decode.threads, 0, 1024));
   PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 0, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));

@@ -93,6 +93,12 @@ struct ClusterConfig {
     // step instead of stalling them for the whole prompt.
     int step_tokens = 256;
     int threads = 0;           // compute threads per decode rank (0 = all cores)
+    // Speculative decoding (serving/speculation.h): tokens drafted per
+    // sequence and step from its own text (prompt lookup), at most; 0 = off.
+    int speculate = 0;
+    // Only while at most this many sequences run: a fuller batch is
+    // compute-bound, where a verified draft costs about what it saves.
+    int speculate_max_batch = 4;
   } decode;
 
   struct Router {

@@ -188,7 +188,8 @@ struct ToJson {
             {"ready", m.ready},        {"epoch", m.epoch},             {"quarantined", m.quarantined_blocks},
             {"cached", m.prompt_tokens_cached}, {"computed", m.prompt_tokens_computed},
             {"refused", m.refused_messages},
-            {"tags_retired", m.kv_tags_retired}, {"tags_reclaiming", m.kv_tags_reclaiming}};
+            {"tags_retired", m.kv_tags_retired}, {"tags_reclaiming", m.kv_tags_reclaiming},
+            {"drafted", m.spec_drafted}, {"accepted", m.spec_accepted}};
   }
 };
 
@@ -230,6 +231,8 @@ LoadReport load_report_from(const json& j) {
   m.refused_messages = j.value("refused", int64_t{0});
   m.kv_tags_retired = j.value("tags_retired", int64_t{0});
   m.kv_tags_reclaiming = j.value("tags_reclaiming", int64_t{0});
+  m.spec_drafted = j.value("drafted", int64_t{0});  // absent from an older peer: none
+  m.spec_accepted = j.value("accepted", int64_t{0});
   return m;
 }
 

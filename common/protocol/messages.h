@@ -244,6 +244,10 @@ struct LoadReport {
   // then given out again). decode_node/kv_tags.h.
   int64_t kv_tags_retired = 0;
   int64_t kv_tags_reclaiming = 0;
+  // Decode ranks, since start: speculative decoding's drafted tokens, and of
+  // those the accepted ones.
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
 };
 
 // At most this many hashes travel in one KvEvents message (a larger change is

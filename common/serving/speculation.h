@@ -48,6 +48,7 @@ class DraftLength {
   explicit DraftLength(int max_draft) : max_(max_draft), next_(max_draft) {}
   // How many tokens to draft this step (0: none).
   int next() const { return resting_ > 0 ? 0 : next_; }
+  int max() const { return max_; }
   // After a step: `drafted` tokens were proposed (0: none, which only counts
   // down a rest), `accepted` of them taken.
   void update(int drafted, int accepted);

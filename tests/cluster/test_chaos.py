@@ -494,6 +494,13 @@ def suite_decode_kill(tmp):
     kill_suite("decode", (20, 40), lambda c, load, ranks: load.started() >= N * 3 // 4)
 
 
+def suite_decode_kill_spec(tmp):
+    # The same with speculative decoding on the decode pool: streams that migrate
+    # mid-speculation (drafts verified, rolled back) still end with pd-generate's text.
+    kill_suite("decode", (20, 40), lambda c, load, ranks: load.started() >= N * 3 // 4,
+               extra={"decode": {"speculate": 4, "speculate_max_batch": 64}})
+
+
 def suite_colocated_kill(tmp):
     # Colocated x2: the killed rank's streams migrate to the other rank, which prefills
     # prompt + tokens so far itself.
@@ -689,7 +696,8 @@ def suite_router_kill(tmp):
 
 
 SUITES = {"decode_kill": suite_decode_kill, "prefill_kill": suite_prefill_kill, "stop_cont": suite_stop_cont,
-          "router_kill": suite_router_kill, "colocated_kill": suite_colocated_kill, "reuse_stop": suite_reuse_stop}
+          "router_kill": suite_router_kill, "colocated_kill": suite_colocated_kill, "reuse_stop": suite_reuse_stop,
+          "decode_kill_spec": suite_decode_kill_spec}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_chaos.py")

@@ -326,6 +326,42 @@ def suite_colocated(tmp):
         check(c.stop() == 0, "clean exit")
 
 
+COPY_PROMPTS = [
+    "Repeat this text exactly: The quick brown fox jumps over the lazy dog. The five boxing wizards jump quickly.",
+    "Copy the list: apples, pears, plums, cherries, apples, pears, plums, cherries, apples, pears",
+    "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7 8 9 10 1 2 3 4 5",
+]
+
+
+def suite_speculation(tmp):
+    """Default model, speculative decoding on the decode pool (decode.speculate 4), 1 prefill + 1 decode
+    and colocated: greedy and seeded outputs equal plain decoding's (pd-generate without speculation),
+    alone and under load, and drafts were made and accepted."""
+    need_default_model()
+    cases = [(e, q, 40) for e in ("chat", "completion") for q in COPY_PROMPTS] + mixed_prompts(10)
+    refs = references(DEFAULT_MODEL, cases)
+    seeded = [{"prompt": q, "chat": True, "max_tokens": 32, "temperature": 0.8, "seed": 21 + i}
+              for i, q in enumerate(COPY_PROMPTS)]
+    seeded_refs = reference(DEFAULT_MODEL, seeded)
+    spec = {"decode": {"speculate": 4, "speculate_max_batch": 64}}
+    for layout in ({"prefill": 1, "decode": 1}, {"colocated": 1}):
+        with Cluster(config=spec, **layout) as c:
+            for case, ref in zip(cases[:6], refs[:6]):
+                for stream in (False, True):
+                    expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
+            for s, ref in zip(seeded, seeded_refs):
+                got = run_case(c, "chat", s["prompt"], s["max_tokens"], False, temperature=0.8, seed=s["seed"])
+                expect_same(("seeded", s["prompt"]), got, ref)
+            concurrent_identity(c, DEFAULT_MODEL, cases, len(cases))
+            m = c.metrics()
+            drafted = sum(v for k, v in m.items() if k.startswith("pd_spec_draft_tokens{"))
+            accepted = sum(v for k, v in m.items() if k.startswith("pd_spec_accepted_tokens{"))
+            print("%s: %d tokens drafted, %d accepted" % (layout, drafted, accepted))
+            check(accepted > 0 and drafted >= accepted, "drafted %d, accepted %d: speculation did not run"
+                  % (drafted, accepted))
+            check(c.stop() == 0, "clean exit")
+
+
 def suite_chunked(tmp):
     """Default model, chunked prefill with small chunks (64 tokens) on 1 prefill + 1 decode and on colocated x2:
     prompts of up to a few hundred tokens, concurrent with short ones, give pd-generate's greedy text token for token."""
@@ -665,7 +701,8 @@ def suite_gemma3(tmp):
 
 SUITES = {"limits": suite_limits, "models": suite_models, "gemma3": suite_gemma3, "api": suite_api, "identity": suite_identity, "preemption": suite_preemption,
           "kv_types": suite_kv_types,
-          "colocated": suite_colocated, "chunked": suite_chunked, "kv_reuse": suite_kv_reuse, "lifecycle": suite_lifecycle}
+          "colocated": suite_colocated, "chunked": suite_chunked, "kv_reuse": suite_kv_reuse, "lifecycle": suite_lifecycle,
+          "speculation": suite_speculation}
 
 if __name__ == "__main__":
     run_suite(SUITES, "test_cluster.py")
