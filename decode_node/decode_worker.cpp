@@ -434,7 +434,7 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
 void DecodeWorker::plan_draft(Seq& s, int64_t& spare) {
   s.step.assign(1, s.tokens.back());
   const int max = cfg_.decode.speculate;
-  if (max <= 0 || static_cast<int>(running_.size()) > cfg_.decode.speculate_max_batch) return;
+  if (max <= 0 || !s.params.speculate || static_cast<int>(running_.size()) > cfg_.decode.speculate_max_batch) return;
   if (s.draft.max() != max) s.draft = DraftLength(max);
   KvBlockManager& blocks = *engine_->blocks;
   const int64_t n = static_cast<int64_t>(s.tokens.size());

@@ -183,7 +183,7 @@ enum class FieldKind {
 // Fields handled for both endpoints.
 constexpr const char* kCommonFields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-    "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias"};
+    "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias", "speculative"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
 constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "tools",
                                               "functions", "tool_choice", "function_call", "suffix"};
@@ -418,6 +418,7 @@ std::optional<ApiError> parse_sampler_knobs(const json& obj, SamplingParams& s, 
   if (auto e = read_float(obj, "presence_penalty", -2.0, 2.0, false, s.presence_penalty)) return e;
   if (auto e = read_float(obj, "frequency_penalty", -2.0, 2.0, false, s.frequency_penalty)) return e;
   if (auto e = read_bool(obj, "ignore_eos", s.ignore_eos)) return e;
+  if (auto e = read_bool(obj, "speculative", s.speculate)) return e;
 
   if (const json* v = field(obj, "top_k"); v && as_int64(*v).kind == IntRead::kOk && as_int64(*v).value < -1) {
     return bad_request("top_k", "top_k must be -1 or 0 (disabled) or >= 1, got " + shown(*v));

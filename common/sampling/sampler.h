@@ -52,6 +52,10 @@ struct SamplingParams {
   // Every rank that samples the request's tokens follows it from the first
   // generated token on, so a handoff and a migration keep it.
   GrammarSpec grammar;
+  // Speculative decoding may draft tokens for this request (whether it runs
+  // at all is the decode pool's setting, decode.speculate). Its output is the
+  // same either way; false only spends no compute on drafts.
+  bool speculate = true;
 
   // InvalidArgument naming the field (e.g. "top_p must be in (0, 1]").
   Status validate() const;

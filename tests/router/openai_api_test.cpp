@@ -395,6 +395,13 @@ TEST_CASE("openai_api: output constraints become the request's grammar", "[opena
   }
 }
 
+TEST_CASE("openai_api: speculative turns speculative decoding off for a request", "[openai_api]") {
+  CHECK(parse_ok(Endpoint::kCompletions, completions_with("")).sampling.speculate);
+  CHECK_FALSE(parse_ok(Endpoint::kCompletions, completions_with(R"("speculative": false)")).sampling.speculate);
+  CHECK_FALSE(parse_ok(Endpoint::kChatCompletions, chat_with(R"("speculative": false)")).sampling.speculate);
+  check_bad(Endpoint::kChatCompletions, {R"("speculative": 3)", "speculative", "speculative"});
+}
+
 TEST_CASE("openai_api: chat tools, tool turns and a forced call", "[openai_api]") {
   const ApiRequest r = parse_ok(Endpoint::kChatCompletions, R"({"messages": [
       {"role": "user", "content": "weather?"},
