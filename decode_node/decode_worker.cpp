@@ -384,8 +384,11 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
   step_batch_.resize(n_seqs);
   stepped_.clear();
   size_t used = 0;
-  int64_t spare = blocks.num_free_blocks();
-  for (proto::RequestId id : running_) spare -= blocks.blocks_needed_to_append(seq_of(id), 1);
+  int64_t spare = 0;  // speculation: blocks the batch's next tokens leave free
+  if (cfg_.decode.speculate > 0) {
+    spare = blocks.num_free_blocks();
+    for (proto::RequestId id : running_) spare -= blocks.blocks_needed_to_append(seq_of(id), 1);
+  }
   for (proto::RequestId id : running_) {
     Seq& s = seqs_.at(id);
     plan_draft(s, spare);

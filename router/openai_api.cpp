@@ -729,13 +729,11 @@ namespace {
 
 // response_format and the other output constraints; chat: tools and tool_choice.
 std::optional<ApiError> parse_constraints(Endpoint ep, std::string_view body, const json& obj, ApiRequest& r) {
+  r.tool_choice.mode = ToolChoiceMode::kNone;  // parse_tools sets it when the request has tools
   const bool tools = ep == Endpoint::kChatCompletions && (obj.contains("tools") || obj.contains("tool_choice"));
   const bool constraint = std::any_of(obj.items().begin(), obj.items().end(),
                                       [](const auto& kv) { return is_structured_output_field(kv.key()); });
-  if (!tools && !constraint) {
-    r.tool_choice.mode = ToolChoiceMode::kNone;
-    return std::nullopt;
-  }
+  if (!tools && !constraint) return std::nullopt;
   // Again with the keys in order: a schema's properties keep theirs (and the
   // output's keys follow them).
   const ojson ordered = ojson::parse(body, nullptr, /*allow_exceptions=*/false);

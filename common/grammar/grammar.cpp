@@ -299,7 +299,7 @@ void GrammarCompiler::Impl::run_jobs() {
   std::unique_lock lock(mu);
   while (true) {
     wake.wait(lock, [this] { return stopping || !jobs.empty(); });
-    if (jobs.empty()) return;  // stopping, nothing left
+    if (stopping) return;  // queued compiles are dropped: nobody is left to use them
     Job job = std::move(jobs.front());
     jobs.pop_front();
     lock.unlock();

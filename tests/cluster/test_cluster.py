@@ -353,12 +353,20 @@ def suite_speculation(tmp):
                 got = run_case(c, "chat", s["prompt"], s["max_tokens"], False, temperature=0.8, seed=s["seed"])
                 expect_same(("seeded", s["prompt"]), got, ref)
             concurrent_identity(c, DEFAULT_MODEL, cases, len(cases))
+            time.sleep(1.5)  # the decode rank's last load report is in
             m = c.metrics()
             drafted = sum(v for k, v in m.items() if k.startswith("pd_spec_draft_tokens{"))
             accepted = sum(v for k, v in m.items() if k.startswith("pd_spec_accepted_tokens{"))
             print("%s: %d tokens drafted, %d accepted" % (layout, drafted, accepted))
             check(accepted > 0 and drafted >= accepted, "drafted %d, accepted %d: speculation did not run"
                   % (drafted, accepted))
+            # "speculative": false: the same text, and nothing drafted for it.
+            for case, ref in zip(cases[:3], refs[:3]):
+                expect_same(case, run_case(c, case[0], case[1], case[2], False, speculative=False), ref)
+            time.sleep(1.5)  # the decode rank's next load reports
+            m = c.metrics()
+            after = sum(v for k, v in m.items() if k.startswith("pd_spec_draft_tokens{"))
+            check(after == drafted, "speculative: false still drafted %d tokens" % (after - drafted))
             check(c.stop() == 0, "clean exit")
 
 

@@ -40,6 +40,12 @@ std::unique_ptr<Tokenizer> make_tokenizer() {
   return std::move(tok).value();
 }
 
+std::unique_ptr<GrammarCompiler> make_compiler(const Tokenizer& tok) {
+  auto gc = GrammarCompiler::create(tok);
+  REQUIRE(gc.is_ok());
+  return std::move(gc).value();
+}
+
 TokenId id_of(const Tokenizer& tok, const std::string& text) {
   const TokenId id = tok.find_token(text);
   REQUIRE(id >= 0);
@@ -85,11 +91,10 @@ using grammar_test::skip_without_engine;
 TEST_CASE("grammar: a regex forces the text whatever the model prefers, then EOS") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   const GrammarSpec spec{GrammarKind::kRegex, "(yes|no)!", "", ""};
   std::vector<TokenId> ids;
-  CHECK(greedy_text(*tok, **gc, spec, id_of(*tok, "z"), 10, &ids) == "no!");  // 'n' < 'y' by id
+  CHECK(greedy_text(*tok, *gc, spec, id_of(*tok, "z"), 10, &ids) == "no!");  // 'n' < 'y' by id
   REQUIRE(!ids.empty());
   CHECK(ids.back() == tok->eos_id());
 }
@@ -97,29 +102,26 @@ TEST_CASE("grammar: a regex forces the text whatever the model prefers, then EOS
 TEST_CASE("grammar: a choice grammar, a prefix and a suffix") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   const GrammarSpec spec{GrammarKind::kEbnf, "root ::= \"ab\" | \"cd\"", "<", ">"};
-  CHECK(greedy_text(*tok, **gc, spec, id_of(*tok, "c"), 10) == "<cd>");
+  CHECK(greedy_text(*tok, *gc, spec, id_of(*tok, "c"), 10) == "<cd>");
 }
 
 TEST_CASE("grammar: a JSON schema's output is compact JSON the schema accepts") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   const GrammarSpec spec{GrammarKind::kJsonSchema,
                          R"({"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]})", "", ""};
-  CHECK(greedy_text(*tok, **gc, spec, id_of(*tok, "f"), 40) == R"({"ok": false})");
-  CHECK(greedy_text(*tok, **gc, spec, id_of(*tok, "true"), 40) == R"({"ok": true})");
+  CHECK(greedy_text(*tok, *gc, spec, id_of(*tok, "f"), 40) == R"({"ok": false})");
+  CHECK(greedy_text(*tok, *gc, spec, id_of(*tok, "true"), 40) == R"({"ok": true})");
 }
 
 TEST_CASE("grammar: json_object gives an object") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
-  const std::string text = greedy_text(*tok, **gc, GrammarSpec{GrammarKind::kJsonObject, "", "", ""},
+  auto gc = grammar_test::make_compiler(*tok);
+  const std::string text = greedy_text(*tok, *gc, GrammarSpec{GrammarKind::kJsonObject, "", "", ""},
                                        id_of(*tok, "}"), 40);
   CHECK(text == "{}");
 }
@@ -127,15 +129,14 @@ TEST_CASE("grammar: json_object gives an object") {
 TEST_CASE("grammar: a replayed or resumed sampler is where the sampling one is") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   SamplingParams p;
   p.grammar = GrammarSpec{GrammarKind::kRegex, "[a-c]{3}x", "", ""};
   p.temperature = 1.0f;
   p.seed = 7;
   p.max_tokens = 8;
   Sampler first(p);
-  REQUIRE(constrain(first, gc->get(), tok->eos_id()).is_ok());
+  REQUIRE(constrain(first, gc.get(), tok->eos_id()).is_ok());
   std::vector<float> flat(static_cast<size_t>(tok->vocab_size()), 0.0f);
   std::vector<TokenId> drawn;
   for (int i = 0; i < 2; ++i) {
@@ -145,14 +146,14 @@ TEST_CASE("grammar: a replayed or resumed sampler is where the sampling one is")
   }
   // The handoff: token 1 replayed, the rest sampled on.
   Sampler second(p);
-  REQUIRE(constrain(second, gc->get(), tok->eos_id()).is_ok());
+  REQUIRE(constrain(second, gc.get(), tok->eos_id()).is_ok());
   second.replay(drawn[0]);
   second.replay(drawn[1]);
   // A migration: the output so far comes back as the prompt's last tokens.
   SamplingParams moved_params = p;
   moved_params.resumed_tokens = 2;
   Sampler moved(moved_params);
-  REQUIRE(constrain(moved, gc->get(), tok->eos_id()).is_ok());
+  REQUIRE(constrain(moved, gc.get(), tok->eos_id()).is_ok());
   const std::vector<TokenId> prompt = {id_of(*tok, "Q"), drawn[0], drawn[1]};
   moved.resume(prompt);
   std::string text = tok->token_to_bytes(drawn[0]) + tok->token_to_bytes(drawn[1]);
@@ -173,13 +174,12 @@ TEST_CASE("grammar: a replayed or resumed sampler is where the sampling one is")
 TEST_CASE("grammar: once complete only stop tokens are left, the request's own included") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   SamplingParams p;
   p.grammar = GrammarSpec{GrammarKind::kRegex, "a", "", ""};
   p.stop_token_ids = {1};  // <|im_end|>
   Sampler s(p);
-  REQUIRE(constrain(s, gc->get(), tok->eos_id()).is_ok());
+  REQUIRE(constrain(s, gc.get(), tok->eos_id()).is_ok());
   std::vector<float> l(static_cast<size_t>(tok->vocab_size()), 0.0f);
   s.accept(s.sample(l));
   REQUIRE(s.constraint()->done() == false);
@@ -212,13 +212,12 @@ TEST_CASE("grammar: bad specs are InvalidArgument with the engine's reason") {
 TEST_CASE("grammar: compiled once, then matchers come from the cache") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   const GrammarSpec spec{GrammarKind::kRegex, "[0-9]+", "", ""};
-  REQUIRE((*gc)->compile(spec).is_ok());
-  REQUIRE((*gc)->matcher(spec, {0}).is_ok());
-  REQUIRE((*gc)->matcher(spec, {0}).is_ok());
-  const GrammarCompiler::Stats st = (*gc)->stats();
+  REQUIRE(gc->compile(spec).is_ok());
+  REQUIRE(gc->matcher(spec, {0}).is_ok());
+  REQUIRE(gc->matcher(spec, {0}).is_ok());
+  const GrammarCompiler::Stats st = gc->stats();
   CHECK(st.compiled == 1);
   CHECK(st.cache_hits == 2);
   CHECK(st.cache_bytes > 0);
@@ -245,20 +244,19 @@ namespace pd {
 TEST_CASE("grammar: a background compile is waited for, not repeated") {
   if (grammar_test::skip_without_engine()) return;
   auto tok = grammar_test::make_tokenizer();
-  auto gc = GrammarCompiler::create(*tok);
-  REQUIRE(gc.is_ok());
+  auto gc = grammar_test::make_compiler(*tok);
   const GrammarSpec spec{GrammarKind::kJsonSchema, R"({"type":"object","properties":{"n":{"type":"integer"}}})", "", ""};
-  (*gc)->compile_in_background(spec);
-  (*gc)->compile_in_background(spec);  // already on its way
-  REQUIRE((*gc)->matcher(spec, {0}).is_ok());
-  REQUIRE((*gc)->matcher(spec, {0}).is_ok());
-  CHECK((*gc)->stats().compiled == 1);
+  gc->compile_in_background(spec);
+  gc->compile_in_background(spec);  // already on its way
+  REQUIRE(gc->matcher(spec, {0}).is_ok());
+  REQUIRE(gc->matcher(spec, {0}).is_ok());
+  CHECK(gc->stats().compiled == 1);
   // A spec the engine refuses: the error shows at matcher().
   const GrammarSpec bad{GrammarKind::kJsonSchema, R"({"type":"nonsense"})", "", ""};
-  (*gc)->compile_in_background(bad);
-  CHECK((*gc)->matcher(bad, {0}).status().is_invalid_argument());
+  gc->compile_in_background(bad);
+  CHECK(gc->matcher(bad, {0}).status().is_invalid_argument());
   // Destroyed with a compile still queued: it finishes or is dropped, nothing dangles.
-  (*gc)->compile_in_background(GrammarSpec{GrammarKind::kRegex, "[a-z]{1,9}", "", ""});
+  gc->compile_in_background(GrammarSpec{GrammarKind::kRegex, "[a-z]{1,9}", "", ""});
 }
 
 }  // namespace pd

@@ -56,6 +56,21 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(pr2.sampling.prompt_logprobs);
   CHECK(pr2.sampling.resumed_tokens == 2);
   CHECK(pr2.sampling.logit_bias == sp.logit_bias);
+  CHECK(!pr2.sampling.grammar.active());
+  CHECK(pr2.sampling.speculate);
+  // An output constraint and the speculation switch travel too.
+  PrefillRequest constrained = pr;
+  constrained.sampling.grammar = GrammarSpec{GrammarKind::kJsonSchema, R"({"type":"object"})", "<a>", "</a>"};
+  constrained.sampling.speculate = false;
+  const PrefillRequest c2 = round_trip(constrained);
+  CHECK(c2.sampling.grammar == constrained.sampling.grammar);
+  CHECK(!c2.sampling.speculate);
+  // A grammar kind outside the enum is a malformed message.
+  auto j = nlohmann::json::from_msgpack(serialize(Message{constrained}));
+  for (auto& [k, v] : j.items())
+    if (v.is_object() && v.contains("grammar")) v["grammar"]["kind"] = 99;
+  const auto bad_grammar = nlohmann::json::to_msgpack(j);
+  CHECK(deserialize(bad_grammar.data(), bad_grammar.size()).status().is_corruption());
 
   KvWireHeader h;
   h.request_id = 9;
@@ -166,7 +181,10 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   lr.quarantined_blocks = 5;
   lr.prompt_tokens_cached = 640;
   lr.prompt_tokens_computed = 1234;
+  lr.spec_drafted = 90;
+  lr.spec_accepted = 61;
   const LoadReport lr2 = round_trip(lr);
+  CHECK((lr2.spec_drafted == 90 && lr2.spec_accepted == 61));
   CHECK((lr2.waiting == 2 && lr2.running == 3 && lr2.free_blocks == 100 && lr2.preemptions == 7 && lr2.ready));
   CHECK((lr2.epoch == 2 && lr2.quarantined_blocks == 5));
   CHECK((lr2.prompt_tokens_cached == 640 && lr2.prompt_tokens_computed == 1234));
