@@ -181,6 +181,12 @@ void PrefillWorker::on_request(proto::PrefillRequest req) {
                                                        proto::FailureKind::kPeerDown});
     return;
   }
+  // Bounds checked before anything acts on them (a grammar's size among them),
+  // as the decode rank checks what reaches it.
+  if (Status st = req.sampling.validate(); !st.is_ok()) {
+    channel_->send(roles_.router, proto::RequestFailed{id, st.message(), proto::FailureKind::kInvalid});
+    return;
+  }
   // A grammar compiles in the background while the prompt is computed (a
   // no-op once cached); token 1 makes a matcher from it (finish_chunk).
   engine_->grammars->compile_in_background(req.sampling.grammar);

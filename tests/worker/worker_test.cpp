@@ -655,6 +655,23 @@ TEST_CASE("workers: a cancel reaching the prefill rank while its prompt is queue
   CHECK(c.settle());
 }
 
+TEST_CASE("workers: sampling parameters out of bounds fail the request on the prefill rank, naming why",
+          "[workers]") {
+  MiniCluster c(small_config());
+  proto::PrefillRequest bad = MiniCluster::request(1);
+  bad.sampling.grammar = GrammarSpec{GrammarKind::kRegex, std::string(kMaxGrammarBytes + 1, 'a'), "", ""};
+  c.submit(bad);
+  c.submit(MiniCluster::request(2));
+  REQUIRE(c.run_until([&] { return c.finished(2) && !c.failed.empty(); }));
+  REQUIRE(c.failed.size() == 1);
+  CHECK(c.failed[0].second.id == 1);
+  CHECK(c.failed[0].second.kind == proto::FailureKind::kInvalid);
+  CHECK(c.failed[0].second.reason.find("grammar") != std::string::npos);
+  CHECK(c.tokens(1) == 0);
+  c.check_stream(2, 6);
+  CHECK(c.settle());
+}
+
 TEST_CASE("workers: a cancel for a prompt in each state leaves nothing behind", "[workers]") {
   ClusterConfig cfg = small_config();
   cfg.prefill.max_batch = 1;
