@@ -390,6 +390,30 @@ DecodeRun time_decode(Engine& e, int batch, int prompt, int gen) {
   return r;
 }
 
+// Speculative decoding's verification step: one sequence with a `prompt`-token
+// prompt (prefilled, not timed), then `steps` forward passes of `m` new tokens
+// at positions prompt .. prompt + m - 1 with logits for every one of them (a
+// step's last token and m - 1 drafted ones); each pass rewrites the same
+// positions. Median seconds per pass (< 0: failed).
+double time_verify(Engine& e, int m, int prompt, int steps) {
+  const auto& c = e.model->config();
+  const auto toks = random_tokens(prompt + m, c.vocab, 77);
+  std::vector<int32_t> table((prompt + m + e.block_size - 1) / e.block_size);
+  std::iota(table.begin(), table.end(), 0);
+  const std::span<const int32_t> all(toks);
+  std::vector<pd::SequenceBatch> b{{all.first(prompt), 0, table, false}};
+  if (!e.model->prefill(b, e.cache, nullptr).is_ok()) return -1;
+  std::vector<pd::SequenceBatch> step{{all.subspan(prompt, m), prompt, table, true, m > 1}};
+  std::vector<float> logits;
+  std::vector<double> s;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    if (!e.model->forward(step, e.cache, &logits).is_ok()) return -1;
+    s.push_back(seconds(Clock::now() - t0));
+  }
+  return median(s);
+}
+
 // Peak resident memory (VmHWM), MB. reset_peak_rss() restarts it (Linux
 // clear_refs "5"), so the engine's peak is measured without the probes'
 // STREAM arrays; where that is refused the figure stays the process peak.
@@ -438,7 +462,7 @@ std::vector<int> parse_list(const std::string& s, const char* flag, bool* ok) {
 struct RawFlags {
   std::string threads = "1,2", batches = "1,8,32", prefill_tokens = "512", kv_dtype = "f16", kv_compare,
               kv_contexts = "2048,8192",
-              kv_batches = "1,8", profile_prefill, profile_contexts, backend, peak_preset;
+              kv_batches = "1,8", profile_prefill, profile_contexts, backend, peak_preset, verify;
   bool sweep = false, batches_given = false, device_given = false;
 };
 
@@ -451,7 +475,7 @@ struct BenchFlags {
   int device = 0;
   pd::plan::HardwareSpec peak;  // --backend cuda: the --peak-preset figures
   pd::GgmlType kv_dtype{};
-  std::vector<int> thread_counts, batches, kv_contexts, kv_batches;
+  std::vector<int> thread_counts, batches, kv_contexts, kv_batches, verify;
   std::vector<pd::GgmlType> kv_compare;
   std::vector<int> profile_prefill, profile_contexts;  // sorted, distinct
 
@@ -488,6 +512,9 @@ void add_options(CLI::App* app, BenchFlags* f, RawFlags* raw) {
                   "comma-separated KV types (e.g. f32,f16,q8_0): decode at long contexts for each, ratios to the first");
   app->add_option("--kv-contexts", raw->kv_contexts, "cached tokens per sequence for --kv-compare");
   app->add_option("--kv-batches", raw->kv_batches, "decode batch sizes for --kv-compare");
+  app->add_option("--verify", raw->verify,
+                  "comma-separated token counts of a speculative verification step (one sequence at --prompt "
+                  "tokens, logits for every position; 1 is plain decode): median step time and ratio to one token");
   app->add_option("--json", f->json_path, "write all results as JSON to this file");
   app->add_option("--profile", f->profile_path, "write the engine cost profile (pd-plan --profile) to this file");
   app->add_option("--profile-prefill", raw->profile_prefill,
@@ -554,7 +581,11 @@ int resolve_lists(RawFlags raw, BenchFlags* f) {
   f->kv_contexts = parse_list(raw.kv_contexts, "--kv-contexts", &ok3);
   f->kv_batches = parse_list(raw.kv_batches, "--kv-batches", &ok4);
   if (!ok3 || !ok4) return 2;
-  bool ok5 = true, ok6 = true;
+  bool ok5 = true, ok6 = true, ok7 = true;
+  if (!raw.verify.empty()) f->verify = parse_list(raw.verify, "--verify", &ok7);
+  if (!ok7) return 2;
+  for (int m : f->verify)
+    if (m > 64) return fail("--verify: " + std::to_string(m) + " tokens is more than 64", 2);
   if (!raw.profile_prefill.empty()) f->profile_prefill = parse_list(raw.profile_prefill, "--profile-prefill", &ok5);
   if (!raw.profile_contexts.empty())
     f->profile_contexts = parse_list(raw.profile_contexts, "--profile-contexts", &ok6);
@@ -652,8 +683,14 @@ int create_run_cache(const BenchFlags& f, Engine* e, BenchTotals* totals) {
                   2);
   const int max_batch = f.batches.back();
   const int longest = *std::max_element(f.prefill_lengths.begin(), f.prefill_lengths.end());
-  const int64_t blocks = std::max<int64_t>((std::max(longest, 256) + 15) / 16,
-                                           static_cast<int64_t>(max_batch) * ((f.prompt + f.gen + 15) / 16));
+  const int widest_verify = f.verify.empty() ? 0 : *std::max_element(f.verify.begin(), f.verify.end());
+  if (f.prompt + widest_verify > c.context)
+    return fail("--verify: --prompt + " + std::to_string(widest_verify) + " tokens exceeds the model's context " +
+                    std::to_string(c.context),
+                2);
+  const int64_t blocks = std::max<int64_t>({(std::max(longest, 256) + 15) / 16,
+                                            static_cast<int64_t>(max_batch) * ((f.prompt + f.gen + 15) / 16),
+                                            (f.prompt + widest_verify + 15) / 16});
   auto cache = pd::KvCache::create(*e->backend, c, e->block_size, blocks, f.kv_dtype);
   if (!cache.is_ok()) return fail(cache.status().to_string());
   e->cache = std::move(cache).value();
@@ -836,6 +873,24 @@ int decode_batches(const BenchFlags& f, Engine& e, const MachineLimits& m, nlohm
   return 0;
 }
 
+// --verify: one sequence's step of m tokens (its last and m - 1 drafted),
+// every position's logits, each m in turn; the ratio is to one token's step
+// measured here too (the first row).
+int verify_steps(const BenchFlags& f, Engine& e, nlohmann::json* run) {
+  if (f.verify.empty()) return 0;
+  const double one = time_verify(e, 1, f.prompt, f.gen);
+  if (one <= 0) return fail("verification step failed at 1 token");
+  std::printf("\n%-8s %-14s %-16s %-16s\n", "verify", "step ms", "vs one token", "tok/s if all kept");
+  (*run)["verify"] = nlohmann::json::array();
+  for (int m : f.verify) {
+    const double s = m == 1 ? one : time_verify(e, m, f.prompt, f.gen);
+    if (s <= 0) return fail("verification step failed at " + std::to_string(m) + " tokens");
+    std::printf("%-8d %-14.2f x%-15.2f %-16.1f\n", m, s * 1e3, s / one, m / s);
+    (*run)["verify"].push_back({{"tokens", m}, {"median_step_s", s}, {"ratio_to_one", s / one}});
+  }
+  return 0;
+}
+
 // The profile of one run, before its measurements: what it describes and its decode contexts.
 pd::plan::EngineProfile start_profile(const BenchFlags& f, const Engine& e, int t, const MachineLimits& m) {
   pd::plan::EngineProfile prof;
@@ -901,6 +956,7 @@ int run_thread_count(const BenchFlags& f, const std::shared_ptr<const pd::GgufFi
   if (int rc = profile_prefill(f, e, pre.seconds, &prof, totals)) return rc;
   double decode8 = 0;
   if (int rc = decode_batches(f, e, m, &run, &prof, &decode8)) return rc;
+  if (int rc = verify_steps(f, e, &run)) return rc;
   run["peak_rss_mb"] = peak_rss_mb();
   totals->engine_peak_mb = std::max(totals->engine_peak_mb, peak_rss_mb());
   if (!f.llamacpp_dir.empty())
