@@ -409,7 +409,13 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
     ++used;
   }
   step_batch_.resize(used);
+  const auto forward_start = env_->now();
   Status st = engine_->model->forward(step_batch_, engine_->cache, &logits_);
+  if (st.is_ok() && chunks.empty() && cfg_.decode.speculate > 0) {  // a decode step alone: what its tokens cost
+    int tokens = 0;
+    for (const SequenceBatch& b : step_batch_) tokens += static_cast<int>(b.tokens.size());
+    step_cost_.observe(tokens, seconds(env_->now() - forward_start));
+  }
   if (!st.is_ok()) {
     check_device();
     for (proto::RequestId id : stepped_) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
@@ -438,12 +444,16 @@ void DecodeWorker::plan_draft(Seq& s, int64_t& spare) {
   s.step.assign(1, s.tokens.back());
   const int max = cfg_.decode.speculate;
   if (max <= 0 || !s.params.speculate || static_cast<int>(running_.size()) > cfg_.decode.speculate_max_batch) return;
-  if (s.draft.max() != max) s.draft = DraftLength(max);
+  if (s.draft.max() != max) s.draft = DraftPolicy(max);
   KvBlockManager& blocks = *engine_->blocks;
   const int64_t n = static_cast<int64_t>(s.tokens.size());
-  int64_t k = std::min<int64_t>({s.draft.next(), s.params.max_tokens - s.n_generated - 1,
-                                 static_cast<int64_t>(engine_->config().context) - n});
-  if (k <= 0) return;
+  const int64_t k = std::min<int64_t>({s.draft.next(step_cost_.draft_cost(static_cast<int>(running_.size()))),
+                                       s.params.max_tokens - s.n_generated - 1,
+                                       static_cast<int64_t>(engine_->config().context) - n});
+  if (k <= 0) {
+    if (s.draft.wants_shadow()) s.draft.shadow(ngram_draft(s.tokens, max, 3, 2));
+    return;
+  }
   const std::vector<int32_t> d = ngram_draft(s.tokens, static_cast<int>(k), 3, 2);
   if (d.empty()) return;
   const int64_t extra = blocks.blocks_needed_to_append(seq_of(s.id), static_cast<int>(d.size()) + 1) -
@@ -472,7 +482,12 @@ void DecodeWorker::verify_step(Seq& s, std::span<float> rows, Clock::time_point 
     accepted += taken ? 1 : 0;
     if (stop || !taken) break;
   }
-  if (cfg_.decode.speculate > 0) s.draft.update(static_cast<int>(drafted), static_cast<int>(accepted));
+  if (cfg_.decode.speculate > 0 && drafted > 0) {
+    s.draft.verified(static_cast<int>(drafted), static_cast<int>(accepted));
+    ++spec_steps_;
+  } else if (cfg_.decode.speculate > 0) {
+    s.draft.emitted(s.tokens.back());
+  }
   drafted_ += static_cast<int64_t>(drafted);
   accepted_ += static_cast<int64_t>(accepted);
   if (accepted < drafted) {  // the rejected draft tokens' KV goes (and with it what they registered)
@@ -560,6 +575,7 @@ void DecodeWorker::fill_load(proto::LoadReport& r) const {
   r.preemptions = preemptions_;
   r.spec_drafted = drafted_;
   r.spec_accepted = accepted_;
+  r.spec_steps = spec_steps_;
   intake_.fill_load(r);  // its offers wait too
 }
 

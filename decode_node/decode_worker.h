@@ -77,9 +77,9 @@ class DecodeWorker final : public WorkerCore {
     // Its first event here carried its queue time (a fact the router needs
     // once, not a stage: preemption does not change it).
     bool timing_sent = false;
-    // Speculative decoding: its draft length, and this step's tokens (its
-    // last token, then the tokens drafted after it).
-    DraftLength draft{0};
+    // Speculative decoding: its policy (how much to draft), and this step's
+    // tokens (its last token, then the tokens drafted after it).
+    DraftPolicy draft{0};
     std::vector<int32_t> step;
     // Leading tokens whose KV this rank computes: a new prompt all its tokens
     // (logits for token 1); a preempted sequence all but its last token, which
@@ -142,8 +142,10 @@ class DecodeWorker final : public WorkerCore {
   std::deque<proto::RequestId> waiting_;   // ready, queued or preempted, in admission order
   uint64_t next_order_ = 0;
   int64_t preemptions_ = 0;
-  int64_t drafted_ = 0;   // speculation: tokens drafted, and of those accepted (LoadReport)
+  int64_t drafted_ = 0;   // speculation: tokens drafted, of those accepted, steps that drafted (LoadReport)
   int64_t accepted_ = 0;
+  int64_t spec_steps_ = 0;
+  StepCost step_cost_;    // speculation: what a step's tokens cost, from the decode steps run
   std::vector<float> logits_;
   std::vector<float> raw_row_;  // a logits row before sample() changes it (logprobs are of the raw one)
   // The decode step's per-sequence inputs, reused from step to step (the

@@ -62,6 +62,9 @@ constexpr Series kPreemptions{"pd_preemptions", "Preemptions on a decode rank si
 constexpr Series kSpecDrafted{"pd_spec_draft_tokens", "Tokens a decode rank drafted (speculative decoding) since start"};
 constexpr Series kSpecAccepted{"pd_spec_accepted_tokens",
                                "Drafted tokens a decode rank's verification accepted since start"};
+constexpr Series kSpecSteps{"pd_spec_steps",
+                            "Sequence steps a decode rank ran with drafted tokens since start (tokens per such step: "
+                            "1 + accepted / steps)"};
 constexpr Series kRankUp{"pd_rank_up", "1 while the rank is up, 0 while starting or declared down"};
 constexpr Series kQuarantined{
     "pd_kv_blocks_quarantined",
@@ -137,6 +140,7 @@ RouterMetrics::RouterMetrics(Registry& r, const std::string& kv_dtype, int64_t k
       preemptions(gauge(r, kPreemptions, {"rank"})),
       spec_drafted(gauge(r, kSpecDrafted, {"rank"})),
       spec_accepted(gauge(r, kSpecAccepted, {"rank"})),
+      spec_steps(gauge(r, kSpecSteps, {"rank"})),
       router_queue(gauge(r, kRouterQueue)),
       in_flight(gauge(r, kInFlight)),
       rank_up(gauge(r, kRankUp, kRankLabels)),
@@ -181,6 +185,7 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
         preemptions.set(rank, static_cast<double>(wv.load.preemptions));
         spec_drafted.set(rank, static_cast<double>(wv.load.spec_drafted));
         spec_accepted.set(rank, static_cast<double>(wv.load.spec_accepted));
+        spec_steps.set(rank, static_cast<double>(wv.load.spec_steps));
       }
       rank_up.set(labels, wv.state == RankState::kUp ? 1 : 0);
       quarantined_blocks.set(labels, static_cast<double>(wv.load.quarantined_blocks));

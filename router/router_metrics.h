@@ -51,6 +51,7 @@ struct RouterMetrics {
   Gauge& preemptions;
   Gauge& spec_drafted;   // a decode rank's, from its load reports
   Gauge& spec_accepted;
+  Gauge& spec_steps;
   Gauge& router_queue;
   Gauge& in_flight;
   Gauge& rank_up;

@@ -99,7 +99,8 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
   std::vector<BlockCopy> copies;
   std::vector<std::vector<TokenId>> step_tokens(n);  // per sequence: its last token, then its draft
   std::vector<std::vector<TokenId>> history(n);      // speculation only: prompt + generated tokens
-  std::vector<DraftLength> draft_len(n, DraftLength(spec.max_draft));
+  std::vector<DraftPolicy> policy(n, DraftPolicy(spec.max_draft));
+  StepCost step_cost;
   std::vector<int64_t> step_pos(n);  // the position of a sequence's step's first token
   if (spec.max_draft > 0) {
     for (size_t i = 0; i < n; ++i) {
@@ -119,11 +120,14 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       st.assign(1, last[i]);
       if (spec.max_draft > 0 && reqs[i].sampling.speculate) {
         const int64_t left = reqs[i].sampling.max_tokens - static_cast<int64_t>(results[first + i].tokens.size());
-        int64_t k = std::min<int64_t>({draft_len[i].next(), left - 1, model.config().context - pos - 1});
+        int64_t k = std::min<int64_t>({policy[i].next(step_cost.draft_cost(static_cast<int>(active.size()))),
+                                       left - 1, model.config().context - pos - 1});
         if (k > 0 && blocks.blocks_needed_to_append(seqs[i], static_cast<int>(k + 1)) > blocks.num_free_blocks()) k = 0;
         if (k > 0) {
           const std::vector<TokenId> d = ngram_draft(history[i], static_cast<int>(k), spec.max_ngram, spec.min_ngram);
           st.insert(st.end(), d.begin(), d.end());
+        } else if (policy[i].wants_shadow()) {
+          policy[i].shadow(ngram_draft(history[i], spec.max_draft, spec.max_ngram, spec.min_ngram));
         }
       }
       if (pos + 1 > model.config().context)
@@ -140,7 +144,13 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       sb.all_logits = st.size() > 1;
       batch.push_back(sb);
     }
+    const auto t_forward = Clock::now();
     PD_RETURN_IF_ERROR(model.forward(batch, cache, &logits));
+    if (spec.max_draft > 0) {
+      int64_t rows = 0;
+      for (const SequenceBatch& sb : batch) rows += static_cast<int64_t>(sb.tokens.size());
+      step_cost.observe(static_cast<int>(rows), seconds_since(t_forward));
+    }
     still.clear();
     size_t row = 0;
     int64_t emitted = 0;
@@ -165,7 +175,11 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       emitted += static_cast<int64_t>(out.size() - before);
       if (spec.max_draft > 0) {
         history[i].insert(history[i].end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
-        draft_len[i].update(static_cast<int>(drafted), static_cast<int>(accepted));
+        if (drafted > 0) {
+          policy[i].verified(static_cast<int>(drafted), static_cast<int>(accepted));
+        } else {
+          for (size_t j = before; j < out.size(); ++j) policy[i].emitted(out[j]);
+        }
         if (stats) {
           stats->drafted_tokens += static_cast<int64_t>(drafted);
           stats->accepted_tokens += static_cast<int64_t>(accepted);

@@ -191,7 +191,8 @@ struct ToJson {
             {"cached", m.prompt_tokens_cached}, {"computed", m.prompt_tokens_computed},
             {"refused", m.refused_messages},
             {"tags_retired", m.kv_tags_retired}, {"tags_reclaiming", m.kv_tags_reclaiming},
-            {"drafted", m.spec_drafted}, {"accepted", m.spec_accepted}};
+            {"drafted", m.spec_drafted}, {"accepted", m.spec_accepted},
+            {"spec_steps", m.spec_steps}};
   }
 };
 
@@ -235,6 +236,7 @@ LoadReport load_report_from(const json& j) {
   m.kv_tags_reclaiming = j.value("tags_reclaiming", int64_t{0});
   m.spec_drafted = j.value("drafted", int64_t{0});  // absent from an older peer: none
   m.spec_accepted = j.value("accepted", int64_t{0});
+  m.spec_steps = j.value("spec_steps", int64_t{0});
   return m;
 }
 

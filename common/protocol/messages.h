@@ -244,10 +244,11 @@ struct LoadReport {
   // then given out again). decode_node/kv_tags.h.
   int64_t kv_tags_retired = 0;
   int64_t kv_tags_reclaiming = 0;
-  // Decode ranks, since start: speculative decoding's drafted tokens, and of
-  // those the accepted ones.
+  // Decode ranks, since start: speculative decoding's drafted tokens, of
+  // those the accepted ones, and the steps that drafted.
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  int64_t spec_steps = 0;
 };
 
 // At most this many hashes travel in one KvEvents message (a larger change is

@@ -22,24 +22,61 @@ std::vector<TokenId> ngram_draft(std::span<const TokenId> history, int max_draft
   return out;
 }
 
-void DraftLength::update(int drafted, int accepted) {
-  if (resting_ > 0) {
-    --resting_;
-    return;
+void StepCost::observe(int tokens, double seconds) {
+  if (tokens <= 0 || !(seconds > 0)) return;
+  const double x = tokens;
+  w_ = w_ * kDecay + 1, sx_ = sx_ * kDecay + x, sy_ = sy_ * kDecay + seconds;
+  sxx_ = sxx_ * kDecay + x * x, sxy_ = sxy_ * kDecay + x * seconds;
+}
+
+double StepCost::draft_cost(int sequences) const {
+  const double n = std::max(sequences, 1);
+  const double prior = kPriorCost / (1.0 + (n - 1.0) * kPriorCost) * n;  // per_token = c, fixed = 1 - c
+  const double var = sxx_ * w_ - sx_ * sx_;                             // w^2 times the variance of x
+  // At least ~8 steps, whose sizes spread by a quarter of a token or more.
+  if (w_ < 8 || var < 0.0625 * w_ * w_) return std::min(prior, 1.0);
+  const double per_token = (w_ * sxy_ - sx_ * sy_) / var;
+  const double fixed = (sy_ - per_token * sx_) / w_;
+  if (!(per_token > 0)) return 0.01;  // no measurable cost per token
+  if (!(fixed > 0)) return 1.0;       // all arithmetic: a draft costs what a token does
+  return std::clamp(per_token / (fixed / n + per_token), 0.01, 1.0);
+}
+
+int DraftPolicy::next(double draft_cost) const {
+  const double p = std::min(acceptance(), 0.999);
+  double best = kMinGain;
+  int best_k = 0;
+  double expected = 1, pk = 1;  // tokens a step gives with k drafted: 1 + p + ... + p^k
+  for (int k = 1; k <= max_; ++k) {
+    pk *= p;
+    expected += pk;
+    const double gain = expected / (1.0 + draft_cost * k);
+    if (gain > best) best = gain, best_k = k;
   }
+  return best_k;
+}
+
+void DraftPolicy::record(int accepted, bool rejected) {
+  for (int i = 0; i < accepted; ++i) accepted_ = accepted_ * kDecay + 1, rejected_ *= kDecay;
+  if (rejected) accepted_ *= kDecay, rejected_ = rejected_ * kDecay + 1;
+}
+
+void DraftPolicy::verified(int drafted, int accepted) {
+  shadow_.clear();
   if (drafted <= 0) return;
-  if (accepted >= drafted) {
-    next_ = std::min(max_, next_ + 1);
-    misses_ = 0;
-    return;
-  }
-  next_ = std::clamp(accepted + 1, 1, max_);
-  misses_ = accepted == 0 ? misses_ + 1 : 0;
-  if (misses_ >= kMissesToRest) {
-    resting_ = kRestSteps;
-    misses_ = 0;
-    next_ = max_;  // a fresh start after the rest
-  }
+  record(accepted, accepted < drafted);
+}
+
+void DraftPolicy::shadow(std::vector<TokenId> draft) {
+  shadow_ = std::move(draft);
+  shadow_at_ = 0;
+}
+
+void DraftPolicy::emitted(TokenId token) {
+  if (shadow_.empty()) return;
+  const bool right = shadow_[shadow_at_] == token;
+  record(right ? 1 : 0, !right);
+  if (!right || ++shadow_at_ == shadow_.size()) shadow_.clear();
 }
 
 }  // namespace pd

@@ -35,29 +35,72 @@ struct SpeculationConfig {
 // Empty when nothing matches. Linear in the history.
 std::vector<TokenId> ngram_draft(std::span<const TokenId> history, int max_draft, int max_ngram, int min_ngram);
 
-// One sequence's draft length, from its acceptance: it grows by one after a
-// step that accepted every draft token, shrinks to what was accepted plus one
-// otherwise, and after `kMissesToRest` steps in a row that accepted nothing it
-// rests (drafts nothing) for kRestSteps steps, so a sequence with nothing to
-// copy pays almost nothing.
-class DraftLength {
+// What a forward step costs as a function of the tokens in it, learned from
+// the steps that ran: seconds ~ fixed + per_token * tokens, least squares over
+// the recent steps (each older step weighs kDecay less). Where a step is bound
+// by reading the weights (a few tokens on a CPU, many on a GPU) per_token is
+// small next to fixed and drafting is cheap; where it is bound by arithmetic
+// every drafted token costs about what a sequence's own token does. Until the
+// steps seen vary enough in size to tell the two apart, kPriorCost stands in.
+class StepCost {
  public:
-  static constexpr int kMissesToRest = 2;
-  static constexpr int kRestSteps = 16;
+  static constexpr double kDecay = 0.98;
+  // A drafted token's cost relative to a one-token step before anything is
+  // learned: measured on two cores of a CPU at batch 1 (pd-bench-engine
+  // --verify: 4 tokens cost 1.9x one, 8 tokens 3.35x).
+  static constexpr double kPriorCost = 0.33;
 
-  explicit DraftLength(int max_draft) : max_(max_draft), next_(max_draft) {}
-  // How many tokens to draft this step (0: none).
-  int next() const { return resting_ > 0 ? 0 : next_; }
-  int max() const { return max_; }
-  // After a step: `drafted` tokens were proposed (0: none, which only counts
-  // down a rest), `accepted` of them taken.
-  void update(int drafted, int accepted);
+  // One step of `tokens` tokens in all (every sequence's, drafts included) took `seconds`.
+  void observe(int tokens, double seconds);
+  // What one drafted token adds to a step of `sequences` sequences, relative
+  // to that step's cost per sequence: per_token / (fixed / sequences +
+  // per_token), in (0, 1]. The same ratio weighs a draft against the tokens
+  // the whole batch gives per step.
+  double draft_cost(int sequences) const;
 
  private:
+  double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;  // decayed sums of 1, x, y, x^2, xy
+};
+
+// One sequence's speculation policy: how many tokens to draft, from how often
+// its drafts were right. Acceptance is taken as a chance p per drafted token
+// (a draft is accepted up to its first wrong token): k drafted tokens then
+// give (1 - p^(k+1)) / (1 - p) tokens for a step costing 1 + c k (c:
+// StepCost::draft_cost), and the policy drafts the k that gives the most
+// tokens per cost, none where no k gives kMinGain more than a plain step.
+// p is estimated from the recent drafted tokens (each older one weighs kDecay
+// less), starting from a prior that tries drafting. A sequence that is not
+// drafting still learns: the caller hands it the draft it would have made
+// (shadow) and each token plain decoding emits, so that it starts drafting
+// when its text starts to repeat what came before, at no cost to its steps.
+class DraftPolicy {
+ public:
+  static constexpr double kDecay = 0.85;
+  static constexpr double kPriorAccepted = 3, kPriorRejected = 1;  // p = 0.75 before anything is seen
+  static constexpr double kMinGain = 1.02;
+
+  explicit DraftPolicy(int max_draft) : max_(max_draft) {}
+  int max() const { return max_; }
+  double acceptance() const { return accepted_ / (accepted_ + rejected_); }
+  // Tokens to draft this step (0: none), given the cost of a drafted token
+  // relative to a plain step (StepCost::draft_cost).
+  int next(double draft_cost) const;
+  // After a step that drafted `drafted` tokens (0: nothing was drafted, no
+  // change) of which `accepted` were taken.
+  void verified(int drafted, int accepted);
+  // A step that drafts nothing: whether a shadow draft is wanted (none is
+  // being followed), then the draft it would have made.
+  bool wants_shadow() const { return shadow_.empty(); }
+  void shadow(std::vector<TokenId> draft);
+  // A token a step without drafts emitted: checked against the shadow draft.
+  void emitted(TokenId token);
+
+ private:
+  void record(int accepted, bool rejected);
   int max_ = 0;
-  int next_ = 0;
-  int misses_ = 0;
-  int resting_ = 0;
+  double accepted_ = kPriorAccepted, rejected_ = kPriorRejected;
+  std::vector<TokenId> shadow_;
+  size_t shadow_at_ = 0;
 };
 
 }  // namespace pd

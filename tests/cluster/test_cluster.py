@@ -357,9 +357,11 @@ def suite_speculation(tmp):
             m = c.metrics()
             drafted = sum(v for k, v in m.items() if k.startswith("pd_spec_draft_tokens{"))
             accepted = sum(v for k, v in m.items() if k.startswith("pd_spec_accepted_tokens{"))
-            print("%s: %d tokens drafted, %d accepted" % (layout, drafted, accepted))
+            steps = sum(v for k, v in m.items() if k.startswith("pd_spec_steps{"))
+            print("%s: %d tokens drafted, %d accepted, in %d steps" % (layout, drafted, accepted, steps))
             check(accepted > 0 and drafted >= accepted, "drafted %d, accepted %d: speculation did not run"
                   % (drafted, accepted))
+            check(0 < steps <= drafted, "%d speculative steps for %d drafted tokens" % (steps, drafted))
             # "speculative": false: the same text, and nothing drafted for it.
             for case, ref in zip(cases[:3], refs[:3]):
                 expect_same(case, run_case(c, case[0], case[1], case[2], False, speculative=False), ref)

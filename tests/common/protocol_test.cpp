@@ -183,8 +183,9 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   lr.prompt_tokens_computed = 1234;
   lr.spec_drafted = 90;
   lr.spec_accepted = 61;
+  lr.spec_steps = 30;
   const LoadReport lr2 = round_trip(lr);
-  CHECK((lr2.spec_drafted == 90 && lr2.spec_accepted == 61));
+  CHECK((lr2.spec_drafted == 90 && lr2.spec_accepted == 61 && lr2.spec_steps == 30));
   CHECK((lr2.waiting == 2 && lr2.running == 3 && lr2.free_blocks == 100 && lr2.preemptions == 7 && lr2.ready));
   CHECK((lr2.epoch == 2 && lr2.quarantined_blocks == 5));
   CHECK((lr2.prompt_tokens_cached == 640 && lr2.prompt_tokens_computed == 1234));

@@ -599,25 +599,64 @@ TEST_CASE("speculation: prompt lookup drafts what followed the longest recent ma
   CHECK(ngram_draft(std::vector<TokenId>{5}, 4, 3, 1).empty());
 }
 
-TEST_CASE("speculation: the draft length follows acceptance and rests where nothing is taken") {
-  DraftLength d(4);
-  CHECK(d.next() == 4);
-  d.update(4, 4);
-  CHECK(d.next() == 4);  // at most max
-  d.update(4, 1);
-  CHECK(d.next() == 2);  // accepted + 1
-  d.update(2, 2);
-  CHECK(d.next() == 3);
-  d.update(3, 0);
-  CHECK(d.next() == 1);
-  d.update(1, 0);  // a second miss in a row: rest
-  for (int i = 0; i < DraftLength::kRestSteps; ++i) {
-    CHECK(d.next() == 0);
-    d.update(0, 0);
+TEST_CASE("speculation: the step cost is learned from the steps that ran") {
+  StepCost c;
+  CHECK(c.draft_cost(1) == Approx(StepCost::kPriorCost));  // nothing seen yet
+  for (int i = 0; i < 4; ++i) c.observe(1, 1.0);
+  CHECK(c.draft_cost(1) == Approx(StepCost::kPriorCost));  // every step the same size: nothing to tell apart
+  // seconds = 1 + 0.5 * tokens: a drafted token costs 0.5 / 1.5 of a one-token step.
+  StepCost memory;
+  for (int i = 0; i < 40; ++i) memory.observe(1 + i % 5, 1.0 + 0.5 * (1 + i % 5));
+  CHECK(memory.draft_cost(1) == Approx(1.0 / 3.0).epsilon(1e-6));
+  CHECK(memory.draft_cost(4) == Approx(0.5 / (0.25 + 0.5)).epsilon(1e-6));  // a batch of 4: per sequence
+  StepCost arithmetic;  // no fixed part: a draft costs what a token does
+  for (int i = 0; i < 40; ++i) arithmetic.observe(1 + i % 5, 0.5 * (1 + i % 5));
+  CHECK(arithmetic.draft_cost(1) == Approx(1.0).epsilon(1e-6));
+  StepCost flat;  // steps cost the same whatever their size
+  for (int i = 0; i < 40; ++i) flat.observe(1 + i % 5, 2.0);
+  CHECK(flat.draft_cost(1) < 0.02);
+  StepCost bad;  // non-positive times are not steps
+  bad.observe(3, 0.0), bad.observe(0, 1.0), bad.observe(2, -1.0);
+  CHECK(bad.draft_cost(1) == Approx(StepCost::kPriorCost));
+}
+
+TEST_CASE("speculation: the draft follows acceptance and cost, and a resting sequence learns from its shadow") {
+  DraftPolicy d(8);
+  CHECK(d.acceptance() == Approx(0.75));
+  // p = 0.75: 1 + p + p^2 tokens for 1 + 2c beats every other k at c = 0.33.
+  CHECK(d.next(0.33) == 2);
+  CHECK(d.next(1.0) == 0);    // a draft costs what a token does: never pays at p < 1
+  CHECK(d.next(0.01) == 8);   // nearly free: as many as allowed
+  for (int i = 0; i < 5; ++i) d.verified(4, 4);
+  CHECK(d.acceptance() > 0.95);
+  CHECK(d.next(0.33) == 8);
+  d.verified(0, 0);  // nothing drafted: no change
+  CHECK(d.next(0.33) == 8);
+  for (int i = 0; i < 10; ++i) d.verified(3, 0);
+  CHECK(d.acceptance() < 0.3);
+  CHECK(d.next(0.33) == 0);
+  // Resting, it follows what it would have drafted: the text repeats.
+  REQUIRE(d.wants_shadow());
+  d.shadow({5, 6, 7});
+  CHECK_FALSE(d.wants_shadow());
+  const double before = d.acceptance();
+  d.emitted(5), d.emitted(6);
+  CHECK(d.acceptance() > before);
+  d.emitted(7);
+  CHECK(d.wants_shadow());  // used up
+  for (int round = 0; round < 4; ++round) {
+    d.shadow({1, 2, 3, 4});
+    for (TokenId t : {1, 2, 3, 4}) d.emitted(t);
   }
-  CHECK(d.next() == 4);
-  d.update(0, 0);  // no draft found: nothing changes
-  CHECK(d.next() == 4);
+  CHECK(d.next(0.33) > 0);  // drafting again
+  // A wrong shadow token ends the shadow and counts as a miss.
+  const double high = d.acceptance();
+  d.shadow({9, 9});
+  d.emitted(8);
+  CHECK(d.acceptance() < high);
+  CHECK(d.wants_shadow());
+  DraftPolicy off(0);
+  CHECK(off.next(0.01) == 0);
 }
 
 }  // namespace pd
