@@ -8,7 +8,7 @@ the same file and prompts, plain and with its prompt-lookup drafting
 (LlamaPromptLookupDecoding, the same number of draft tokens), measured the same
 way: generated tokens over (wall time - the prompt's time).
 
-  scripts/bench_speculation.py [--build build] [--speculate 4] [--reps 3] [--llamacpp /tmp/llvenv/bin/python]
+  scripts/bench_speculation.py [--build build] [--speculate 8] [--reps 3] [--llamacpp /tmp/llvenv/bin/python]
 """
 import argparse
 import json
@@ -28,6 +28,21 @@ COPY = [
     "def mul(a, b):\n    return a * b\n",
     "Quote the sentence back to me: The quick brown fox jumps over the lazy dog while the five boxing wizards jump "
     "quickly and pack my box with five dozen liquor jugs.",
+    "Repeat this text exactly, word for word: The committee met on Tuesday to review the budget for next year. "
+    "After a long discussion, the members agreed to increase spending on schools and roads, and to reduce "
+    "spending on administration. The final vote was seven to two.",
+    "Rewrite this Python function with the variable name total changed to result, and change nothing "
+    "else:\ndef sum_list(values):\n    total = 0\n    for v in values:\n        total = total + v\n    return "
+    "total\n",
+    "Repeat the following list exactly:\n1. Preheat the oven to 180 degrees.\n2. Mix the flour, sugar and "
+    "butter in a large bowl.\n3. Add two eggs and stir until smooth.\n4. Pour the batter into a tin and bake "
+    "for 30 minutes.",
+    "Copy this JSON exactly: {\"name\": \"Alice\", \"age\": 30, \"city\": \"Paris\", \"languages\": "
+    "[\"English\", \"French\", \"German\"], \"employed\": true}",
+    "Echo back this sentence without any changes: Machine learning models are trained on large datasets and "
+    "evaluated on held-out test sets to measure how well they generalize to new data.",
+    "Fix the spelling mistake in this sentence and repeat the rest unchanged: The quick brown fox jumpd over "
+    "the lazy dog and ran into the forest where the tall trees grow.",
 ]
 FREE = [
     "Write a short story about a dragon who learns to paint.",
@@ -69,7 +84,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--speculate", type=int, default=4)
+    ap.add_argument("--speculate", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

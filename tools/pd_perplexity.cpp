@@ -3,7 +3,7 @@
 // `llama-perplexity --kl-divergence` measures a quantization.
 //
 //   pd-perplexity [-m MODEL] -f TEXT [--ctx 512] [--chunks N] [-t THREADS]
-//                 [--act int8,fp32] [--isa all|scalar,avx2,avx512vnni] [--kv-dtype f32,f16,q8_0]
+//                 [--act int8,fp32] [--isa all|scalar,avx2,avxvnni,avx512vnni] [--kv-dtype f32,f16,q8_0]
 //                 [--path SPEC]... [--save-base FILE | --base FILE] [--json FILE]
 //
 // The text is tokenized as llama.cpp does (no special-token parsing, one
@@ -40,7 +40,7 @@
 // (double precision over the whole vocabulary).
 //
 // --path SPEC: colon-separated words, any order: int8 | fp32 (activations),
-// scalar | avx2 | avx512vnni (kernel ISA; default the widest this CPU runs),
+// scalar | avx2 | avxvnni | avx512vnni (kernel ISA; default the widest this CPU runs),
 // sgemm (fp32 matmuls through OpenBLAS as the reference's: fp32:sgemm is the
 // reference configuration itself, KL exactly 0),
 // f32 | f16 | q8_0 (or kv=f32, ...: the KV cache), fp32=KIND+KIND
@@ -132,10 +132,16 @@ struct PathSpec {
   }
 };
 
-const char* kIsaNames[] = {"scalar", "avx2", "avx512vnni"};
+const char* kIsaNames[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+
+bool known_isa(const std::string& name) {
+  for (const char* n : kIsaNames)
+    if (name == n) return true;
+  return false;
+}
 
 bool isa_runs_here(const std::string& name) {
-  for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni})
+  for (pd::cpu::Isa isa : pd::cpu::kAllIsas)
     if (name == pd::cpu::isa_name(isa)) return pd::cpu::isa_supported(isa);
   return false;
 }
@@ -165,7 +171,7 @@ std::optional<std::string> parse_path(const std::string& spec, PathSpec* p) {
       p->int8 = w == "int8";
     } else if (w == "sgemm") {
       p->sgemm = true;
-    } else if (w == "scalar" || w == "avx2" || w == "avx512vnni") {
+    } else if (known_isa(w)) {
       p->isa = w;
     } else if (w.rfind("fp32=", 0) == 0 || w.rfind("x2=", 0) == 0) {
       const bool fp32 = w[0] == 'f';
@@ -198,7 +204,7 @@ std::optional<std::string> parse_path(const std::string& spec, PathSpec* p) {
       auto kv = pd::parse_kv_dtype(w.rfind("kv=", 0) == 0 ? w.substr(3) : w, "--path");
       if (!kv.is_ok())
         return "--path '" + spec + "': unknown word '" + w +
-               "' (int8|fp32, scalar|avx2|avx512vnni, sgemm, f32|f16|q8_0, x2=KINDS, fp32=KINDS, top=NATS, layers=LIST)";
+               "' (int8|fp32, scalar|avx2|avxvnni|avx512vnni, sgemm, f32|f16|q8_0, x2=KINDS, fp32=KINDS, top=NATS, layers=LIST)";
       p->kv = *kv;
     }
   }
@@ -471,7 +477,7 @@ std::optional<int> parse_flags(int argc, char** argv, PerplexityFlags* f) {
   app.add_option("-t,--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--act", f->act_list, "activation paths, comma-separated: int8, fp32");
   app.add_option("--isa", f->isa_list,
-                 "kernel ISAs, comma-separated: scalar, avx2, avx512vnni, or all (every one this CPU runs); "
+                 "kernel ISAs, comma-separated: scalar, avx2, avxvnni, avx512vnni, or all (every one this CPU runs); "
                  "default: the widest");
   app.add_option("--kv-dtype", f->kv_list, "KV cache types, comma-separated: f32, f16, q8_0");
   app.add_option("--path", f->path_specs,
@@ -508,8 +514,8 @@ std::optional<ToolError> paths_of(const PerplexityFlags& f, std::vector<PathSpec
   for (const std::string& a : split(f.act_list, ',')) {
     if (a != "int8" && a != "fp32") return ToolError{"--act: unknown activation path '" + a + "' (int8, fp32)", 2};
     for (const std::string& isa : isas) {
-      if (!isa.empty() && isa != "scalar" && isa != "avx2" && isa != "avx512vnni")
-        return ToolError{"--isa: unknown ISA '" + isa + "' (scalar, avx2, avx512vnni, all)", 2};
+      if (!isa.empty() && !known_isa(isa))
+        return ToolError{"--isa: unknown ISA '" + isa + "' (scalar, avx2, avxvnni, avx512vnni, all)", 2};
       for (const std::string& k : split(f.kv_list, ',')) {
         auto kv = pd::parse_kv_dtype(k, "--kv-dtype");
         if (!kv.is_ok()) return ToolError{kv.status().message(), 2};
@@ -525,8 +531,8 @@ std::optional<ToolError> paths_of(const PerplexityFlags& f, std::vector<PathSpec
 }
 
 std::optional<ToolError> check_ref_isa(const std::string& ref_isa) {
-  if (!ref_isa.empty() && ref_isa != "scalar" && ref_isa != "avx2" && ref_isa != "avx512vnni")
-    return ToolError{"--ref-isa: unknown ISA '" + ref_isa + "' (scalar, avx2, avx512vnni)", 2};
+  if (!ref_isa.empty() && !known_isa(ref_isa))
+    return ToolError{"--ref-isa: unknown ISA '" + ref_isa + "' (scalar, avx2, avxvnni, avx512vnni)", 2};
   if (!ref_isa.empty() && !isa_runs_here(ref_isa)) return ToolError{"--ref-isa: this CPU cannot run " + ref_isa, 2};
   return std::nullopt;
 }

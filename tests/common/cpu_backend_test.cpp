@@ -182,7 +182,7 @@ TEST_CASE("cpu backend: every packed type's int8 matmuls agree with the fp32 pat
     }
 
     std::vector<std::vector<float>> first_isa;
-    for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni}) {
+    for (pd::cpu::Isa isa : pd::cpu::kAllIsas) {
       if (!pd::cpu::isa_supported(isa)) continue;
       INFO(pd::ggml_type_name(type) << ", " << pd::cpu::isa_name(isa));
       pd::CpuBackendConfig cfg;
@@ -291,7 +291,7 @@ TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each 
   near_top.lm_head_two_pass_margin = margin;
   const std::vector<float> a = logits(one_pass), b = logits(everywhere);
   std::vector<float> first_isa;
-  for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni}) {
+  for (pd::cpu::Isa isa : pd::cpu::kAllIsas) {
     if (!pd::cpu::isa_supported(isa)) continue;
     INFO(pd::cpu::isa_name(isa));
     near_top.isa = pd::cpu::isa_name(isa);
@@ -576,7 +576,7 @@ TEST_CASE("cpu backend: kv_write stores the reference bytes of every KV type on 
           pd::quantize_row(dtype, src, want.data() + L.offset(1, kind, block) + (g * L.block_size + off) * L.row_bytes(),
                            kHd);
         }
-    for (pd::cpu::Isa isa : {pd::cpu::Isa::kScalar, pd::cpu::Isa::kAvx2, pd::cpu::Isa::kAvx512Vnni}) {
+    for (pd::cpu::Isa isa : pd::cpu::kAllIsas) {
       if (!pd::cpu::isa_supported(isa)) continue;
       for (int tokens : {kTokens, 3}) {  // the parallel loop and the serial one
         INFO(pd::ggml_type_name(dtype) << ", " << pd::cpu::isa_name(isa) << ", " << tokens << " tokens");

@@ -20,6 +20,8 @@
 namespace pd::cpu {
 // tests/common/vnni_emulation.cpp: the VNNI kernels with vpdpbusd emulated (AVX2).
 const IntegerGemm* avx512vnni_gemm_emulated();
+// tests/common/avxvnni_emulation.cpp: the AVX-VNNI kernels, vpdpbusd emulated.
+const IntegerGemm* avxvnni_gemm_emulated();
 // tests/common/attention_avx2_only.cpp: the attention kernels as a CPU without
 // AVX-512 gets them (nullptr where this machine cannot build or run them).
 const AttentionKernels* attention_avx2_16_registers();
@@ -36,7 +38,7 @@ using pd::test::random_floats;
 std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;
   static bool noted = false;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}) {
+  for (Isa isa : pd::cpu::kAllIsas) {
     if (pd::cpu::isa_supported(isa))
       out.push_back(isa);
     else if (!noted)
@@ -330,7 +332,8 @@ TEST_CASE("two-pass activations: the same bits on every ISA path, error bounded 
   }
 }
 
-TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bit", "[cpu][kernels]") {
+TEST_CASE("the VNNI kernels (vpdpbusd emulated), AVX-512 and AVX-VNNI builds, equal the scalar path bit for bit",
+          "[cpu][kernels]") {
   if (!pd::cpu::isa_supported(Isa::kAvx2)) pd::test::skip("the emulated VNNI kernels need AVX2, which this CPU lacks");
   pd::cpu::Kernels emulated = pd::cpu::kernels(Isa::kAvx2);
   emulated.gemm_q4x8 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8;
@@ -346,6 +349,13 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
   emulated_pairs.gemm_q4x8f_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q4x8f_x2;
   emulated_pairs.gemm_q8x8_offset_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8_offset_x2;
   emulated_pairs.gemm_q8x8h_offset_x2 = pd::cpu::avx512vnni_gemm_emulated()->gemm_q8x8h_offset_x2;
+  // The AVX-VNNI build: one group at a time, one integer sum per token in the Q4 kernels.
+  const pd::cpu::IntegerGemm& avx = *pd::cpu::avxvnni_gemm_emulated();
+  CHECK((avx.gemm_q4x8_x2 == nullptr && avx.gemm_q8x8_offset_x2 == nullptr));
+  pd::cpu::Kernels emulated_avx = pd::cpu::kernels(Isa::kAvx2);
+  emulated_avx.gemm_q4x8 = avx.gemm_q4x8, emulated_avx.gemm_q8x8 = avx.gemm_q8x8;
+  emulated_avx.gemm_q4x8f = avx.gemm_q4x8f, emulated_avx.gemm_q8x8h = avx.gemm_q8x8h;
+  emulated_avx.gemm_q8x8_offset = avx.gemm_q8x8_offset, emulated_avx.gemm_q8x8h_offset = avx.gemm_q8x8h_offset;
   for (pd::GgmlType type : kPackedTypes) {
     for (int64_t k : row_lengths(type, true)) {
       const Weights w = make_weights(type, 21, k, 3 * k, /*raw=*/k > 256);
@@ -357,10 +367,12 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated) equal the scalar path bit for bi
         const std::vector<float> got = run_gemm(emulated, w, xq, m);
         const std::vector<float> got_offset = run_gemm(emulated_offset, w, xq, m);  // the Q8 layouts' offset kernels
         const std::vector<float> got_pairs = run_gemm(emulated_pairs, w, xq, m, /*pairs=*/true);
+        const std::vector<float> got_avx = run_gemm(emulated_avx, w, xq, m);
         INFO(pd::ggml_type_name(type) << " k=" << k << " m=" << m);
         CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(got_offset.data(), ref.data(), got.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(got_pairs.data(), ref.data(), got.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(got_avx.data(), ref.data(), got.size() * sizeof(float)) == 0);
       }
     }
   }

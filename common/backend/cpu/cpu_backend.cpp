@@ -410,7 +410,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendConfig& cfg) : cfg_(cfg) {
     n_threads_ = cfg.n_threads > 0 ? cfg.n_threads : omp_get_num_procs();
     isa_ = cpu::best_isa();
-    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni})
+    for (cpu::Isa isa : cpu::kAllIsas)
       if (cfg.isa == cpu::isa_name(isa) && cpu::isa_supported(isa)) isa_ = isa;
     // PD_CPU_INT8X2=none|KIND+KIND overrides the two-pass kinds (for
     // comparisons, like PD_CPU_ISA; kinds qkv, attn_out, gate_up, down, lm_head, all).

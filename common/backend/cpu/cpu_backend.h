@@ -42,7 +42,7 @@ struct CpuBackendConfig {
   // reference path, slower).
   bool int8_activations = true;
   // Kernel instruction set: "" = the widest this CPU runs (or PD_CPU_ISA),
-  // else "scalar", "avx2" or "avx512vnni" (ignored when this CPU cannot run
+  // else "scalar", "avx2", "avxvnni" or "avx512vnni" (ignored when this CPU cannot run
   // it; name() says what runs). For comparing ISAs in one process.
   std::string isa;
   // With int8_activations: the matmuls of these kinds (CpuMatmulKind bits)

@@ -195,6 +195,15 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avxvnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_avx512vnni() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -524,6 +533,7 @@ bool has_pair_kernel(const Kernels& kern, PackedFormat f) {
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAvx2: return "avx2";
+    case Isa::kAvxVnni: return "avxvnni";
     case Isa::kAvx512Vnni: return "avx512vnni";
     case Isa::kScalar: break;
   }
@@ -534,9 +544,11 @@ const char* isa_name(Isa isa) {
 // on a CPU without it.
 bool isa_supported(Isa isa) {
   static const bool avx2 = cpu_has_avx2() && avx2_kernels() != nullptr;
+  static const bool avx_vnni = avx2 && cpu_has_avxvnni() && avxvnni_gemm() != nullptr;
   static const bool vnni = avx2 && cpu_has_avx512vnni() && avx512vnni_gemm() != nullptr;
   switch (isa) {
     case Isa::kAvx2: return avx2;
+    case Isa::kAvxVnni: return avx_vnni;
     case Isa::kAvx512Vnni: return vnni;
     case Isa::kScalar: break;
   }
@@ -546,10 +558,11 @@ bool isa_supported(Isa isa) {
 Isa best_isa() {
   static const Isa chosen = [] {
     if (const char* env = std::getenv("PD_CPU_ISA")) {
-      for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni})
+      for (Isa isa : kAllIsas)
         if (std::strcmp(env, isa_name(isa)) == 0 && isa_supported(isa)) return isa;
     }
     if (isa_supported(Isa::kAvx512Vnni)) return Isa::kAvx512Vnni;
+    if (isa_supported(Isa::kAvxVnni)) return Isa::kAvxVnni;
     return isa_supported(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar;
   }();
   return chosen;
@@ -577,6 +590,16 @@ const Kernels& kernels(Isa isa) {
       return k;
     }();
     return vnni;
+  }
+  if (isa == Isa::kAvxVnni && isa_supported(isa)) {
+    static const Kernels avx_vnni = [] {
+      Kernels k = *avx2_kernels();
+      const IntegerGemm& g = *avxvnni_gemm();
+      k.gemm_q4x8 = g.gemm_q4x8, k.gemm_q8x8 = g.gemm_q8x8, k.gemm_q4x8f = g.gemm_q4x8f, k.gemm_q8x8h = g.gemm_q8x8h;
+      k.gemm_q8x8_offset = g.gemm_q8x8_offset, k.gemm_q8x8h_offset = g.gemm_q8x8h_offset;
+      return k;
+    }();
+    return avx_vnni;
   }
   if (isa == Isa::kAvx2 && isa_supported(isa)) return *avx2_kernels();
   return kScalarKernels;

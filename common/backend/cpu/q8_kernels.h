@@ -27,7 +27,7 @@
 //
 // Dispatch. kernels(isa) returns the table for one instruction set;
 // best_isa() picks the widest one this CPU runs (PD_CPU_ISA=scalar|avx2|
-// avx512vnni overrides, for comparisons). Each ISA's kernels live in their own
+// avxvnni|avx512vnni overrides, for comparisons). Each ISA's kernels live in their own
 // translation unit compiled for it (q8_kernels_avx2.cpp with -mavx2 -mfma
 // -mf16c; q8_kernels_avx512vnni.cpp adds AVX512 F/BW/VL/VNNI: vpdpbusd does a
 // 4-byte dot product per lane in one instruction), so the rest of the binary
@@ -152,7 +152,9 @@ inline float exp_approx(float x) {
 // pass of two-pass activations (CpuBackendConfig::int8x2_matmul_kinds).
 void quantization_residual(const float* x, const BlockQ8A* q, int64_t k, float* res);
 
-enum class Isa { kScalar, kAvx2, kAvx512Vnni };
+// kAvxVnni: AVX2 with AVX-VNNI (vpdpbusd in 256-bit VEX form, no AVX-512).
+enum class Isa { kScalar, kAvx2, kAvxVnni, kAvx512Vnni };
+inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni};
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)
 Isa best_isa();               // widest supported, or PD_CPU_ISA if set and supported
@@ -274,6 +276,10 @@ struct IntegerGemm {
   decltype(Kernels::gemm_q8x8h_offset_x2) gemm_q8x8h_offset_x2;
 };
 const IntegerGemm* avx512vnni_gemm();
+// The AVX-VNNI kernels (q8_kernels_avxvnni.cpp): one-group kernels only (the
+// *_x2 entries are nullptr); that ISA's table is the AVX2 one with these in
+// place. nullptr where not compiled.
+const IntegerGemm* avxvnni_gemm();
 // The attention kernels compiled for AVX-512 (q8_kernels_avx512vnni.cpp, from
 // attention_kernels.inc; the same bits as the AVX2 ones). nullptr where not compiled.
 struct AttentionKernels {

@@ -13,10 +13,18 @@
 // -mavx512vnni (plus AVX2/FMA/F16C). Like q8_kernels_avx2.cpp it uses no
 // inline function or template from outside itself, and only runs after
 // best_isa() saw the CPU support it.
+//
+// q8_kernels_avxvnni.cpp compiles it a second time with PD_AVX_VNNI, for
+// AVX-VNNI (the same vpdpbusd in its 256-bit VEX encoding, on CPUs without
+// AVX-512: Intel since Alder Lake, AMD Zen 5 client parts): the one-group
+// (Rows8) kernels only, and in the Q4 kernels one integer sum per token
+// instead of two (the same exact integer) so that a 4-token tile's sums fit
+// AVX2's 16 vector registers.
 #include "backend/cpu/q8_kernels.h"
 
-#if ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(PD_VNNI_EMULATION)) && defined(__FMA__) && \
-    defined(__F16C__)
+#if ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(PD_VNNI_EMULATION) || \
+     (defined(PD_AVX_VNNI) && defined(__AVXVNNI__))) &&                                  \
+    defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
 #include <cstring>
@@ -42,8 +50,18 @@ inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
   const __m256i b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), b_odd = _mm256_srai_epi16(b, 8);
   return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(a_even, b_even), _mm256_madd_epi16(a_odd, b_odd)));
 }
+#elif defined(PD_AVX_VNNI)
+inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
 #else
 inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_epi32(acc, a, b); }
+#endif
+
+// One integer sum per token in the Q4 kernels (AVX-VNNI: 16 registers), or
+// two (the low and high nibbles' apart: two dependency chains per token).
+#if defined(PD_AVX_VNNI)
+constexpr bool kOneQ4Sum = true;
+#else
+constexpr bool kOneQ4Sum = false;
 #endif
 
 inline __m256i broadcast4(const int8_t* p) {
@@ -168,6 +186,7 @@ struct Rows8 {
   }
 };
 
+#if !defined(PD_AVX_VNNI)
 struct Rows16 {
 #if defined(PD_VNNI_EMULATION)
   struct I {
@@ -239,6 +258,7 @@ struct Rows16 {
     }
   }
 };
+#endif  // !PD_AVX_VNNI
 
 // The activations' 4 bytes at p, in every lane.
 template <typename R>
@@ -270,14 +290,16 @@ inline void q4_tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t x_row
       for (int t = 0; t < T; ++t) {
         const int8_t* q = x[t * x_rows_stride + b].qs;
         s[t] = R::dpbusd_i(s[t], lo, broadcast4_rows<R>(q + 4 * c));
-        u[t] = R::dpbusd_i(u[t], hi, broadcast4_rows<R>(q + 16 + 4 * c));
+        I& high = kOneQ4Sum ? s[t] : u[t];
+        high = R::dpbusd_i(high, hi, broadcast4_rows<R>(q + 16 + 4 * c));
       }
     }
     const F d = R::per_row(w, nb, b, [](const Block& B) { return load_d(B); });
     const F mn = R::per_row(w, nb, b, [](const Block& B) { return load_m(B); });
     for (int t = 0; t < T; ++t) {
       const BlockQ8A& xb = x[t * x_rows_stride + b];
-      acc[t] = R::fma_f(R::cvt_f(R::add_i(s[t], u[t])), R::mul_f(d, R::set1_f(xb.d)), acc[t]);
+      const I sum = kOneQ4Sum ? s[t] : R::add_i(s[t], u[t]);
+      acc[t] = R::fma_f(R::cvt_f(sum), R::mul_f(d, R::set1_f(xb.d)), acc[t]);
       acc[t] = R::fma_f(mn, R::set1_f(xb.s), acc[t]);
     }
   }
@@ -378,6 +400,18 @@ void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, f
   gemm_tiles<PackedQ8x8, q8x8_tile<4>, q8x8_tile<3>, q8x8_tile<2>, q8x8_tile<1>>(w, nb, x, m, out, out_stride);
 }
 
+#if defined(PD_AVX_VNNI)
+constexpr IntegerGemm kVnniGemm{gemm_q4<Rows8, PackedQ4x8>,
+                                gemm_q8x8_vnni,
+                                gemm_q4<Rows8, PackedQ4x8F>,
+                                gemm_q8x8h_vnni,
+                                gemm_q8_offset<Rows8, PackedQ8x8>,
+                                gemm_q8_offset<Rows8, PackedQ8x8H>,
+                                nullptr,
+                                nullptr,
+                                nullptr,
+                                nullptr};
+#else
 constexpr IntegerGemm kVnniGemm{gemm_q4<Rows8, PackedQ4x8>,
                                 gemm_q8x8_vnni,
                                 gemm_q4<Rows8, PackedQ4x8F>,
@@ -388,8 +422,9 @@ constexpr IntegerGemm kVnniGemm{gemm_q4<Rows8, PackedQ4x8>,
                                 gemm_q4<Rows16, PackedQ4x8F>,
                                 gemm_q8_offset<Rows16, PackedQ8x8>,
                                 gemm_q8_offset<Rows16, PackedQ8x8H>};
+#endif
 
-#if !defined(PD_VNNI_EMULATION)
+#if !defined(PD_VNNI_EMULATION) && !defined(PD_AVX_VNNI)
 #include "backend/cpu/attention_kernels.inc"
 
 constexpr AttentionKernels kAvx512Attention{qk_scores_simd, softmax_step_simd, pv_accumulate_simd};
@@ -397,13 +432,23 @@ constexpr AttentionKernels kAvx512Attention{qk_scores_simd, softmax_step_simd, p
 
 }  // namespace
 
-#if defined(PD_VNNI_EMULATION)
+#if defined(PD_AVX_VNNI) && defined(PD_VNNI_EMULATION)
+const IntegerGemm* avxvnni_gemm_emulated() { return &kVnniGemm; }
+#elif defined(PD_AVX_VNNI)
+const IntegerGemm* avxvnni_gemm() { return &kVnniGemm; }
+#elif defined(PD_VNNI_EMULATION)
 const IntegerGemm* avx512vnni_gemm_emulated() { return &kVnniGemm; }
 #else
 const IntegerGemm* avx512vnni_gemm() { return &kVnniGemm; }
 const AttentionKernels* avx512_attention() { return &kAvx512Attention; }
 #endif
 
+}  // namespace pd::cpu
+
+#elif defined(PD_AVX_VNNI)  // not compiled for AVX-VNNI (a non-x86 target)
+
+namespace pd::cpu {
+const IntegerGemm* avxvnni_gemm() { return nullptr; }
 }  // namespace pd::cpu
 
 #elif !defined(PD_VNNI_EMULATION)  // not compiled for AVX512-VNNI (a non-x86 target)
