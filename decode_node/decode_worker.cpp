@@ -29,6 +29,13 @@ void fill_table(const KvBlockManager& blocks, proto::RequestId id, std::vector<i
   for (BlockId b : blocks.block_table(seq_of(id))) table.push_back(b.value);
 }
 
+// The tokens of a step, every sequence's.
+int tokens_in(std::span<const SequenceBatch> batch) {
+  int n = 0;
+  for (const SequenceBatch& b : batch) n += static_cast<int>(b.tokens.size());
+  return n;
+}
+
 }  // namespace
 
 const char* state_name(DecodeWorker::SeqState s) {
@@ -411,11 +418,8 @@ void DecodeWorker::run_step(const std::vector<PrefillChunk>& chunks, proto::Toke
   step_batch_.resize(used);
   const auto forward_start = env_->now();
   Status st = engine_->model->forward(step_batch_, engine_->cache, &logits_);
-  if (st.is_ok() && chunks.empty() && cfg_.decode.speculate > 0) {  // a decode step alone: what its tokens cost
-    int tokens = 0;
-    for (const SequenceBatch& b : step_batch_) tokens += static_cast<int>(b.tokens.size());
-    step_cost_.observe(tokens, seconds(env_->now() - forward_start));
-  }
+  if (st.is_ok() && chunks.empty() && cfg_.decode.speculate > 0)  // a decode step alone: what its tokens cost
+    step_cost_.observe(tokens_in(step_batch_), seconds(env_->now() - forward_start));
   if (!st.is_ok()) {
     check_device();
     for (proto::RequestId id : stepped_) fail(seqs_.at(id), "decode step failed: " + st.message(), proto::FailureKind::kInternal);
