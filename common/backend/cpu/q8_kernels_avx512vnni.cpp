@@ -70,7 +70,7 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-constexpr int kPrefetchBytes = 2048;  // as in the AVX2 kernels: weights stream once per call
+constexpr int kPrefetchBytes = 8192;  // as in the AVX2 kernels: 8 KB ahead into L2 (prefetcht1)
 
 // The 8 rows' scales of a Q4 block: fp16 (PackedQ4x8) or fp32 (PackedQ4x8F).
 inline __m256 load_fp16x8(const uint16_t* p) {
@@ -90,7 +90,7 @@ inline void q8x8_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_
   for (int64_t b = 0; b < nb; ++b) {
     const PackedQ8x8& B = w[b];
     for (int l = 0; l < 5; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T1);
     __m256i s[T];
     for (int t = 0; t < T; ++t) s[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
@@ -120,7 +120,7 @@ inline void q8x8h_tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int6
   for (int64_t b = 0; b < nb; ++b) {
     const PackedQ8x8H& B = w[b];
     for (int l = 0; l < 6; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T1);
     __m256i s[2][T];
     for (int t = 0; t < T; ++t) s[0][t] = s[1][t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
@@ -178,11 +178,11 @@ struct Rows8 {
   static F per_row(const Block* w, int64_t, int64_t b, Load load) {
     return load(w[b]);
   }
-  // Weights stream once per call: 2 KB ahead, as in the AVX2 kernels.
+  // Weights stream once per call: 8 KB ahead into L2, as in the AVX2 kernels.
   template <typename Block>
   static void prefetch(const Block* w, int64_t, int64_t b) {
     for (int l = 0; l < static_cast<int>((sizeof(Block) + 63) / 64); ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(w + b) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + b) + kPrefetchBytes + 64 * l, _MM_HINT_T1);
   }
 };
 
