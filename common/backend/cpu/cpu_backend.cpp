@@ -820,14 +820,15 @@ class CpuBackend final : public Backend {
     const size_t group_bytes = cpu::packed_group_bytes(f, c.k);
     const uint8_t* wb = static_cast<const uint8_t*>(w.data);
     float* os = f32(out);
-    // With several token tiles the kernel reads these groups many times from
-    // L1; start the next item's memory reads now so its first pass does not
-    // wait on them (one tile runs at memory speed). A two-group kernel
-    // prefetches the next pair itself, into L2, a block at a time:
-    // prefetching it all here as well stalled the core (6.7% of batch-8
-    // decode on Zen 4, docs/BENCHMARKS.md).
+    // The SIMD kernels prefetch the weights themselves as they stream them
+    // (the one-group kernels 8 KB ahead, the two-group ones the next pair, a
+    // block at a time), which covers the next item too: a burst for the next
+    // item here on top of that stalled the core (AVX2 batch-8 decode 10%
+    // slower, the Zen 4 two-group kernels' 6.7%: docs/BENCHMARKS.md). The
+    // portable kernels do not prefetch: with several token tiles, which read
+    // these groups many times from L1, the next item's reads start now.
     const int64_t next = g + cols / kR;
-    if (c.mt > 4 && !(pair && cpu::has_pair_kernel(c.kern, f)))
+    if (isa_ == cpu::Isa::kScalar && c.mt > 4)
       prefetch_bytes(wb + next * group_bytes, (std::min(next + 2, groups) - next) * group_bytes);
     const void* group = wb + g * group_bytes;
     const bool whole = g * kR + cols <= n;
