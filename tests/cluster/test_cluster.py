@@ -333,19 +333,53 @@ COPY_PROMPTS = [
 ]
 
 
+# Requests that use what a verification step must get right beside the tokens: logprobs with
+# alternatives, stop strings that cut inside an accepted draft, n seeded samples, a constraint.
+SPEC_FEATURES = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPTS[0]}], "max_tokens": 40,
+                              "temperature": 0, "logprobs": True, "top_logprobs": 3}),
+    ("/v1/completions", {"prompt": COPY_PROMPTS[2], "max_tokens": 40, "temperature": 0, "logprobs": 2,
+                         "stop": [" 9 10 1"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPTS[1]}], "max_tokens": 32,
+                              "temperature": 0.9, "seed": 5, "n": 3, "stop": ["plums"]}),
+    ("/v1/completions", {"prompt": COPY_PROMPTS[1], "max_tokens": 24, "temperature": 0.7, "seed": 11, "n": 2,
+                         "logprobs": 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPTS[0]}], "max_tokens": 40,
+                              "temperature": 0, "response_format": {"type": "json_object"}}),
+]
+
+
+def feature_answers(c):
+    """SPEC_FEATURES' answers, without what differs between runs (ids, times)."""
+    out = []
+    for path, body in SPEC_FEATURES:
+        r = c.post(path, body)
+        check(r.status == 200, "HTTP %d: %s" % (r.status, r.body))
+        j = r.json()
+        out.append((j["choices"], j["usage"]["completion_tokens"]))
+    return out
+
+
 def suite_speculation(tmp):
-    """Default model, speculative decoding on the decode pool (decode.speculate 4), 1 prefill + 1 decode
+    """Default model, speculative decoding on the decode pool (decode.speculate 8), 1 prefill + 1 decode
     and colocated: greedy and seeded outputs equal plain decoding's (pd-generate without speculation),
-    alone and under load, and drafts were made and accepted."""
+    alone and under load; logprobs, stop strings, n seeded samples and a constraint answer as a
+    cluster without speculation does; and drafts were made and accepted."""
     need_default_model()
     cases = [(e, q, 40) for e in ("chat", "completion") for q in COPY_PROMPTS] + mixed_prompts(10)
     refs = references(DEFAULT_MODEL, cases)
     seeded = [{"prompt": q, "chat": True, "max_tokens": 32, "temperature": 0.8, "seed": 21 + i}
               for i, q in enumerate(COPY_PROMPTS)]
     seeded_refs = reference(DEFAULT_MODEL, seeded)
-    spec = {"decode": {"speculate": 4, "speculate_max_batch": 64}}
+    with Cluster(prefill=1, decode=1) as c:  # the same requests without speculation
+        plain = feature_answers(c)
+        check(c.stop() == 0, "clean exit")
+    spec = {"decode": {"speculate": 8, "speculate_max_batch": 64}}
     for layout in ({"prefill": 1, "decode": 1}, {"colocated": 1}):
         with Cluster(config=spec, **layout) as c:
+            got = feature_answers(c)
+            for (path, body), a, b in zip(SPEC_FEATURES, got, plain):
+                check(a == b, "%s %s: with speculation\n  %r\nwithout\n  %r" % (path, body, a, b))
             for case, ref in zip(cases[:6], refs[:6]):
                 for stream in (False, True):
                     expect_same(case, run_case(c, case[0], case[1], case[2], stream), ref)
