@@ -1356,6 +1356,8 @@ def main():
     ap.add_argument("--report-only", action="store_true",
                     help="no measuring: tables and plots again from --out's results.json (and textbook*.txt)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cluster-config", default="",
+                    help='JSON merged into every pdcluster run\'s cluster.json, e.g. \'{"decode": {"speculate": 8}}\'')
     ap.add_argument("--ttft-slo", type=float, default=2.0, help="seconds (goodput)")
     ap.add_argument("--tpot-slo", type=float, default=0.15, help="seconds per output token (goodput)")
     ap.add_argument("--llamacpp-slots", type=int, default=8, help="llama-server -np")
@@ -1378,6 +1380,11 @@ def main():
                     help="policies the uniform check (requests sharing nothing) runs under, per shape; "
                          "'' skips it (least_work is the reference for cache_aware's rank shares)")
     args = ap.parse_args()
+    try:
+        if args.cluster_config and not isinstance(json.loads(args.cluster_config), dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        raise SystemExit("bench_cluster.py: --cluster-config: %s" % e)
 
     if args.multiturn:
         # No AIPerf needed: the bench venv only for matplotlib, where it already exists.
@@ -1440,7 +1447,7 @@ def main():
 
     def start(c, w):
         if c != "llamacpp":
-            return PdServer(c, args.model, build)
+            return PdServer(c, args.model, build, json.loads(args.cluster_config) if args.cluster_config else None)
         # The peer's best settings: a slot context just above the workload's longest
         # request (llama.cpp's unified KV cache makes attention cost grow with the
         # cells in use across slots), 2 threads on the 2 cores, flash attention.
