@@ -568,20 +568,25 @@ Isa best_isa() {
   return chosen;
 }
 
+namespace {
+
+// The AVX2 table with a VNNI build's integer matmul kernels in place (its
+// two-group entries nullptr where it has none).
+Kernels avx2_with(const IntegerGemm& g) {
+  Kernels k = *avx2_kernels();
+  k.gemm_q4x8 = g.gemm_q4x8, k.gemm_q8x8 = g.gemm_q8x8, k.gemm_q4x8f = g.gemm_q4x8f, k.gemm_q8x8h = g.gemm_q8x8h;
+  k.gemm_q8x8_offset = g.gemm_q8x8_offset, k.gemm_q8x8h_offset = g.gemm_q8x8h_offset;
+  k.gemm_q4x8_x2 = g.gemm_q4x8_x2, k.gemm_q4x8f_x2 = g.gemm_q4x8f_x2;
+  k.gemm_q8x8_offset_x2 = g.gemm_q8x8_offset_x2, k.gemm_q8x8h_offset_x2 = g.gemm_q8x8h_offset_x2;
+  return k;
+}
+
+}  // namespace
+
 const Kernels& kernels(Isa isa) {
   if (isa == Isa::kAvx512Vnni && isa_supported(isa)) {
     static const Kernels vnni = [] {
-      Kernels k = *avx2_kernels();
-      k.gemm_q4x8 = avx512vnni_gemm()->gemm_q4x8;
-      k.gemm_q8x8 = avx512vnni_gemm()->gemm_q8x8;
-      k.gemm_q4x8f = avx512vnni_gemm()->gemm_q4x8f;
-      k.gemm_q8x8h = avx512vnni_gemm()->gemm_q8x8h;
-      k.gemm_q8x8_offset = avx512vnni_gemm()->gemm_q8x8_offset;
-      k.gemm_q8x8h_offset = avx512vnni_gemm()->gemm_q8x8h_offset;
-      k.gemm_q4x8_x2 = avx512vnni_gemm()->gemm_q4x8_x2;
-      k.gemm_q4x8f_x2 = avx512vnni_gemm()->gemm_q4x8f_x2;
-      k.gemm_q8x8_offset_x2 = avx512vnni_gemm()->gemm_q8x8_offset_x2;
-      k.gemm_q8x8h_offset_x2 = avx512vnni_gemm()->gemm_q8x8h_offset_x2;
+      Kernels k = avx2_with(*avx512vnni_gemm());
       if (const AttentionKernels* a = avx512_attention()) {
         k.qk_scores = a->qk_scores;
         k.softmax_step = a->softmax_step;
@@ -592,13 +597,7 @@ const Kernels& kernels(Isa isa) {
     return vnni;
   }
   if (isa == Isa::kAvxVnni && isa_supported(isa)) {
-    static const Kernels avx_vnni = [] {
-      Kernels k = *avx2_kernels();
-      const IntegerGemm& g = *avxvnni_gemm();
-      k.gemm_q4x8 = g.gemm_q4x8, k.gemm_q8x8 = g.gemm_q8x8, k.gemm_q4x8f = g.gemm_q4x8f, k.gemm_q8x8h = g.gemm_q8x8h;
-      k.gemm_q8x8_offset = g.gemm_q8x8_offset, k.gemm_q8x8h_offset = g.gemm_q8x8h_offset;
-      return k;
-    }();
+    static const Kernels avx_vnni = avx2_with(*avxvnni_gemm());
     return avx_vnni;
   }
   if (isa == Isa::kAvx2 && isa_supported(isa)) return *avx2_kernels();

@@ -400,24 +400,18 @@ void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, f
   gemm_tiles<PackedQ8x8, q8x8_tile<4>, q8x8_tile<3>, q8x8_tile<2>, q8x8_tile<1>>(w, nb, x, m, out, out_stride);
 }
 
-#if defined(PD_AVX_VNNI)
 constexpr IntegerGemm kVnniGemm{gemm_q4<Rows8, PackedQ4x8>,
                                 gemm_q8x8_vnni,
                                 gemm_q4<Rows8, PackedQ4x8F>,
                                 gemm_q8x8h_vnni,
                                 gemm_q8_offset<Rows8, PackedQ8x8>,
                                 gemm_q8_offset<Rows8, PackedQ8x8H>,
+#if defined(PD_AVX_VNNI)  // one group at a time: no 16-row pairs
                                 nullptr,
                                 nullptr,
                                 nullptr,
                                 nullptr};
 #else
-constexpr IntegerGemm kVnniGemm{gemm_q4<Rows8, PackedQ4x8>,
-                                gemm_q8x8_vnni,
-                                gemm_q4<Rows8, PackedQ4x8F>,
-                                gemm_q8x8h_vnni,
-                                gemm_q8_offset<Rows8, PackedQ8x8>,
-                                gemm_q8_offset<Rows8, PackedQ8x8H>,
                                 gemm_q4<Rows16, PackedQ4x8>,
                                 gemm_q4<Rows16, PackedQ4x8F>,
                                 gemm_q8_offset<Rows16, PackedQ8x8>,
