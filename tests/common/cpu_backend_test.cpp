@@ -248,9 +248,10 @@ TEST_CASE("cpu backend: every packed type's int8 matmuls agree with the fp32 pat
 // holds exactly the second-pass-everywhere bits; the other groups hold the
 // one-pass bits. Rows scaled from 0.05x to 3x spread the logits over far more
 // than the margin, so both kinds of group occur; 203 rows leave a padded last
-// group. The same bits for a token alone (the small-batch path: the second
-// pass in the first sweep) as in the batch of 20 (picked groups read again),
-// and on every ISA path.
+// group. The same bits for a token alone and in a batch of 12 (the
+// small-batch path: the second pass in the first sweep, for the groups near
+// the largest logit seen so far) as in the batch of 20 (picked groups read
+// again), and on every ISA path.
 TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each token's largest logit",
           "[cpu][backend]") {
   const int64_t k = 256, n = 203, m = 20;
@@ -276,6 +277,12 @@ TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each 
     std::vector<float> out(n * m);
     pd::Tensor ot = f32_tensor(out, n, m);
     REQUIRE(be->matmul(xt, wt.value(), ot).is_ok());
+    const int64_t few = 12;
+    std::vector<float> some(n * few);
+    pd::Tensor xft = f32_tensor(x, k, few), oft = f32_tensor(some, n, few);
+    REQUIRE(be->matmul(xft, wt.value(), oft).is_ok());
+    INFO("the first " << few << " tokens, margin " << cfg.lm_head_two_pass_margin);
+    CHECK(std::memcmp(some.data(), out.data(), some.size() * sizeof(float)) == 0);
     for (int64_t t = 0; t < m; ++t) {
       std::vector<float> xa(x.begin() + t * k, x.begin() + (t + 1) * k), one(n);
       pd::Tensor xat = f32_tensor(xa, k, 1), oat = f32_tensor(one, n, 1);

@@ -237,7 +237,7 @@ TEST_CASE("integer gemm equals the scalar dot of the dequantized operands on eve
       for (int64_t n : {8, 21}) {
         for (bool raw : {false, true}) {
           const Weights w = make_weights(type, n, k, 7 * k + n, raw);
-          for (int m : {1, 2, 3, 4, 5, 7, 9}) {  // full token tiles of 4 and every tail
+          for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 15, 17}) {  // full token tiles of 4 and 8, every tail
             const std::vector<float> x = random_floats(k * m, 31 + m);
             const int64_t nb = k / 32;
             std::vector<BlockQ8A> xq(m * nb);
@@ -359,7 +359,7 @@ TEST_CASE("the VNNI kernels (vpdpbusd emulated), AVX-512 and AVX-VNNI builds, eq
   for (pd::GgmlType type : kPackedTypes) {
     for (int64_t k : row_lengths(type, true)) {
       const Weights w = make_weights(type, 21, k, 3 * k, /*raw=*/k > 256);
-      for (int m : {1, 2, 3, 4, 5, 9}) {
+      for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 17}) {  // tiles of 4 (one group) and 8 (pairs), every tail
         const std::vector<float> x = random_floats(k * m, 13 + m);
         std::vector<BlockQ8A> xq(m * (k / 32));
         pd::cpu::kernels(Isa::kScalar).quantize_rows(x.data(), k, k, m, xq.data());

@@ -650,12 +650,13 @@ class CpuBackend final : public Backend {
   // cache while the weights stream past).
   static constexpr size_t kMaxMulti = 4;
   static constexpr int64_t kInt8Chunk = 64;  // tokens per pass over the weights
-  // kInt8x2Top: from this many tokens on, the second pass reads the picked
-  // groups again (saving the rest's work); below, it runs for every group in
-  // the first sweep, while the group is in cache. Measured alternated at
-  // batch 8 (docs/BENCHMARKS.md): reading again is 13% faster on Gemma 3's
-  // 262,144-row head and within noise on SmolLM2's 49,152.
-  static constexpr int kTopSweepMinTokens = 8;
+  // kInt8x2Top: in chunks of up to this many tokens the second pass runs in
+  // the first sweep, while a group is in cache, for the groups whose logits
+  // come within the margin of the largest the thread has seen so far for the
+  // token (a superset of those picked in the end: the final largest can only
+  // be larger); beyond, the picked groups are read again for the tokens that
+  // picked them. Its results are kept per token and vocabulary row.
+  static constexpr int kTopSweepMaxTokens = 16;
   // Splits the weights by how their activations are taken (CpuBackendConfig::
   // int8x2_matmul_kinds, fp32_matmul_kinds): each group shares one input
   // preparation and one parallel pass.
@@ -785,6 +786,7 @@ class CpuBackend final : public Backend {
         Int8Chunk c{kern, k, i0, static_cast<int>(std::min(kInt8Chunk, m - i0)), two_pass, top, groups_padded,
                     xq + i0 * nb, two_pass ? xq2 + i0 * nb : nullptr, offset ? xqo + i0 * nb : nullptr,
                     offset && two_pass ? xq2o + i0 * nb : nullptr};
+        if (top) std::fill_n(top_running_.data() + omp_get_thread_num() * kInt8Chunk, c.mt, -std::numeric_limits<float>::infinity());
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < total_items; ++item) {
           size_t j = 0;
@@ -793,7 +795,7 @@ class CpuBackend final : public Backend {
         }
         if (top)
           second_pass_near_top(kern, *ws[0], *outs[0], i0, c.mt, c.x2, c.x2o, nb,
-                               c.mt < kTopSweepMinTokens ? top_second_.data() : nullptr, groups_padded);
+                               c.mt <= kTopSweepMaxTokens ? top_second_.data() : nullptr, groups_padded);
       }
     }
     return Status::ok();
@@ -846,8 +848,18 @@ class CpuBackend final : public Backend {
       float second[kInt8Chunk * kPair];
       gemm(c.x2, c.x2o, second, cols);
       add_rows(second, cols, c.mt, cols, dst, stride);
-    } else if (c.top && c.mt < kTopSweepMinTokens) {
-      gemm(c.x2, c.x2o, top_second_.data() + g * kR, c.groups_padded);  // kept for second_pass_near_top
+    } else if (c.top && c.mt <= kTopSweepMaxTokens) {
+      // kept for second_pass_near_top, which adds it where it picks the group
+      float* running = top_running_.data() + omp_get_thread_num() * kInt8Chunk;
+      const int64_t valid = std::min<int64_t>(cols, n - g * kR);
+      bool near = false;
+      for (int i = 0; i < c.mt; ++i) {
+        const float largest = largest_of(dst + i * stride, valid);
+        running[i] = std::max(running[i], largest);
+        near = near || largest >= running[i] - cfg_.lm_head_two_pass_margin;
+      }
+      if (near) gemm(c.x2, c.x2o, top_second_.data() + g * kR, c.groups_padded);
+      std::fill_n(top_swept_.begin() + g, cols / kR, near);
     }
     if (!whole) copy_rows(tail, cols, c.mt, n - g * kR, os + c.i0 * n + g * kR, n);
   }
@@ -894,17 +906,20 @@ class CpuBackend final : public Backend {
     fit(xq2_, copies * m * nb), fit(xres_, n_threads_ * k);
     if (mode != ActivationMode::kInt8x2Top) return;
     fit(xq2_pick_, n_threads_ * kInt8Chunk * nb), fit(top_threshold_, kInt8Chunk);
-    // Any chunk of fewer than kTopSweepMinTokens tokens (the whole call, or its last chunk).
-    fit(top_second_, std::min<int64_t>(m, kTopSweepMinTokens - 1) * groups_padded);
+    // Any chunk of up to kTopSweepMaxTokens tokens (the whole call, or its last chunk).
+    fit(top_second_, std::min<int64_t>(m, kTopSweepMaxTokens) * groups_padded);
+    fit(top_running_, n_threads_ * kInt8Chunk), fit(top_swept_, groups_padded / cpu::kPackRows);
   }
 
   // kInt8x2Top's second phase, inside matmul_int8's parallel region, for the
-  // tokens [i0, i0 + mt) whose first-pass logits are in `out`. With `second`
-  // (fewer than kTopSweepMinTokens tokens) the second pass already ran for
-  // every group in the first sweep, while the group was in cache (token i,
-  // row j at second[i * stride + j]), and is only added where picked; else the
-  // picked groups are read again for the picked tokens alone. The same bits
-  // either way: the choice depends on the batch, the values do not.
+  // tokens [i0, i0 + mt) whose first-pass logits are in `out`. With
+  // `second_all` (up to kTopSweepMaxTokens tokens) the first sweep already
+  // ran the second pass for the groups near each token's running largest
+  // (top_swept_; token i, row j at second_all[i * stride + j]), and it is
+  // only added where picked; a picked group the sweep did not run (it cannot
+  // happen with finite logits) and, without second_all, every picked group is
+  // read again for the tokens that picked it. The same bits either way: the
+  // choice depends on the batch, the values do not.
   void second_pass_near_top(const cpu::Kernels& kern, const Tensor& w, Tensor& out, int64_t i0, int mt,
                             const cpu::BlockQ8A* xc2, const cpu::BlockQ8A* xc2o, int64_t nb, const float* second_all,
                             int64_t stride) {
@@ -927,7 +942,7 @@ class CpuBackend final : public Backend {
       int tokens[kInt8Chunk], picked = 0;
       for (int i = 0; i < mt; ++i) {
         if (largest_of(os + (i0 + i) * n + g * kR, rows) < threshold[i]) continue;
-        if (second_all != nullptr) {
+        if (second_all != nullptr && top_swept_[g]) {
           for (int r = 0; r < rows; ++r) os[(i0 + i) * n + g * kR + r] += second_all[i * stride + g * kR + r];
           continue;
         }
@@ -1138,7 +1153,7 @@ class CpuBackend final : public Backend {
     const int64_t per_item = sequences * nkv >= n_threads_ ? std::min<int64_t>(group, kTileRows) : 1;
     const int64_t runs = (group + per_item - 1) / per_item;
     const std::vector<std::pair<int64_t, int64_t>>& tiles =
-        attention_tiles(tokens, std::max<int64_t>(1, kTileRows / per_item));
+        attention_tiles(tokens, balanced_tile_tokens(tokens, std::max<int64_t>(1, kTileRows / per_item), nkv * runs));
     const int64_t n_tiles = static_cast<int64_t>(tiles.size());
     int64_t most_tokens = 0;
     for (const auto& [t0, count] : tiles) most_tokens = std::max(most_tokens, count);
@@ -1183,6 +1198,26 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
+  // Tokens per tile: at most `most`, fewer where a few tiles would leave a
+  // thread idle for a tile's time (a verification step's tokens of one
+  // sequence: 3 kv heads' tiles on 2 threads ran 2 and 1; in halves, 3 and
+  // 3). Each tile reads its keys again; a tile's rows give the same bits in
+  // any tile.
+  int64_t balanced_tile_tokens(std::span<const AttentionToken> tokens, int64_t most, int64_t items_per_tile) {
+    const auto idle_share = [&](int64_t tile_tokens) {
+      const int64_t items = static_cast<int64_t>(attention_tiles(tokens, tile_tokens).size()) * items_per_tile;
+      const int64_t rounds = (items + n_threads_ - 1) / n_threads_;
+      return static_cast<double>(rounds * n_threads_ - items) / static_cast<double>(rounds * n_threads_);
+    };
+    int64_t best = most;
+    double best_idle = idle_share(most);
+    for (int64_t t = most / 2; t >= 1 && best_idle > 0.1; t /= 2) {
+      const double idle = idle_share(t);
+      if (idle < best_idle) best = t, best_idle = idle;
+    }
+    return best;
+  }
+
   // The tokens cut into tiles ([first, count)): runs of consecutive tokens of
   // one sequence, at most tile_tokens long. Kept in a member (no allocation
   // once warm).
@@ -1224,7 +1259,9 @@ class CpuBackend final : public Backend {
   std::vector<float> xres_;                     // two-pass: residual rows, one per thread (grow-only)
   std::vector<cpu::BlockQ8A> xq2_pick_;         // kInt8x2Top: the picked tokens' q2, one chunk per thread
   std::vector<float> top_threshold_;            // kInt8x2Top: per token of a chunk, the logit a group needs
-  std::vector<float> top_second_;               // kInt8x2Top, small batches: every second-pass result
+  std::vector<float> top_second_;               // kInt8x2Top, small batches: the swept second-pass results
+  std::vector<float> top_running_;              // kInt8x2Top sweep: per thread and token, the largest logit so far
+  std::vector<uint8_t> top_swept_;              // kInt8x2Top sweep: per group, whether top_second_ holds it
   RopeTable rope_tables_[2];                    // rope's angles for the last two specs
   int rope_table_next_ = 0;                     // the table a new spec replaces
   std::vector<std::pair<int64_t, int64_t>> attention_tiles_;  // paged_attention's work (grow-only)

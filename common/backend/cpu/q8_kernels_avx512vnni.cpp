@@ -59,9 +59,9 @@ inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_
 // One integer sum per token in the Q4 kernels (AVX-VNNI: 16 registers), or
 // two (the low and high nibbles' apart: two dependency chains per token).
 #if defined(PD_AVX_VNNI)
-constexpr bool kOneQ4Sum = true;
+constexpr bool kOneQ4SumAvxVnni = true;
 #else
-constexpr bool kOneQ4Sum = false;
+constexpr bool kOneQ4SumAvxVnni = false;
 #endif
 
 inline __m256i broadcast4(const int8_t* p) {
@@ -152,6 +152,7 @@ inline void q8x8h_tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int6
 // build (AVX2 only) a Rows16 vector is two 256-bit halves, so the tests run
 // its loops on any AVX2 CPU.
 struct Rows8 {
+  static constexpr int kTileTokens = 4;
   using I = __m256i;
   using F = __m256;
   static I zero_i() { return _mm256_setzero_si256(); }
@@ -188,6 +189,7 @@ struct Rows8 {
 
 #if !defined(PD_AVX_VNNI)
 struct Rows16 {
+  static constexpr int kTileTokens = 8;
 #if defined(PD_VNNI_EMULATION)
   struct I {
     __m256i lo, hi;
@@ -270,12 +272,15 @@ inline typename R::I broadcast4_rows(const int8_t* p) {
 
 // Q4_0/Q4_1 (PackedQ4x8) and Q4_K (PackedQ4x8F). The low and high nibbles'
 // products go to separate integer sums, added before the conversion (the
-// same exact integer), so that two dependency chains run per token.
+// same exact integer), so that two dependency chains run per token; tiles of
+// more than 4 tokens have chains enough with one sum per token, and the
+// registers for it.
 template <typename R, typename Block, int T>
 inline void q4_tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t x_rows_stride, float* out,
                     int64_t out_stride) {
   using I = typename R::I;
   using F = typename R::F;
+  constexpr bool kOneQ4Sum = kOneQ4SumAvxVnni || T > 4;
   const I low4 = R::set1_i(0x0F0F0F0F);
   F acc[T];
   for (int t = 0; t < T; ++t) acc[t] = R::zero_f();
@@ -361,43 +366,72 @@ inline void q8_offset_tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_
   for (int t = 0; t < T; ++t) R::store_f(out + t * out_stride, acc[t]);
 }
 
-constexpr int kTileTokens = 4;
-
-// Tiles of kTileTokens tokens, then one tile for the remaining 1-3.
-template <typename Block, void (*Tile4)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t),
-          void (*Tile3)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t),
-          void (*Tile2)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t),
-          void (*Tile1)(const Block*, int64_t, const BlockQ8A*, int64_t, float*, int64_t)>
-void gemm_tiles(const Block* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  int t = 0;
-  for (; t + kTileTokens <= m; t += kTileTokens) Tile4(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
-  switch (m - t) {
-    case 3: Tile3(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    case 2: Tile2(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    case 1: Tile1(w, nb, x + t * nb, nb, out + t * out_stride, out_stride); break;
-    default: break;
+// Tiles of up to R::kTileTokens tokens: the weights of a call stream past
+// once per tile, so a call of that many tokens or fewer (a decode batch, a
+// verification step) reads them once. Rows16 (32 registers) takes 8 tokens at
+// a time, Rows8 4 (the AVX-VNNI build has 16 registers). A token's outputs
+// are the same bits in any tile.
+// The last tile: `left` (< MaxT) tokens through Tiles::tile<left>.
+template <typename Block, typename Tiles, int N>
+inline void last_tile(int left, const Block* w, int64_t nb, const BlockQ8A* x, float* out, int64_t out_stride) {
+  if constexpr (N > 0) {
+    if (left == N) return Tiles::template tile<N>(w, nb, x, nb, out, out_stride);
+    last_tile<Block, Tiles, N - 1>(left, w, nb, x, out, out_stride);
   }
 }
+
+template <typename Block, typename Tiles, int MaxT>
+void gemm_tiles(const Block* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
+  int t = 0;
+  for (; t + MaxT <= m; t += MaxT)
+    Tiles::template tile<MaxT>(w, nb, x + t * nb, nb, out + t * out_stride, out_stride);
+  last_tile<Block, Tiles, MaxT - 1>(m - t, w, nb, x + t * nb, out + t * out_stride, out_stride);
+}
+
+template <typename R, typename Block>
+struct Q4Tiles {
+  template <int T>
+  static void tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t xs, float* out, int64_t os) {
+    q4_tile<R, Block, T>(w, nb, x, xs, out, os);
+  }
+};
+template <typename R, typename Block>
+struct Q8OffsetTiles {
+  template <int T>
+  static void tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t xs, float* out, int64_t os) {
+    q8_offset_tile<R, Block, T>(w, nb, x, xs, out, os);
+  }
+};
+struct Q8x8Tiles {
+  template <int T>
+  static void tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_t xs, float* out, int64_t os) {
+    q8x8_tile<T>(w, nb, x, xs, out, os);
+  }
+};
+struct Q8x8hTiles {
+  template <int T>
+  static void tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int64_t xs, float* out, int64_t os) {
+    q8x8h_tile<T>(w, nb, x, xs, out, os);
+  }
+};
 
 // The Q4 and offset kernels over R's rows; and the sign-trick kernels, 8 rows only.
 template <typename R, typename Block>
 void gemm_q4(const Block* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  gemm_tiles<Block, q4_tile<R, Block, 4>, q4_tile<R, Block, 3>, q4_tile<R, Block, 2>, q4_tile<R, Block, 1>>(
-      w, nb, x, m, out, out_stride);
+  gemm_tiles<Block, Q4Tiles<R, Block>, R::kTileTokens>(w, nb, x, m, out, out_stride);
 }
 
 template <typename R, typename Block>
 void gemm_q8_offset(const Block* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  gemm_tiles<Block, q8_offset_tile<R, Block, 4>, q8_offset_tile<R, Block, 3>, q8_offset_tile<R, Block, 2>,
-             q8_offset_tile<R, Block, 1>>(w, nb, x, m, out, out_stride);
+  gemm_tiles<Block, Q8OffsetTiles<R, Block>, R::kTileTokens>(w, nb, x, m, out, out_stride);
 }
 
 void gemm_q8x8h_vnni(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  gemm_tiles<PackedQ8x8H, q8x8h_tile<4>, q8x8h_tile<3>, q8x8h_tile<2>, q8x8h_tile<1>>(w, nb, x, m, out, out_stride);
+  gemm_tiles<PackedQ8x8H, Q8x8hTiles, 4>(w, nb, x, m, out, out_stride);
 }
 
 void gemm_q8x8_vnni(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int m, float* out, int64_t out_stride) {
-  gemm_tiles<PackedQ8x8, q8x8_tile<4>, q8x8_tile<3>, q8x8_tile<2>, q8x8_tile<1>>(w, nb, x, m, out, out_stride);
+  gemm_tiles<PackedQ8x8, Q8x8Tiles, 4>(w, nb, x, m, out, out_stride);
 }
 
 constexpr IntegerGemm kVnniGemm{gemm_q4<Rows8, PackedQ4x8>,
