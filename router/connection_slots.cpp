@@ -59,6 +59,9 @@ AdmitResult ConnectionSlots::admit(Clock::time_point now) {
   }
   r.id = next_id_++;
   conns_.emplace(r.id, Entry{r.admission == Admission::kSlot ? SlotHold::kHeld : SlotHold::kNone, Listing::kNone, {}});
+  // Nothing of a request has come yet: idle from its accept on, so the
+  // holders go in the order they came, whenever the server gets to start them.
+  if (r.admission == Admission::kSlot) list(r.id, Listing::kIdle, now);
   return r;
 }
 

@@ -60,7 +60,8 @@ class ConnectionSlots {
       : max_connections_(max_connections), max_overflow_(max_overflow_connections), stall_after_(stall_after) {}
 
   // Admits a newly accepted connection and, unless refused, registers it under
-  // a fresh id. When every slot is taken and some holder is a candidate — listed
+  // a fresh id; a new slot holder is listed idle at `now` (nothing of a request
+  // received yet). When every slot is taken and some holder is a candidate — listed
   // idle, or listed reading since at least stall_after before `now` — the one
   // listed longest ago loses its slot (it stays registered, slotless and
   // unlisted, until remove()); its id comes back in `evicted`, and

@@ -82,48 +82,54 @@ TEST_CASE("connection slots: admission and eviction, step by step", "[http][slot
       {"slots, then overflow places, then refusal; a busy holder is never evicted",
        2,
        1,
-       {accept(0, A::kSlot, -1, 1, 0, 1), accept(1, A::kSlot, -1, 2, 0, 2), accept(2, A::kOverflow, -1, 2, 0, 3),
-        refuse(2, 0, 3), refuse(2, 0, 3), step(Op::kClose, 2, 2, 0, 2), accept(3, A::kOverflow, -1, 2, 0, 3)}},
+       {accept(0, A::kSlot, -1, 1, 1, 1), step(Op::kBusy, 0, 1, 0, 1), accept(1, A::kSlot, -1, 2, 1, 2),
+        step(Op::kBusy, 1, 2, 0, 2), accept(2, A::kOverflow, -1, 2, 0, 3), refuse(2, 0, 3), refuse(2, 0, 3),
+        step(Op::kClose, 2, 2, 0, 2), accept(3, A::kOverflow, -1, 2, 0, 3)}},
       {"a refused connection takes no id",
        1,
        0,
-       {accept(0, A::kSlot, -1, 1, 0, 1), refuse(1, 0, 1), step(Op::kClose, 0, 0, 0, 0),
-        accept(1, A::kSlot, -1, 1, 0, 1)}},
+       {accept(0, A::kSlot, -1, 1, 1, 1), refuse(1, 1, 1), step(Op::kClose, 0, 0, 0, 0),
+        accept(1, A::kSlot, -1, 1, 1, 1)}},
+      {"a new holder is idle from its accept on: with nothing received, the one accepted first goes first",
+       2,
+       2,
+       {accept(0, A::kSlot, -1, 1, 1, 1), accept(1, A::kSlot, -1, 2, 2, 2), step(Op::kIdle, 0, 2, 2, 2),
+        accept(2, A::kSlot, 0, 2, 2, 3), accept(3, A::kSlot, 1, 2, 2, 4), refuse(2, 2, 4)}},
       {"the longest idle holder is evicted first; its slot goes to the newcomer",
        2,
        2,
-       {accept(0, A::kSlot, -1, 1, 0, 1), accept(1, A::kSlot, -1, 2, 0, 2), step(Op::kIdle, 1, 2, 1, 2),
-        step(Op::kIdle, 0, 2, 2, 2), step(Op::kIdle, 1, 2, 2, 2),  // listing again keeps its place
-        accept(2, A::kSlot, 1, 2, 1, 3), accept(3, A::kSlot, 0, 2, 0, 4), refuse(2, 0, 4)}},
+       {accept(0, A::kSlot, -1, 1, 1, 1), accept(1, A::kSlot, -1, 2, 2, 2), step(Op::kBusy, 0, 2, 1, 2),
+        step(Op::kBusy, 1, 2, 0, 2), step(Op::kIdle, 1, 2, 1, 2), step(Op::kIdle, 0, 2, 2, 2),
+        step(Op::kIdle, 1, 2, 2, 2),  // listing again keeps its place
+        accept(2, A::kSlot, 1, 2, 2, 3), accept(3, A::kSlot, 0, 2, 2, 4), refuse(2, 2, 4)}},
       {"the ceiling counts every open connection, evicted ones too: at it, an idle holder is not evicted",
        1,
        0,
-       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), refuse(1, 1, 1)}},
+       {accept(0, A::kSlot, -1, 1, 1, 1), step(Op::kIdle, 0, 1, 1, 1), refuse(1, 1, 1)}},
       {"eviction goes before overflow even with overflow places free",
        1,
        4,
-       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), accept(1, A::kSlot, 0, 1, 0, 2),
+       {accept(0, A::kSlot, -1, 1, 1, 1), accept(1, A::kSlot, 0, 1, 1, 2), step(Op::kBusy, 1, 1, 0, 2),
         accept(2, A::kOverflow, -1, 1, 0, 3)}},
       {"an evicted connection is slotless: listing it idle does nothing, closing it frees no slot",
        1,
        2,
-       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), accept(1, A::kSlot, 0, 1, 0, 2),
+       {accept(0, A::kSlot, -1, 1, 1, 1), accept(1, A::kSlot, 0, 1, 1, 2), step(Op::kBusy, 1, 1, 0, 2),
         step(Op::kIdle, 0, 1, 0, 2), accept(2, A::kOverflow, -1, 1, 0, 3), step(Op::kClose, 0, 1, 0, 2),
         accept(3, A::kOverflow, -1, 1, 0, 3)}},
       {"a holder that got busy again is no candidate",
        1,
        1,
-       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), step(Op::kBusy, 0, 1, 0, 1),
-        accept(1, A::kOverflow, -1, 1, 0, 2), step(Op::kIdle, 1, 1, 0, 2) /* overflow: never listed */}},
+       {accept(0, A::kSlot, -1, 1, 1, 1), step(Op::kBusy, 0, 1, 0, 1), accept(1, A::kOverflow, -1, 1, 0, 2),
+        step(Op::kIdle, 1, 1, 0, 2) /* overflow: never listed */}},
       {"closing a listed holder frees its slot and unlists it",
        1,
        0,
-       {accept(0, A::kSlot, -1, 1, 0, 1), step(Op::kIdle, 0, 1, 1, 1), step(Op::kClose, 0, 0, 0, 0),
-        accept(1, A::kSlot, -1, 1, 0, 1)}},
+       {accept(0, A::kSlot, -1, 1, 1, 1), step(Op::kClose, 0, 0, 0, 0), accept(1, A::kSlot, -1, 1, 1, 1)}},
       {"unknown ids are ignored",
        1,
        0,
-       {step(Op::kIdle, 7, 0, 0, 0), step(Op::kClose, 7, 0, 0, 0), accept(0, A::kSlot, -1, 1, 0, 1),
+       {step(Op::kIdle, 7, 0, 0, 0), step(Op::kClose, 7, 0, 0, 0), accept(0, A::kSlot, -1, 1, 1, 1),
         step(Op::kClose, 0, 0, 0, 0), step(Op::kClose, 0, 0, 0, 0)}},
   };
   for (const Case& c : cases) run(c);
@@ -139,11 +145,11 @@ TEST_CASE("connection slots: a holder reading a request is a candidate once sile
   REQUIRE(a.admission == A::kSlot);
   REQUIRE(b.admission == A::kSlot);
   slots.list(a.id, Listing::kReading, t0);  // part of a request came at t0
-  slots.list(b.id, Listing::kIdle, t0 + 1s);
+  slots.list(b.id, Listing::kIdle, t0 + 1s);  // idle since its accept at t0: keeps its place
   CHECK(slots.reading() == 1);
   CHECK(slots.idle() == 1);
 
-  // a has been silent 1.5 s only: the idle holder goes, though listed later.
+  // a has been silent 1.5 s only: the idle holder goes.
   const AdmitResult c = slots.admit(t0 + 1500ms);
   CHECK(c.admission == A::kSlot);
   CHECK(c.evicted == std::optional<uint64_t>(b.id));
@@ -164,13 +170,13 @@ TEST_CASE("connection slots: a holder reading a request is a candidate once sile
   slots.list(c.id, Listing::kReading, t0 + 3600ms);  // evicted: slotless, never listed again
   CHECK(slots.reading() == 1);
 
-  // Stalled since 1.8 s vs idle since 3.7 s: the one listed longest ago goes.
+  // Stalled since 1.8 s vs idle since its accept at 3.6 s: the one listed longest ago goes.
   slots.list(d.id, Listing::kIdle, t0 + 3700ms);
   const AdmitResult e = slots.admit(t0 + 4s);
   CHECK(e.evicted == std::optional<uint64_t>(a.id));
   CHECK(e.evicted_reading);
   CHECK(slots.reading() == 0);
-  CHECK(slots.idle() == 1);
+  CHECK(slots.idle() == 2);  // d, and e since its accept
 
   // Unlisted (its request went to the handler): no candidate.
   slots.list(e.id, Listing::kReading, t0);
