@@ -248,8 +248,8 @@ TEST_CASE("cpu backend: every packed type's int8 matmuls agree with the fp32 pat
 // holds exactly the second-pass-everywhere bits; the other groups hold the
 // one-pass bits. Rows scaled from 0.05x to 3x spread the logits over far more
 // than the margin, so both kinds of group occur; 203 rows leave a padded last
-// group. The same bits for a token alone and in a batch of 12 (the
-// small-batch path: the second pass in the first sweep, for the groups near
+// group. The same bits for a token alone and in a batch of 6 (the
+// small-batch path: the second pass in the first sweep, for the tokens near
 // the largest logit seen so far) as in the batch of 20 (picked groups read
 // again), and on every ISA path.
 TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each token's largest logit",
@@ -277,7 +277,7 @@ TEST_CASE("cpu backend: the LM head's second pass runs for the groups near each 
     std::vector<float> out(n * m);
     pd::Tensor ot = f32_tensor(out, n, m);
     REQUIRE(be->matmul(xt, wt.value(), ot).is_ok());
-    const int64_t few = 12;
+    const int64_t few = 6;
     std::vector<float> some(n * few);
     pd::Tensor xft = f32_tensor(x, k, few), oft = f32_tensor(some, n, few);
     REQUIRE(be->matmul(xft, wt.value(), oft).is_ok());

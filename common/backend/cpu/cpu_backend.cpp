@@ -651,12 +651,14 @@ class CpuBackend final : public Backend {
   static constexpr size_t kMaxMulti = 4;
   static constexpr int64_t kInt8Chunk = 64;  // tokens per pass over the weights
   // kInt8x2Top: in chunks of up to this many tokens the second pass runs in
-  // the first sweep, while a group is in cache, for the groups whose logits
-  // come within the margin of the largest the thread has seen so far for the
-  // token (a superset of those picked in the end: the final largest can only
-  // be larger); beyond, the picked groups are read again for the tokens that
-  // picked them. Its results are kept per token and vocabulary row.
-  static constexpr int kTopSweepMaxTokens = 16;
+  // the first sweep, while a group is in cache, for the tokens whose logits
+  // there come within the margin of the largest the thread has seen so far for
+  // them (a superset of those picked in the end: the final largest can only be
+  // larger); beyond, the picked groups are read again for the tokens that
+  // picked them. Measured alternated (docs/BENCHMARKS.md): sweeping at 8-16
+  // tokens too was the same on the AVX-512 path and 8-10% slower at batch 8 on
+  // the AVX2 one (its Q8_0 head kernel costs twice the VNNI one's).
+  static constexpr int kTopSweepMaxTokens = 7;
   // Splits the weights by how their activations are taken (CpuBackendConfig::
   // int8x2_matmul_kinds, fp32_matmul_kinds): each group shares one input
   // preparation and one parallel pass.
@@ -850,18 +852,42 @@ class CpuBackend final : public Backend {
       add_rows(second, cols, c.mt, cols, dst, stride);
     } else if (c.top && c.mt <= kTopSweepMaxTokens) {
       // kept for second_pass_near_top, which adds it where it picks the group
-      float* running = top_running_.data() + omp_get_thread_num() * kInt8Chunk;
-      const int64_t valid = std::min<int64_t>(cols, n - g * kR);
-      bool near = false;
-      for (int i = 0; i < c.mt; ++i) {
-        const float largest = largest_of(dst + i * stride, valid);
-        running[i] = std::max(running[i], largest);
-        near = near || largest >= running[i] - cfg_.lm_head_two_pass_margin;
-      }
-      if (near) gemm(c.x2, c.x2o, top_second_.data() + g * kR, c.groups_padded);
-      std::fill_n(top_swept_.begin() + g, cols / kR, near);
+      sweep_near_top(c, g, cols, std::min<int64_t>(cols, n - g * kR), dst, stride, gemm);
     }
     if (!whole) copy_rows(tail, cols, c.mt, n - g * kR, os + c.i0 * n + g * kR, n);
+  }
+  // kInt8x2Top, up to kTopSweepMaxTokens tokens: the second pass of groups g
+  // (and g + 1: `cols` rows) for the tokens whose first-pass logits here (dst)
+  // come within the margin of the largest the thread has seen for them, while
+  // the groups are in cache (only those tokens, gathered where not all); kept
+  // in top_second_ for second_pass_near_top, which adds it where it picks the
+  // group.
+  template <typename Gemm>
+  void sweep_near_top(const Int8Chunk& c, int64_t g, int cols, int64_t valid, const float* dst, int64_t stride,
+                      Gemm&& gemm) {
+    static_assert(kTopSweepMaxTokens <= 32, "top_swept_ holds a bit per token");
+    constexpr int kR = cpu::kPackRows;
+    const int thread = omp_get_thread_num();
+    float* running = top_running_.data() + thread * kInt8Chunk;
+    const int64_t ld = c.groups_padded, nb = c.k / cpu::kQBlock;
+    int near[kTopSweepMaxTokens], n_near = 0;
+    uint32_t mask = 0;
+    for (int i = 0; i < c.mt; ++i) {
+      const float largest = largest_of(dst + i * stride, valid);
+      running[i] = std::max(running[i], largest);
+      if (largest >= running[i] - cfg_.lm_head_two_pass_margin) near[n_near++] = i, mask |= uint32_t{1} << i;
+    }
+    std::fill_n(top_swept_.begin() + g, cols / kR, mask);
+    if (n_near == c.mt) return gemm(c.x2, c.x2o, top_second_.data() + g * kR, ld);
+    if (n_near == 0) return;
+    // The picked tokens' second-pass inputs, as the kernel takes them (the
+    // offset copies where this weight uses them), into this thread's buffer.
+    const cpu::BlockQ8A* src = c.x2o != nullptr ? c.x2o : c.x2;
+    cpu::BlockQ8A* pick = xq2_pick_.data() + thread * kInt8Chunk * nb;
+    for (int p = 0; p < n_near; ++p) std::copy_n(src + near[p] * nb, nb, pick + p * nb);
+    float second[kTopSweepMaxTokens * 2 * kR];
+    gemm(pick, c.x2o != nullptr ? pick : nullptr, second, cols);
+    for (int p = 0; p < n_near; ++p) std::copy_n(second + p * cols, cols, top_second_.data() + near[p] * ld + g * kR);
   }
   static void prefetch_bytes(const uint8_t* p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
@@ -942,7 +968,7 @@ class CpuBackend final : public Backend {
       int tokens[kInt8Chunk], picked = 0;
       for (int i = 0; i < mt; ++i) {
         if (largest_of(os + (i0 + i) * n + g * kR, rows) < threshold[i]) continue;
-        if (second_all != nullptr && top_swept_[g]) {
+        if (second_all != nullptr && ((top_swept_[g] >> i) & 1) != 0) {
           for (int r = 0; r < rows; ++r) os[(i0 + i) * n + g * kR + r] += second_all[i * stride + g * kR + r];
           continue;
         }
@@ -1261,7 +1287,7 @@ class CpuBackend final : public Backend {
   std::vector<float> top_threshold_;            // kInt8x2Top: per token of a chunk, the logit a group needs
   std::vector<float> top_second_;               // kInt8x2Top, small batches: the swept second-pass results
   std::vector<float> top_running_;              // kInt8x2Top sweep: per thread and token, the largest logit so far
-  std::vector<uint8_t> top_swept_;              // kInt8x2Top sweep: per group, whether top_second_ holds it
+  std::vector<uint32_t> top_swept_;             // kInt8x2Top sweep: per group, the tokens top_second_ holds it for
   RopeTable rope_tables_[2];                    // rope's angles for the last two specs
   int rope_table_next_ = 0;                     // the table a new spec replaces
   std::vector<std::pair<int64_t, int64_t>> attention_tiles_;  // paged_attention's work (grow-only)
