@@ -145,6 +145,7 @@ Connection::Connection(std::shared_ptr<ServerCore> core, tcp::socket socket, Str
       buffer_(core_->buffer_limit),
       out_(id, core_->cfg.max_write_buffer_bytes) {
   core_->open_connections.fetch_add(1);
+  idle_since_ = std::chrono::steady_clock::now();  // accepted: idle, and listed so (ConnectionSlots::admit)
 }
 
 Connection::~Connection() {
@@ -160,6 +161,7 @@ void Connection::start() {
 
 void Connection::evict(bool stalled) {
   if (phase_ == ConnPhase::kClosed) return;
+  if (phase_ == ConnPhase::kAccepted) return close();  // evicted before it started: nothing read
   if (phase_ == ConnPhase::kIdle) {
     // (The parser may have consumed a request line while its header is incomplete.)
     const bool nothing = buffer_.size() == 0 && parser_ && !parser_->got_some();
@@ -216,9 +218,10 @@ void Connection::start_read(bool after_exchange) {
   parser_->body_limit(limits_.body_bytes);
   request_bytes_ = 0;
   arm(read_deadline_, limits_.timeout);
-  // Nothing of the request yet (a new connection, or nothing sent ahead): idle.
+  // Nothing of the request yet (a new connection, or nothing sent ahead): idle
+  // (a new connection since its accept).
   const bool idle = buffer_.size() == 0;
-  if (idle) idle_since_ = std::chrono::steady_clock::now();
+  if (idle && after_exchange) idle_since_ = std::chrono::steady_clock::now();
   move_to(idle ? ConnPhase::kIdle : ConnPhase::kReadingHeader);
   core_->list(id_, idle ? Listing::kIdle : Listing::kReading);
   read_some();

@@ -220,7 +220,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<RequestParser> parser_;
   size_t request_bytes_ = 0;  // bytes of the current request the parser consumed
   std::string discard_buf_;
-  std::chrono::steady_clock::time_point idle_since_{};  // when it last entered kIdle
+  std::chrono::steady_clock::time_point idle_since_{};  // since when idle: its accept, or its last exchange's end
 
   // The current exchange (kHandling, kWriting).
   unsigned version_ = 11;               // the request's HTTP version (11 = 1.1)
