@@ -788,7 +788,9 @@ class CpuBackend final : public Backend {
         Int8Chunk c{kern, k, i0, static_cast<int>(std::min(kInt8Chunk, m - i0)), two_pass, top, groups_padded,
                     xq + i0 * nb, two_pass ? xq2 + i0 * nb : nullptr, offset ? xqo + i0 * nb : nullptr,
                     offset && two_pass ? xq2o + i0 * nb : nullptr};
-        if (top) std::fill_n(top_running_.data() + omp_get_thread_num() * kInt8Chunk, c.mt, -std::numeric_limits<float>::infinity());
+        if (top)
+          std::fill_n(top_running_.data() + omp_get_thread_num() * kInt8Chunk, c.mt,
+                      -std::numeric_limits<float>::infinity());
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < total_items; ++item) {
           size_t j = 0;
