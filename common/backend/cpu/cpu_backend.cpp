@@ -1181,7 +1181,7 @@ class CpuBackend final : public Backend {
     const int64_t per_item = sequences * nkv >= n_threads_ ? std::min<int64_t>(group, kTileRows) : 1;
     const int64_t runs = (group + per_item - 1) / per_item;
     const std::vector<std::pair<int64_t, int64_t>>& tiles =
-        attention_tiles(tokens, balanced_tile_tokens(tokens, std::max<int64_t>(1, kTileRows / per_item), nkv * runs));
+        balanced_attention_tiles(tokens, std::max<int64_t>(1, kTileRows / per_item), nkv * runs);
     const int64_t n_tiles = static_cast<int64_t>(tiles.size());
     int64_t most_tokens = 0;
     for (const auto& [t0, count] : tiles) most_tokens = std::max(most_tokens, count);
@@ -1226,24 +1226,25 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
-  // Tokens per tile: at most `most`, fewer where a few tiles would leave a
-  // thread idle for a tile's time (a verification step's tokens of one
+  // attention_tiles() of at most `most` tokens, fewer where a few tiles would
+  // leave a thread idle for a tile's time (a verification step's tokens of one
   // sequence: 3 kv heads' tiles on 2 threads ran 2 and 1; in halves, 3 and
   // 3). Each tile reads its keys again; a tile's rows give the same bits in
   // any tile.
-  int64_t balanced_tile_tokens(std::span<const AttentionToken> tokens, int64_t most, int64_t items_per_tile) {
+  const std::vector<std::pair<int64_t, int64_t>>& balanced_attention_tiles(std::span<const AttentionToken> tokens,
+                                                                           int64_t most, int64_t items_per_tile) {
     const auto idle_share = [&](int64_t tile_tokens) {
       const int64_t items = static_cast<int64_t>(attention_tiles(tokens, tile_tokens).size()) * items_per_tile;
       const int64_t rounds = (items + n_threads_ - 1) / n_threads_;
       return static_cast<double>(rounds * n_threads_ - items) / static_cast<double>(rounds * n_threads_);
     };
-    int64_t best = most;
+    int64_t best = most, last = most;
     double best_idle = idle_share(most);
     for (int64_t t = most / 2; t >= 1 && best_idle > 0.1; t /= 2) {
-      const double idle = idle_share(t);
+      const double idle = idle_share(last = t);
       if (idle < best_idle) best = t, best_idle = idle;
     }
-    return best;
+    return last == best ? attention_tiles_ : attention_tiles(tokens, best);  // the common case cuts once
   }
 
   // The tokens cut into tiles ([first, count)): runs of consecutive tokens of
