@@ -61,8 +61,8 @@ struct GenerateFlags {
   bool has_prompt = false, has_batch = false;
   bool chat = false, raw_specials = false, ignore_eos = false;
   int n_predict = 64, block_size = 16;
-  float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f;
-  int top_k = 0;
+  float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
+  int top_k = 0, min_tokens = 0;
   uint64_t seed = 0;
   std::vector<std::pair<pd::TokenId, float>> logit_bias;  // --logit-bias, ids ascending
   pd::GrammarSpec grammar;  // --json-schema, --json-object, --regex, --grammar
@@ -157,6 +157,14 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_option("--min-p", f->min_p, "min-p (0 = off)")->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--presence-penalty", f->presence, "presence penalty")->check(CLI::Range(-2.0f, 2.0f));
   app.add_option("--frequency-penalty", f->frequency, "frequency penalty")->check(CLI::Range(-2.0f, 2.0f));
+  app.add_option("--repetition-penalty", f->repetition,
+                 "divides the logits of tokens already in the prompt or output where positive, multiplies them "
+                 "where negative (1 = off; the API's repetition_penalty)")
+      ->check(CLI::Range(1e-3f, 100.0f));
+  app.add_option("--min-tokens", f->min_tokens,
+                 "generate at least this many tokens before EOS or a stop token (at most --n-predict; the API's "
+                 "min_tokens)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", f->seed, "sampling seed");
   app.add_flag("--ignore-eos", f->ignore_eos, "keep generating past the end-of-sequence token");
   auto* bias_opt = app.add_option("--logit-bias", bias_specs,
@@ -427,6 +435,8 @@ pd::GenerateRequest single_request(const GenerateFlags& f, std::vector<pd::Token
   req.sampling.min_p = f.min_p;
   req.sampling.presence_penalty = f.presence;
   req.sampling.frequency_penalty = f.frequency;
+  req.sampling.repetition_penalty = f.repetition;
+  req.sampling.min_tokens = f.min_tokens;
   req.sampling.seed = f.seed;
   req.sampling.max_tokens = f.n_predict;
   req.sampling.ignore_eos = f.ignore_eos;
@@ -442,6 +452,10 @@ int run_single(const GenerateFlags& f, Engine& e) {
   if (auto err = encode_prompt(f, e, &ids)) return fail(*err);
   if (auto err = load_model(f, &e)) return fail(*err);
   const pd::LlamaConfig& cfg = e.model->config();
+  if (f.min_tokens > f.n_predict)
+    return fail("--min-tokens " + std::to_string(f.min_tokens) + " is more than --n-predict " +
+                    std::to_string(f.n_predict),
+                kExitUsage);
   if (static_cast<int64_t>(ids.size()) + f.n_predict > cfg.context)
     return fail("prompt (" + std::to_string(ids.size()) + " tokens) + --n-predict " + std::to_string(f.n_predict) +
                     " exceeds the model's context length " + std::to_string(cfg.context),

@@ -3,6 +3,7 @@
 namespace pd {
 
 Status constrain(Sampler& s, GrammarCompiler* compiler, TokenId eos_id) {
+  s.set_eos(eos_id);
   const SamplingParams& p = s.params();
   if (!p.grammar.active()) return Status::ok();
   if (compiler == nullptr) return Status::unsupported("structured output: no grammar compiler on this rank");

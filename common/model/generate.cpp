@@ -36,6 +36,7 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       return st.is_invalid_argument() ? Status::invalid_argument("request " + std::to_string(first + i) + ": " + st.message())
                                       : st;
     }
+    samplers.back().resume(reqs[i].prompt);
   }
   // On success every sequence is freed (its full blocks stay in the prefix
   // cache); on any failure discarded, so KV that may never have been written is

@@ -18,6 +18,8 @@ json sampling_json(const SamplingParams& p) {
               {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs},
               {"resumed", p.resumed_tokens},  {"bias", p.logit_bias}};
   if (!p.speculate) j["spec"] = false;
+  if (p.repetition_penalty != 1.0f) j["rep"] = p.repetition_penalty;
+  if (p.min_tokens != 0) j["min_tokens"] = p.min_tokens;
   if (p.grammar.active()) {
     j["grammar"] = json{{"kind", static_cast<int32_t>(p.grammar.kind)}, {"text", p.grammar.text},
                         {"prefix", p.grammar.prefix}, {"suffix", p.grammar.suffix}};
@@ -41,6 +43,8 @@ SamplingParams sampling_from(const json& j) {
   p.resumed_tokens = j.at("resumed").get<int32_t>();
   p.logit_bias = j.value("bias", std::vector<std::pair<int32_t, float>>{});  // absent from an older peer: none
   p.speculate = j.value("spec", true);  // absent (also from an older peer): allowed
+  p.repetition_penalty = j.value("rep", 1.0f);  // absent: off
+  p.min_tokens = j.value("min_tokens", 0);
   if (const auto g = j.find("grammar"); g != j.end()) {  // absent: unconstrained
     const int32_t kind = g->at("kind").get<int32_t>();
     if (kind < 0 || kind > kGrammarKindMax) throw std::out_of_range("unknown grammar kind " + std::to_string(kind));

@@ -165,6 +165,13 @@ Status SamplingParams::validate() const {
     return Status::invalid_argument("frequency_penalty must be in [-2, 2], got " + fmt_float(frequency_penalty));
   }
   if (max_tokens < 1) return Status::invalid_argument("max_tokens must be >= 1, got " + std::to_string(max_tokens));
+  if (!(repetition_penalty > 0.0f && std::isfinite(repetition_penalty))) {
+    return Status::invalid_argument("repetition_penalty must be > 0, got " + fmt_float(repetition_penalty));
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return Status::invalid_argument("min_tokens must be in [0, max_tokens = " + std::to_string(max_tokens) + "], got " +
+                                    std::to_string(min_tokens));
+  }
   if (logprobs < -1 || logprobs > kMaxLogprobs) {
     return Status::invalid_argument("logprobs must be in [-1, " + std::to_string(kMaxLogprobs) + "], got " +
                                     std::to_string(logprobs));
@@ -204,6 +211,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 void Sampler::accept(TokenId id) {
   ++counts_[id];
+  ++generated_;
   // A token the grammar refuses can only follow a complete output (with
   // ignore_eos): the constraint stays where it was.
   if (constraint_) (void)constraint_->accept(id);
@@ -215,8 +223,26 @@ void Sampler::replay(TokenId id) {
 }
 
 void Sampler::resume(std::span<const TokenId> prompt) {
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_seen_.assign(prompt.begin(), prompt.end());
+    std::sort(prompt_seen_.begin(), prompt_seen_.end());
+    prompt_seen_.erase(std::unique(prompt_seen_.begin(), prompt_seen_.end()), prompt_seen_.end());
+  }
   const size_t n = std::min(prompt.size(), static_cast<size_t>(std::max(params_.resumed_tokens, 0)));
   for (TokenId id : prompt.last(n)) replay(id);
+}
+
+void Sampler::apply_repetition_penalty(std::span<float> logits) const {
+  const float r = params_.repetition_penalty;
+  auto penalize = [&](TokenId id) {
+    if (id < 0 || static_cast<size_t>(id) >= logits.size()) return;
+    float& l = logits[id];
+    l = l > 0.0f ? l / r : l * r;
+  };
+  for (TokenId id : prompt_seen_) penalize(id);
+  for (const auto& [id, count] : counts_) {
+    if (count > 0 && !std::binary_search(prompt_seen_.begin(), prompt_seen_.end(), id)) penalize(id);
+  }
 }
 
 TokenId Sampler::sample(std::span<float> logits) {
@@ -228,8 +254,18 @@ TokenId Sampler::sample(std::span<float> logits) {
     if (id >= 0 && static_cast<size_t>(id) < vocab) logits[id] += bias;
   // 0'. The grammar: tokens it does not allow next get -inf.
   if (constraint_) constraint_->apply(logits);
+  // 0''. min_tokens: the tokens that would end the request wait.
+  if (generated_ < params_.min_tokens && !(constraint_ && constraint_->done())) {
+    auto ban = [&](TokenId id) {
+      if (id >= 0 && static_cast<size_t>(id) < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+    };
+    ban(eos_id_);
+    for (TokenId id : params_.stop_token_ids) ban(id);
+  }
 
-  // 1. Penalties on the tokens generated so far (OpenAI semantics).
+  // 1. Penalties: repetition (vLLM's; tokens of the prompt and the output),
+  //    then presence and frequency on the tokens generated so far (OpenAI's).
+  if (params_.repetition_penalty != 1.0f) apply_repetition_penalty(logits);
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
     for (const auto& [id, count] : counts_) {
       if (id < 0 || static_cast<size_t>(id) >= vocab || count <= 0) continue;

@@ -30,6 +30,16 @@ struct SamplingParams {
   int32_t max_tokens = 16;
   bool ignore_eos = false;
   std::vector<TokenId> stop_token_ids;  // in addition to EOS
+  // vLLM's (and transformers') repetition penalty: the logit of every token
+  // seen so far, in the prompt or the output, is divided by it where positive
+  // and multiplied where negative, before the presence and frequency
+  // penalties. 1 = off; > 0.
+  float repetition_penalty = 1.0f;
+  // vLLM's min_tokens: until this many tokens are generated, EOS and the stop
+  // tokens get -inf (unless the grammar's output is complete: then only they
+  // may follow). The router holds the stop strings back as long. 0 = off;
+  // at most max_tokens.
+  int32_t min_tokens = 0;
   // Log-probabilities the workers report with each token (sampling/logprobs.h;
   // of the raw model distribution, not the processed one the draw uses):
   // -1 = none; n in [0, kMaxLogprobs] = each generated token's logprob and
@@ -107,15 +117,25 @@ class Sampler {
   // request's next one (the prefill rank samples token 1, the decode rank goes
   // on): advances the RNG exactly as that sample() call did, then accept()s it.
   void replay(TokenId id);
-  // A migrated request: replays the prompt's last params().resumed_tokens
-  // tokens (its output before it moved), as if this sampler had drawn them.
+  // Starts the request on this rank from its prompt (every rank that samples
+  // calls it once, before its first sample() or replay()): the prompt's tokens
+  // count as seen for repetition_penalty, and a migrated request replays the
+  // prompt's last params().resumed_tokens tokens (its output before it moved),
+  // as if this sampler had drawn them.
   void resume(std::span<const TokenId> prompt);
+  // The model's end-of-sequence token, banned before min_tokens (-1: none).
+  void set_eos(TokenId eos_id) { eos_id_ = eos_id; }
   const SamplingParams& params() const { return params_; }
 
  private:
+  void apply_repetition_penalty(std::span<float> logits) const;
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_map<TokenId, int32_t> counts_;
+  int32_t generated_ = 0;              // tokens accepted (and replayed) so far
+  std::vector<TokenId> prompt_seen_;   // repetition_penalty: the prompt's tokens, sorted, each once
+  TokenId eos_id_ = -1;
   std::unique_ptr<TokenConstraint> constraint_;
   // Per-call scratch, kept to avoid reallocating each token.
   std::vector<float> weights_;                       // [vocab] exp((logit - max) / T)

@@ -58,13 +58,19 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   CHECK(pr2.sampling.logit_bias == sp.logit_bias);
   CHECK(!pr2.sampling.grammar.active());
   CHECK(pr2.sampling.speculate);
-  // An output constraint and the speculation switch travel too.
+  CHECK(pr2.sampling.repetition_penalty == 1.0f);
+  CHECK(pr2.sampling.min_tokens == 0);
+  // An output constraint, the speculation switch, repetition_penalty and min_tokens travel too.
   PrefillRequest constrained = pr;
   constrained.sampling.grammar = GrammarSpec{GrammarKind::kJsonSchema, R"({"type":"object"})", "<a>", "</a>"};
   constrained.sampling.speculate = false;
+  constrained.sampling.repetition_penalty = 1.25f;
+  constrained.sampling.min_tokens = 9;
   const PrefillRequest c2 = round_trip(constrained);
   CHECK(c2.sampling.grammar == constrained.sampling.grammar);
   CHECK(!c2.sampling.speculate);
+  CHECK(c2.sampling.repetition_penalty == 1.25f);
+  CHECK(c2.sampling.min_tokens == 9);
   // A grammar kind outside the enum is a malformed message.
   auto j = nlohmann::json::from_msgpack(serialize(Message{constrained}));
   for (auto& [k, v] : j.items())

@@ -270,6 +270,97 @@ TEST_CASE("sampler: presence and frequency penalties", "[sampler]") {
   CHECK(greedy_after(p, {99, -1}) == 0);  // ids outside the vocab are ignored
 }
 
+TEST_CASE("sampler: repetition_penalty divides the seen tokens' positive logits and multiplies their negative ones",
+          "[sampler]") {
+  // Token 0 (2.0) beats 1 (1.5); seen, it becomes 2.0 / 1.5 = 1.33 and loses.
+  // A seen negative logit goes further down: 3 (-1.0) vs 4 (-1.2) flips too.
+  const std::vector<float> base = {2.0f, 1.5f, -50.0f, -1.0f, -1.2f};
+  SamplingParams p = params_with(0.0f);
+  p.repetition_penalty = 1.5f;
+  auto greedy = [&](std::vector<TokenId> prompt, std::vector<TokenId> generated, std::vector<float> l) {
+    Sampler s(p);
+    s.resume(prompt);
+    for (TokenId t : generated) s.accept(t);
+    return s.sample(l);
+  };
+  CHECK(greedy({}, {}, base) == 0);
+  CHECK(greedy({0}, {}, base) == 1);             // seen in the prompt
+  CHECK(greedy({}, {0}, base) == 1);             // seen in the output
+  CHECK(greedy({0, 0, 7}, {0, 0}, base) == 1);   // once per token, however often seen (1.33 < 1.5)
+  CHECK(greedy({0, 1}, {}, base) == 0);          // both: 1.33 vs 1.0
+  std::vector<float> negative = {-50.0f, -50.0f, -50.0f, -1.0f, -1.2f};
+  CHECK(greedy({}, {}, negative) == 3);
+  CHECK(greedy({3}, {}, negative) == 4);         // -1.5 < -1.2
+  CHECK(greedy({99, -1}, {}, base) == 0);        // ids outside the vocabulary change nothing
+
+  // Once per token even when the prompt and the output both hold it: the
+  // same logits as a penalty of 1.5 applied once.
+  Sampler once(p);
+  once.resume(std::vector<TokenId>{1});
+  once.accept(1);
+  std::vector<float> l = base;
+  (void)once.sample(l);
+  CHECK(l[1] == 1.5f / 1.5f);
+
+  p.repetition_penalty = 1.0f;  // off: the prompt is not even looked at
+  CHECK(greedy({0}, {0}, base) == 0);
+  p.repetition_penalty = 0.5f;  // < 1 rewards repetition
+  CHECK(greedy({1}, {}, base) == 1);
+}
+
+TEST_CASE("sampler: min_tokens holds EOS and the stop tokens back, then lets them through", "[sampler]") {
+  const std::vector<float> eos_first = {0.0f, 5.0f, 4.0f, 1.0f};  // token 1 is EOS, 2 a stop token
+  SamplingParams p = params_with(0.0f);
+  p.stop_token_ids = {2};
+  p.min_tokens = 2;
+  p.max_tokens = 8;
+  REQUIRE(p.validate().is_ok());
+  Sampler s(p);
+  s.set_eos(1);
+  s.resume(std::vector<TokenId>{0, 3});
+  std::vector<float> l = eos_first;
+  const TokenId first = s.sample(l);
+  CHECK(first == 3);  // neither EOS nor the stop token before 2 tokens
+  s.accept(first);
+  l = eos_first;
+  CHECK(s.sample(l) == 3);
+  s.accept(3);
+  l = eos_first;
+  CHECK(s.sample(l) == 1);  // two generated: EOS may come
+
+  // Sampled too (a drawn token never lands on a held-back one), and replayed
+  // tokens count as generated (a decode rank after the prefill rank's token).
+  SamplingParams q = p;
+  q.temperature = 1.0f;
+  q.seed = 3;
+  for (int trial = 0; trial < 50; ++trial) {
+    q.seed = static_cast<uint64_t>(trial);
+    Sampler t(q);
+    t.set_eos(1);
+    std::vector<float> m = eos_first;
+    const TokenId got = t.sample(m);
+    CHECK(got != 1);
+    CHECK(got != 2);
+  }
+  Sampler r(p);
+  r.set_eos(1);
+  r.replay(3);
+  r.replay(3);
+  l = eos_first;
+  CHECK(r.sample(l) == 1);
+
+  SamplingParams bad = p;
+  bad.min_tokens = 9;
+  CHECK_THAT(bad.validate().message(), Catch::StartsWith("min_tokens must be in [0, max_tokens = 8], got 9"));
+  bad.min_tokens = -1;
+  CHECK(bad.validate().is_invalid_argument());
+  bad = p;
+  bad.repetition_penalty = 0.0f;
+  CHECK_THAT(bad.validate().message(), Catch::StartsWith("repetition_penalty must be > 0, got 0"));
+  bad.repetition_penalty = std::numeric_limits<float>::infinity();
+  CHECK(bad.validate().is_invalid_argument());
+}
+
 TEST_CASE("sampler: same seed same tokens, different seed different tokens", "[sampler]") {
   const auto l = random_logits(1000, 3);
   auto run = [&](uint64_t seed, int32_t top_k, float top_p, float min_p) {
