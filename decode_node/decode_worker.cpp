@@ -451,7 +451,7 @@ void DecodeWorker::plan_draft(Seq& s, int64_t& spare) {
   if (s.draft.max() != max) s.draft = DraftPolicy(max);
   KvBlockManager& blocks = *engine_->blocks;
   const int64_t n = static_cast<int64_t>(s.tokens.size());
-  const int64_t k = std::min<int64_t>({s.draft.next(step_cost_.draft_cost(static_cast<int>(running_.size()))),
+  const int64_t k = std::min<int64_t>({s.draft.next(step_cost_.draft_costs(static_cast<int>(running_.size()))),
                                        s.params.max_tokens - s.n_generated - 1,
                                        static_cast<int64_t>(engine_->config().context) - n});
   if (k <= 0) {

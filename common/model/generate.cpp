@@ -121,7 +121,7 @@ Status run_group(LlamaModel& model, KvCache& cache, KvBlockManager& blocks, std:
       st.assign(1, last[i]);
       if (spec.max_draft > 0 && reqs[i].sampling.speculate) {
         const int64_t left = reqs[i].sampling.max_tokens - static_cast<int64_t>(results[first + i].tokens.size());
-        int64_t k = std::min<int64_t>({policy[i].next(step_cost.draft_cost(static_cast<int>(active.size()))),
+        int64_t k = std::min<int64_t>({policy[i].next(step_cost.draft_costs(static_cast<int>(active.size()))),
                                        left - 1, model.config().context - pos - 1});
         if (k > 0 && blocks.blocks_needed_to_append(seqs[i], static_cast<int>(k + 1)) > blocks.num_free_blocks()) k = 0;
         if (k > 0) {

@@ -27,6 +27,28 @@ void StepCost::observe(int tokens, double seconds) {
   const double x = tokens;
   w_ = w_ * kDecay + 1, sx_ = sx_ * kDecay + x, sy_ = sy_ * kDecay + seconds;
   sxx_ = sxx_ * kDecay + x * x, sxy_ = sxy_ * kDecay + x * seconds;
+  if (tokens > kMaxSized) return;
+  // A step the machine stalled in (another process, a page fault storm) counts
+  // as twice the size's average at most, once the average means something.
+  double y = seconds;
+  if (size_n_[tokens] >= kMinSeen) y = std::min(y, 2.0 * size_y_[tokens] / size_w_[tokens]);
+  size_w_[tokens] = size_w_[tokens] * kSizeDecay + 1, size_y_[tokens] = size_y_[tokens] * kSizeDecay + y;
+  ++size_n_[tokens];
+}
+
+DraftCosts StepCost::draft_costs(int sequences) const {
+  const int n = std::max(sequences, 1);
+  const double c = draft_cost(n);
+  auto known = [&](int size) { return size <= kMaxSized && size_n_[size] >= kMinSeen; };
+  auto mean = [&](int size) { return size_y_[size] / size_w_[size]; };
+  DraftCosts out;
+  out[0] = 1.0;
+  for (int k = 1; k <= kMaxDraft; ++k) {
+    double cost = 1.0 + c * k;
+    if (known(n) && known(n + k)) cost = 1.0 + n * (mean(n + k) - mean(n)) / mean(n);
+    out[k] = std::max(cost, out[k - 1]);
+  }
+  return out;
 }
 
 double StepCost::draft_cost(int sequences) const {
@@ -42,18 +64,24 @@ double StepCost::draft_cost(int sequences) const {
   return std::clamp(per_token / (fixed / n + per_token), 0.01, 1.0);
 }
 
-int DraftPolicy::next(double draft_cost) const {
+int DraftPolicy::next(const DraftCosts& cost) const {
   const double p = std::min(acceptance(), 0.999);
   double best = kMinGain;
   int best_k = 0;
   double expected = 1, pk = 1;  // tokens a step gives with k drafted: 1 + p + ... + p^k
-  for (int k = 1; k <= max_; ++k) {
+  for (int k = 1; k <= std::min(max_, kMaxDraft); ++k) {
     pk *= p;
     expected += pk;
-    const double gain = expected / (1.0 + draft_cost * k);
+    const double gain = expected / cost[static_cast<size_t>(k)];
     if (gain > best) best = gain, best_k = k;
   }
   return best_k;
+}
+
+int DraftPolicy::next(double draft_cost) const {
+  DraftCosts cost;
+  for (int k = 0; k <= kMaxDraft; ++k) cost[static_cast<size_t>(k)] = 1.0 + draft_cost * k;
+  return next(cost);
 }
 
 void DraftPolicy::record(int accepted, bool rejected) {

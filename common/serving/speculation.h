@@ -15,6 +15,7 @@
 // per emitted token as before (a migration's replay stays in step).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -35,13 +36,24 @@ struct SpeculationConfig {
 // Empty when nothing matches. Linear in the history.
 std::vector<TokenId> ngram_draft(std::span<const TokenId> history, int max_draft, int max_ngram, int min_ngram);
 
+// Most tokens a step drafts for one sequence (SpeculationConfig::max_draft's bound).
+inline constexpr int kMaxDraft = 16;
+// A step's cost with k tokens drafted for one sequence, relative to the step
+// without them, k = 0..kMaxDraft (DraftCosts[0] = 1).
+using DraftCosts = std::array<double, kMaxDraft + 1>;
+
 // What a forward step costs as a function of the tokens in it, learned from
-// the steps that ran: seconds ~ fixed + per_token * tokens, least squares over
-// the recent steps (each older step weighs kDecay less). Where a step is bound
-// by reading the weights (a few tokens on a CPU, many on a GPU) per_token is
+// the steps that ran, two ways: each step size's own average (the sizes seen
+// at least kMinSeen times, up to kMaxSized tokens), and seconds ~ fixed +
+// per_token * tokens, least squares over the recent steps (each older step
+// weighs kDecay less), for the sizes not seen yet. Where a step is bound by
+// reading the weights (a few tokens on a CPU, many on a GPU) per_token is
 // small next to fixed and drafting is cheap; where it is bound by arithmetic
-// every drafted token costs about what a sequence's own token does. Until the
-// steps seen vary enough in size to tell the two apart, kPriorCost stands in.
+// every drafted token costs about what a sequence's own token does; and where
+// a kernel takes tokens in tiles (8 on AVX-512, 4 on AVX2), a step one token
+// past a tile streams the weights once more: a jump the line does not see and
+// the sizes' own averages do. Until the steps seen vary enough in size to
+// tell fixed and per_token apart, kPriorCost stands in.
 class StepCost {
  public:
   static constexpr double kDecay = 0.98;
@@ -49,6 +61,9 @@ class StepCost {
   // learned: measured on two cores of a CPU at batch 1 (pd-bench-engine
   // --verify: 4 tokens cost 1.9x one, 8 tokens 3.35x).
   static constexpr double kPriorCost = 0.33;
+  static constexpr int kMaxSized = 64;
+  static constexpr int kMinSeen = 3;
+  static constexpr double kSizeDecay = 0.8;  // a size's average: each older step of that size weighs this much less
 
   // One step of `tokens` tokens in all (every sequence's, drafts included) took `seconds`.
   void observe(int tokens, double seconds);
@@ -57,9 +72,16 @@ class StepCost {
   // per_token), in (0, 1]. The same ratio weighs a draft against the tokens
   // the whole batch gives per step.
   double draft_cost(int sequences) const;
+  // What drafting k tokens for one of `sequences` sequences makes of its
+  // share of the step: 1 + sequences * (T(sequences + k) - T(sequences)) /
+  // T(sequences), from the sizes' own averages where both are known, else 1 +
+  // draft_cost(sequences) * k; never less than the cost at k - 1.
+  DraftCosts draft_costs(int sequences) const;
 
  private:
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;  // decayed sums of 1, x, y, x^2, xy
+  std::array<double, kMaxSized + 1> size_w_{}, size_y_{};  // per size: decayed count and sum of seconds
+  int size_n_[kMaxSized + 1] = {};                         // per size: steps seen
 };
 
 // One sequence's speculation policy: how many tokens to draft, from how often
@@ -82,8 +104,10 @@ class DraftPolicy {
   explicit DraftPolicy(int max_draft) : max_(max_draft) {}
   int max() const { return max_; }
   double acceptance() const { return accepted_ / (accepted_ + rejected_); }
-  // Tokens to draft this step (0: none), given the cost of a drafted token
-  // relative to a plain step (StepCost::draft_cost).
+  // Tokens to draft this step (0: none), given what a step drafting k tokens
+  // costs relative to one drafting none (StepCost::draft_costs).
+  int next(const DraftCosts& cost) const;
+  // The same with every drafted token costing `draft_cost` of a plain step.
   int next(double draft_cost) const;
   // After a step that drafted `drafted` tokens (0: nothing was drafted, no
   // change) of which `accepted` were taken.

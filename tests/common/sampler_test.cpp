@@ -711,6 +711,45 @@ TEST_CASE("speculation: the step cost is learned from the steps that ran") {
   CHECK(bad.draft_cost(1) == Approx(StepCost::kPriorCost));
 }
 
+TEST_CASE("speculation: each step size's own cost, where it is known, over the line through all") {
+  // One sequence; a step of m tokens costs 1 + 0.2 (m - 1) up to 8 tokens, and
+  // 9 tokens cost one tile more (a second pass over the weights): 3.2.
+  auto seconds = [](int m) { return m <= 8 ? 1.0 + 0.2 * (m - 1) : 3.2; };
+  StepCost c;
+  DraftCosts before = c.draft_costs(1);  // nothing seen: the prior, per drafted token
+  CHECK(before[0] == 1.0);
+  CHECK(before[3] == Approx(1.0 + 3 * StepCost::kPriorCost));
+  for (int round = 0; round < StepCost::kMinSeen; ++round)
+    for (int m = 1; m <= 9; ++m) c.observe(m, seconds(m));
+  const DraftCosts cost = c.draft_costs(1);
+  for (int k = 0; k <= 8; ++k) CHECK(cost[k] == Approx(seconds(k + 1) / seconds(1)).epsilon(1e-9));
+  // Past the sizes seen: the least-squares line (its slope per drafted token), never below the cost before.
+  CHECK(cost[9] >= cost[8]);
+  CHECK(cost[12] > cost[9]);
+  // A sequence whose drafts are nearly always taken drafts 7, not 8: the 9-token step's jump.
+  DraftPolicy d(8);
+  for (int i = 0; i < 20; ++i) d.verified(8, 8);
+  CHECK(d.next(cost) == 7);
+  CHECK(d.next(c.draft_cost(1)) == 8);  // the line alone does not see it
+
+  // A batch of 4: the share of one sequence's step, 1 + 4 (T(4 + k) - T(4)) / T(4).
+  const DraftCosts batch = c.draft_costs(4);
+  CHECK(batch[2] == Approx(1.0 + 4 * (seconds(6) - seconds(4)) / seconds(4)).epsilon(1e-9));
+
+  // Costs never fall with k (a noisy size that measured cheaper than a smaller one).
+  StepCost noisy;
+  for (int round = 0; round < StepCost::kMinSeen; ++round)
+    noisy.observe(1, 1.0), noisy.observe(2, 1.5), noisy.observe(3, 1.2);
+  const DraftCosts nc = noisy.draft_costs(1);
+  CHECK(nc[1] == Approx(1.5));
+  CHECK(nc[2] == Approx(1.5));
+  // A stalled step counts as twice its size's average at most.
+  StepCost stalled;
+  for (int round = 0; round < StepCost::kMinSeen; ++round) stalled.observe(1, 1.0), stalled.observe(2, 1.2);
+  stalled.observe(2, 100.0);
+  CHECK(stalled.draft_costs(1)[1] < 1.7);  // unclamped, the 100 s step would make it ~34
+}
+
 TEST_CASE("speculation: the draft follows acceptance and cost, and a resting sequence learns from its shadow") {
   DraftPolicy d(8);
   CHECK(d.acceptance() == Approx(0.75));
