@@ -9,23 +9,23 @@ namespace pd::router {
 
 ApiResult<std::vector<int32_t>> fit_context(Endpoint ep, const ApiRequest& api, const std::vector<Prompt>& prompts,
                                             int context) {
-  const bool batched = prompts.size() > 1;
-  const char* field = ep == Endpoint::kCompletions ? "prompt" : "messages";
   std::vector<int32_t> max_tokens(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const std::string name = prompt_name(ep, prompts.size(), i);
+    // Named as the client wrote it: the element of a prompt array, even of one.
+    const std::string name = prompt_name(ep, api.prompt_batch, i);
     const int64_t n = static_cast<int64_t>(prompts[i].ids.size());
-    if (n == 0) return api_error(400, name + " is empty", field);
+    if (n == 0) return api_error(400, name + " is empty", name);
     if (n >= context)
       return api_error(400, name + " has " + std::to_string(n) + " tokens; the model's context is " +
                                 std::to_string(context),
-                       field);
+                       name);
     if (api.max_tokens_given) {
-      if (n + api.sampling.max_tokens > context)
-        return api_error(400, "max_tokens " + std::to_string(api.sampling.max_tokens) + " + " + std::to_string(n) +
-                                  " prompt tokens" + (batched ? " of " + name : "") +
+      // The value the client sent (sampling.max_tokens is clamped to int32).
+      if (n + api.max_tokens_sent > context)
+        return api_error(400, api.max_tokens_field + " " + std::to_string(api.max_tokens_sent) + " + " +
+                                  std::to_string(n) + " prompt tokens" + (api.prompt_batch ? " of " + name : "") +
                                   " exceeds the model's context of " + std::to_string(context) + " tokens",
-                         "max_tokens");
+                         api.max_tokens_field);
       max_tokens[i] = api.sampling.max_tokens;
     } else {
       // OpenAI's defaults: 16 for completions; chat runs to the end of the context.
@@ -79,11 +79,14 @@ std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, co
   if (!cluster.ready && cluster.degraded)
     return Rejection{api_error(503, "no prefill->decode path is up (" + cluster.not_ready_reason + "); retry later"),
                      retry_after};
-  if (cluster.queued + n_choices > limits.max_queued)
-    return Rejection{api_error(503, "the router's queue is full (" + std::to_string(limits.max_queued) +
-                                        " requests waiting); retry later"),
-                     retry_after};
+  if (cluster.queued + n_choices > limits.max_queued) return queue_full(limits);
   return std::nullopt;
+}
+
+Rejection queue_full(const ClusterConfig::Router& limits) {
+  return Rejection{api_error(503, "the router's queue is full (" + std::to_string(limits.max_queued) +
+                                      " requests waiting); retry later"),
+                   {{"Retry-After", std::to_string(limits.retry_after_s)}}};
 }
 
 }  // namespace pd::router

@@ -58,7 +58,14 @@ struct Rejection {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
+// The 503 (with Retry-After) for a request whose choices would take the
+// router's queue past router.max_queued.
+Rejection queue_full(const ClusterConfig::Router& limits);
+
 // Whether `n_choices` more requests may be queued now; the refusal if not.
+// The queue's bound is checked against `cluster.queued` as read; the caller
+// then takes the room with LinkStatus::try_add_queued, which refuses (with
+// queue_full()) when requests admitted meanwhile took it.
 std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, const ClusterState& cluster,
                                         const ClusterConfig::Router& limits);
 

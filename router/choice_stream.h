@@ -32,6 +32,7 @@ struct ChoiceFormat {
   bool chat = false;             // chat: the first chunk goes out even empty (it carries the role)
   bool with_logprobs = false;    // logprobs asked (sampling.logprobs >= 0)
   bool prompt_logprobs = false;  // echo shows the prompt's logprobs
+  bool skip_special = true;      // control tokens print nothing (logprobs still show them)
 };
 
 class ChoiceStream {

@@ -63,6 +63,12 @@ void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::sha
   const int n_choices = static_cast<int>(prompts.value().size()) * api.n;
   if (auto refused = check_capacity(api, n_choices, cluster_state(), p_.cfg.router))
     return reject(refused->error, std::move(refused->headers));
+  // The room is taken here, at once for all the choices: other io threads may
+  // have admitted requests since cluster_state() was read.
+  if (!p_.status.try_add_queued(n_choices, p_.cfg.router.max_queued)) {
+    Rejection full = queue_full(p_.cfg.router);
+    return reject(full.error, std::move(full.headers));
+  }
 
   auto response = std::make_shared<Response>();
   response->writer = w;
@@ -75,7 +81,6 @@ void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::sha
   response->open = reqs.size();
   // SSE headers go out before the link can send a chunk.
   if (api.stream) w->start_sse();
-  p_.status.add_queued(n_choices);
   post_choices(std::move(reqs), *response);
 }
 
@@ -103,6 +108,7 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
       format.chat = api.endpoint == Endpoint::kChatCompletions;
       format.with_logprobs = api.sampling.logprobs >= 0;
       format.prompt_logprobs = api.sampling.prompt_logprobs;
+      format.skip_special = api.skip_special_tokens;
       req->out = std::make_unique<ChoiceStream>(*p_.model.tokenizer, format, api.stop, hidden_ids_,
                                                 api.echo ? prompts[i].echo : std::string());
       if (format.chat && p_.model.chat_template && tools_described(api.tools, api.tool_choice)) {

@@ -43,6 +43,14 @@ LinkSnapshot LinkStatus::snapshot() const {
   return snapshot_;
 }
 
+bool LinkStatus::try_add_queued(int n, int limit) {
+  int now = queued_.load();
+  do {
+    if (now + n > limit) return false;
+  } while (!queued_.compare_exchange_weak(now, now + n));
+  return true;
+}
+
 bool LinkStatus::stopping() const {
   std::lock_guard lock(mu_);
   return snapshot_.state != RouterState::kServing;

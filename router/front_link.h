@@ -99,6 +99,10 @@ class LinkStatus {
   // they accept (admission bounds it), the link takes away those it dispatches
   // or ends while queued and adds back those it re-runs.
   void add_queued(int n) { queued_ += n; }
+  // Adds `n` unless the count would pass `limit` (then adds nothing and
+  // returns false). One atomic step: requests admitted at the same moment on
+  // several io threads cannot each see room and overfill the queue together.
+  bool try_add_queued(int n, int limit);
   int queued() const { return queued_.load(); }
 
  private:

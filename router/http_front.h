@@ -49,6 +49,8 @@ class HttpFront {
   void handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWriter> w);
   void handle_tokenize(const HttpRequest& http, ResponseWriter& w);
   void handle_detokenize(const HttpRequest& http, ResponseWriter& w);
+  // GET /v1/models/{id}: the served model's object, else 404 model_not_found.
+  void respond_model(const std::string& id, ResponseWriter& w);
   // 404 model_not_found unless `model` is empty or the served one.
   std::optional<ApiError> check_model(const std::string& model) const;
   // completions.cpp

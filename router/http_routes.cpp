@@ -5,6 +5,7 @@
 // LinkInbox and the LinkStatus (front_link.h).
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -15,7 +16,7 @@
 namespace pd::router {
 namespace {
 
-enum class Route { kHealth, kMetrics, kModels, kDrain, kTokenize, kDetokenize, kCompletions, kChatCompletions, kNone };
+enum class Route { kHealth, kMetrics, kModels, kModel, kDrain, kTokenize, kDetokenize, kCompletions, kChatCompletions, kNone };
 
 struct RouteInfo {
   Route route;
@@ -26,6 +27,7 @@ RouteInfo route_of(const std::string& path) {
   if (path == "/health") return {Route::kHealth, "GET"};
   if (path == "/metrics") return {Route::kMetrics, "GET"};
   if (path == "/v1/models") return {Route::kModels, "GET"};
+  if (path.rfind("/v1/models/", 0) == 0) return {Route::kModel, "GET"};
   if (path == "/admin/drain") return {Route::kDrain, "POST"};
   if (path == "/tokenize" || path == "/v1/tokenize") return {Route::kTokenize, "POST"};
   if (path == "/detokenize" || path == "/v1/detokenize") return {Route::kDetokenize, "POST"};
@@ -44,6 +46,34 @@ bool needs_key(const std::string& path, bool metrics_require_key) {
   const bool tokenizer = path == "/tokenize" || path == "/detokenize";
   const bool v1 = path.rfind("/v1/", 0) == 0 || tokenizer;
   return v1 || (path == "/metrics" && metrics_require_key);
+}
+
+// Whether a POST body with this Content-Type may be read as JSON:
+// application/json (parameters such as charset allowed), any */*+json, or no
+// Content-Type at all (curl scripts and our own tools may send none). The
+// types a browser may send cross-origin without asking first (text/plain,
+// application/x-www-form-urlencoded, multipart/form-data) are refused like
+// every other one: otherwise any web page could post to a keyless server on
+// localhost.
+bool json_content_type(const std::string& content_type) {
+  std::string media = content_type.substr(0, content_type.find(';'));
+  media.erase(0, media.find_first_not_of(" \t"));
+  media.erase(media.find_last_not_of(" \t") + 1);
+  for (char& c : media) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (content_type.empty() || media == "application/json") return true;
+  const size_t slash = media.find('/');
+  return slash != std::string::npos && slash > 0 && media.size() > slash + 5 &&
+         media.compare(media.size() - 5, 5, "+json") == 0;
+}
+
+// 415 naming the header, for a POST body that is not JSON.
+ApiError unsupported_media_type(const std::string& content_type) {
+  ApiError e = api_error(415,
+                         "Content-Type '" + shown_text(content_type) +
+                             "' is not supported: send the body as JSON ('Content-Type: application/json')",
+                         "Content-Type", "invalid_request_error");
+  e.code = "unsupported_media_type";
+  return e;
 }
 
 // 401 for a request without the key it needs (`what`: which key).
@@ -87,10 +117,13 @@ void HttpFront::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
                                                 " (use " + ri.method + ")"),
                          {{"Allow", ri.method}});
   }
+  if (http.method == "POST" && !json_content_type(http.content_type))
+    return respond_error(*w, unsupported_media_type(http.content_type));
   switch (ri.route) {
     case Route::kHealth: return respond_health(*w);
     case Route::kMetrics: w->respond(200, "text/plain; version=0.0.4; charset=utf-8", p_.registry.render()); return;
     case Route::kModels: w->respond(200, "application/json", models_body(p_.model.name, unix_seconds_now())); return;
+    case Route::kModel: return respond_model(path.substr(std::string_view("/v1/models/").size()), *w);
     case Route::kDrain: return handle_drain(http, std::move(w));
     case Route::kTokenize: return handle_tokenize(http, *w);
     case Route::kDetokenize: return handle_detokenize(http, *w);
@@ -121,6 +154,24 @@ void HttpFront::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWr
     return respond_error(*w, api_error(400, "'rank' must be a non-negative integer (a worker rank from /health)", "rank",
                                        "invalid_request_error"));
   p_.inbox.post(DrainRank{static_cast<int>(it->get<int64_t>()), std::move(w)});
+}
+
+void HttpFront::respond_model(const std::string& id, ResponseWriter& w) {
+  // The id as the openai client sends it: percent-encoded ("org%2Fname").
+  std::string model;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const bool escape = id[i] == '%' && i + 2 < id.size() && std::isxdigit(static_cast<unsigned char>(id[i + 1])) &&
+                        std::isxdigit(static_cast<unsigned char>(id[i + 2]));
+    if (!escape) {
+      model += id[i];
+      continue;
+    }
+    model += static_cast<char>(std::stoi(id.substr(i + 1, 2), nullptr, 16));
+    i += 2;
+  }
+  if (model.empty()) model = " ";  // "/v1/models/" names no model: not found
+  if (auto e = check_model(model)) return respond_error(w, *e);
+  w.respond(200, "application/json", model_body(p_.model.name, unix_seconds_now()));
 }
 
 std::optional<ApiError> HttpFront::check_model(const std::string& model) const {

@@ -183,7 +183,8 @@ enum class FieldKind {
 // Fields handled for both endpoints.
 constexpr const char* kCommonFields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-    "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias", "speculative"};
+    "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias", "speculative",
+    "skip_special_tokens"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
 constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "tools",
                                               "functions", "tool_choice", "function_call", "suffix"};
@@ -265,6 +266,7 @@ std::optional<ApiError> parse_prompt(const json& obj, ApiRequest& r) {
     return std::nullopt;
   }
   const bool strings = (*v)[0].is_string();
+  r.prompt_batch = true;
   for (size_t i = 0; i < v->size(); ++i) {
     const json& e = (*v)[i];
     const std::string where = "prompt[" + std::to_string(i) + "]";
@@ -369,6 +371,8 @@ std::optional<ApiError> add_stop(const std::string& s, ApiRequest& r) {
 }
 
 std::optional<ApiError> parse_stop(const json& obj, ApiRequest& r) {
+  // The text the stop strings are matched on: with or without control tokens.
+  if (auto e = read_bool(obj, "skip_special_tokens", r.skip_special_tokens)) return e;
   const json* v = field(obj, "stop");
   if (!v) return std::nullopt;
   if (v->is_string()) return add_stop(v->get<std::string>(), r);
@@ -474,6 +478,8 @@ std::optional<ApiError> parse_max_tokens(Endpoint ep, const json& obj, ApiReques
     max_tokens = 1;
   }
   if (max_tokens) {
+    r.max_tokens_sent = *max_tokens;
+    r.max_tokens_field = max_key;
     // Larger than any context: the caller clamps to the context left anyway.
     r.sampling.max_tokens = static_cast<int32_t>(std::min<int64_t>(*max_tokens, std::numeric_limits<int32_t>::max()));
     r.max_tokens_given = true;
@@ -727,6 +733,25 @@ std::string error_body(const ApiError& e) {
 
 namespace {
 
+// The parameters schemas of the tools a forced call may use: the grammar
+// enforces them, so keywords it would not enforce are refused as in a
+// response_format schema.
+std::optional<ApiError> check_forced_tools(const ojson& body, const ApiRequest& r) {
+  const auto tools = body.find("tools");
+  if (tools == body.end() || !tools->is_array()) return std::nullopt;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const auto fn = (*tools)[i].is_object() ? (*tools)[i].find("function") : (*tools)[i].end();
+    if (fn == (*tools)[i].end() || !fn->is_object()) continue;  // parse_tools refused it already
+    const auto name = fn->find("name");
+    const bool named = name != fn->end() && name->is_string() && name->get<std::string>() == r.tool_choice.name;
+    if (r.tool_choice.mode == ToolChoiceMode::kNamed && !named) continue;
+    const auto params = fn->find("parameters");
+    if (params == fn->end()) continue;
+    if (auto e = check_schema(*params, "tools[" + std::to_string(i) + "].function.parameters")) return e;
+  }
+  return std::nullopt;
+}
+
 // response_format and the other output constraints; chat: tools and tool_choice.
 std::optional<ApiError> parse_constraints(Endpoint ep, std::string_view body, const json& obj, ApiRequest& r) {
   r.tool_choice.mode = ToolChoiceMode::kNone;  // parse_tools sets it when the request has tools
@@ -745,7 +770,7 @@ std::optional<ApiError> parse_constraints(Endpoint ep, std::string_view body, co
     return bad_request("tool_choice", "tool_choice \"required\" or a named function constrains the output to a tool "
                                       "call: it cannot be combined with response_format or another output constraint");
   }
-  return std::nullopt;
+  return forced ? check_forced_tools(ordered, r) : std::nullopt;
 }
 
 }  // namespace
@@ -969,17 +994,27 @@ std::string usage_chunk(Endpoint ep, const std::string& id, const std::string& m
   return dump(j);
 }
 
-std::string models_body(const std::string& model, int64_t created) {
+namespace {
+
+ojson model_json(const std::string& model, int64_t created) {
   ojson m = ojson::object();
   m["id"] = model;
   m["object"] = "model";
   m["created"] = created;
   m["owned_by"] = "pdcluster";
+  return m;
+}
+
+}  // namespace
+
+std::string models_body(const std::string& model, int64_t created) {
   ojson j = ojson::object();
   j["object"] = "list";
-  j["data"] = ojson::array({std::move(m)});
+  j["data"] = ojson::array({model_json(model, created)});
   return dump(j);
 }
+
+std::string model_body(const std::string& model, int64_t created) { return dump(model_json(model, created)); }
 
 ApiResult<TokenizeRequest> parse_tokenize(std::string_view body) {
   json obj;

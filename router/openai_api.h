@@ -106,6 +106,7 @@ struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                  // as given; "" when the field is absent or null (use the served model)
   std::vector<PromptInput> prompts;   // completions only: one or more (a batch), in order
+  bool prompt_batch = false;          // completions: `prompt` was an array of prompts (errors name prompt[i])
   std::vector<ApiMessage> messages;   // chat only; role is system/user/assistant/tool ("developer" maps to
                                       // system); content parts of type "text" are joined with "\n"; an
                                       // assistant's tool_calls and a tool message's tool_call_id kept
@@ -117,6 +118,8 @@ struct ApiRequest {
                                       // prompt_logprobs (echo with logprobs)
   bool max_tokens_given = false;      // false: sampling.max_tokens holds SamplingParams' default; the caller
                                       // fills it from the context left. Given values are clamped to INT32_MAX.
+  int64_t max_tokens_sent = 0;        // max_tokens_given: the value as sent, before that clamp
+  std::string max_tokens_field = "max_tokens";  // the field it came in (chat: max_completion_tokens wins)
   std::vector<std::string> stop;      // 0..kMaxStopStrings non-empty stop strings of <= kMaxStopBytes bytes
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage (stream_options needs stream = true)
@@ -125,6 +128,8 @@ struct ApiRequest {
                                       // alone; sampling.max_tokens is then 1 and the router drops that token
   bool parse_special = true;          // completions: special-token text in a string prompt ("<|im_start|>")
                                       // becomes control tokens; chat content never does
+  bool skip_special_tokens = true;    // control tokens generated print nothing in the text (vLLM's default);
+                                      // logprobs still show them
   int32_t n = 1;                      // choices per prompt, in [1, kMaxChoices]; prompts x n <= kMaxChoices
   bool seed_given = false;            // false: sampling.seed is 0 and the caller picks one
 };
@@ -249,6 +254,8 @@ std::string usage_chunk(Endpoint ep, const std::string& id, const std::string& m
 
 // GET /v1/models: {"object":"list","data":[{"id":model,"object":"model","created","owned_by":"pdcluster"}]}
 std::string models_body(const std::string& model, int64_t created);
+// GET /v1/models/{id} of the served model: the same object as in that list.
+std::string model_body(const std::string& model, int64_t created);
 
 // POST /tokenize: {"prompt": str, "add_special_tokens": bool (true), "parse_special": bool (true)}
 // or {"messages": [...], "add_generation_prompt": bool (true), "add_special_tokens": bool (true)};

@@ -11,8 +11,8 @@
 
 namespace pd::router {
 
-std::string prompt_name(Endpoint ep, size_t n_prompts, size_t i) {
-  if (n_prompts > 1) return "prompt[" + std::to_string(i) + "]";
+std::string prompt_name(Endpoint ep, bool batch, size_t i) {
+  if (batch && ep == Endpoint::kCompletions) return "prompt[" + std::to_string(i) + "]";
   return ep == Endpoint::kCompletions ? "prompt" : "messages";
 }
 
@@ -53,7 +53,6 @@ void add_bos(const Tokenizer& tok, std::vector<TokenId>& ids) {
 
 // Completions prompt `i`: its text encoded, or its token ids as given (checked).
 ApiResult<Prompt> encode_completion_prompt(const Tokenizer& tok, const ApiRequest& api, PromptInput& in, size_t i) {
-  const bool batched = api.prompts.size() > 1;
   Prompt p;
   if (!in.is_ids) {
     p.ids = tok.encode(in.text, api.parse_special);
@@ -64,11 +63,10 @@ ApiResult<Prompt> encode_completion_prompt(const Tokenizer& tok, const ApiReques
   // Token ids are taken as they are (no BOS added).
   for (size_t j = 0; j < in.ids.size(); ++j) {
     if (in.ids[j] < tok.vocab_size()) continue;
-    const std::string at = batched || in.ids.size() > 1 ? "[" + std::to_string(j) + "]" : "";
-    return api_error(400, prompt_name(Endpoint::kCompletions, api.prompts.size(), i) + at + " is token id " +
-                              std::to_string(in.ids[j]) + ", outside the vocabulary [0, " +
+    const std::string at = prompt_name(Endpoint::kCompletions, api.prompt_batch, i) + "[" + std::to_string(j) + "]";
+    return api_error(400, at + " is token id " + std::to_string(in.ids[j]) + ", outside the vocabulary [0, " +
                               std::to_string(tok.vocab_size()) + ")",
-                     "prompt");
+                     at);
   }
   p.ids = std::move(in.ids);
   if (api.echo) p.echo = tok.decode(p.ids);

@@ -58,8 +58,8 @@ std::vector<TokenId> chat_stop_ids(const ModelInfo& model);
 // file, or one not recognized) model.no_chat_template says why, and chats get
 // a 400 saying so. Returns that reason ("" when there is a template).
 std::string choose_chat_template(const std::string& configured, const GgufFile& file, ModelInfo& model);
-// How error messages name prompt `i` of `n_prompts`: "prompt[i]" in a batch,
-// else "prompt" (completions) or "messages" (chat).
-std::string prompt_name(Endpoint ep, size_t n_prompts, size_t i);
+// How errors name prompt `i`: "prompt[i]" when the request's prompt was an
+// array of prompts (even of one), else "prompt" (completions) or "messages" (chat).
+std::string prompt_name(Endpoint ep, bool batch, size_t i);
 
 }  // namespace pd::router

@@ -22,6 +22,95 @@ struct Found {
   std::string param;
 };
 
+// JSON-schema keywords that constrain a value but that the grammar engine
+// does not enforce (it would silently produce values that break them), each
+// with why. Anything else outside JSON Schema's vocabulary is an annotation,
+// as the standard has it, and ignored.
+constexpr const char* kUnenforced[][2] = {
+    {"not", "the grammar cannot exclude what a subschema matches"},
+    {"patternProperties", "the grammar cannot keep keys that match a pattern from repeating"},
+    {"propertyNames", "the grammar cannot keep keys that match a pattern from repeating"},
+    {"dependentRequired", "properties required by another one's presence are not enforced"},
+    {"dependentSchemas", "subschemas applied by a property's presence are not enforced"},
+    {"dependencies", "properties required by another one's presence are not enforced"},
+    {"if", "conditional subschemas (if/then/else) are not enforced"},
+    {"then", "conditional subschemas (if/then/else) are not enforced"},
+    {"else", "conditional subschemas (if/then/else) are not enforced"},
+    {"contains", "the grammar cannot require an item to match a subschema"},
+    {"minContains", "the grammar cannot require an item to match a subschema"},
+    {"maxContains", "the grammar cannot require an item to match a subschema"},
+};
+
+// The subschemas of `schema` that are checked in turn: (the keyword's path
+// piece, the subschema).
+std::vector<std::pair<std::string, const json*>> subschemas(const json& schema) {
+  std::vector<std::pair<std::string, const json*>> out;
+  for (const char* map : {"properties", "$defs", "definitions"}) {
+    const auto it = schema.find(map);
+    if (it == schema.end() || !it->is_object()) continue;
+    for (const auto& [key, sub] : it->items()) out.emplace_back(std::string(map) + "." + shown_text(key), &sub);
+  }
+  for (const char* list : {"anyOf", "oneOf", "allOf", "prefixItems", "items"}) {
+    const auto it = schema.find(list);
+    if (it == schema.end()) continue;
+    if (it->is_array()) {
+      for (size_t i = 0; i < it->size(); ++i) out.emplace_back(std::string(list) + "[" + std::to_string(i) + "]", &(*it)[i]);
+    } else {
+      out.emplace_back(list, &*it);
+    }
+  }
+  if (const auto it = schema.find("additionalProperties"); it != schema.end()) out.emplace_back("additionalProperties", &*it);
+  return out;
+}
+
+// The refusal of keyword `key` of the schema at `path`.
+ApiError unenforced(const std::string& path, const std::string& key, const std::string& why) {
+  const std::string at = path + "." + key;
+  return bad(at, at + ": the JSON-schema keyword " + key + " is not supported here: " + why);
+}
+
+// `required` may only name properties the schema defines: the grammar writes
+// only those, so another one could never be present.
+std::optional<ApiError> check_required(const json& schema, const std::string& path) {
+  const auto req = schema.find("required");
+  if (req == schema.end() || !req->is_array()) return std::nullopt;
+  const auto props = schema.find("properties");
+  for (const json& name : *req) {
+    if (!name.is_string()) continue;  // the engine refuses it with its own reason
+    if (props != schema.end() && props->is_object() && props->contains(name.get_ref<const std::string&>())) continue;
+    return unenforced(path, "required", "it names \"" + shown_text(name.get_ref<const std::string&>()) +
+                                            "\", which is not in the schema's properties");
+  }
+  return std::nullopt;
+}
+
+// Refuses the keywords of `schema` (at `path`, a request field and the keys
+// below it) and of its subschemas that the grammar would not enforce. A schema
+// given as JSON text escaped the request's nesting bound: `depth` keeps the
+// walk within it.
+std::optional<ApiError> check_schema_keywords(const json& schema, const std::string& path, int depth = 0) {
+  if (depth > kMaxJsonDepth)
+    return bad(path, path + " nests subschemas deeper than the limit of " + std::to_string(kMaxJsonDepth) + " levels");
+  if (!schema.is_object()) return std::nullopt;  // true / false, or a shape the engine judges
+  for (const auto& [key, why] : kUnenforced) {
+    const auto it = schema.find(key);
+    const bool empty = it != schema.end() && (it->is_null() || (it->is_object() && it->empty()));
+    if (it != schema.end() && !empty) return unenforced(path, key, why);
+  }
+  if (const auto all = schema.find("allOf"); all != schema.end() && all->is_array() && all->size() > 1)
+    return unenforced(path, "allOf", "subschemas that must all hold are not merged (one subschema is accepted)");
+  if (const auto u = schema.find("uniqueItems"); u != schema.end() && u->is_boolean() && u->get<bool>()) {
+    const auto max = schema.find("maxItems");
+    if (max == schema.end() || !max->is_number() || max->get<double>() > 1)
+      return unenforced(path, "uniqueItems", "the grammar cannot keep array items distinct");
+  }
+  if (auto e = check_required(schema, path)) return e;
+  for (const auto& [piece, sub] : subschemas(schema)) {
+    if (auto e = check_schema_keywords(*sub, path + "." + piece, depth + 1)) return e;
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> schema_spec(const json& v, const std::string& where, Found& f) {
   if (v.is_string()) {  // a schema given as its JSON text
     json parsed = json::parse(v.get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
@@ -30,6 +119,7 @@ std::optional<ApiError> schema_spec(const json& v, const std::string& where, Fou
     return schema_spec(parsed, where, f);
   }
   if (!v.is_object()) return bad(where, where + " must be a JSON schema object, got " + type_name(v));
+  if (auto e = check_schema_keywords(v, where)) return e;
   f.spec.kind = GrammarKind::kJsonSchema;
   f.spec.text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   f.param = where;
@@ -145,6 +235,10 @@ bool is_structured_output_field(const std::string& key) {
   for (const auto& g : kGuided)
     if (key == g[0]) return true;
   return false;
+}
+
+std::optional<ApiError> check_schema(const nlohmann::ordered_json& schema, const std::string& param) {
+  return structured::check_schema_keywords(schema, param);
 }
 
 std::optional<ApiError> check_grammar(const GrammarSpec& spec, const std::string& param) {

@@ -31,6 +31,12 @@ bool is_structured_output_field(const std::string& key);
 // keep their order: the output's keys follow it).
 std::optional<ApiError> parse_structured_output(const nlohmann::ordered_json& body, GrammarSpec& out);
 
+// Refuses (a 400 whose param is `param` and the path below it) the keywords of
+// a JSON schema, and of its subschemas, that the grammar would not enforce:
+// not, allOf of several subschemas, uniqueItems, patternProperties, ... (the
+// list and the reasons are in structured_output.cpp and docs/API.md).
+std::optional<ApiError> check_schema(const nlohmann::ordered_json& schema, const std::string& param);
+
 // Checks a spec with the grammar engine (no vocabulary needed): a 400 naming
 // `param` with the engine's message when it refuses it.
 std::optional<ApiError> check_grammar(const GrammarSpec& spec, const std::string& param);

@@ -4,12 +4,14 @@
 
 namespace pd::router {
 
-TextStream::TextStream(const Tokenizer& tok, std::vector<std::string> stops, std::vector<TokenId> hidden)
-    : decoder_(tok), stops_(std::move(stops)), hidden_(std::move(hidden)) {}
+TextStream::TextStream(const Tokenizer& tok, std::vector<std::string> stops, std::vector<TokenId> hidden,
+                       bool skip_control)
+    : tok_(tok), decoder_(tok), stops_(std::move(stops)), hidden_(std::move(hidden)), skip_control_(skip_control) {}
 
 std::string TextStream::push(TokenId id) {
   if (stopped_) return {};
   if (std::find(hidden_.begin(), hidden_.end(), id) != hidden_.end()) return {};
+  if (skip_control_ && tok_.is_control(id)) return {};
   pending_ += decoder_.push(id);
   return take_safe();
 }

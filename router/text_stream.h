@@ -15,7 +15,11 @@ namespace pd::router {
 class TextStream {
  public:
   // `hidden`: token ids that end generation and print nothing (EOS, <|im_end|>).
-  TextStream(const Tokenizer& tok, std::vector<std::string> stops, std::vector<TokenId> hidden);
+  // `skip_control`: every control token prints nothing (the request's
+  // skip_special_tokens, vLLM's default), so stop strings are matched on the
+  // text the client gets.
+  TextStream(const Tokenizer& tok, std::vector<std::string> stops, std::vector<TokenId> hidden,
+             bool skip_control = false);
   // Feeds the next generated token; returns the text that may be sent now.
   // After a stop string matched, stopped() is true and further tokens add nothing.
   std::string push(TokenId id);
@@ -25,11 +29,13 @@ class TextStream {
 
  private:
   std::string take_safe();
+  const Tokenizer& tok_;
   StreamDecoder decoder_;
   std::vector<std::string> stops_;
   std::vector<TokenId> hidden_;
   std::string pending_;  // decoded, not yet emitted
   bool stopped_ = false;
+  bool skip_control_ = false;
 };
 
 }  // namespace pd::router

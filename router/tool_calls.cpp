@@ -582,9 +582,17 @@ ApiResult<std::vector<ChatMessage>> render_tool_messages(ToolFormat format, cons
     case ToolFormat::kLlama31: return tci::render_llama31(messages, tools, describe);
     case ToolFormat::kNone: break;
   }
-  return tci::bad_request("tools", "the model's chat template has no tool-call format; serve a model whose template "
-                                   "has one, or set chat_template to \"hermes\"/\"qwen2.5\"/\"llama3.1\" in "
-                                   "cluster.json");
+  // Name what asked for a tool format: the tools, else the first tool turn.
+  std::string param = "tools";
+  for (size_t i = 0; !describe && i < messages.size(); ++i) {
+    const ApiMessage& m = messages[i];
+    if (m.role != "tool" && m.tool_calls.empty()) continue;
+    param = "messages[" + std::to_string(i) + "]" + (m.role == "tool" ? "" : ".tool_calls");
+    break;
+  }
+  return tci::bad_request(param, param + ": the model's chat template has no tool-call format; serve a model whose "
+                                         "template has one, or set chat_template to \"hermes\"/\"qwen2.5\"/\"llama3.1\" "
+                                         "in cluster.json");
 }
 
 GrammarSpec tool_call_grammar(ToolFormat format, const std::vector<ToolFunction>& tools, const ToolChoice& choice) {

@@ -98,6 +98,10 @@ class XgrammarConstraint final : public TokenConstraint {
     t.strides = nullptr;
     t.byte_offset = 0;
     all_allowed_ = !matcher_.FillNextTokenBitmask(&t);
+    // A state that admits no token, not even a stop token (a rule that only
+    // refers to itself): the grammar cannot go on, so the output ends here
+    // rather than with a token the grammar refuses.
+    dead_ = !all_allowed_ && std::none_of(bits_.begin(), bits_.end(), [](int32_t w) { return w != 0; });
   }
 
   void apply(std::span<float> logits) override {
@@ -105,9 +109,9 @@ class XgrammarConstraint final : public TokenConstraint {
     prepared_ = false;  // the next token needs a new mask
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     const size_t n = logits.size();
-    if (matcher_.IsTerminated()) {
-      // Complete: a stop token, or (with ignore_eos) whatever the caller
-      // allows after one. Only stop tokens stay.
+    if (matcher_.IsTerminated() || dead_) {
+      // Complete (or at a dead end): a stop token, or (with ignore_eos)
+      // whatever the caller allows after one. Only stop tokens stay.
       std::vector<float> keep;
       keep.reserve(stop_ids_.size());
       for (TokenId id : stop_ids_) keep.push_back(id >= 0 && static_cast<size_t>(id) < n ? logits[id] : kNegInf);
@@ -132,7 +136,7 @@ class XgrammarConstraint final : public TokenConstraint {
 
   bool accept(TokenId id) override {
     prepared_ = false;
-    if (matcher_.IsTerminated()) return false;
+    if (matcher_.IsTerminated() || dead_) return false;
     try {
       return matcher_.AcceptToken(id);
     } catch (const std::exception&) {
@@ -140,7 +144,7 @@ class XgrammarConstraint final : public TokenConstraint {
     }
   }
 
-  bool done() const override { return matcher_.IsTerminated(); }
+  bool done() const override { return matcher_.IsTerminated() || dead_; }
 
  private:
   xgrammar::GrammarMatcher matcher_;
@@ -149,7 +153,44 @@ class XgrammarConstraint final : public TokenConstraint {
   std::vector<int32_t> bits_;
   bool prepared_ = false;
   bool all_allowed_ = false;
+  bool dead_ = false;  // the grammar admits nothing more: only stop tokens are left
 };
+
+// A vocabulary of the 256 single bytes and a stop token (id 256). Every
+// byte-level vocabulary holds each byte as a token, so a grammar that admits
+// nothing here admits no token of a real one either.
+const xgrammar::TokenizerInfo& byte_vocabulary() {
+  static const xgrammar::TokenizerInfo info = [] {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+    bytes.emplace_back();  // "": a special token, the stop token
+    return xgrammar::TokenizerInfo(bytes, xgrammar::VocabType::RAW, 257, std::vector<int32_t>{256});
+  }();
+  return info;
+}
+
+// Whether `g` can produce anything at its start: some text, or the end at
+// once. One that can do neither (root ::= root; a regex of an empty class)
+// would mask every token of any vocabulary. Compiling against the byte
+// vocabulary takes about a millisecond and needs no model, so the router can
+// refuse such a grammar before a request is admitted.
+bool admits_something(const xgrammar::Grammar& g) {
+  static std::mutex mu;
+  static xgrammar::GrammarCompiler compiler(byte_vocabulary(), /*max_threads=*/1, /*cache_enabled=*/false);
+  std::lock_guard lock(mu);
+  xgrammar::GrammarMatcher m(compiler.CompileGrammar(g), std::vector<int32_t>{256},
+                             /*terminate_without_stop_token=*/false);
+  std::vector<int32_t> bits(static_cast<size_t>(xgrammar::GetBitmaskSize(257)), 0);
+  int64_t shape[1] = {static_cast<int64_t>(bits.size())};
+  DLTensor t{};
+  t.data = bits.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  if (!m.FillNextTokenBitmask(&t)) return true;  // everything is allowed
+  return std::any_of(bits.begin(), bits.end(), [](int32_t w) { return w != 0; });
+}
 
 }  // namespace
 
@@ -250,7 +291,9 @@ Result<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer
 Status GrammarCompiler::check(const GrammarSpec& spec) {
   if (!spec.active()) return Status::ok();
   try {
-    (void)build_grammar(spec);
+    if (!admits_something(build_grammar(spec))) {
+      return Status::invalid_argument("it admits no output: no text can start it and it cannot be empty");
+    }
     return Status::ok();
   } catch (const std::exception& e) {
     return Status::invalid_argument(engine_message(e));

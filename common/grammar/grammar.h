@@ -39,8 +39,10 @@ class GrammarCompiler {
 
   // Parses and checks a spec without compiling it against a vocabulary:
   // InvalidArgument with the engine's message for an invalid schema, regex or
-  // grammar, or a JSON-schema feature the engine does not support;
-  // Unsupported when the build has no grammar engine.
+  // grammar, or a JSON-schema feature the engine does not support, and for
+  // one that admits no output at all (no text can start it and it cannot be
+  // empty: checked over a vocabulary of single bytes); Unsupported when the
+  // build has no grammar engine.
   static Status check(const GrammarSpec& spec);
 
   // Compiles `spec` into the cache (a no-op when it is there, or without a
@@ -75,10 +77,11 @@ class GrammarCompiler {
 
 namespace pd {
 
-// Makes `s` follow its parameters' grammar (nothing to do without one): a
-// matcher from `compiler` whose stop tokens are `eos_id` and the request's
-// stop tokens. InvalidArgument naming the grammar when it does not compile;
-// Unsupported when there is no compiler (nullptr) or no grammar engine.
+// Tells `s` the model's EOS (Sampler::set_eos, for min_tokens) and makes it
+// follow its parameters' grammar (nothing to do without one): a matcher from
+// `compiler` whose stop tokens are `eos_id` and the request's stop tokens.
+// InvalidArgument naming the grammar when it does not compile; Unsupported
+// when there is no compiler (nullptr) or no grammar engine.
 Status constrain(Sampler& s, GrammarCompiler* compiler, TokenId eos_id);
 
 }  // namespace pd

@@ -201,7 +201,7 @@ def suite_api_features(tmp):
               "streamed batch %s %s" % (texts, ends))
         check(events[-2]["usage"]["completion_tokens"] == 15, "streamed batch usage %s" % events[-2])
         r = c.post("/v1/completions", {"prompt": [[1, 2], [vocab + 5]]})
-        check(r.status == 400 and r.json()["error"]["param"] == "prompt" and "prompt[1]" in r.json()["error"]["message"],
+        check(r.status == 400 and r.json()["error"]["param"] == "prompt[1][0]" and "prompt[1]" in r.json()["error"]["message"],
               "out-of-vocabulary id: %d %s" % (r.status, r.body))
         # A client that leaves a streamed batch cancels every choice; all KV blocks come back.
         cancelled = c.metric('pd_requests_total{outcome="cancelled"}')

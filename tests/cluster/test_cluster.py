@@ -158,6 +158,23 @@ def suite_api(tmp):
         err(400, "POST", "/v1/chat/completions", {"messages": []}, param="messages")
         err(400, "POST", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
         err(404, "POST", comp, {"prompt": "x", "model": "gpt-17"}, param="model")
+        # What a client sees of the checks in front of the engine: a grammar that admits
+        # nothing, a schema keyword the grammar would not enforce, a prompt array's element,
+        # a body that is not JSON by its Content-Type, and GET /v1/models/{id}.
+        chat = "/v1/chat/completions"
+        go = [{"role": "user", "content": "go"}]
+        err(400, "POST", chat, {"messages": go, "max_tokens": 5, "guided_grammar": "root ::= root"},
+            param="guided_grammar")
+        err(400, "POST", chat, {"messages": go, "max_tokens": 5, "guided_json": {"type": "array", "uniqueItems": True}},
+            param="guided_json.uniqueItems")
+        err(400, "POST", comp, {"prompt": [""]}, param="prompt[0]")
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            err(415, "POST", comp, {"prompt": "x", "max_tokens": 2}, headers=dict(key, **{"Content-Type": ctype}),
+                param="Content-Type")
+        listed = c.get("/v1/models", headers=key).json()["data"][0]
+        got = c.get("/v1/models/" + listed["id"], headers=key)
+        check(got.status == 200 and got.json() == listed, "GET /v1/models/{id}: %d %s" % (got.status, got.body))
+        err(404, "GET", "/v1/models/gpt-17", param="model")
         err(413, "POST", comp, raw='{"prompt": "' + "x" * 8000 + '"}')
         err(404, "GET", "/v1/nothing")
         r = err(405, "GET", comp)

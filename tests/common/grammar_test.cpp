@@ -209,6 +209,44 @@ TEST_CASE("grammar: bad specs are InvalidArgument with the engine's reason") {
   CHECK(GrammarCompiler::check(GrammarSpec{}).is_ok());
 }
 
+TEST_CASE("grammar: a grammar that admits no output is InvalidArgument") {
+  if (skip_without_engine()) return;
+  const Status self = GrammarCompiler::check(GrammarSpec{GrammarKind::kEbnf, "root ::= root", "", ""});
+  CHECK(self.is_invalid_argument());
+  CHECK(self.message().find("admits no output") != std::string::npos);
+  CHECK(GrammarCompiler::check(GrammarSpec{GrammarKind::kRegex, "[^\\x00-\\U0010FFFF]", "", ""}).is_invalid_argument());
+  // One that may be empty, or that starts with any byte, is fine.
+  CHECK(GrammarCompiler::check(GrammarSpec{GrammarKind::kRegex, "a*", "", ""}).is_ok());
+  CHECK(GrammarCompiler::check(GrammarSpec{GrammarKind::kRegex, "[\\x00-\\xff]", "", ""}).is_ok());
+  CHECK(GrammarCompiler::check(GrammarSpec{GrammarKind::kEbnf, "root ::= \"ab\" x\nx ::= x", "", ""}).is_ok());
+}
+
+TEST_CASE("grammar: a matcher at a dead end leaves only the stop tokens") {
+  if (skip_without_engine()) return;
+  auto tok = make_tokenizer();
+  auto gc = grammar_test::make_compiler(*tok);
+  // "a", then a rule that only refers to itself: nothing can follow the "a".
+  SamplingParams p;
+  p.grammar = GrammarSpec{GrammarKind::kEbnf, "root ::= \"a\" x\nx ::= x", "", ""};
+  p.stop_token_ids = {1};  // <|im_end|>
+  Sampler s(p);
+  REQUIRE(constrain(s, gc.get(), tok->eos_id()).is_ok());
+  std::vector<float> first(static_cast<size_t>(tok->vocab_size()), 0.0f);
+  const TokenId a = s.sample(first);
+  REQUIRE(a == id_of(*tok, "a"));
+  s.accept(a);
+  std::vector<float> next(static_cast<size_t>(tok->vocab_size()), 0.0f);
+  next[1] = 1.0f;
+  s.constraint()->apply(next);
+  int finite = 0;
+  for (float v : next) finite += std::isfinite(v);
+  CHECK(finite == 2);  // EOS and <|im_end|>: the output ends with what it has
+  CHECK(s.constraint()->done());
+  std::vector<float> again(static_cast<size_t>(tok->vocab_size()), 0.0f);
+  again[1] = 1.0f;
+  CHECK(s.sample(again) == 1);
+}
+
 TEST_CASE("grammar: compiled once, then matchers come from the cache") {
   if (skip_without_engine()) return;
   auto tok = make_tokenizer();

@@ -460,6 +460,75 @@ TEST_CASE("openai_api: bad output constraints are refused by name", "[openai_api
   }
 }
 
+TEST_CASE("openai_api: a grammar or regex that admits no output is a 400 naming the field", "[openai_api]") {
+  if (!grammar_engine_built()) {
+    std::cout << "SKIP: this build has no grammar engine (scripts/build_xgrammar.sh)\n";
+    return;
+  }
+  const std::vector<BadCase> cases = {
+      {R"("guided_grammar": "root ::= root")", "guided_grammar", "admits no output"},
+      {R"("guided_regex": "[^\\x00-\\U0010FFFF]")", "guided_regex", "admits no output"},
+      {R"("structured_outputs": {"grammar": "root ::= root"})", "structured_outputs.grammar", "admits no output"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+}
+
+TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 naming the keyword's path",
+          "[openai_api]") {
+  if (!grammar_engine_built()) {
+    std::cout << "SKIP: this build has no grammar engine (scripts/build_xgrammar.sh)\n";
+    return;
+  }
+  const std::string rf = "response_format.json_schema.schema";
+  auto schema = [](const std::string& s) {
+    return R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" + s + "}}";
+  };
+  const std::vector<BadCase> cases = {
+      {schema(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]})"),
+       rf + ".allOf", "allOf"},
+      {schema(R"({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                  "uniqueItems": true}}, "required": ["tags"]})"),
+       rf + ".properties.tags.uniqueItems", "uniqueItems"},
+      {schema(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]})"),
+       rf + ".required", "\"b\""},
+      {schema(R"({"not": {"type": "string"}})"), rf + ".not", "not"},
+      {schema(R"({"type": "object", "patternProperties": {"^x": {"type": "integer"}}})"), rf + ".patternProperties",
+       "patternProperties"},
+      {schema(R"({"anyOf": [{"type": "integer"}, {"type": "array", "contains": {"type": "integer"}}]})"),
+       rf + ".anyOf[1].contains", "contains"},
+      {schema(R"({"$defs": {"p": {"type": "object", "if": {"required": []}, "then": {}}}, "$ref": "#/$defs/p"})"),
+       rf + ".$defs.p.if", "if"},
+      {R"("guided_json": "{\"type\": \"object\", \"propertyNames\": {\"pattern\": \"^x\"}}")",
+       "guided_json.propertyNames", "propertyNames"},
+  };
+  for (const BadCase& c : cases) {
+    check_bad(Endpoint::kCompletions, c);
+    check_bad(Endpoint::kChatCompletions, c);
+  }
+  // A forced tool call's parameters are held to the same rule; tools the model
+  // may call freely (tool_choice auto) are not constrained, so not checked.
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "uniqueItems": true}}}}}])";
+  check_bad(Endpoint::kChatCompletions, {tools + R"(, "tool_choice": "required")",
+                                         "tools[0].function.parameters.properties.xs.uniqueItems", "uniqueItems"});
+  check_bad(Endpoint::kChatCompletions, {tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})",
+                                         "tools[0].function.parameters.properties.xs.uniqueItems", "uniqueItems"});
+  parse_ok(Endpoint::kChatCompletions, chat_with(tools + R"(, "tool_choice": "auto")"));
+  // What is enforced, or trivially so, is accepted: oneOf (as anyOf), allOf of
+  // one subschema, uniqueItems false or over at most one item, annotations.
+  for (const char* ok : {
+           R"({"oneOf": [{"type": "integer"}, {"type": "string"}], "title": "T", "x-vendor": 1})",
+           R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}]})",
+           R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": false})",
+           R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": true, "maxItems": 1})",
+           R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "patternProperties": {}})"}) {
+    CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(schema(ok))).sampling.grammar.active());
+  }
+}
+
 TEST_CASE("openai_api: unknown fields are refused, harmless ones ignored", "[openai_api]") {
   check_bad(Endpoint::kCompletions, {R"("repetition_penalty": 1.1)", "repetition_penalty",
                                      "unknown field: repetition_penalty"});

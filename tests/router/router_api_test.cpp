@@ -4,6 +4,8 @@
 // answer (router.max_answer_entries).
 #include "router/router_harness.h"
 
+#include <atomic>
+
 namespace pd::router::test_router {
 namespace {
 
@@ -140,7 +142,7 @@ TEST_CASE("router: token ids outside the vocabulary and bad tokenizer bodies are
   auto f = h.post(R"({"model": "tiny", "prompt": [[1, 2], [3, 99999]]})");
   Answer r = h.finish(f);
   CHECK(r.status == 400);
-  CHECK(r.json()["error"]["param"] == "prompt");
+  CHECK(r.json()["error"]["param"] == "prompt[1][1]");
   CHECK_THAT(r.json()["error"]["message"].get<std::string>(), Catch::Matchers::Contains("prompt[1][1] is token id 99999"));
   f = h.post(R"({"tokens": [1, 300]})", "/detokenize");
   r = h.finish(f);
@@ -189,7 +191,7 @@ TEST_CASE("router: prompts that do not fit the context are 400s naming the field
   f = h.post(nlohmann::json{{"model", "tiny"}, {"prompt", {std::vector<int>{1}, std::vector<int>(600, 1)}}}.dump());
   r = h.finish(f);
   CHECK(r.status == 400);
-  CHECK(r.json()["error"]["param"] == "prompt");
+  CHECK(r.json()["error"]["param"] == "prompt[1]");
   CHECK(r.json()["error"]["message"] == "prompt[1] has 600 tokens; the model's context is 512");
   h.pump_for(5ms);
   CHECK(h.get("/metrics").body.find("pd_requests_total{outcome=\"rejected\"} 2") != std::string::npos);
@@ -312,6 +314,202 @@ TEST_CASE("router: the admin key, answer and write buffer bounds: config default
   // The API key must not open the admin endpoints.
   CHECK_THAT(err(R"({"http": {"api_key": "same", "admin_key": "same"}})"),
              Catch::Matchers::Contains("'http.admin_key' must differ from 'http.api_key'"));
+}
+
+}  // namespace
+}  // namespace pd::router::test_router
+
+namespace pd::router::test_router {
+namespace {
+
+// The harness's clock, but while `slow` each reading takes a while: admission
+// reads the queue, then stamps each choice's arrival before queueing them, so
+// this widens the window in which requests posted together used to see the
+// same room and overfill the queue between them.
+class SlowClock final : public Env {
+ public:
+  explicit SlowClock(const Env& inner) : inner_(inner) {}
+  Clock::time_point now() const override {
+    if (slow.load()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    return inner_.now();
+  }
+  bool rank_gone(int rank) const override { return inner_.rank_gone(rank); }
+  std::atomic<bool> slow{true};
+
+ private:
+  const Env& inner_;
+};
+
+TEST_CASE("router: router.max_queued bounds the queue as a whole when requests arrive together", "[router]") {
+  // Nothing is dispatched while the clients post (the link is not stepped), so
+  // every admitted choice stays queued: 256 room, 4 x 128 asked at once.
+  constexpr int kClients = 4;
+  Harness h(150, 30000, false, [](ClusterConfig& c) { c.router.max_queued = 256; });
+  SlowClock clock(h.env);
+  h.router->set_env(&clock);
+  std::vector<std::shared_ptr<RecordingWriter>> writers(kClients);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kClients) std::this_thread::yield();
+      writers[i] = h.post(R"({"model": "tiny", "prompt": "Item )" + std::to_string(i) +
+                          R"(:", "max_tokens": 30, "n": 128, "stream": true})");
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  clock.slow = false;
+  int full = 0;
+  for (const auto& w : writers) {
+    if (w->answer().status != 503) continue;
+    ++full;
+    CHECK_THAT(w->answer().body, Catch::Matchers::Contains("queue is full"));
+    CHECK(w->answer().header("Retry-After") != "");
+  }
+  CHECK(full == kClients - 2);  // two fit exactly; the others took no room
+  // The queue holds 256: one more choice does not fit either.
+  auto one = h.post(R"({"model": "tiny", "prompt": "x", "max_tokens": 3})");
+  CHECK(one->answer().status == 503);
+  for (const auto& w : writers) w->disconnect();
+  h.pump_for(20ms);
+  h.router->set_env(&h.env);  // `clock` goes before the router
+}
+
+}  // namespace
+}  // namespace pd::router::test_router
+
+namespace pd::router::test_router {
+namespace {
+
+TEST_CASE("router: control tokens are left out of the text unless skip_special_tokens is false", "[router]") {
+  Harness h;
+  const TokenId im_start = tiny_model_info().tokenizer->find_token("<|im_start|>");
+  auto run = [&](const std::string& extra, bool stream) {
+    auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 3, "logprobs": 0)" + extra +
+                    (stream ? R"(, "stream": true})" : "}"));
+    auto d = h.dispatched();
+    REQUIRE(d);
+    h.tokens(d->first, d->second.id, 0, 1, false);
+    h.tokens(d->second.decode_rank, d->second.id, 1, 1, false, im_start);
+    h.tokens(d->second.decode_rank, d->second.id, 2, 1, true);
+    const Answer r = h.finish(f);
+    REQUIRE(r.status == 200);
+    std::string text;
+    std::vector<std::string> tokens;
+    if (!stream) {
+      const nlohmann::json c = r.json()["choices"][0];
+      text = c["text"];
+      for (const auto& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    }
+    for (const nlohmann::json& e : stream ? r.stream_events() : std::vector<nlohmann::json>{}) {
+      if (e["choices"].empty()) continue;
+      text += e["choices"][0]["text"].get<std::string>();
+      for (const auto& t : e["choices"][0]["logprobs"]["tokens"]) tokens.push_back(t);
+    }
+    CHECK(tokens == std::vector<std::string>{"a", "<|im_start|>", "a"});  // logprobs keep them
+    return text;
+  };
+  for (bool stream : {false, true}) {
+    INFO("stream " << stream);
+    CHECK(run("", stream) == "aa");
+    CHECK(run(R"(, "skip_special_tokens": true)", stream) == "aa");
+    CHECK(run(R"(, "skip_special_tokens": false)", stream) == "a<|im_start|>a");
+  }
+}
+
+}  // namespace
+}  // namespace pd::router::test_router
+
+namespace pd::router::test_router {
+namespace {
+
+TEST_CASE("router: a POST body that is not JSON by its Content-Type is a 415 naming the header", "[router]") {
+  Harness h;
+  auto post_as = [&](const std::string& path, const std::string& body, const std::string& content_type) {
+    auto w = std::make_shared<RecordingWriter>();
+    HttpRequest http;
+    http.method = "POST";
+    http.target = path;
+    http.body = body;
+    http.content_type = content_type;
+    h.router->submit(std::move(http), w);
+    return w;
+  };
+  const std::string chat = R"({"messages": [{"role": "user", "content": "go"}], "max_tokens": 3})";
+  for (const char* type : {"text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                                  "multipart/form-data; boundary=x", "application/xml", "json"}) {
+    for (const auto& [path, body] : {std::pair{std::string("/v1/chat/completions"), chat},
+                                     std::pair{std::string("/v1/completions"), kBody},
+                                     std::pair{std::string("/tokenize"), std::string(R"({"prompt": "a"})")},
+                                     std::pair{std::string("/detokenize"), std::string(R"({"tokens": [70]})")}}) {
+      INFO(type << " " << path);
+      auto w = post_as(path, body, type);
+      REQUIRE(w->done());
+      CHECK(w->answer().status == 415);
+      const nlohmann::json e = w->answer().json()["error"];
+      CHECK(e["param"] == "Content-Type");
+      CHECK(e["code"] == "unsupported_media_type");
+    }
+  }
+  CHECK(h.dispatched(20ms) == std::nullopt);
+  // JSON by any of its names, or no Content-Type at all, is served.
+  for (const char* type : {"application/json", "Application/JSON; charset=utf-8", "application/vnd.api+json", ""}) {
+    INFO(type);
+    auto w = post_as("/v1/completions", kBody, type);
+    auto d = h.dispatched();
+    REQUIRE(d);
+    h.serve(d->first, d->second);
+    CHECK(h.finish(w).status == 200);
+  }
+}
+
+}  // namespace
+}  // namespace pd::router::test_router
+
+namespace pd::router::test_router {
+namespace {
+
+TEST_CASE("router: GET /v1/models/{id} answers the served model's object, 404 model_not_found for another", "[router]") {
+  Harness h;
+  const Answer list = h.get("/v1/models");
+  REQUIRE(list.status == 200);
+  const Answer one = h.get("/v1/models/tiny");
+  INFO(one.body);
+  REQUIRE(one.status == 200);
+  CHECK(one.json() == list.json()["data"][0]);
+  CHECK(h.get("/v1/models/t%69ny").status == 200);  // percent-encoded, as clients send ids
+  for (const char* path : {"/v1/models/other", "/v1/models/", "/v1/models/tiny/x"}) {
+    INFO(path);
+    const Answer none = h.get(path);
+    CHECK(none.status == 404);
+    CHECK(none.json()["error"]["code"] == "model_not_found");
+    CHECK(none.json()["error"]["param"] == "model");
+  }
+  auto f = h.post("{}", "/v1/models/tiny");
+  CHECK(h.finish(f).status == 405);
+}
+
+TEST_CASE("router: errors name the prompt element and the max_tokens value as sent", "[router]") {
+  Harness h;
+  Answer r = h.finish(h.post(R"({"model": "tiny", "prompt": [""]})"));
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"]["param"] == "prompt[0]");
+  CHECK(r.json()["error"]["message"] == "prompt[0] is empty");
+  r = h.finish(h.post(R"({"model": "tiny", "prompt": [[1, 2], [3, 99999]]})"));
+  CHECK(r.json()["error"]["param"] == "prompt[1][1]");
+  r = h.finish(h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 1000000000000})"));
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"]["param"] == "max_tokens");
+  const std::string message = r.json()["error"]["message"];
+  CHECK_THAT(message, Catch::Matchers::Contains("max_tokens 1000000000000 + "));
+  CHECK(message.find("2147483647") == std::string::npos);
+  r = h.finish(h.post(R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                          "max_completion_tokens": 5000000000})",
+                      "/v1/chat/completions"));
+  CHECK(r.json()["error"]["param"] == "max_completion_tokens");
+  CHECK_THAT(r.json()["error"]["message"].get<std::string>(),
+             Catch::Matchers::Contains("max_completion_tokens 5000000000 + "));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ struct HttpResult {
   int status = 0;
   std::string raw;  // status line, headers, body (chunked as sent)
 };
-HttpResult http_exchange(uint16_t port, const std::string& method, const std::string& path, const std::string& body) {
+HttpResult http_exchange(uint16_t port, const std::string& method, const std::string& path, const std::string& body,
+                         const std::string& content_type = "application/json") {
   HttpResult out;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -34,7 +35,7 @@ HttpResult http_exchange(uint16_t port, const std::string& method, const std::st
     ::close(fd);
     return out;
   }
-  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n" +
+  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: test\r\nContent-Type: " + content_type + "\r\n" +
                           "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   (void)!::write(fd, req.data(), req.size());
   char buf[4096];
@@ -70,6 +71,21 @@ TEST_CASE("router over HTTP: a completion is served through the socket, and /hea
   CHECK(health.status == 200);
   CHECK(health.raw.find("\"status\":\"ok\"") != std::string::npos);
   CHECK(illegal_transitions() == 0);
+}
+
+TEST_CASE("router over HTTP: a JSON body sent as a browser form or text is a 415, not served", "[router]") {
+  Harness h(150, 30000, /*http=*/true);
+  const uint16_t port = h.router->port();
+  REQUIRE(port != 0);
+  for (const char* type : {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b"}) {
+    INFO(type);
+    auto f = std::async(std::launch::async,
+                        [port, type] { return http_exchange(port, "POST", "/v1/completions", kBody, type); });
+    const HttpResult r = finish(h, f);
+    CHECK(r.status == 415);
+    CHECK(r.raw.find("\"param\":\"Content-Type\"") != std::string::npos);
+  }
+  CHECK(h.dispatched(20ms) == std::nullopt);
 }
 
 TEST_CASE("router over HTTP: a stream whose client stops reading is cut at http.max_write_buffer_bytes, cancelled once",

@@ -64,6 +64,28 @@ TEST_CASE("text stream: hidden control tokens print nothing", "[router]") {
   CHECK(out + s.finish() == "ab");
 }
 
+TEST_CASE("text stream: skip_control drops every control token, and stop strings match what is shown", "[router]") {
+  auto tok = tiny_tokenizer();
+  const pd::TokenId im_start = tok->find_token("<|im_start|>");
+  REQUIRE(tok->is_control(im_start));
+  auto feed = [&](TextStream& s) {
+    std::string out;
+    for (pd::TokenId id : tok->encode("ab", false)) {
+      out += s.push(id);
+      out += s.push(im_start);
+    }
+    return out + s.finish();
+  };
+  TextStream skipped(*tok, {}, {}, /*skip_control=*/true);
+  CHECK(feed(skipped) == "ab");
+  TextStream shown(*tok, {}, {}, /*skip_control=*/false);
+  CHECK(feed(shown) == "a<|im_start|>b<|im_start|>");
+  // "ab" is what the client would read: it stops there.
+  TextStream stop(*tok, {"ab"}, {}, /*skip_control=*/true);
+  CHECK(feed(stop).empty());
+  CHECK(stop.stopped());
+}
+
 TEST_CASE("text stream: held-back text never splits a UTF-8 character", "[router]") {
   auto tok = tiny_tokenizer();
   TextStream s(*tok, {"\xC3\xA9X"}, {});  // "éX": hold-back point falls inside é's two bytes otherwise

@@ -391,7 +391,8 @@ TEST_CASE("render: tool_choice none describes no tools, earlier tool turns still
   CHECK(pd::router::render_tool_messages(ToolFormat::kNone, plain, tools, none, "").is_ok());
 }
 
-TEST_CASE("render: a template without a tool format refuses tools and tool turns naming tools", "[tool_calls]") {
+TEST_CASE("render: a template without a tool format refuses tools naming tools, and tool turns naming the turn",
+          "[tool_calls]") {
   const auto tools = weather_and_time();
   std::vector<ApiMessage> plain = {{"user", "U", {}, ""}};
   auto with_tools = pd::router::render_tool_messages(ToolFormat::kNone, plain, tools, ToolChoice{}, "");
@@ -402,7 +403,14 @@ TEST_CASE("render: a template without a tool format refuses tools and tool turns
   auto with_turns = pd::router::render_tool_messages(ToolFormat::kNone, conversation(true), {},
                                                      ToolChoice{ToolChoiceMode::kNone, ""}, "");
   REQUIRE_FALSE(with_turns.is_ok());
-  CHECK(with_turns.error().param == "tools");
+  CHECK(with_turns.error().param == "messages[2].tool_calls");  // the assistant's calls come first
+  CHECK_THAT(with_turns.error().message, Catch::Contains("messages[2].tool_calls"));
+  // A tool result alone, no tools in the request: the message is named.
+  std::vector<ApiMessage> result = {{"user", "U", {}, ""}, {"tool", "18C", {}, "call_1"}};
+  auto with_result = pd::router::render_tool_messages(ToolFormat::kNone, result, {},
+                                                      ToolChoice{ToolChoiceMode::kNone, ""}, "");
+  REQUIRE_FALSE(with_result.is_ok());
+  CHECK(with_result.error().param == "messages[1]");
 }
 
 TEST_CASE("render llama3.1: tools in the first user message, calls and ipython turns", "[tool_calls]") {
