@@ -32,6 +32,10 @@ ApiResult<std::vector<int32_t>> fit_context(Endpoint ep, const ApiRequest& api, 
       const int64_t left = context - n;
       max_tokens[i] = static_cast<int32_t>(ep == Endpoint::kCompletions ? std::min<int64_t>(16, left) : left);
     }
+    if (api.min_tokens > max_tokens[i])
+      return api_error(400, "min_tokens " + std::to_string(api.min_tokens) + " is more than the " +
+                                std::to_string(max_tokens[i]) + " tokens " + name + " may generate",
+                       "min_tokens");
   }
   return max_tokens;
 }

@@ -7,7 +7,11 @@ namespace pd::router {
 
 ChoiceStream::ChoiceStream(const Tokenizer& tok, ChoiceFormat format, std::vector<std::string> stops,
                            std::vector<TokenId> hidden, std::string echo_text)
-    : tok_(&tok), format_(format), text_(tok, std::move(stops), std::move(hidden), format.skip_special), echo_text_(std::move(echo_text)) {}
+    : tok_(&tok),
+      format_(format),
+      text_(tok, std::move(stops), std::move(hidden),
+            TextOptions{format.skip_special, format.include_stop, format.min_tokens}),
+      echo_text_(std::move(echo_text)) {}
 
 void ChoiceStream::add(const proto::TokenEvent& ev) {
   const int32_t first = attempt_base_ + ev.first_index;

@@ -33,6 +33,8 @@ struct ChoiceFormat {
   bool with_logprobs = false;    // logprobs asked (sampling.logprobs >= 0)
   bool prompt_logprobs = false;  // echo shows the prompt's logprobs
   bool skip_special = true;      // control tokens print nothing (logprobs still show them)
+  bool include_stop = false;     // a matched stop string or stop token's text ends the text (TextOptions)
+  int32_t min_tokens = 0;        // no stop string before this many tokens (TextOptions)
 };
 
 class ChoiceStream {

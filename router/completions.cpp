@@ -51,11 +51,12 @@ void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::sha
   ApiRequest api = std::move(parsed).value();
   if (auto e = check_model(api.model)) return reject(*e);
   if (auto e = check_logit_bias(api.sampling, p_.model.tokenizer->vocab_size())) return reject(*e);
+  if (auto e = check_stop_token_ids(api, p_.model.tokenizer->vocab_size())) return reject(*e);
   ApiResult<std::vector<Prompt>> prompts = encode_prompts(p_.model, ep, api);
   if (!prompts.is_ok()) return reject(prompts.error());
-  if (ep == Endpoint::kChatCompletions) {  // a chat ends at its template's end of turn as at EOS
-    api.sampling.stop_token_ids = chat_stop_ids_;
-  }
+  api.sampling.stop_token_ids = api.stop_token_ids;
+  if (ep == Endpoint::kChatCompletions)  // a chat ends at its template's end of turn as at EOS
+    api.sampling.stop_token_ids.insert(api.sampling.stop_token_ids.end(), chat_stop_ids_.begin(), chat_stop_ids_.end());
   ApiResult<std::vector<int32_t>> max_tokens = fit_context(ep, api, prompts.value(), p_.model.context);
   if (!max_tokens.is_ok()) return reject(max_tokens.error());
   if (auto e = check_answer_size(api, prompts.value(), max_tokens.value(), p_.cfg.router.max_answer_entries))
@@ -91,12 +92,16 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
   // with seed + j (reproducible, yet the n choices differ); without one, each
   // gets a fresh seed, as OpenAI and vLLM do.
   std::vector<std::unique_ptr<Request>> reqs;
+  // The request's stop tokens print nothing either, unless it asks for them.
+  std::vector<TokenId> hidden = hidden_ids_;
+  if (!api.include_stop_str_in_output) hidden.insert(hidden.end(), api.stop_token_ids.begin(), api.stop_token_ids.end());
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (int32_t j = 0; j < api.n; ++j) {
       auto req = std::make_unique<Request>();
       req->wire_id = req->http_id = p_.ids.next();
       req->api = api;
       req->api.sampling.max_tokens = max_tokens[i];
+      req->api.sampling.min_tokens = api.min_tokens;
       req->api.sampling.seed = api.seed_given ? api.sampling.seed + static_cast<uint64_t>(j) : fresh_seed();
       req->response = response;
       req->counts_prompt = j == 0;
@@ -109,7 +114,9 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
       format.with_logprobs = api.sampling.logprobs >= 0;
       format.prompt_logprobs = api.sampling.prompt_logprobs;
       format.skip_special = api.skip_special_tokens;
-      req->out = std::make_unique<ChoiceStream>(*p_.model.tokenizer, format, api.stop, hidden_ids_,
+      format.include_stop = api.include_stop_str_in_output;
+      format.min_tokens = api.min_tokens;
+      req->out = std::make_unique<ChoiceStream>(*p_.model.tokenizer, format, api.stop, hidden,
                                                 api.echo ? prompts[i].echo : std::string());
       if (format.chat && p_.model.chat_template && tools_described(api.tools, api.tool_choice)) {
         req->out->parse_tool_calls(p_.model.chat_template->tool_format(), api.tools, std::to_string(req->http_id));

@@ -184,7 +184,7 @@ enum class FieldKind {
 constexpr const char* kCommonFields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
     "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias", "speculative",
-    "skip_special_tokens"};
+    "skip_special_tokens", "repetition_penalty", "min_tokens", "stop_token_ids", "include_stop_str_in_output"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
 constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "tools",
                                               "functions", "tool_choice", "function_call", "suffix"};
@@ -522,6 +522,17 @@ std::optional<ApiError> parse_logit_bias(const json& obj, SamplingParams& s) {
 
 }  // namespace
 
+std::optional<ApiError> check_stop_token_ids(const ApiRequest& api, int32_t vocab) {
+  for (size_t i = 0; i < api.stop_token_ids.size(); ++i) {
+    if (api.stop_token_ids[i] >= vocab) {
+      const std::string where = "stop_token_ids[" + std::to_string(i) + "]";
+      return bad_request(where, where + " is token " + std::to_string(api.stop_token_ids[i]) +
+                                    ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_logit_bias(const SamplingParams& s, int32_t vocab) {
   for (const auto& [id, bias] : s.logit_bias) {
     if (id >= vocab) {
@@ -534,11 +545,42 @@ std::optional<ApiError> check_logit_bias(const SamplingParams& s, int32_t vocab)
 
 namespace {
 
+// vLLM's sampling extras: repetition_penalty, min_tokens, stop_token_ids,
+// include_stop_str_in_output (after max_tokens).
+std::optional<ApiError> parse_vllm_extras(const json& obj, ApiRequest& r) {
+  if (auto e = read_float(obj, "repetition_penalty", 0.0, 100.0, true, r.sampling.repetition_penalty)) return e;
+  std::optional<int64_t> min_tokens;
+  if (auto e = read_int(obj, "min_tokens", 0, std::numeric_limits<int32_t>::max(), min_tokens)) return e;
+  if (min_tokens) r.min_tokens = static_cast<int32_t>(*min_tokens);
+  if (r.max_tokens_given && r.min_tokens > r.max_tokens_sent) {
+    return bad_request("min_tokens", "min_tokens " + std::to_string(r.min_tokens) + " is more than " +
+                                         r.max_tokens_field + " " + std::to_string(r.max_tokens_sent));
+  }
+  if (auto e = read_bool(obj, "include_stop_str_in_output", r.include_stop_str_in_output)) return e;
+  const json* v = field(obj, "stop_token_ids");
+  if (!v) return std::nullopt;
+  if (!v->is_array()) return bad_request("stop_token_ids", "stop_token_ids must be an array of token ids, got " + shown(*v));
+  if (v->size() > kMaxStopTokenIds) {
+    return bad_request("stop_token_ids", "stop_token_ids may hold at most " + std::to_string(kMaxStopTokenIds) +
+                                             " ids, got " + std::to_string(v->size()));
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const IntRead id = as_int64((*v)[i]);
+    if (id.kind != IntRead::kOk || id.value < 0 || id.value > std::numeric_limits<int32_t>::max()) {
+      const std::string where = "stop_token_ids[" + std::to_string(i) + "]";
+      return bad_request(where, where + " must be a token id (an integer >= 0), got " + shown((*v)[i]));
+    }
+    r.stop_token_ids.push_back(static_cast<TokenId>(id.value));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_sampling(Endpoint ep, const json& obj, ApiRequest& r, const RequestDefaults& d) {
   if (auto e = parse_sampler_knobs(obj, r.sampling, d)) return e;
   if (auto e = parse_logit_bias(obj, r.sampling)) return e;
   if (auto e = parse_seed(obj, r)) return e;
   if (auto e = parse_max_tokens(ep, obj, r)) return e;
+  if (auto e = parse_vllm_extras(obj, r)) return e;
   std::optional<int64_t> n;
   if (auto e = read_int(obj, "n", 1, kMaxChoices, n)) return e;
   if (n) r.n = static_cast<int32_t>(*n);

@@ -59,6 +59,7 @@ inline constexpr int64_t kMaxChoices = 128;
 // and delay the stream.
 inline constexpr size_t kMaxStopStrings = 4;
 inline constexpr size_t kMaxStopBytes = 256;
+inline constexpr size_t kMaxStopTokenIds = 64;  // stop_token_ids entries
 
 // One completions prompt: text to tokenize, or token ids taken as they are.
 struct PromptInput {
@@ -130,6 +131,11 @@ struct ApiRequest {
                                       // becomes control tokens; chat content never does
   bool skip_special_tokens = true;    // control tokens generated print nothing in the text (vLLM's default);
                                       // logprobs still show them
+  std::vector<TokenId> stop_token_ids;  // vLLM's: up to kMaxStopTokenIds token ids that end the choice
+                                        // (finish_reason "stop"), printing nothing unless include_stop_str_in_output
+  int32_t min_tokens = 0;             // vLLM's: EOS, stop tokens and stop strings wait this many tokens; at most
+                                      // max_tokens (checked once max_tokens is known: fit_context)
+  bool include_stop_str_in_output = false;  // vLLM's: a matched stop string or stop token stays in the text
   int32_t n = 1;                      // choices per prompt, in [1, kMaxChoices]; prompts x n <= kMaxChoices
   bool seed_given = false;            // false: sampling.seed is 0 and the caller picks one
 };
@@ -192,6 +198,8 @@ ApiResult<ApiRequest> parse_request(Endpoint ep, std::string_view body, const Re
 
 // 400 naming logit_bias when one of its token ids is outside [0, vocab).
 std::optional<ApiError> check_logit_bias(const SamplingParams& s, int32_t vocab);
+// 400 naming stop_token_ids[i] for an id outside the vocabulary [0, vocab).
+std::optional<ApiError> check_stop_token_ids(const ApiRequest& api, int32_t vocab);
 
 struct Usage {
   int64_t prompt_tokens = 0;

@@ -5,34 +5,40 @@
 namespace pd::router {
 
 TextStream::TextStream(const Tokenizer& tok, std::vector<std::string> stops, std::vector<TokenId> hidden,
-                       bool skip_control)
-    : tok_(tok), decoder_(tok), stops_(std::move(stops)), hidden_(std::move(hidden)), skip_control_(skip_control) {}
+                       TextOptions options)
+    : tok_(tok), decoder_(tok), stops_(std::move(stops)), hidden_(std::move(hidden)), options_(options) {}
 
 std::string TextStream::push(TokenId id) {
   if (stopped_) return {};
+  ++generated_;
   if (std::find(hidden_.begin(), hidden_.end(), id) != hidden_.end()) return {};
-  if (skip_control_ && tok_.is_control(id)) return {};
+  if (options_.skip_control && tok_.is_control(id)) return {};
   pending_ += decoder_.push(id);
   return take_safe();
 }
 
 std::string TextStream::take_safe() {
-  // The earliest stop string wins.
-  size_t cut = std::string::npos;
-  for (const std::string& s : stops_) cut = std::min(cut, pending_.find(s));
-  if (cut != std::string::npos) {
-    std::string out = pending_.substr(0, cut);
-    pending_.clear();
-    stopped_ = true;
-    return out;
-  }
-  // Hold back the longest tail that is a proper prefix of some stop string.
   size_t hold = 0;
-  for (const std::string& s : stops_) {
-    for (size_t len = std::min(s.size() - 1, pending_.size()); len > hold; --len) {
-      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
-        hold = len;
-        break;
+  if (generated_ >= options_.min_tokens) {
+    // The earliest stop string wins (at one place, the longest).
+    size_t cut = std::string::npos, cut_len = 0;
+    for (const std::string& s : stops_) {
+      const size_t at = pending_.find(s);
+      if (at != std::string::npos && (at < cut || (at == cut && s.size() > cut_len))) cut = at, cut_len = s.size();
+    }
+    if (cut != std::string::npos) {
+      std::string out = pending_.substr(0, options_.include_stop ? cut + cut_len : cut);
+      pending_.clear();
+      stopped_ = true;
+      return out;
+    }
+    // Hold back the longest tail that is a proper prefix of some stop string.
+    for (const std::string& s : stops_) {
+      for (size_t len = std::min(s.size() - 1, pending_.size()); len > hold; --len) {
+        if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+          hold = len;
+          break;
+        }
       }
     }
   }

@@ -12,11 +12,12 @@ import json
 import math
 import os
 import socket
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check, joined_stream, need_default_model,  # noqa: E402
-                     run_suite, wait_for)
+from cluster import (BUILD, DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check, joined_stream,  # noqa: E402
+                     need_default_model, run_suite, wait_for)
 
 EPS = 1e-4
 PROMPT = "The capital of France is"
@@ -219,6 +220,7 @@ def suite_api_features(tmp):
                  "the 6 choices of the disconnected request to be cancelled")
         wait_for(lambda: blocks_all_free(c), 30, "the cancelled choices' KV blocks to be freed")
 
+        check_vllm_sampling(c)
         check_openai_client(c, sids, lp, lp_a)
     # Colocated (one rank prefills and decodes): the same logprobs, prompt and generated.
     with Cluster(colocated=1, model=DEFAULT_MODEL, threads=1) as c:
@@ -232,6 +234,46 @@ def suite_api_features(tmp):
         check([e["token"] for e in co] == [e["token"] for e in lp_a] and
               all(abs(a["logprob"] - b["logprob"]) < 1e-3 for a, b in zip(co, lp_a)),
               "colocated chat logprobs differ")
+
+
+def offline(prompt, *flags):
+    """pd-generate's greedy text for a completions prompt."""
+    cmd = [os.path.join(BUILD, "tools", "pd-generate"), "-m", DEFAULT_MODEL, "-p", prompt, "-t", "2"] + list(flags)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return out[:-1] if out.endswith("\n") else out  # the line pd-generate ends its output with
+
+
+def check_vllm_sampling(c):
+    """vLLM's repetition_penalty, min_tokens, stop_token_ids and include_stop_str_in_output, through the
+    cluster: the same greedy text as pd-generate with the same settings, and different from without them."""
+    rep = "Colors: red, green, blue, red, green, blue, red,"
+    base = post_ok(c, "/v1/completions", {"prompt": rep, "max_tokens": 24, "temperature": 0})["choices"][0]["text"]
+    pen = post_ok(c, "/v1/completions", {"prompt": rep, "max_tokens": 24, "temperature": 0,
+                                         "repetition_penalty": 1.5})["choices"][0]["text"]
+    check(pen != base, "repetition_penalty 1.5 changed nothing: %r" % pen)
+    want = offline(rep, "-n", "24", "--repetition-penalty", "1.5")
+    check(pen == want, "repetition_penalty through the cluster %r, pd-generate %r" % (pen, want))
+    # min_tokens: past where the answer ends by itself.
+    short = post_ok(c, "/v1/completions", {"prompt": PROMPT, "max_tokens": 64, "temperature": 0, "stop": ["\n"]})
+    natural = short["usage"]["completion_tokens"]
+    longer = post_ok(c, "/v1/completions", {"prompt": PROMPT, "max_tokens": 64, "temperature": 0, "stop": ["\n"],
+                                            "min_tokens": natural + 6})
+    check(longer["usage"]["completion_tokens"] >= natural + 6 and longer["choices"][0]["text"].startswith(
+        short["choices"][0]["text"]), "min_tokens %d: %s after %s" % (natural + 6, longer, short))
+    # stop_token_ids: the answer ends before the third generated token, which prints only when asked.
+    r = post_ok(c, "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0})
+    toks = r["choices"][0]["logprobs"]["tokens"]
+    third = tokenize(c, toks[2])
+    if len(third) == 1 and len(toks) > 3 and toks[2] not in toks[:2]:
+        body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop_token_ids": third}
+        cut = post_ok(c, "/v1/completions", body)["choices"][0]
+        check(cut["text"] == "".join(toks[:2]) and cut["finish_reason"] == "stop", "stop_token_ids %s: %s" % (third, cut))
+        kept = post_ok(c, "/v1/completions", dict(body, include_stop_str_in_output=True))["choices"][0]
+        check(kept["text"] == "".join(toks[:3]), "include_stop_str_in_output: %s" % kept)
+    else:
+        print("note: the third greedy token %r is not one token alone; stop_token_ids not checked" % toks[2])
+    r = c.post("/v1/completions", {"prompt": PROMPT, "min_tokens": 40})  # completions' default max_tokens is 16
+    check(r.status == 400 and r.json()["error"]["param"] == "min_tokens", "min_tokens over max_tokens: %s" % r.body)
 
 
 def check_openai_client(c, sids, lp, lp_a):

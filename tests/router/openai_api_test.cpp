@@ -402,6 +402,52 @@ TEST_CASE("openai_api: speculative turns speculative decoding off for a request"
   check_bad(Endpoint::kChatCompletions, {R"("speculative": 3)", "speculative", "speculative"});
 }
 
+TEST_CASE("openai_api: vLLM's repetition_penalty, min_tokens, stop_token_ids and include_stop_str_in_output",
+          "[openai_api]") {
+  const ApiRequest plain = parse_ok(Endpoint::kCompletions, completions_with(""));
+  CHECK(plain.sampling.repetition_penalty == 1.0f);
+  CHECK(plain.min_tokens == 0);
+  CHECK(plain.stop_token_ids.empty());
+  CHECK_FALSE(plain.include_stop_str_in_output);
+  const ApiRequest r = parse_ok(Endpoint::kCompletions, completions_with(
+      R"("repetition_penalty": 1.2, "min_tokens": 5, "max_tokens": 9, "stop_token_ids": [7, 0], "include_stop_str_in_output": true)"));
+  CHECK(r.sampling.repetition_penalty == 1.2f);
+  CHECK(r.min_tokens == 5);
+  CHECK(r.stop_token_ids == std::vector<pd::TokenId>{7, 0});
+  CHECK(r.include_stop_str_in_output);
+  // As vLLM's clients send them when nothing is asked.
+  const ApiRequest none = parse_ok(Endpoint::kChatCompletions, chat_with(
+      R"("repetition_penalty": 1.0, "min_tokens": 0, "stop_token_ids": [], "include_stop_str_in_output": false)"));
+  CHECK(none.sampling.repetition_penalty == 1.0f);
+  CHECK(none.stop_token_ids.empty());
+  // min_tokens without max_tokens: checked once max_tokens is known (fit_context).
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(R"("min_tokens": 100000)")).min_tokens == 100000);
+  for (const BadCase& c : std::vector<BadCase>{
+           {R"("repetition_penalty": 0)", "repetition_penalty", "repetition_penalty must be in (0, 100]"},
+           {R"("repetition_penalty": -1.5)", "repetition_penalty", "got -1.5"},
+           {R"("repetition_penalty": "high")", "repetition_penalty", "must be a number"},
+           {R"("min_tokens": -1)", "min_tokens", "min_tokens must be an integer in [0, "},
+           {R"("min_tokens": 1.5)", "min_tokens", "must be an integer"},
+           {R"("min_tokens": 10, "max_tokens": 4)", "min_tokens", "min_tokens 10 is more than max_tokens 4"},
+           {R"("stop_token_ids": 5)", "stop_token_ids", "must be an array of token ids"},
+           {R"("stop_token_ids": [1, -2])", "stop_token_ids[1]", "stop_token_ids[1] must be a token id"},
+           {R"("stop_token_ids": ["1"])", "stop_token_ids[0]", "must be a token id"},
+           {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output", "must be a boolean"},
+       }) {
+    check_bad(Endpoint::kCompletions, c);
+  }
+  check_bad(Endpoint::kChatCompletions,
+            {R"("min_tokens": 10, "max_completion_tokens": 4)", "min_tokens", "more than max_completion_tokens 4"});
+  std::string many = "[";
+  for (size_t i = 0; i <= kMaxStopTokenIds; ++i) many += (i ? "," : "") + std::to_string(i);
+  check_bad(Endpoint::kCompletions, {R"("stop_token_ids": )" + many + "]", "stop_token_ids", "at most 64 ids"});
+  ApiRequest out_of_vocab = parse_ok(Endpoint::kCompletions, completions_with(R"("stop_token_ids": [3, 500])"));
+  CHECK_FALSE(check_stop_token_ids(out_of_vocab, 501).has_value());
+  const std::optional<ApiError> e = check_stop_token_ids(out_of_vocab, 500);
+  REQUIRE(e.has_value());
+  CHECK(e->param == "stop_token_ids[1]");
+}
+
 TEST_CASE("openai_api: chat tools, tool turns and a forced call", "[openai_api]") {
   const ApiRequest r = parse_ok(Endpoint::kChatCompletions, R"({"messages": [
       {"role": "user", "content": "weather?"},
@@ -530,8 +576,7 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
 }
 
 TEST_CASE("openai_api: unknown fields are refused, harmless ones ignored", "[openai_api]") {
-  check_bad(Endpoint::kCompletions, {R"("repetition_penalty": 1.1)", "repetition_penalty",
-                                     "unknown field: repetition_penalty"});
+  check_bad(Endpoint::kCompletions, {R"("length_penalty": 1.1)", "length_penalty", "unknown field: length_penalty"});
   check_bad(Endpoint::kChatCompletions, {R"("foo": 1)", "foo", "unknown field: foo"});
   // Fields of the other endpoint are unknown here.
   check_bad(Endpoint::kCompletions, {R"("messages": [])", "messages", "unknown field: messages"});

@@ -418,6 +418,49 @@ TEST_CASE("router: control tokens are left out of the text unless skip_special_t
   }
 }
 
+TEST_CASE("router: vLLM's stop_token_ids, min_tokens and repetition_penalty reach the ranks; a stop token prints "
+          "nothing unless include_stop_str_in_output",
+          "[router]") {
+  Harness h;
+  const TokenId a = 'a' + 3, b = 'b' + 3;  // the tiny vocabulary's byte tokens
+  auto run = [&](const std::string& extra, proto::PrefillRequest* sent = nullptr) {
+    auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 5, "stop_token_ids": [)" +
+                    std::to_string(b) + "]" + extra + "}");
+    auto d = h.dispatched();
+    REQUIRE(d);
+    if (sent) *sent = d->second;
+    h.tokens(d->first, d->second.id, 0, 1, false, a);
+    proto::TokenEvents te;
+    proto::TokenEvent ev;
+    ev.id = d->second.id;
+    ev.first_index = 1;
+    ev.tokens = {b};
+    ev.finish = proto::Finish::kStop;  // the rank stopped at the stop token
+    te.events.push_back(ev);
+    h.hub.send(d->second.decode_rank, kRouterRank, te);
+    const Answer r = h.finish(f);
+    REQUIRE(r.status == 200);
+    const nlohmann::json c = r.json()["choices"][0];
+    CHECK(c["finish_reason"] == "stop");
+    return c["text"].get<std::string>();
+  };
+  proto::PrefillRequest sent;
+  CHECK(run(R"(, "min_tokens": 2, "repetition_penalty": 1.3)", &sent) == "a");
+  CHECK(sent.sampling.stop_token_ids == std::vector<TokenId>{b});
+  CHECK(sent.sampling.min_tokens == 2);
+  CHECK(sent.sampling.repetition_penalty == 1.3f);
+  CHECK(run(R"(, "include_stop_str_in_output": true)") == "ab");
+
+  // min_tokens beyond what the request may generate; a stop token outside the vocabulary.
+  const Answer over = h.finish(h.post(R"({"model": "tiny", "prompt": "hello", "min_tokens": 17})"));
+  CHECK(over.status == 400);
+  CHECK(over.json()["error"]["param"] == "min_tokens");
+  CHECK_THAT(over.json()["error"]["message"].get<std::string>(), Catch::Matchers::Contains("16 tokens"));
+  const Answer outside = h.finish(h.post(R"({"model": "tiny", "prompt": "hello", "stop_token_ids": [1000000]})"));
+  CHECK(outside.status == 400);
+  CHECK(outside.json()["error"]["param"] == "stop_token_ids[0]");
+}
+
 }  // namespace
 }  // namespace pd::router::test_router
 

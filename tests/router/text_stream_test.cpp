@@ -7,6 +7,7 @@
 #include "gguf/gguf_writer.h"
 #include "router/text_stream.h"
 
+using pd::router::TextOptions;
 using pd::router::TextStream;
 
 namespace {
@@ -76,12 +77,12 @@ TEST_CASE("text stream: skip_control drops every control token, and stop strings
     }
     return out + s.finish();
   };
-  TextStream skipped(*tok, {}, {}, /*skip_control=*/true);
+  TextStream skipped(*tok, {}, {}, TextOptions{.skip_control = true});
   CHECK(feed(skipped) == "ab");
-  TextStream shown(*tok, {}, {}, /*skip_control=*/false);
+  TextStream shown(*tok, {}, {}, TextOptions{.skip_control = false});
   CHECK(feed(shown) == "a<|im_start|>b<|im_start|>");
   // "ab" is what the client would read: it stops there.
-  TextStream stop(*tok, {"ab"}, {}, /*skip_control=*/true);
+  TextStream stop(*tok, {"ab"}, {}, TextOptions{.skip_control = true});
   CHECK(feed(stop).empty());
   CHECK(stop.stopped());
 }
@@ -94,4 +95,38 @@ TEST_CASE("text stream: held-back text never splits a UTF-8 character", "[router
   CHECK(out == "caf\xC3\xA9 \xC3\xA9");
   for (const auto& p : pieces)
     if (!p.empty()) CHECK((static_cast<unsigned char>(p[0]) & 0xC0) != 0x80);
+}
+
+TEST_CASE("text stream: include_stop keeps the matched stop string", "[router]") {
+  auto tok = tiny_tokenizer();
+  TextStream plain(*tok, {"world"}, {});
+  CHECK(run(plain, *tok, "hello world and more") == "hello ");
+  TextStream kept(*tok, {"world"}, {}, TextOptions{.include_stop = true});
+  CHECK(run(kept, *tok, "hello world and more") == "hello world");
+  CHECK(kept.stopped());
+  TextStream earliest(*tok, {"and", "lo w"}, {}, TextOptions{.include_stop = true});
+  CHECK(run(earliest, *tok, "hello world and more") == "hello w");
+}
+
+TEST_CASE("text stream: min_tokens lets stop strings through until that many tokens came", "[router]") {
+  auto tok = tiny_tokenizer();
+  const std::string text = "ab ab ab ab";
+  const std::vector<pd::TokenId> ids = tok->encode(text, false);
+  // The tokens of the first "ab" (whatever the tokenizer makes of it).
+  int32_t first_ab = 0;
+  while (first_ab < static_cast<int32_t>(ids.size()) &&
+         tok->decode(std::vector<pd::TokenId>(ids.begin(), ids.begin() + first_ab)) != "ab")
+    ++first_ab;
+  REQUIRE(first_ab < static_cast<int32_t>(ids.size()));
+  TextStream early(*tok, {"ab"}, {});
+  CHECK(run(early, *tok, text).empty());
+  // Past the whole text: no stop at all.
+  TextStream late(*tok, {"ab"}, {}, TextOptions{.min_tokens = static_cast<int32_t>(ids.size()) + 1});
+  CHECK(run(late, *tok, text) == text);
+  CHECK_FALSE(late.stopped());
+  // Checked from the token after the first "ab" on (as vLLM: once that many
+  // tokens were generated): the first "ab" is sent, the next one ends the text.
+  TextStream middle(*tok, {"ab"}, {}, TextOptions{.min_tokens = first_ab + 1});
+  CHECK(run(middle, *tok, text) == "ab ");
+  CHECK(middle.stopped());
 }
