@@ -76,6 +76,21 @@ std::string cache_key(const GrammarSpec& spec) {
 
 // One sequence's place in its grammar, and the bitmask of the tokens allowed
 // next (one bit per token, xgrammar's layout).
+// The tokens `m` allows next, a bit each, into `bits` (GetBitmaskSize(vocab)
+// words). False when every token is allowed (`bits` is then not written).
+bool fill_bitmask(xgrammar::GrammarMatcher& m, std::vector<int32_t>& bits) {
+  int64_t shape[1] = {static_cast<int64_t>(bits.size())};
+  DLTensor t{};
+  t.data = bits.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  return m.FillNextTokenBitmask(&t);
+}
+
 class XgrammarConstraint final : public TokenConstraint {
  public:
   XgrammarConstraint(const xgrammar::CompiledGrammar& g, std::vector<TokenId> stop_ids, int32_t vocab)
@@ -88,16 +103,7 @@ class XgrammarConstraint final : public TokenConstraint {
     if (prepared_) return;
     prepared_ = true;
     if (matcher_.IsTerminated()) return;  // apply() allows the stop tokens only
-    int64_t shape[1] = {static_cast<int64_t>(bits_.size())};
-    DLTensor t{};
-    t.data = bits_.data();
-    t.device = DLDevice{kDLCPU, 0};
-    t.ndim = 1;
-    t.dtype = xgrammar::GetBitmaskDLType();
-    t.shape = shape;
-    t.strides = nullptr;
-    t.byte_offset = 0;
-    all_allowed_ = !matcher_.FillNextTokenBitmask(&t);
+    all_allowed_ = !fill_bitmask(matcher_, bits_);
     // A state that admits no token, not even a stop token (a rule that only
     // refers to itself): the grammar cannot go on, so the output ends here
     // rather than with a token the grammar refuses.
@@ -181,14 +187,7 @@ bool admits_something(const xgrammar::Grammar& g) {
   xgrammar::GrammarMatcher m(compiler.CompileGrammar(g), std::vector<int32_t>{256},
                              /*terminate_without_stop_token=*/false);
   std::vector<int32_t> bits(static_cast<size_t>(xgrammar::GetBitmaskSize(257)), 0);
-  int64_t shape[1] = {static_cast<int64_t>(bits.size())};
-  DLTensor t{};
-  t.data = bits.data();
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = xgrammar::GetBitmaskDLType();
-  t.shape = shape;
-  if (!m.FillNextTokenBitmask(&t)) return true;  // everything is allowed
+  if (!fill_bitmask(m, bits)) return true;  // everything is allowed
   return std::any_of(bits.begin(), bits.end(), [](int32_t w) { return w != 0; });
 }
 

@@ -316,12 +316,6 @@ TEST_CASE("router: the admin key, answer and write buffer bounds: config default
              Catch::Matchers::Contains("'http.admin_key' must differ from 'http.api_key'"));
 }
 
-}  // namespace
-}  // namespace pd::router::test_router
-
-namespace pd::router::test_router {
-namespace {
-
 // The harness's clock, but while `slow` each reading takes a while: admission
 // reads the queue, then stamps each choice's arrival before queueing them, so
 // this widens the window in which requests posted together used to see the
@@ -375,12 +369,6 @@ TEST_CASE("router: router.max_queued bounds the queue as a whole when requests a
   h.pump_for(20ms);
   h.router->set_env(&h.env);  // `clock` goes before the router
 }
-
-}  // namespace
-}  // namespace pd::router::test_router
-
-namespace pd::router::test_router {
-namespace {
 
 TEST_CASE("router: control tokens are left out of the text unless skip_special_tokens is false", "[router]") {
   Harness h;
@@ -461,12 +449,6 @@ TEST_CASE("router: vLLM's stop_token_ids, min_tokens and repetition_penalty reac
   CHECK(outside.json()["error"]["param"] == "stop_token_ids[0]");
 }
 
-}  // namespace
-}  // namespace pd::router::test_router
-
-namespace pd::router::test_router {
-namespace {
-
 TEST_CASE("router: a POST body that is not JSON by its Content-Type is a 415 naming the header", "[router]") {
   Harness h;
   auto post_as = [&](const std::string& path, const std::string& body, const std::string& content_type) {
@@ -506,12 +488,6 @@ TEST_CASE("router: a POST body that is not JSON by its Content-Type is a 415 nam
     CHECK(h.finish(w).status == 200);
   }
 }
-
-}  // namespace
-}  // namespace pd::router::test_router
-
-namespace pd::router::test_router {
-namespace {
 
 TEST_CASE("router: GET /v1/models/{id} answers the served model's object, 404 model_not_found for another", "[router]") {
   Harness h;
