@@ -86,7 +86,9 @@ class Stream:
 
     def __init__(self, i, endpoint, prompt, max_tokens, sampling=None):
         self.i, self.endpoint, self.max_tokens = i, endpoint, max_tokens
-        self.body = request_body(endpoint, prompt, max_tokens, stream=True, ignore_eos=True, **(sampling or {}))
+        # skip_special_tokens false: past EOS (ignore_eos) control tokens come, and pd-generate prints them.
+        self.body = request_body(endpoint, prompt, max_tokens, stream=True, ignore_eos=True, skip_special_tokens=False,
+                                 **(sampling or {}))
         self.status, self.http_body, self.problem = None, "", ""
         self.events = []                     # parsed data payloads ('[DONE]' or dicts), in order
         self.t_sent = self.t_text = self.t_end = None   # sent, first non-empty text, response over
@@ -607,7 +609,8 @@ def suite_reuse_stop(tmp):
 
         def one(i):
             f = follows[i % len(follows)]
-            body = {"prompt": f, "max_tokens": 24, "ignore_eos": True, "temperature": 0, "stream": i >= len(follows)}
+            body = {"prompt": f, "max_tokens": 24, "ignore_eos": True, "temperature": 0, "stream": i >= len(follows),
+                    "skip_special_tokens": False}  # as pd-generate prints them
             try:
                 if body["stream"]:
                     status, events = c.stream("/v1/completions", body)

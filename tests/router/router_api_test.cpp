@@ -406,7 +406,7 @@ TEST_CASE("router: control tokens are left out of the text unless skip_special_t
   }
 }
 
-TEST_CASE("router: vLLM's stop_token_ids, min_tokens and repetition_penalty reach the ranks; a stop token prints "
+TEST_CASE("router: vLLM's stop_token_ids, min_tokens and repetition_penalty reach the ranks, and a stop token prints "
           "nothing unless include_stop_str_in_output",
           "[router]") {
   Harness h;
