@@ -186,8 +186,9 @@ constexpr const char* kCommonFields[] = {
     "frequency_penalty", "ignore_eos", "stop", "stream", "stream_options", "n", "echo", "logit_bias", "speculative",
     "skip_special_tokens", "repetition_penalty", "min_tokens", "stop_token_ids", "include_stop_str_in_output"};
 constexpr const char* kIgnoredFields[] = {"user", "parallel_tool_calls", "service_tier", "metadata", "store"};
-constexpr const char* kUnsupportedFields[] = {"best_of", "top_logprobs", "tools",
-                                              "functions", "tool_choice", "function_call", "suffix"};
+constexpr const char* kUnsupportedFields[] = {"best_of",       "top_logprobs", "tools",
+                                              "functions",     "tool_choice",  "function_call",
+                                              "suffix",        "continue_final_message", "chat_template_kwargs"};
 
 std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
   for (const char* f : kCommonFields) {
@@ -196,7 +197,8 @@ std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
   if (key == "logprobs" || is_structured_output_field(key)) return FieldKind::kHandled;
   if (ep == Endpoint::kCompletions && (key == "prompt" || key == "parse_special")) return FieldKind::kHandled;
   if (ep == Endpoint::kChatCompletions && (key == "messages" || key == "max_completion_tokens" ||
-                                           key == "top_logprobs" || key == "tools" || key == "tool_choice")) {
+                                           key == "top_logprobs" || key == "tools" || key == "tool_choice" ||
+                                           key == "add_generation_prompt")) {
     return FieldKind::kHandled;
   }
   for (const char* f : kIgnoredFields) {
@@ -219,6 +221,8 @@ bool asks_for_nothing(const std::string& key, const json& v) {
   if (key == "tools" || key == "functions") return v.is_array() && v.empty();
   if (key == "tool_choice" || key == "function_call") return v.is_string() && v.get<std::string>() == "none";
   if (key == "suffix") return v.is_string() && v.get<std::string>().empty();
+  if (key == "continue_final_message") return v.is_boolean() && !v.get<bool>();
+  if (key == "chat_template_kwargs") return v.is_object() && v.empty();
   return false;
 }
 
@@ -356,7 +360,7 @@ std::optional<ApiError> parse_messages(const json& obj, ApiRequest& r) {
     }
     r.messages.push_back(std::move(msg));
   }
-  return std::nullopt;
+  return read_bool(obj, "add_generation_prompt", r.add_generation_prompt);
 }
 
 // One stop string: non-empty, at most kMaxStopBytes bytes.

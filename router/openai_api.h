@@ -108,6 +108,8 @@ struct ApiRequest {
   std::string model;                  // as given; "" when the field is absent or null (use the served model)
   std::vector<PromptInput> prompts;   // completions only: one or more (a batch), in order
   bool prompt_batch = false;          // completions: `prompt` was an array of prompts (errors name prompt[i])
+  bool add_generation_prompt = true;  // chat only: the template's assistant header ends the prompt (false:
+                                      // the prompt ends with the last message, as vLLM's field)
   std::vector<ApiMessage> messages;   // chat only; role is system/user/assistant/tool ("developer" maps to
                                       // system); content parts of type "text" are joined with "\n"; an
                                       // assistant's tool_calls and a tool message's tool_call_id kept

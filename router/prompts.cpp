@@ -104,8 +104,8 @@ ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint e
     api.sampling.grammar = forced;
   }
   auto ids = tools_described(api.tools, api.tool_choice)
-                 ? tpl.with_tools_described().encode(tok, messages.value(), true)
-                 : tpl.encode(tok, messages.value(), true);
+                 ? tpl.with_tools_described().encode(tok, messages.value(), api.add_generation_prompt)
+                 : tpl.encode(tok, messages.value(), api.add_generation_prompt);
   if (!ids.is_ok()) return api_error(400, "messages: " + ids.status().message(), "messages");
   Prompt p;
   p.ids = std::move(ids).value();

@@ -110,6 +110,10 @@ def suite_api_features(tmp):
         chat_usage = post_ok(c, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1})["usage"]
         check(chat_usage["prompt_tokens"] == len(post_ok(c, "/tokenize", {"messages": CHAT})["tokens"]),
               "/tokenize of messages is the chat prompt: %s" % chat_usage)
+        bare = post_ok(c, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "add_generation_prompt": False})
+        bare_ids = post_ok(c, "/tokenize", {"messages": CHAT, "add_generation_prompt": False})["tokens"]
+        check(bare["usage"]["prompt_tokens"] == len(bare_ids) < chat_usage["prompt_tokens"],
+              "add_generation_prompt false: %s vs %d tokens" % (bare["usage"], len(bare_ids)))
 
         # ---- chat logprobs: greedy, argmax, repeatable, streamed = not streamed
         body = {"messages": CHAT, "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 5}

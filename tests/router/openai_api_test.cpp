@@ -354,12 +354,22 @@ TEST_CASE("openai_api: unsupported features are refused by name", "[openai_api]"
       {R"("best_of": 2)", "best_of", "best_of is not supported"},
       {R"("functions": [{"name": "f"}])", "functions", "functions is not supported"},
       {R"("suffix": "tail")", "suffix", "suffix is not supported"},
+      {R"("continue_final_message": true)", "continue_final_message", "continue_final_message is not supported"},
+      {R"("chat_template_kwargs": {"enable_thinking": false})", "chat_template_kwargs",
+       "chat_template_kwargs is not supported"},
   };
   for (const BadCase& c : cases) {
     check_bad(Endpoint::kCompletions, c);
     check_bad(Endpoint::kChatCompletions, c);
   }
   check_bad(Endpoint::kChatCompletions, {R"("echo": true)", "echo", "echo is not supported"});
+  // What vLLM's clients send when they ask for nothing is accepted.
+  parse_ok(Endpoint::kChatCompletions, chat_with(R"("continue_final_message": false, "chat_template_kwargs": {})"));
+  // add_generation_prompt (chat): the template's assistant header, on by default.
+  CHECK(parse_ok(Endpoint::kChatCompletions, chat_with("")).add_generation_prompt);
+  CHECK_FALSE(parse_ok(Endpoint::kChatCompletions, chat_with(R"("add_generation_prompt": false)")).add_generation_prompt);
+  check_bad(Endpoint::kChatCompletions, {R"("add_generation_prompt": "no")", "add_generation_prompt", "boolean"});
+  check_bad(Endpoint::kCompletions, {R"("add_generation_prompt": true)", "add_generation_prompt", "unknown field"});
   // Tools are a chat feature.
   check_bad(Endpoint::kCompletions, {R"("tools": [{"type": "function"}])", "tools", "tools is not supported"});
   check_bad(Endpoint::kCompletions, {R"("tool_choice": "auto")", "tool_choice", "tool_choice is not supported"});
