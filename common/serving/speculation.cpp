@@ -33,7 +33,7 @@ void StepCost::observe(int tokens, double seconds) {
   double y = seconds;
   if (size_n_[tokens] >= kMinSeen) y = std::min(y, 2.0 * size_y_[tokens] / size_w_[tokens]);
   size_w_[tokens] = size_w_[tokens] * kSizeDecay + 1, size_y_[tokens] = size_y_[tokens] * kSizeDecay + y;
-  ++size_n_[tokens];
+  if (size_n_[tokens] < kMinSeen) ++size_n_[tokens];  // only "seen enough" matters: no count to overflow
 }
 
 DraftCosts StepCost::draft_costs(int sequences) const {
@@ -76,12 +76,6 @@ int DraftPolicy::next(const DraftCosts& cost) const {
     if (gain > best) best = gain, best_k = k;
   }
   return best_k;
-}
-
-int DraftPolicy::next(double draft_cost) const {
-  DraftCosts cost;
-  for (int k = 0; k <= kMaxDraft; ++k) cost[static_cast<size_t>(k)] = 1.0 + draft_cost * k;
-  return next(cost);
 }
 
 void DraftPolicy::record(int accepted, bool rejected) {

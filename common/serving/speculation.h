@@ -81,7 +81,7 @@ class StepCost {
  private:
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;  // decayed sums of 1, x, y, x^2, xy
   std::array<double, kMaxSized + 1> size_w_{}, size_y_{};  // per size: decayed count and sum of seconds
-  int size_n_[kMaxSized + 1] = {};                         // per size: steps seen
+  int size_n_[kMaxSized + 1] = {};                         // per size: steps seen, up to kMinSeen
 };
 
 // One sequence's speculation policy: how many tokens to draft, from how often
@@ -107,8 +107,6 @@ class DraftPolicy {
   // Tokens to draft this step (0: none), given what a step drafting k tokens
   // costs relative to one drafting none (StepCost::draft_costs).
   int next(const DraftCosts& cost) const;
-  // The same with every drafted token costing `draft_cost` of a plain step.
-  int next(double draft_cost) const;
   // After a step that drafted `drafted` tokens (0: nothing was drafted, no
   // change) of which `accepted` were taken.
   void verified(int drafted, int accepted);

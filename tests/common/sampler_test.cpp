@@ -690,6 +690,13 @@ TEST_CASE("speculation: prompt lookup drafts what followed the longest recent ma
   CHECK(ngram_draft(std::vector<TokenId>{5}, 4, 3, 1).empty());
 }
 
+// Every drafted token costing `c` of a plain step.
+DraftCosts linear(double c) {
+  DraftCosts cost;
+  for (int k = 0; k <= kMaxDraft; ++k) cost[static_cast<size_t>(k)] = 1.0 + c * k;
+  return cost;
+}
+
 TEST_CASE("speculation: the step cost is learned from the steps that ran") {
   StepCost c;
   CHECK(c.draft_cost(1) == Approx(StepCost::kPriorCost));  // nothing seen yet
@@ -730,7 +737,7 @@ TEST_CASE("speculation: each step size's own cost, where it is known, over the l
   DraftPolicy d(8);
   for (int i = 0; i < 20; ++i) d.verified(8, 8);
   CHECK(d.next(cost) == 7);
-  CHECK(d.next(c.draft_cost(1)) == 8);  // the line alone does not see it
+  CHECK(d.next(linear(c.draft_cost(1))) == 8);  // the line alone does not see it
 
   // A batch of 4: the share of one sequence's step, 1 + 4 (T(4 + k) - T(4)) / T(4).
   const DraftCosts batch = c.draft_costs(4);
@@ -754,17 +761,17 @@ TEST_CASE("speculation: the draft follows acceptance and cost, and a resting seq
   DraftPolicy d(8);
   CHECK(d.acceptance() == Approx(0.75));
   // p = 0.75: 1 + p + p^2 tokens for 1 + 2c beats every other k at c = 0.33.
-  CHECK(d.next(0.33) == 2);
-  CHECK(d.next(1.0) == 0);    // a draft costs what a token does: never pays at p < 1
-  CHECK(d.next(0.01) == 8);   // nearly free: as many as allowed
+  CHECK(d.next(linear(0.33)) == 2);
+  CHECK(d.next(linear(1.0)) == 0);    // a draft costs what a token does: never pays at p < 1
+  CHECK(d.next(linear(0.01)) == 8);   // nearly free: as many as allowed
   for (int i = 0; i < 5; ++i) d.verified(4, 4);
   CHECK(d.acceptance() > 0.95);
-  CHECK(d.next(0.33) == 8);
+  CHECK(d.next(linear(0.33)) == 8);
   d.verified(0, 0);  // nothing drafted: no change
-  CHECK(d.next(0.33) == 8);
+  CHECK(d.next(linear(0.33)) == 8);
   for (int i = 0; i < 10; ++i) d.verified(3, 0);
   CHECK(d.acceptance() < 0.3);
-  CHECK(d.next(0.33) == 0);
+  CHECK(d.next(linear(0.33)) == 0);
   // Resting, it follows what it would have drafted: the text repeats.
   REQUIRE(d.wants_shadow());
   d.shadow({5, 6, 7});
@@ -778,7 +785,7 @@ TEST_CASE("speculation: the draft follows acceptance and cost, and a resting seq
     d.shadow({1, 2, 3, 4});
     for (TokenId t : {1, 2, 3, 4}) d.emitted(t);
   }
-  CHECK(d.next(0.33) > 0);  // drafting again
+  CHECK(d.next(linear(0.33)) > 0);  // drafting again
   // A wrong shadow token ends the shadow and counts as a miss.
   const double high = d.acceptance();
   d.shadow({9, 9});
@@ -786,7 +793,7 @@ TEST_CASE("speculation: the draft follows acceptance and cost, and a resting seq
   CHECK(d.acceptance() < high);
   CHECK(d.wants_shadow());
   DraftPolicy off(0);
-  CHECK(off.next(0.01) == 0);
+  CHECK(off.next(linear(0.01)) == 0);
 }
 
 }  // namespace pd
