@@ -13,6 +13,8 @@
 namespace pd::cpu {
 namespace {
 
+inline void pin(__m256i& v) { __asm__("" : "+v"(v)); }
+
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
@@ -99,6 +101,7 @@ inline void q4x8_tile(const Block* w, int64_t nb, const BlockQ8A* x, int64_t x_r
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(q + 4 * c)),
                                            _mm256_maddubs_epi16(hi, broadcast4(q + 16 + 4 * c)));
         s[t] = c == 0 ? p : _mm256_add_epi16(s[t], p);
+        pin(s[t]);
       }
     }
     const __m256 d = load_d(B);
@@ -133,6 +136,7 @@ inline void q8x8_tile(const PackedQ8x8* w, int64_t nb, const BlockQ8A* x, int64_
         const __m256i xv = broadcast4(x[t * x_rows_stride + b].qs + 4 * g);
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(xv, v)), ones);
         s[t] = g == 0 ? p : _mm256_add_epi32(s[t], p);
+        pin(s[t]);
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
@@ -158,26 +162,32 @@ inline void q8x8h_tile(const PackedQ8x8H* w, int64_t nb, const BlockQ8A* x, int6
     const PackedQ8x8H& B = w[b];
     for (int l = 0; l < 6; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(&B) + kPrefetchBytes + 64 * l, _MM_HINT_T1);
-    __m256i s[2][T];
-    for (int g = 0; g < 8; ++g) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
-      const __m256i av = _mm256_sign_epi8(v, v);
+    // One half at a time (runs g < 4, then g >= 4), its sums folded into acc
+    // before the next half starts: the same operations in the same order as
+    // summing both halves first, in 16 registers.
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256i s[T];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const int g = 4 * h + j;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B.qs + 32 * g));
+        const __m256i av = _mm256_sign_epi8(v, v);
+        for (int t = 0; t < T; ++t) {
+          const __m256i xv = broadcast4(x[t * x_rows_stride + b].qs + 4 * g);
+          const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(xv, v));
+          s[t] = j == 0 ? p : _mm256_add_epi16(s[t], p);
+          pin(s[t]);
+        }
+      }
+      const __m256 dh = _mm256_loadu_ps(B.d + 8 * h);
       for (int t = 0; t < T; ++t) {
-        const __m256i xv = broadcast4(x[t * x_rows_stride + b].qs + 4 * g);
-        const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(xv, v));
-        s[g / 4][t] = g % 4 == 0 ? p : _mm256_add_epi16(s[g / 4][t], p);
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));
+        acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(dh, _mm256_set1_ps(x[t * x_rows_stride + b].d)), acc[t]);
       }
     }
-    const __m256 dlo = _mm256_loadu_ps(B.d), dhi = _mm256_loadu_ps(B.d + 8), mn = _mm256_loadu_ps(B.m);
-    for (int t = 0; t < T; ++t) {
-      const BlockQ8A& xb = x[t * x_rows_stride + b];
-      const __m256 xd = _mm256_set1_ps(xb.d);
-      const __m256 flo = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[0][t], ones));
-      const __m256 fhi = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[1][t], ones));
-      acc[t] = _mm256_fmadd_ps(flo, _mm256_mul_ps(dlo, xd), acc[t]);
-      acc[t] = _mm256_fmadd_ps(fhi, _mm256_mul_ps(dhi, xd), acc[t]);
-      acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb.s), acc[t]);
-    }
+    const __m256 mn = _mm256_loadu_ps(B.m);
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x[t * x_rows_stride + b].s), acc[t]);
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
