@@ -13,6 +13,11 @@
 namespace pd::cpu {
 namespace {
 
+// Marks a running integer sum as computed here, in a register. Integer adds
+// associate, so GCC otherwise rewrites a tile's chains of `s += p` into trees
+// over all its maddubs results, which keeps some 30 vectors live: on a CPU
+// with 16 vector registers (AVX2 without AVX-512) they spilled to the stack
+// and the Q4 kernel ran at 0.68x (docs/BENCHMARKS.md, "16 registers").
 inline void pin(__m256i& v) { __asm__("" : "+v"(v)); }
 
 inline __m256i broadcast4(const int8_t* p) {
