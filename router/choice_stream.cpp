@@ -40,7 +40,10 @@ void ChoiceStream::restart() {
 }
 
 bool ChoiceStream::push(const PendingToken& t, const Response& resp, const std::string& model) {
-  if (format_.with_logprobs) shown_.push_back(shown_token(t.token, t.logprob ? &*t.logprob : nullptr));
+  if (format_.with_logprobs) {
+    shown_.push_back(shown_token(t.token, t.logprob ? &*t.logprob : nullptr));
+    shown_.back().in_text = text_.prints(t.token);
+  }
   deliver(text_.push(t.token), resp, model);
   return text_.stopped();
 }
@@ -81,7 +84,7 @@ void ChoiceStream::send(const std::string& text, std::vector<ToolCall> calls, co
   c.with_logprobs = format_.with_logprobs;
   if (!text.empty()) {  // logprobs go with text (a chat's empty role chunk carries none)
     c.text_offset = chars_shown_;
-    for (const ShownToken& t : shown_) chars_shown_ += text_chars(t.text);
+    for (const ShownToken& t : shown_) chars_shown_ += t.in_text ? text_chars(t.text) : 0;
     c.logprobs = std::move(shown_);
     shown_.clear();
   }

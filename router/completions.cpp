@@ -119,7 +119,8 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
       req->out = std::make_unique<ChoiceStream>(*p_.model.tokenizer, format, api.stop, hidden,
                                                 api.echo ? prompts[i].echo : std::string());
       if (format.chat && p_.model.chat_template && tools_described(api.tools, api.tool_choice)) {
-        req->out->parse_tool_calls(p_.model.chat_template->tool_format(), api.tools, std::to_string(req->http_id));
+        req->out->parse_tool_calls(p_.model.chat_template->tool_format(), api.tools,
+                                   response_id_nonce() + "-" + std::to_string(req->http_id));
       }
       response->choices.push_back(req->http_id);
       reqs.push_back(std::move(req));

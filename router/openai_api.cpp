@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -864,8 +865,19 @@ int64_t text_chars(std::string_view bytes) {
   return n;
 }
 
+const std::string& response_id_nonce() {
+  static const std::string nonce = [] {
+    std::random_device rd;
+    const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return std::string(buf);
+  }();
+  return nonce;
+}
+
 std::string make_response_id(Endpoint ep, uint64_t n) {
-  return (ep == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + std::to_string(n);
+  return (ep == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + response_id_nonce() + "-" + std::to_string(n);
 }
 
 namespace {
@@ -928,7 +940,7 @@ ojson completion_logprobs(const ChoiceOut& c) {
   for (const ShownToken& t : c.logprobs) {
     tokens.push_back(t.text);
     offsets.push_back(offset);
-    offset += text_chars(t.text);
+    if (t.in_text) offset += text_chars(t.text);
     if (!t.logprob) {
       lps.push_back(nullptr);
       tops.push_back(nullptr);

@@ -211,14 +211,21 @@ struct Usage {
   int64_t cached_tokens = 0;
 };
 
-// "cmpl-<n>" or "chatcmpl-<n>".
+// "cmpl-<nonce>-<n>" or "chatcmpl-<nonce>-<n>": n the router's request id
+// (its logs' number), nonce 16 hex digits drawn once per router process
+// (response_id_nonce), so that ids do not repeat across restarts.
 std::string make_response_id(Endpoint ep, uint64_t n);
+const std::string& response_id_nonce();
 
 // A token as a response's logprobs show it.
 struct ShownToken {
   std::string text;              // the token's bytes (a token may hold part of a UTF-8 character)
   std::optional<float> logprob;  // none: a prompt's first token (nothing precedes it)
   std::vector<std::pair<std::string, float>> top;  // the most likely alternatives, most likely first
+  // Whether the token's text is part of the choice's text: a control token
+  // skipped by skip_special_tokens or a hidden stop token is shown in the
+  // logprobs but prints nothing, and text_offset does not count it.
+  bool in_text = true;
 };
 
 // One choice of an answer, or its part in one stream chunk.

@@ -8,11 +8,15 @@ TextStream::TextStream(const Tokenizer& tok, std::vector<std::string> stops, std
                        TextOptions options)
     : tok_(tok), decoder_(tok), stops_(std::move(stops)), hidden_(std::move(hidden)), options_(options) {}
 
+bool TextStream::prints(TokenId id) const {
+  if (std::find(hidden_.begin(), hidden_.end(), id) != hidden_.end()) return false;
+  return !(options_.skip_control && tok_.is_control(id));
+}
+
 std::string TextStream::push(TokenId id) {
   if (stopped_) return {};
   ++generated_;
-  if (std::find(hidden_.begin(), hidden_.end(), id) != hidden_.end()) return {};
-  if (options_.skip_control && tok_.is_control(id)) return {};
+  if (!prints(id)) return {};
   pending_ += decoder_.push(id);
   return take_safe();
 }

@@ -38,6 +38,9 @@ class TextStream {
   // End of generation: whatever is held back (no stop string can match any more).
   std::string finish();
   bool stopped() const { return stopped_; }
+  // Whether push(id) adds the token's text (before stop strings): false for
+  // a hidden token and, with skip_control, a control token.
+  bool prints(TokenId id) const;
 
  private:
   std::string take_safe();

@@ -949,8 +949,11 @@ TEST_CASE("openai_api: error_body has OpenAI's shape", "[openai_api]") {
 }
 
 TEST_CASE("openai_api: non-streaming bodies", "[openai_api]") {
-  CHECK(make_response_id(Endpoint::kCompletions, 7) == "cmpl-7");
-  CHECK(make_response_id(Endpoint::kChatCompletions, 8) == "chatcmpl-8");
+  const std::string& nonce = pd::router::response_id_nonce();
+  REQUIRE(nonce.size() == 16);
+  CHECK(nonce.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(make_response_id(Endpoint::kCompletions, 7) == "cmpl-" + nonce + "-7");
+  CHECK(make_response_id(Endpoint::kChatCompletions, 8) == "chatcmpl-" + nonce + "-8");
 
   json j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-7", "smol", 1700000000,
                                        {choice(0, "hello \"world\"", "length")}, Usage{5, 3}));
@@ -1011,6 +1014,13 @@ TEST_CASE("openai_api: logprobs in OpenAI's shapes", "[openai_api]") {
   c.text_offset = 10;  // a later stream chunk
   j = json::parse(stream_chunk(Endpoint::kCompletions, "cmpl-1", "m", 1, c, false));
   CHECK(j["choices"][0]["logprobs"]["text_offset"] == json::array({10, 12, 15, 16}));
+  // A token that prints nothing (a skipped control token) does not move the offsets.
+  ChoiceOut h = choice(0, "ab", "stop");
+  h.with_logprobs = true;
+  h.logprobs = {ShownToken{"a", -0.5f, {}}, ShownToken{"<|im_start|>", -0.5f, {}, false}, ShownToken{"b", -0.5f, {}}};
+  j = json::parse(completion_body(Endpoint::kCompletions, "cmpl-1", "m", 1, {h}, {}));
+  CHECK(j["choices"][0]["logprobs"]["tokens"] == json::array({"a", "<|im_start|>", "b"}));
+  CHECK(j["choices"][0]["logprobs"]["text_offset"] == json::array({0, 1, 1}));
 
   j = json::parse(completion_body(Endpoint::kChatCompletions, "chatcmpl-1", "m", 1, {c}, {}));
   const json& content = j["choices"][0]["logprobs"]["content"];

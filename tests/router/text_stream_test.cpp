@@ -85,6 +85,14 @@ TEST_CASE("text stream: skip_control drops every control token, and stop strings
   TextStream stop(*tok, {"ab"}, {}, TextOptions{.skip_control = true});
   CHECK(feed(stop).empty());
   CHECK(stop.stopped());
+  // prints() says which tokens add text (what logprobs' text_offset counts).
+  const pd::TokenId a = tok->encode("a", false).at(0);
+  CHECK(skipped.prints(a));
+  CHECK_FALSE(skipped.prints(im_start));
+  CHECK(shown.prints(im_start));
+  TextStream hidden(*tok, {}, {tok->eos_id()}, TextOptions{.skip_control = false});
+  CHECK_FALSE(hidden.prints(tok->eos_id()));
+  CHECK(hidden.prints(im_start));
 }
 
 TEST_CASE("text stream: held-back text never splits a UTF-8 character", "[router]") {
