@@ -1081,7 +1081,8 @@ ApiResult<TokenizeRequest> parse_tokenize(std::string_view body) {
   r.chat = obj.contains("messages");
   for (const auto& [key, value] : obj.items()) {
     const bool known = key == "model" || key == "add_special_tokens" ||
-                       (r.chat ? key == "messages" || key == "add_generation_prompt"
+                       (r.chat ? key == "messages" || key == "add_generation_prompt" || key == "tools" ||
+                                     key == "tool_choice"
                                : key == "prompt" || key == "parse_special");
     if (!known) return bad_request(shown_key(key), "unknown field: " + shown_key(key));
   }
@@ -1095,6 +1096,10 @@ ApiResult<TokenizeRequest> parse_tokenize(std::string_view body) {
     if (auto e = parse_messages(obj, chat)) return *e;
     r.messages = std::move(chat.messages);
     if (auto e = read_bool(obj, "add_generation_prompt", r.add_generation_prompt)) return *e;
+    if (obj.contains("tools") || obj.contains("tool_choice")) {
+      const ojson ordered = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+      if (auto e = parse_tools(ordered, r.tools, r.tool_choice)) return *e;
+    }
     return r;
   }
   const json* prompt = field(obj, "prompt");

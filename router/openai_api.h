@@ -275,7 +275,8 @@ std::string models_body(const std::string& model, int64_t created);
 std::string model_body(const std::string& model, int64_t created);
 
 // POST /tokenize: {"prompt": str, "add_special_tokens": bool (true), "parse_special": bool (true)}
-// or {"messages": [...], "add_generation_prompt": bool (true), "add_special_tokens": bool (true)};
+// or {"messages": [...], "add_generation_prompt": bool (true), "add_special_tokens": bool (true),
+// "tools": [...], "tool_choice": ...};
 // "model" optional. add_special_tokens: prepend BOS where the model's tokenizer asks for one, as
 // the completion endpoints do, so the tokens are what they would feed the model.
 struct TokenizeRequest {
@@ -286,6 +287,8 @@ struct TokenizeRequest {
   bool add_special_tokens = true;
   bool parse_special = true;          // !chat
   bool add_generation_prompt = true;  // chat
+  std::vector<ToolFunction> tools;    // chat: "tools" and "tool_choice", rendered as the chat endpoint does
+  ToolChoice tool_choice{ToolChoiceMode::kNone, ""};
 };
 ApiResult<TokenizeRequest> parse_tokenize(std::string_view body);
 // {"tokens": [...], "count": n, "max_model_len": context}

@@ -17,13 +17,16 @@ std::string prompt_name(Endpoint ep, bool batch, size_t i) {
 }
 
 Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
-                                         bool add_generation_prompt) {
+                                         bool add_generation_prompt, const std::vector<ToolFunction>& tools,
+                                         const ToolChoice& tool_choice) {
   if (!model.chat_template) return Status::invalid_argument(model.no_chat_template);
   const ChatTemplate& tpl = *model.chat_template;
   ApiResult<std::vector<ChatMessage>> rendered =
-      render_tool_messages(tpl.tool_format(), messages, {}, ToolChoice{ToolChoiceMode::kNone, ""}, tpl.default_system());
+      render_tool_messages(tpl.tool_format(), messages, tools, tool_choice, tpl.default_system());
   if (!rendered.is_ok()) return Status::invalid_argument(rendered.error().message);
-  return tpl.encode(*model.tokenizer, rendered.value(), add_generation_prompt);
+  return tools_described(tools, tool_choice)
+             ? tpl.with_tools_described().encode(*model.tokenizer, rendered.value(), add_generation_prompt)
+             : tpl.encode(*model.tokenizer, rendered.value(), add_generation_prompt);
 }
 
 std::string choose_chat_template(const std::string& configured, const GgufFile& file, ModelInfo& model) {

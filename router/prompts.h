@@ -47,8 +47,12 @@ ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint e
 // turns in the template's tool format), BOS included. InvalidArgument (why)
 // when the model has no chat template or the messages hold tool turns it has
 // no format for.
+// With tools (and tool_choice), the tools described in the template's tool
+// format as the chat endpoint renders them.
 Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
-                                         bool add_generation_prompt = true);
+                                         bool add_generation_prompt = true,
+                                         const std::vector<ToolFunction>& tools = {},
+                                         const ToolChoice& tool_choice = {ToolChoiceMode::kNone, ""});
 // The ids of the chat template's end-of-turn tokens that the vocabulary has
 // (e.g. Gemma's <end_of_turn>, 106), EOS excluded: a chat reply ends there.
 std::vector<TokenId> chat_stop_ids(const ModelInfo& model);

@@ -777,6 +777,13 @@ def check_tool_choice_none(c):
                                        messages=messages)
     ch = r.choices[0]
     check(ch.finish_reason == "tool_calls" and ch.message.tool_calls, "the first turn: %s" % r.model_dump_json()[:600])
+    # /tokenize renders the tools as the chat endpoint does (vLLM's tokenize takes tools too).
+    named = {"type": "function", "function": {"name": SCHEMAS[16].tool_name()}}
+    tok = c.post("/tokenize", {"messages": messages, "tools": tools, "tool_choice": named})
+    bare = c.post("/tokenize", {"messages": messages})
+    check(tok.status == 200 and len(tok.json()["tokens"]) == r.usage.prompt_tokens
+          and len(tok.json()["tokens"]) > len(bare.json()["tokens"]),
+          "/tokenize with tools: %s %s against usage %s" % (tok.status, tok.body[:200], r.usage))
     call = ch.message.tool_calls[0]
     messages += [{"role": "assistant", "content": None, "tool_calls": [
                      {"id": call.id, "type": "function",

@@ -686,6 +686,13 @@ TEST_CASE("openai_api: tokenize and detokenize requests", "[openai_api]") {
   REQUIRE(t.value().messages.size() == 1);
   CHECK_FALSE(t.value().add_generation_prompt);
   CHECK(t.value().add_special_tokens);  // as the chat endpoint feeds the model
+  CHECK(t.value().tools.empty());
+  t = parse_tokenize(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":)"
+                     R"({"name":"get_weather","parameters":{"type":"object"}}}],"tool_choice":"required"})");
+  REQUIRE(t.is_ok());
+  REQUIRE(t.value().tools.size() == 1);
+  CHECK(t.value().tools[0].name == "get_weather");
+  CHECK(t.value().tool_choice.mode == ToolChoiceMode::kRequired);
   const std::vector<std::pair<std::string, std::string>> bad_tokenize = {
       {R"({})", "prompt"},
       {R"({"prompt": 5})", "prompt"},
@@ -694,6 +701,8 @@ TEST_CASE("openai_api: tokenize and detokenize requests", "[openai_api]") {
       {R"({"messages": "x"})", "messages"},
       {R"({"messages": [{"role": "robot", "content": "x"}]})", "messages[0].role"},
       {R"({"prompt": "x", "junk": 1})", "junk"},
+      {R"({"prompt": "x", "tools": []})", "tools"},  // a chat field
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": 5})", "tools"},
       {R"([1])", ""},
       {R"({"prompt": "x")", ""},
   };

@@ -385,17 +385,23 @@ TEST_CASE("router: control tokens are left out of the text unless skip_special_t
     REQUIRE(r.status == 200);
     std::string text;
     std::vector<std::string> tokens;
+    std::vector<int64_t> offsets;
     if (!stream) {
       const nlohmann::json c = r.json()["choices"][0];
       text = c["text"];
       for (const auto& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+      for (const auto& o : c["logprobs"]["text_offset"]) offsets.push_back(o);
     }
     for (const nlohmann::json& e : stream ? r.stream_events() : std::vector<nlohmann::json>{}) {
       if (e["choices"].empty()) continue;
       text += e["choices"][0]["text"].get<std::string>();
       for (const auto& t : e["choices"][0]["logprobs"]["tokens"]) tokens.push_back(t);
+      for (const auto& o : e["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
     }
     CHECK(tokens == std::vector<std::string>{"a", "<|im_start|>", "a"});  // logprobs keep them
+    // text_offset indexes the text as shown: a skipped token does not move it.
+    const bool skipped = text == "aa";
+    CHECK(offsets == std::vector<int64_t>{0, 1, skipped ? 1 : 13});
     return text;
   };
   for (bool stream : {false, true}) {
