@@ -59,7 +59,11 @@ std::vector<std::pair<std::string, const json*>> subschemas(const json& schema) 
       out.emplace_back(list, &*it);
     }
   }
-  if (const auto it = schema.find("additionalProperties"); it != schema.end()) out.emplace_back("additionalProperties", &*it);
+  // The engine applies these to the keys and items the keywords above leave
+  // (xgrammar's JSON-schema converter reads them all).
+  for (const char* rest : {"additionalProperties", "unevaluatedProperties", "additionalItems", "unevaluatedItems"}) {
+    if (const auto it = schema.find(rest); it != schema.end()) out.emplace_back(rest, &*it);
+  }
   return out;
 }
 

@@ -559,6 +559,12 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
        rf + ".$defs.p.if", "if"},
       {R"("guided_json": "{\"type\": \"object\", \"propertyNames\": {\"pattern\": \"^x\"}}")",
        "guided_json.propertyNames", "propertyNames"},
+      // Subschemas for the keys and items the others leave are checked too.
+      {schema(R"({"type": "object", "unevaluatedProperties": {"not": {"type": "string"}}})"),
+       rf + ".unevaluatedProperties.not", "not"},
+      {schema(R"({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "array",
+                  "uniqueItems": true}})"),
+       rf + ".unevaluatedItems.uniqueItems", "uniqueItems"},
   };
   for (const BadCase& c : cases) {
     check_bad(Endpoint::kCompletions, c);
@@ -580,7 +586,9 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
            R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}]})",
            R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": false})",
            R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": true, "maxItems": 1})",
-           R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "patternProperties": {}})"}) {
+           R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "patternProperties": {}})",
+           R"({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": false})",
+           R"({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": false})"}) {
     CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(schema(ok))).sampling.grammar.active());
   }
 }
