@@ -102,7 +102,9 @@ def text_of(s):
 
 
 def start(c, prompts, first):
-    streams = [Stream(first + i, "chat" if i % 4 == 3 else "completion", p, MAX_TOKENS) for i, p in enumerate(prompts)]
+    # Request j is a chat when j % 4 == 3, as workload()'s fourth prompt.
+    streams = [Stream(first + i, "chat" if (first + i) % 4 == 3 else "completion", p, MAX_TOKENS)
+               for i, p in enumerate(prompts)]
     for s in streams:
         s.body["ignore_eos"] = True
     threads = [threading.Thread(target=s.read, args=(c.port, lambda: None, 300, c.client_host), daemon=True)
@@ -142,11 +144,24 @@ def grow_and_shrink(c, make_pool, prompts, pools):
     def joined_up():
         new[:] = [r for r, (role, state) in ranks(c).items() if r not in before and role == "decode" and state == "up"]
         return bool(new)
-    wait_for(joined_up, 120, "the joined decode rank up in /health")
+    # The join happens under load however long it takes: while the pool is not up, streams
+    # that ended are replaced (request ids from 100 on, prompt and expected text i % 32).
+    refills = 0
+    while not joined_up():
+        check(time.time() - t0 < 120, "the joined decode rank up in /health: not within 120 s")
+        alive = sum(1 for t in threads if t.is_alive())
+        if alive < 4:
+            ids = [100 + refills + k for k in range(4 - alive)]
+            more, more_threads = start(c, [prompts[i % len(prompts)] for i in ids], ids[0])
+            streams += more
+            threads += more_threads
+            refills += len(ids)
+        time.sleep(0.1)
     rank = new[0]
     joined_s = time.time() - t0
     streaming = sum(1 for t in threads if t.is_alive())
-    print("a decode pool joined (rank %d) in %.1f s, with %d of 16 streams still running" % (rank, joined_s, streaming))
+    print("a decode pool joined (rank %d) in %.1f s, with %d streams running (%d started while it joined)"
+          % (rank, joined_s, streaming, refills))
     check(streaming > 0, "every stream ended before the pool joined: the join did not happen under load")
     more, more_threads = start(c, prompts[16:24], 16)
     streams += more
@@ -172,8 +187,8 @@ def check_all(c, streams, want):
         kind, detail = s.verdict()
         if kind != "finished":
             bad.append("request %d: %s %s" % (s.i, kind, detail))
-        elif text_of(s) != want[s.i]:
-            bad.append("request %d: text %r != pd-generate's %r" % (s.i, text_of(s)[:80], want[s.i][:80]))
+        elif text_of(s) != want[s.i % len(want)]:
+            bad.append("request %d: text %r != pd-generate's %r" % (s.i, text_of(s)[:80], want[s.i % len(want)][:80]))
     check(not bad, "%d of %d requests wrong:\n  %s" % (len(bad), len(streams), "\n  ".join(bad[:8])))
     m = c.metrics()
     check(m.get('pd_requests_total{outcome="finished"}', 0) >= len(streams),
