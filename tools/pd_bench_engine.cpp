@@ -67,6 +67,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "backend/cpu/q8_kernels.h"
 #include "llamacpp_bench.h"
 #include "gguf/gguf_reader.h"
 #include "model/kv_cache.h"
@@ -662,6 +663,7 @@ int load_engine(const BenchFlags& f, const std::shared_ptr<const pd::GgufFile>& 
 // The "# backend" line (and the device's with --backend cuda), once.
 void print_backend(const BenchFlags& f, const Engine& e, nlohmann::json* out) {
   std::printf("# backend %s | CPU: %s\n", e.backend->name().c_str(), cpu_model().c_str());
+  if (!f.gpu && pd::cpu::isa_built_with_avx512(pd::cpu::best_isa())) std::printf("%s", pd::tools::kWideNarrowIsaNote);
   (*out)["backend"] = e.backend->name();
   (*out)["cpu"] = cpu_model();
   if (f.gpu) {

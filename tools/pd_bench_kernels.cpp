@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   const pd::cpu::Kernels& kern = pd::cpu::kernels(isa);
   std::printf("# %s | kernels %s | 1 thread | median of %d calls per variant, alternated\n", f.model_path.c_str(),
               pd::cpu::isa_name(isa), f.reps);
+  if (pd::cpu::isa_built_with_avx512(isa)) std::printf("%s", pd::tools::kWideNarrowIsaNote);
   std::printf("%-24s %-5s %15s %4s  %17s  %17s   %5s\n", "matrix", "type", "rows x k", "tok", "8-row us  GMAC/s",
               "16-row us  GMAC/s", "ratio");
   bool same = true;

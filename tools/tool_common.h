@@ -61,4 +61,11 @@ double median(std::vector<double> v);
 // cannot be written.
 bool write_json_file(const std::string& path, const nlohmann::json& j);
 
+// Printed by the benchmarks when the ISA path they run (PD_CPU_ISA) was
+// compiled with AVX-512's 32 registers (cpu::isa_built_with_avx512).
+inline constexpr const char* kWideNarrowIsaNote =
+    "# note: this build compiled the AVX2 / AVX-VNNI kernels with AVX-512's 32 registers (-march=native on this CPU):"
+    " not what a CPU without AVX-512 runs. For its figures build with -DPD_NATIVE=OFF"
+    " -DCMAKE_CXX_FLAGS=-march=znver2 (docs/ARCHITECTURE.md)\n";
+
 }  // namespace pd::tools

@@ -540,6 +540,12 @@ const char* isa_name(Isa isa) {
   return "scalar";
 }
 
+bool isa_built_with_avx512(Isa isa) {
+  if (isa == Isa::kAvx2) return avx2_unit_built_with_avx512();
+  if (isa == Isa::kAvxVnni) return avxvnni_unit_built_with_avx512();
+  return false;
+}
+
 // The CPU is asked first: an ISA's translation unit is not entered at all
 // on a CPU without it.
 bool isa_supported(Isa isa) {

@@ -158,6 +158,11 @@ inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa:
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // can this CPU run it (and was it compiled in)
 Isa best_isa();               // widest supported, or PD_CPU_ISA if set and supported
+// Whether isa's kernels were compiled with AVX-512's 32 vector registers: a
+// -march=native build on an AVX-512 machine compiles the AVX2 and AVX-VNNI
+// units so, and their speed there is not what a CPU without AVX-512 gets
+// (the benchmarks say so when such a path is forced with PD_CPU_ISA).
+bool isa_built_with_avx512(Isa isa);
 
 // Key or value rows of the attention kernels: row r's hd elements start at
 // rows[r], stored as `type`: F32, F16, or Q8_0 (hd a multiple of 32; a row is
@@ -260,6 +265,9 @@ void offset_activations(const BlockQ8A* x, int64_t n, BlockQ8A* out);
 
 // The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
 const Kernels* avx2_kernels();
+// Whether that unit, and the AVX-VNNI one, were compiled with __AVX512F__.
+bool avx2_unit_built_with_avx512();
+bool avxvnni_unit_built_with_avx512();
 // The AVX512-VNNI integer matmul kernels (q8_kernels_avx512vnni.cpp); that
 // ISA's table is the AVX2 one with these and avx512_attention() in place.
 // nullptr where not compiled.

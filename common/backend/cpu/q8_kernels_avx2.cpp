@@ -5,6 +5,16 @@
 // program. Its functions run only after best_isa() saw the CPU support them.
 #include "backend/cpu/q8_kernels.h"
 
+namespace pd::cpu {
+bool avx2_unit_built_with_avx512() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace pd::cpu
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 

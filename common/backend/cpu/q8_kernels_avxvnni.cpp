@@ -3,3 +3,13 @@
 // is compiled with -mavxvnni (plus AVX2/FMA/F16C).
 #define PD_AVX_VNNI 1
 #include "backend/cpu/q8_kernels_avx512vnni.cpp"
+
+namespace pd::cpu {
+bool avxvnni_unit_built_with_avx512() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace pd::cpu
