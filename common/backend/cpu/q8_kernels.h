@@ -265,9 +265,15 @@ void offset_activations(const BlockQ8A* x, int64_t n, BlockQ8A* out);
 
 // The AVX2 table (q8_kernels_avx2.cpp); nullptr where it was not compiled.
 const Kernels* avx2_kernels();
-// Whether that unit, and the AVX-VNNI one, were compiled with __AVX512F__.
+// Whether that unit, and the AVX-VNNI one, were compiled with AVX-512
+// (each returns PD_UNIT_HAS_AVX512 as its own unit sees it).
 bool avx2_unit_built_with_avx512();
 bool avxvnni_unit_built_with_avx512();
+#if defined(__AVX512F__)
+#define PD_UNIT_HAS_AVX512 true
+#else
+#define PD_UNIT_HAS_AVX512 false
+#endif
 // The AVX512-VNNI integer matmul kernels (q8_kernels_avx512vnni.cpp); that
 // ISA's table is the AVX2 one with these and avx512_attention() in place.
 // nullptr where not compiled.

@@ -6,13 +6,7 @@
 #include "backend/cpu/q8_kernels.h"
 
 namespace pd::cpu {
-bool avx2_unit_built_with_avx512() {
-#if defined(__AVX512F__)
-  return true;
-#else
-  return false;
-#endif
-}
+bool avx2_unit_built_with_avx512() { return PD_UNIT_HAS_AVX512; }
 }  // namespace pd::cpu
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

@@ -5,11 +5,5 @@
 #include "backend/cpu/q8_kernels_avx512vnni.cpp"
 
 namespace pd::cpu {
-bool avxvnni_unit_built_with_avx512() {
-#if defined(__AVX512F__)
-  return true;
-#else
-  return false;
-#endif
-}
+bool avxvnni_unit_built_with_avx512() { return PD_UNIT_HAS_AVX512; }
 }  // namespace pd::cpu
