@@ -194,7 +194,7 @@ void HttpFront::handle_tokenize(const HttpRequest& http, ResponseWriter& w) {
   if (t.chat) {
     // As the chat endpoint feeds the model: BOS included (the template's or the vocabulary's).
     auto chat = encode_chat(p_.model, t.messages, t.add_generation_prompt, t.tools, t.tool_choice);
-    if (!chat.is_ok()) return respond_error(w, api_error(400, "messages: " + chat.status().message(), "messages"));
+    if (!chat.is_ok()) return respond_error(w, chat.error());
     ids = std::move(chat).value();
     if (!t.add_special_tokens && !ids.empty() && ids.front() == tok.bos_id()) ids.erase(ids.begin());
   } else {

@@ -154,6 +154,10 @@ class ApiResult {
   const T& value() const& { return std::get<T>(v_); }
   T&& value() && { return std::get<T>(std::move(v_)); }
   const ApiError& error() const { return std::get<ApiError>(v_); }  // requires !is_ok()
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
 
  private:
   std::variant<T, ApiError> v_;

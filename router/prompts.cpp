@@ -16,17 +16,23 @@ std::string prompt_name(Endpoint ep, bool batch, size_t i) {
   return ep == Endpoint::kCompletions ? "prompt" : "messages";
 }
 
-Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
-                                         bool add_generation_prompt, const std::vector<ToolFunction>& tools,
-                                         const ToolChoice& tool_choice) {
-  if (!model.chat_template) return Status::invalid_argument(model.no_chat_template);
+ApiResult<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
+                                            bool add_generation_prompt, const std::vector<ToolFunction>& tools,
+                                            const ToolChoice& tool_choice) {
+  if (!model.chat_template) {
+    return api_error(400, "messages: this model has no chat template, so it serves /v1/completions only (" +
+                              model.no_chat_template + ")",
+                     "messages");
+  }
   const ChatTemplate& tpl = *model.chat_template;
   ApiResult<std::vector<ChatMessage>> rendered =
       render_tool_messages(tpl.tool_format(), messages, tools, tool_choice, tpl.default_system());
-  if (!rendered.is_ok()) return Status::invalid_argument(rendered.error().message);
-  return tools_described(tools, tool_choice)
-             ? tpl.with_tools_described().encode(*model.tokenizer, rendered.value(), add_generation_prompt)
-             : tpl.encode(*model.tokenizer, rendered.value(), add_generation_prompt);
+  if (!rendered.is_ok()) return rendered.error();
+  auto ids = tools_described(tools, tool_choice)
+                 ? tpl.with_tools_described().encode(*model.tokenizer, rendered.value(), add_generation_prompt)
+                 : tpl.encode(*model.tokenizer, rendered.value(), add_generation_prompt);
+  if (!ids.is_ok()) return api_error(400, "messages: " + ids.status().message(), "messages");
+  return std::move(ids).value();
 }
 
 std::string choose_chat_template(const std::string& configured, const GgufFile& file, ModelInfo& model) {
@@ -90,26 +96,16 @@ ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint e
     api.prompts.clear();  // every choice gets a copy of `api`: keep it small
     return prompts;
   }
-  if (!model.chat_template) {
-    return api_error(400, "messages: this model has no chat template, so it serves /v1/completions only (" +
-                              model.no_chat_template + ")",
-                     "messages");
-  }
   // The tools and earlier tool turns in the template's own tool format (a 400
   // naming tools when it has none), and the grammar that forces a call.
-  const ChatTemplate& tpl = *model.chat_template;
-  ApiResult<std::vector<ChatMessage>> messages =
-      render_tool_messages(tpl.tool_format(), api.messages, api.tools, api.tool_choice, tpl.default_system());
-  if (!messages.is_ok()) return messages.error();
-  const GrammarSpec forced = tool_call_grammar(tpl.tool_format(), api.tools, api.tool_choice);
+  ApiResult<std::vector<TokenId>> ids =
+      encode_chat(model, api.messages, api.add_generation_prompt, api.tools, api.tool_choice);
+  if (!ids.is_ok()) return ids.error();
+  const GrammarSpec forced = tool_call_grammar(model.chat_template->tool_format(), api.tools, api.tool_choice);
   if (forced.active()) {
     if (auto e = check_grammar(forced, "tools")) return *e;
     api.sampling.grammar = forced;
   }
-  auto ids = tools_described(api.tools, api.tool_choice)
-                 ? tpl.with_tools_described().encode(tok, messages.value(), api.add_generation_prompt)
-                 : tpl.encode(tok, messages.value(), api.add_generation_prompt);
-  if (!ids.is_ok()) return api_error(400, "messages: " + ids.status().message(), "messages");
   Prompt p;
   p.ids = std::move(ids).value();
   prompts.push_back(std::move(p));

@@ -49,7 +49,7 @@ ApiResult<std::vector<Prompt>> encode_prompts(const ModelInfo& model, Endpoint e
 // no format for.
 // With tools (and tool_choice), the tools described in the template's tool
 // format as the chat endpoint renders them.
-Result<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
+ApiResult<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::vector<ApiMessage>& messages,
                                          bool add_generation_prompt = true,
                                          const std::vector<ToolFunction>& tools = {},
                                          const ToolChoice& tool_choice = {ToolChoiceMode::kNone, ""});

@@ -756,7 +756,9 @@ def check_tools_refused(c):
     expect_400(client, "tools without a tool-call template", ("tools",),
                lambda: client.chat.completions.create(model=model, max_tokens=16, tools=[tool], tool_choice="required",
                                                       messages=[{"role": "user", "content": "Book a flight."}]))
-    print("tools on the model's own template: 400 naming tools")
+    r = c.post("/tokenize", {"messages": [{"role": "user", "content": "Book a flight."}], "tools": [tool]})
+    check(r.status == 400 and r.json()["error"]["param"] == "tools", "/tokenize with tools: %s %s" % (r.status, r.body))
+    print("tools on the model's own template: 400 naming tools (chat and /tokenize)")
 
 
 def check_tool_choice_none(c):
