@@ -214,6 +214,7 @@ void Connection::start_read(bool after_exchange) {
   if (phase_ == ConnPhase::kClosed) return;
   if (after_exchange && fate_ == ConnFate::kLastRequest && buffer_.size() == 0) return close();
   parser_.emplace();
+  head_ = false;
   parser_->header_limit(static_cast<std::uint32_t>(std::min<size_t>(limits_.header_bytes, UINT32_MAX)));
   parser_->body_limit(limits_.body_bytes);
   request_bytes_ = 0;
@@ -263,6 +264,7 @@ void Connection::on_read_some(beast::error_code ec, size_t n) {
 bool Connection::on_header() {
   parser_->eager(true);  // from here, parse as much of the body as each read brings
   const auto& req = parser_->get();
+  head_ = req.method() == http::verb::head;
   if (admission_ == Admission::kOverflow && !always_served(req, core_->cfg.always_served_paths)) {
     refuse(req.version(), overflow_refusal(core_->cfg.max_connections));
     return false;
@@ -374,6 +376,11 @@ void Connection::apply(Answer a) {
 
 void Connection::push(Outgoing item) {
   if (item.final) move_to(ConnPhase::kWriting);
+  if (head_ && item.kind == Outgoing::kResponse) {
+    // A HEAD request's answer: the header GET's would have (its Content-Length
+    // too), no body — a body here would be read as the next answer's start.
+    item.response->body().clear();
+  }
   out_.push(std::move(item));
   pump();
   // The client reads slower than its events come: cut it, as if it had left
@@ -476,6 +483,15 @@ void Connection::on_watch(beast::error_code ec, size_t n) {
   if (n > 0) buffer_.commit(n);
   if (phase_ == ConnPhase::kClosed) return;
   if (in_exchange(phase_)) {
+    // EOF: the client closed its sending side, or the whole socket; the two
+    // look alike. Answers the handler has already given (health, models,
+    // errors: those made at once) still go out — a client that half-closes
+    // after its request (`nc -N`, some probes) gets them — and the connection
+    // closes after them. An answer still being made is abandoned and its
+    // request cancelled: the client is taken to be gone, as vLLM and nginx
+    // take it.
+    if (ec == net::error::eof && phase_ == ConnPhase::kHandling && exchange_) take_answers();
+    if (ec == net::error::eof && phase_ == ConnPhase::kWriting) return settle(ConnFate::kCloseAfterAnswer);
     if (ec) return close();  // EOF or error mid-answer: the client is gone
     return start_watch();
   }

@@ -224,6 +224,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The current exchange (kHandling, kWriting).
   unsigned version_ = 11;               // the request's HTTP version (11 = 1.1)
+  bool head_ = false;                   // the request is a HEAD: its answers carry no body
   std::shared_ptr<Exchange> exchange_;  // the handler's; null for the server's own answers
   OutQueue out_;
 };

@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "router/answer.h"
@@ -20,7 +21,7 @@ enum class Route { kHealth, kMetrics, kModels, kModel, kDrain, kTokenize, kDetok
 
 struct RouteInfo {
   Route route;
-  const char* method;  // the one it accepts
+  const char* method;  // the one it accepts (a GET route takes HEAD too)
 };
 
 RouteInfo route_of(const std::string& path) {
@@ -112,10 +113,13 @@ void HttpFront::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
     e.code = "not_found";
     return respond_error(*w, e);
   }
-  if (http.method != ri.method) {
+  // HEAD is GET without the body (the connection drops it).
+  const bool get_route = std::string_view(ri.method) == "GET";
+  if (http.method != ri.method && !(get_route && http.method == "HEAD")) {
+    const std::string allow = get_route ? "GET, HEAD" : ri.method;
     return respond_error(*w, api_error(405, "method " + shown_text(http.method) + " is not allowed on " + shown_text(path) +
-                                                " (use " + ri.method + ")"),
-                         {{"Allow", ri.method}});
+                                                " (use " + allow + ")"),
+                         {{"Allow", allow}});
   }
   if (http.method == "POST" && !json_content_type(http.content_type))
     return respond_error(*w, unsupported_media_type(http.content_type));

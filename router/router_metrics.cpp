@@ -174,8 +174,12 @@ void RouterMetrics::update_ranks(const WorkerTable& workers, int block_size) {
   for (const auto* pool : {&workers.prefill(), &workers.decode()}) {
     for (const WorkerView& wv : *pool) {
       const std::vector<std::string> labels{role_label(wv), std::to_string(wv.rank)};
-      running.set(labels, wv.load.running);
-      waiting.set(labels, wv.load.waiting);
+      // A rank declared down holds none of the cluster's work (its requests
+      // re-ran or migrated): its last report's counts would be counted twice
+      // in a sum over ranks. Its KV pool figures stay as last reported.
+      const bool down = wv.state == RankState::kDown;
+      running.set(labels, down ? 0 : wv.load.running);
+      waiting.set(labels, down ? 0 : wv.load.waiting);
       free_blocks.set(labels, static_cast<double>(wv.load.free_blocks));
       total_blocks.set(labels, static_cast<double>(wv.load.total_blocks));
       kv_pool_bytes.set(labels, static_cast<double>(wv.load.total_blocks) * block_size *

@@ -452,6 +452,80 @@ TEST_CASE("http_server: no on_disconnect once the answer was given", "[http_serv
   CHECK_FALSE(fired.load());
 }
 
+// A server whose handler answers a GET of /now at once ("now") and hands every
+// other request to the mailbox, for the test to answer later (or never).
+struct MixedFixture {
+  MixedFixture() : server(Fixture::with_port0({})) {
+    REQUIRE(server
+                .start([this](HttpRequest req, std::shared_ptr<ResponseWriter> w) {
+                  if (req.target == "/now") {
+                    w->respond(200, "text/plain", "now");
+                    return;
+                  }
+                  mailbox.put(std::move(req), std::move(w));
+                })
+                .is_ok());
+  }
+  ~MixedFixture() { server.stop(); }
+  HttpServer server;
+  Mailbox mailbox;
+};
+
+TEST_CASE("http_server: a client that half-closes after its request gets an answer given at once; "
+          "one still being made is cancelled",
+          "[http_server]") {
+  MixedFixture f;
+  {
+    Client c(f.server.port());
+    c.send_raw("GET /now HTTP/1.1\r\nHost: x\r\n\r\n");
+    c.socket().shutdown(tcp::socket::shutdown_send);  // nc -N, some health probes
+    auto res = c.read();
+    CHECK(res.result_int() == 200);
+    CHECK(res.body() == "now");
+    CHECK(c.closed_by_server());
+  }
+  {
+    Client c(f.server.port());
+    c.send_raw("POST /later HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    std::promise<void> fired;
+    got->second->on_disconnect([&] { fired.set_value(); });
+    c.socket().shutdown(tcp::socket::shutdown_send);
+    REQUIRE(fired.get_future().wait_for(1s) == std::future_status::ready);  // taken for gone: cancelled
+    CHECK_FALSE(got->second->respond(200, "text/plain", "late"));
+    CHECK(c.closed_by_server());
+  }
+}
+
+TEST_CASE("http_server: a HEAD request is answered with GET's header and no body", "[http_server]") {
+  MixedFixture f;
+  Client c(f.server.port());
+  // Two requests back to back: a body after the first header would be read as
+  // the start of the second answer.
+  c.send_raw("HEAD /now HTTP/1.1\r\nHost: x\r\n\r\nGET /now HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string got;
+  {
+    Watchdog dog(c.socket(), kWait);
+    beast::error_code ec;
+    char buf[4096];
+    for (;;) {
+      const size_t n = c.socket().read_some(net::buffer(buf), ec);
+      if (ec) break;
+      got.append(buf, n);
+    }
+  }
+  const size_t head_end = got.find("\r\n\r\n");
+  REQUIRE(head_end != std::string::npos);
+  const std::string head = got.substr(0, head_end + 4);
+  CHECK(head.rfind("HTTP/1.1 200 ", 0) == 0);
+  CHECK(head.find("Content-Length: 3\r\n") != std::string::npos);
+  const std::string rest = got.substr(head_end + 4);
+  CHECK(rest.rfind("HTTP/1.1 200 ", 0) == 0);  // the second answer follows the first header at once
+  CHECK(rest.size() >= 3);
+  CHECK(rest.substr(rest.size() - 3) == "now");
+}
+
 TEST_CASE("http_server: malformed requests get 400 and a close", "[http_server]") {
   Fixture f;
   for (const std::string& raw : {std::string("THIS IS NOT HTTP\r\n\r\n"),

@@ -173,13 +173,21 @@ TEST_CASE("router: routes answer 404 for unknown paths and 405 naming the allowe
   auto f = h.post("{}", "/health");
   const Answer wrong = h.finish(f);
   CHECK(wrong.status == 405);
-  CHECK(wrong.header("Allow") == "GET");
+  CHECK(wrong.header("Allow") == "GET, HEAD");
   const Answer get_completions = h.get("/v1/completions");
   CHECK(get_completions.status == 405);
   CHECK(get_completions.header("Allow") == "POST");
+  const Answer head_completions = h.finish(h.submit("HEAD", "/v1/completions", ""));
+  CHECK(head_completions.status == 405);
+  CHECK(head_completions.header("Allow") == "POST");
   const Answer models = h.get("/v1/models");
   CHECK(models.status == 200);
   CHECK(models.json()["data"][0]["id"] == "tiny");
+  // HEAD reaches a GET route (the HTTP layer drops the body it answers with).
+  const Answer head_health = h.finish(h.submit("HEAD", "/health", ""));
+  CHECK(head_health.status == 200);
+  const Answer head_models = h.finish(h.submit("HEAD", "/v1/models", ""));
+  CHECK(head_models.status == 200);
 }
 
 TEST_CASE("router: prompts that do not fit the context are 400s naming the field", "[router]") {

@@ -44,6 +44,31 @@ TEST_CASE("router: a prefill rank that goes silent is declared down, its request
         std::string::npos);
 }
 
+TEST_CASE("router: a rank declared down reads 0 running and waiting in /metrics, its KV figures as last reported",
+          "[router]") {
+  Harness h;
+  proto::LoadReport lr;
+  lr.ready = true;
+  lr.running = 3;
+  lr.waiting = 2;
+  lr.free_blocks = 600;
+  lr.total_blocks = 1000;
+  h.hub.send(kD2, kRouterRank, lr);
+  h.silent.insert(kD2);  // it reports no more
+  h.pump_for(50ms);
+  const std::string d2 = "{role=\"decode\",rank=\"" + std::to_string(kD2) + "\"} ";
+  std::string m = h.get("/metrics").raw();
+  CHECK(m.find("pd_running_sequences" + d2 + "3\n") != std::string::npos);
+  CHECK(m.find("pd_waiting_requests" + d2 + "2\n") != std::string::npos);
+  h.pump_for(400ms);  // heartbeat_ms 150: declared down
+  m = h.get("/metrics").raw();
+  CHECK(m.find("pd_rank_up" + d2 + "0\n") != std::string::npos);
+  CHECK(m.find("pd_running_sequences" + d2 + "0\n") != std::string::npos);
+  CHECK(m.find("pd_waiting_requests" + d2 + "0\n") != std::string::npos);
+  CHECK(m.find("pd_free_kv_blocks" + d2 + "600\n") != std::string::npos);
+  CHECK(m.find("pd_kv_blocks" + d2 + "1000\n") != std::string::npos);
+}
+
 // RouterBeats `rank` got since the last look (its inbox is emptied).
 int beats(Harness& h, int rank) {
   int n = 0;
