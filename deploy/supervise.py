@@ -20,8 +20,9 @@ every second reads the router's GET /health:
     they held and join it, keeping their models and caches. Replacements wait until they
     have had the time to (timeouts.router_ms + 30 s). When that cannot work — a colocated
     cluster, the pools' job ended too, or a new router that never got healthy — the whole
-    job is stopped and started again instead. At most --max-restarts restarts in a row
-    that do not reach a healthy cluster.
+    job is stopped and started again instead — every process of it, ranks that outlived
+    a killed mpirun included, ends before the new one starts (its port, its memory). At
+    most --max-restarts restarts in a row that do not reach a healthy cluster.
 SIGTERM / Ctrl-C: the replacement pools leave, the cluster drains (launch.sh), everything
 started here ends; the exit code is the cluster's."""
 import argparse
@@ -175,6 +176,45 @@ def live_counts(body):
     return out
 
 
+def cluster_processes(join_file):
+    """Pids of the processes this supervisor's cluster runs: every rank, mpirun, ompi-server
+    and launch.sh carry its join file's path (unique to this supervisor) on their command
+    lines — also ranks that outlived their mpirun (kill -9 of mpirun leaves them running,
+    each in its own process group)."""
+    mark, out = join_file.encode(), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(mark in a for a in argv):
+            out.append(int(pid))
+    return out
+
+
+def sweep(join_file, grace=5.0):
+    """Ends what is left of the cluster's processes (SIGTERM, then SIGKILL after `grace`
+    s), so that a cluster started next finds its port and its ranks' memory free."""
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        left = cluster_processes(join_file)
+        if not left:
+            return
+        if sig == signal.SIGKILL:
+            log("%d processes of the old cluster did not end: killing them (%s)"
+                % (len(left), " ".join(map(str, left))))
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.time() + wait_s
+        while time.time() < deadline and cluster_processes(join_file):
+            time.sleep(0.1)
+
+
 def router_running(join_file):
     """Whether this cluster's pd-router runs (launch.sh passes it the join file)."""
     return subprocess.run(["pgrep", "-f", ROUTER_PATTERN + re.escape(join_file)],
@@ -314,6 +354,8 @@ class Supervisor:
             # The first job's workers drained through the new router and exit;
             # its mpirun ends with them (or is made to).
             self.cluster.wait(15)
+        # What outlived its job (ranks whose mpirun was killed) ends too.
+        sweep(self.join_file)
 
     def run(self):
         signal.signal(signal.SIGTERM, self.on_signal)

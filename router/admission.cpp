@@ -80,7 +80,10 @@ std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, co
                                api.n > 1 ? "n" : "prompt"),
                      {}};
   if (cluster.stopping) return Rejection{api_error(503, "the server is shutting down"), retry_after};
-  if (!cluster.ready && cluster.degraded)
+  // No path, and none coming by itself (a role's ranks down or drained out):
+  // at once. While the cluster starts, or its pools have not joined yet,
+  // requests wait in the queue (timeouts.queue_ms).
+  if (!cluster.ready && (cluster.degraded || cluster.pool_left))
     return Rejection{api_error(503, "no prefill->decode path is up (" + cluster.not_ready_reason + "); retry later"),
                      retry_after};
   if (cluster.queued + n_choices > limits.max_queued) return queue_full(limits);

@@ -49,6 +49,7 @@ struct ClusterState {
   bool stopping = false;
   bool ready = false;
   bool degraded = false;
+  bool pool_left = false;  // a role's every rank left (drained out): none is expected back
   std::string not_ready_reason;
   int queued = 0;  // requests accepted, not yet dispatched
 };

@@ -62,12 +62,12 @@ void answer_finished_choice(Response& resp, ChoiceOut c, Usage usage, bool first
   w.finish();
 }
 
-void answer_failed(Response& resp, const ApiError& error) {
+void answer_failed(Response& resp, const ApiError& error, int retry_after_s) {
   resp.end(AnswerState::kFailed);
   ResponseWriter& w = *resp.writer;
   if (!resp.stream) {
-    respond_error(w, error);
-    return;
+    if (error.status == 503) return respond_error(w, error, {{"Retry-After", std::to_string(retry_after_s)}});
+    return respond_error(w, error);
   }
   w.send_event(error_body(error));
   w.send_event("[DONE]");

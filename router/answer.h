@@ -79,7 +79,8 @@ struct Response {
 // usage chunk when asked, [DONE] and the end of the stream.
 void answer_finished_choice(Response& resp, ChoiceOut c, Usage usage, bool first_chunk, const std::string& model);
 // Answers `resp` with `error` (a 4xx/5xx body, or mid-stream an error event and
-// [DONE]) and marks it kFailed. The caller ends the other choices.
-void answer_failed(Response& resp, const ApiError& error);
+// [DONE]) and marks it kFailed. The caller ends the other choices. A 503 body
+// carries Retry-After: `retry_after_s` (the cluster may serve it again soon).
+void answer_failed(Response& resp, const ApiError& error, int retry_after_s);
 
 }  // namespace pd::router

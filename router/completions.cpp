@@ -36,6 +36,7 @@ ClusterState HttpFront::cluster_state() const {
   s.stopping = link.state != RouterState::kServing;
   s.ready = link.ready;
   s.degraded = link.degraded;
+  s.pool_left = link.pool_left;
   s.not_ready_reason = std::move(link.not_ready_reason);
   s.queued = p_.status.queued();
   return s;

@@ -271,10 +271,13 @@ bool WorkerTable::begin_drain(int rank) {
 void WorkerTable::remove(int rank) {
   index_.purge(rank);
   for (auto* pool : {&prefill_, &decode_}) {
-    std::erase_if(*pool, [rank](const WorkerView& w) { return w.rank == rank; });
+    if (std::erase_if(*pool, [rank](const WorkerView& w) { return w.rank == rank; }) > 0 && pool->empty())
+      (pool == &prefill_ ? prefill_left_ : decode_left_) = true;
     for (WorkerView& w : *pool) w.links.erase(rank);
   }
 }
+
+bool WorkerTable::pool_left() const { return (prefill_left_ && prefill_.empty()) || (decode_left_ && decode_.empty()); }
 
 const WorkerView* WorkerTable::find(int rank) const { return const_cast<WorkerTable*>(this)->find(rank); }
 
@@ -390,12 +393,17 @@ bool WorkerTable::ready(std::string* why) const {
       }
     }
   }
+  auto none_up = [](const char* role, const std::vector<WorkerView>& pool, bool left) {
+    if (!pool.empty()) return std::string("every ") + role + " rank is down";
+    return left ? std::string("every ") + role + " rank has left (drained out)"
+                : std::string("no ") + role + " rank has joined yet";
+  };
   if (!colocated() && up(prefill_) == 0) {
-    *why = prefill_.empty() ? "no prefill rank has joined yet" : "every prefill rank is down";
+    *why = none_up("prefill", prefill_, prefill_left_);
     return false;
   }
   if (up(decode_) == 0) {
-    *why = decode_.empty() ? "no decode rank has joined yet" : "every decode rank is down";
+    *why = none_up("decode", decode_, decode_left_);
     return false;
   }
   return true;

@@ -183,11 +183,16 @@ class WorkerTable {
   bool ready(std::string* why) const;
   // Whether some rank is down (the cluster serves, degraded).
   bool degraded() const;
+  // Whether a role's pool is empty because its ranks left (drained out or
+  // removed) — unlike a pool that has not joined yet, nothing will come back
+  // by itself. Until a rank of that role joins again.
+  bool pool_left() const;
   const std::vector<WorkerView>& prefill() const { return prefill_; }
   const std::vector<WorkerView>& decode() const { return decode_; }
 
  private:
   std::vector<WorkerView> prefill_, decode_;
+  bool prefill_left_ = false, decode_left_ = false;  // the pool's last rank was removed (pool_left)
   bool colocated_ = false;
   int block_size_;
   RoutingPolicy policy_;

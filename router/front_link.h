@@ -85,6 +85,7 @@ struct LinkSnapshot {
   RouterState state = RouterState::kServing;
   bool ready = false;     // every role has an up rank (WorkerTable::ready)
   bool degraded = false;  // a rank is down or draining (WorkerTable::degraded)
+  bool pool_left = false;  // a role's every rank left (WorkerTable::pool_left)
   std::string not_ready_reason;  // why it was last not ready
   std::string ranks_json = "[]";  // /health's per-rank list
 };

@@ -152,7 +152,12 @@ void HttpFront::handle_drain(const HttpRequest& http, std::shared_ptr<ResponseWr
   // {"rank": N}: the rank to drain out of the cluster (see /health for ranks).
   const nlohmann::json body = nlohmann::json::parse(http.body, nullptr, false);
   if (body.is_discarded() || !body.is_object())
-    return respond_error(*w, api_error(400, "the body must be a JSON object {\"rank\": N}", "", "invalid_request_error"));
+    return respond_error(*w, api_error(400,
+                                       std::string(body.is_discarded() ? "the body is not JSON (or holds a number beyond "
+                                                                         "double range)"
+                                                                       : "the body is not a JSON object") +
+                                           ": expected {\"rank\": N}",
+                                       "", "invalid_request_error"));
   auto it = body.find("rank");
   if (it == body.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 30))
     return respond_error(*w, api_error(400, "'rank' must be a non-negative integer (a worker rank from /health)", "rank",

@@ -156,6 +156,7 @@ void LinkLoop::update_health() {
   if (!ok) shown_.not_ready_reason = why;
   shown_.ranks_json = ranks.dump();
   shown_.degraded = workers_.degraded();
+  shown_.pool_left = workers_.pool_left();
   shown_.ready = ok;
   p_.status.publish(shown_);
 }

@@ -234,7 +234,7 @@ void LinkLoop::finalize(uint64_t wire_id, End how, const std::string& finish_rea
     case End::kFailed:
       p_.metrics.requests_total.inc({error.status == 504 ? "timeout" : "failed"});
       if (resp.ended()) break;
-      answer_failed(resp, error);
+      answer_failed(resp, error, p_.cfg.router.retry_after_s);
       cancel_siblings(resp);
       break;
   }

@@ -10,12 +10,14 @@ rank, timeouts.heartbeat_ms 2000, timeouts.router_ms 3000), then:
   2. kill -STOP the decode rank past the heartbeat: a replacement joins; kill -CONT: the
      resumed rank is re-admitted, the pool is one too large, and the newest replacement
      leaves again (within 40 s), the resumed rank serving;
-  3. kill -9 the router while 4 streams run: each stream's connection ends within 10 s
+  3. kill -9 the cluster's mpirun: its ranks outlive it; within 60 s the cluster is
+     restarted and serves, and none of the old job's processes is left;
+  4. kill -9 the router while 4 streams run: each stream's connection ends within 10 s
      (the HTTP side died with the router; nothing hangs), and within 60 s a new router
      answers and serves a request with the same pools (the same worker processes: they
      dropped what they held and joined the new router, models loaded); a long prompt sent
      before the kill is found in the prefill rank's prefix cache after it;
-  4. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
+  5. SIGTERM to the supervisor: every process it started ends (within 90 s), and the
      supervisor exits.
 First, a flag launch.sh refuses (--model of a missing file) ends the supervisor at once
 with exit 2 and launch.sh's message, instead of restarting.
@@ -135,6 +137,15 @@ class Supervised:
                 pass
 
 
+def cmdline(pid):
+    """The argv of process `pid` (bytes), [] once it is gone."""
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 LONG_PROMPT = " ".join(["The history of the river towns is long and full of trade."] * 6)  # ~75 tokens
 
 
@@ -228,7 +239,30 @@ def suite_pools(tmp):
         check(got == want, "after the surplus replacement left: %r != %r" % (got, want))
         print("the resumed rank was re-admitted and the surplus replacement left %.1f s later" % (time.time() - t0))
 
-        # 3. the router dies: a new one serves within 60 s, with the same pools
+        # 3. the cluster's mpirun is killed: its ranks outlive it (each in its own process
+        # group), still serving; the supervisor restarts the cluster, and every process of
+        # the old job ends first (the router held the port, the ranks their memory)
+        old = s.processes()
+        old_url = s.url()
+        mpirun = [pid for pid in os.listdir("/proc") if pid.isdigit() and cmdline(pid)[:1] == [b"mpirun"]
+                  and s.config.encode() in cmdline(pid)]
+        check(len(mpirun) >= 1, "no mpirun running this test's config")
+        for pid in mpirun:
+            os.kill(int(pid), signal.SIGKILL)
+        t0 = time.time()
+        try:
+            wait_for(lambda: s.url() != old_url and healthy(s), 60, "a restarted cluster")
+        except AssertionError:
+            raise AssertionError("kill -9 mpirun: no restarted cluster serving within 60 s: /health %s\n%s"
+                                 % (s.health(), s.output()[-4000:]))
+        left = sorted(pid for pid in old if pid in s.processes())
+        check(not left, "processes of the killed job still run after the restart: %s" % left)
+        got = s.complete()
+        check(got == want, "after the restart: %r != %r" % (got, want))
+        print("kill -9 mpirun: the cluster restarted, serving %.1f s later; none of its %d processes left"
+              % (time.time() - t0, len(old)))
+
+        # 4. the router dies: a new one serves within 60 s, with the same pools
         router = [pid for pid, exe in s.processes().items() if exe == "pd-router"]
         check(len(router) == 1, "router processes: %s" % router)
         workers = sorted(pid for pid, exe in s.processes().items() if exe != "pd-router")
@@ -264,7 +298,7 @@ def suite_pools(tmp):
         print("kill -9 router (pid %d): a new router serves at %s %.1f s later, with the same %d workers"
               % (router[0], s.url(), took, len(workers)))
 
-        # 4. SIGTERM: everything ends
+        # 5. SIGTERM: everything ends
         os.kill(s.proc.pid, signal.SIGTERM)
         t0 = time.time()
         try:

@@ -193,6 +193,42 @@ TEST_CASE("router: with no prefill->decode path /health is 503 naming why, and r
   CHECK(r.header("Retry-After") == "1");
 }
 
+TEST_CASE("router: once every decode rank has drained out, requests fail at once until a decode rank joins",
+          "[router]") {
+  Harness h;
+  for (int r : {kD1, kD2}) {
+    CHECK(h.finish(h.admin_post("{\"rank\": " + std::to_string(r) + "}")).status == 200);
+    REQUIRE(h.expect<proto::Drain>(r));
+    h.hub.send(r, kRouterRank, proto::Drained{});
+    REQUIRE(h.expect<proto::Shutdown>(r));
+    h.live.erase(std::find(h.live.begin(), h.live.end(), r));
+  }
+  h.pump_for(30ms);
+  const Answer health = h.get("/health");
+  CHECK(health.status == 503);
+  CHECK(health.raw().find("every decode rank has left (drained out)") != std::string::npos);
+  auto f = h.post(kBody);
+  CHECK(f->done());  // answered by submit() itself: nothing will take it from the queue
+  const Answer r = h.finish(f, 100ms);
+  CHECK(r.status == 503);
+  CHECK(r.raw().find("every decode rank has left") != std::string::npos);
+  CHECK(r.header("Retry-After") == "1");
+  // A decode rank joins: requests are taken again.
+  for (int p : {kP1, kP2}) h.hub.send(p, kRouterRank, proto::Listening{"port-" + std::to_string(p)});
+  constexpr int kJoined = 7;
+  h.hub.send(kJoined, kRouterRank,
+             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+  REQUIRE(h.expect<proto::JoinAccepted>(kJoined));
+  h.live.push_back(kJoined);
+  h.pump_for(30ms);
+  auto g = h.post(kBody);
+  auto d = h.dispatched();
+  REQUIRE(d);
+  CHECK(d->second.decode_rank == kJoined);
+  h.serve(d->first, d->second);
+  CHECK(h.finish(g).status == 200);
+}
+
 TEST_CASE("router: a rank joins, is linked to the up workers of the other role, and gets work once ready", "[router]") {
   Harness h;
   for (int r : {kP1, kP2}) h.hub.send(r, kRouterRank, proto::Listening{"port-" + std::to_string(r)});

@@ -298,8 +298,10 @@ TEST_CASE("router: a request no worker takes within queue_ms fails 503, one past
   const Answer queued = h.finish(fs[2], 300ms);
   CHECK(queued.status == 503);
   CHECK(queued.json()["error"]["message"] == "no worker could take the request within 100 ms");
+  CHECK(queued.header("Retry-After") == "1");  // a 503: the cluster may take it later
   const Answer late = h.finish(fs[0], 1000ms);
   CHECK(late.status == 504);
+  CHECK(late.header("Retry-After").empty());
   CHECK(late.json()["error"]["message"] == "the request did not finish within 400 ms");
   CHECK(h.finish(fs[1], 100ms).status == 504);
   CHECK(h.cancelled() == std::set<proto::RequestId>{ds[0].second.id, ds[1].second.id});  // the workers drop them
