@@ -112,13 +112,9 @@ class Supervised:
     def processes(self):
         """{pid: exe} of the pd-* processes using this test's config."""
         out = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            argv = cmdline(pid)
+            if not argv:
                 continue
             exe = os.path.basename(argv[0].decode(errors="replace"))
             if exe.startswith("pd-") and self.config.encode() in argv:
@@ -244,8 +240,8 @@ def suite_pools(tmp):
         # the old job ends first (the router held the port, the ranks their memory)
         old = s.processes()
         old_url = s.url()
-        mpirun = [pid for pid in os.listdir("/proc") if pid.isdigit() and cmdline(pid)[:1] == [b"mpirun"]
-                  and s.config.encode() in cmdline(pid)]
+        mpirun = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+                  if cmdline(pid)[:1] == [b"mpirun"] and s.config.encode() in cmdline(pid)]
         check(len(mpirun) >= 1, "no mpirun running this test's config")
         for pid in mpirun:
             os.kill(int(pid), signal.SIGKILL)

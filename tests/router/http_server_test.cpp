@@ -471,7 +471,7 @@ struct MixedFixture {
   Mailbox mailbox;
 };
 
-TEST_CASE("http_server: a client that half-closes after its request gets an answer given at once; "
+TEST_CASE("http_server: a client that half-closes after its request gets an answer given at once, "
           "one still being made is cancelled",
           "[http_server]") {
   MixedFixture f;
