@@ -31,7 +31,13 @@ ApiResult<std::vector<TokenId>> encode_chat(const ModelInfo& model, const std::v
   auto ids = tools_described(tools, tool_choice)
                  ? tpl.with_tools_described().encode(*model.tokenizer, rendered.value(), add_generation_prompt)
                  : tpl.encode(*model.tokenizer, rendered.value(), add_generation_prompt);
-  if (!ids.is_ok()) return api_error(400, "messages: " + ids.status().message(), "messages");
+  if (!ids.is_ok()) {
+    // A message the template refuses is named first ("messages[1]: ..."): that is the param.
+    const std::string& why = ids.status().message();
+    if (why.rfind("messages[", 0) == 0 && why.find("]: ") != std::string::npos)
+      return api_error(400, why, why.substr(0, why.find("]: ") + 1));
+    return api_error(400, "messages: " + why, "messages");
+  }
   return std::move(ids).value();
 }
 

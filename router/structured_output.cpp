@@ -24,21 +24,29 @@ struct Found {
 
 // JSON-schema keywords that constrain a value but that the grammar engine
 // does not enforce (it would silently produce values that break them), each
-// with why. Anything else outside JSON Schema's vocabulary is an annotation,
-// as the standard has it, and ignored.
-constexpr const char* kUnenforced[][2] = {
-    {"not", "the grammar cannot exclude what a subschema matches"},
-    {"patternProperties", "the grammar cannot keep keys that match a pattern from repeating"},
-    {"propertyNames", "the grammar cannot keep keys that match a pattern from repeating"},
-    {"dependentRequired", "properties required by another one's presence are not enforced"},
-    {"dependentSchemas", "subschemas applied by a property's presence are not enforced"},
-    {"dependencies", "properties required by another one's presence are not enforced"},
-    {"if", "conditional subschemas (if/then/else) are not enforced"},
-    {"then", "conditional subschemas (if/then/else) are not enforced"},
-    {"else", "conditional subschemas (if/then/else) are not enforced"},
-    {"contains", "the grammar cannot require an item to match a subschema"},
-    {"minContains", "the grammar cannot require an item to match a subschema"},
-    {"maxContains", "the grammar cannot require an item to match a subschema"},
+// with why, and whether an empty value ({} or null) says nothing and may pass:
+// {} as patternProperties, a dependency map, or if/then/else constrains
+// nothing, but "not": {} matches no value and "contains": {} asks for a
+// non-empty array. Anything else outside JSON Schema's vocabulary is an
+// annotation, as the standard has it, and ignored.
+struct Unenforced {
+  const char* key;
+  const char* why;
+  bool empty_is_noop;
+};
+constexpr Unenforced kUnenforced[] = {
+    {"not", "the grammar cannot exclude what a subschema matches", false},
+    {"patternProperties", "the grammar cannot keep keys that match a pattern from repeating", true},
+    {"propertyNames", "the grammar cannot keep keys that match a pattern from repeating", true},
+    {"dependentRequired", "properties required by another one's presence are not enforced", true},
+    {"dependentSchemas", "subschemas applied by a property's presence are not enforced", true},
+    {"dependencies", "properties required by another one's presence are not enforced", true},
+    {"if", "conditional subschemas (if/then/else) are not enforced", true},
+    {"then", "conditional subschemas (if/then/else) are not enforced", true},
+    {"else", "conditional subschemas (if/then/else) are not enforced", true},
+    {"contains", "the grammar cannot require an item to match a subschema", false},
+    {"minContains", "the grammar cannot require an item to match a subschema", false},
+    {"maxContains", "the grammar cannot require an item to match a subschema", false},
 };
 
 // The subschemas of `schema` that are checked in turn: (the keyword's path
@@ -96,10 +104,11 @@ std::optional<ApiError> check_schema_keywords(const json& schema, const std::str
   if (depth > kMaxJsonDepth)
     return bad(path, path + " nests subschemas deeper than the limit of " + std::to_string(kMaxJsonDepth) + " levels");
   if (!schema.is_object()) return std::nullopt;  // true / false, or a shape the engine judges
-  for (const auto& [key, why] : kUnenforced) {
-    const auto it = schema.find(key);
-    const bool empty = it != schema.end() && (it->is_null() || (it->is_object() && it->empty()));
-    if (it != schema.end() && !empty) return unenforced(path, key, why);
+  for (const Unenforced& u : kUnenforced) {
+    const auto it = schema.find(u.key);
+    if (it == schema.end()) continue;
+    const bool empty = it->is_null() || (it->is_object() && it->empty());
+    if (!(empty && u.empty_is_noop)) return unenforced(path, u.key, u.why);
   }
   if (const auto all = schema.find("allOf"); all != schema.end() && all->is_array() && all->size() > 1)
     return unenforced(path, "allOf", "subschemas that must all hold are not merged (one subschema is accepted)");

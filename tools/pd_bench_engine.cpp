@@ -516,8 +516,10 @@ void add_options(CLI::App* app, BenchFlags* f, RawFlags* raw) {
   app->add_option("--verify", raw->verify,
                   "comma-separated token counts of a speculative verification step (one sequence at --prompt "
                   "tokens, logits for every position; 1 is plain decode): median step time and ratio to one token");
-  app->add_option("--json", f->json_path, "write all results as JSON to this file");
-  app->add_option("--profile", f->profile_path, "write the engine cost profile (pd-plan --profile) to this file");
+  app->add_option("--json", f->json_path, "write all results as JSON to this file")
+      ->check(pd::tools::writable_file());
+  app->add_option("--profile", f->profile_path, "write the engine cost profile (pd-plan --profile) to this file")
+      ->check(pd::tools::writable_file());
   app->add_option("--profile-prefill", raw->profile_prefill,
                   "prompt lengths of the profile's prefill points (default 64,128,256 and --prefill-tokens)");
   app->add_option("--profile-contexts", raw->profile_contexts,

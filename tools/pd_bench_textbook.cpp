@@ -668,7 +668,8 @@ void add_options(CLI::App* app, TextbookFlags* f, RangeFlags* r) {
   app->add_option("-m,--model", f->model_path, "GGUF model (default: the default model)");
   app->add_option("--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app->add_option("--seed", f->seed, "seed of the token ids and lengths");
-  app->add_option("--json", f->json_path, "write all results as JSON to this file");
+  app->add_option("--json", f->json_path, "write all results as JSON to this file")
+      ->check(pd::tools::writable_file());
   app->add_option("--only", f->only, "comma-separated experiments: kv-cache, batching, paged");
   app->add_option("--block-size", f->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app->add_option("--kv-prompt", f->kv_prompt, "kv-cache: prompt tokens")->check(CLI::Range(1, 1 << 20));

@@ -40,6 +40,7 @@
 #include "grammar/grammar.h"
 #include "kv/kv_block_manager.h"
 #include "model/generate.h"
+#include "router/structured_output.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "sampling/sampler.h"
@@ -117,6 +118,8 @@ std::string parse_grammar_flags(const std::string& schema, bool json_object, con
     if (err.empty()) {
       const nlohmann::ordered_json j = nlohmann::ordered_json::parse(g.text, nullptr, false);  // keys keep their order
       if (j.is_discarded() || !j.is_object()) return "--json-schema: not a JSON object";
+      // The keywords the grammar would not enforce are refused, as the API refuses them.
+      if (auto e = pd::router::check_schema(j, "--json-schema")) return e->message;
       g.text = j.dump();  // compact, as the router sends it
     }
   } else if (!regex.empty()) {
@@ -499,5 +502,12 @@ int main(int argc, char** argv) {
   if (!kv_dtype.is_ok()) return fail(kv_dtype.status().message(), kExitUsage);
   engine.kv_dtype = *kv_dtype;
   if (auto err = open_model(flags, &engine)) return fail(*err);
+  // The API refuses a bias on a token past the vocabulary (logit_bias); so does the flag.
+  const int32_t vocab = engine.tok->vocab_size();
+  for (const auto& [id, bias] : flags.logit_bias)
+    if (id >= vocab)
+      return fail("--logit-bias: token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                      std::to_string(vocab) + ") of " + flags.model_path,
+                  kExitUsage);
   return flags.batch_path.empty() ? run_single(flags, engine) : run_batch(flags, engine);
 }

@@ -473,7 +473,8 @@ std::optional<int> parse_flags(int argc, char** argv, PerplexityFlags* f) {
   app.add_option("-f,--file", f->text_path, "text file to score");
   auto* ctx_opt = app.add_option("-c,--ctx", f->n_ctx, "tokens per chunk (the second half is scored)")
                       ->check(CLI::Range(4, 1 << 20));
-  app.add_option("--chunks", f->max_chunks, "score at most this many chunks (-1 = all)");
+  app.add_option("--chunks", f->max_chunks, "score at most this many chunks (-1 = all)")
+      ->check(CLI::Range(-1, 1 << 30));
   app.add_option("-t,--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--act", f->act_list, "activation paths, comma-separated: int8, fp32");
   app.add_option("--isa", f->isa_list,
@@ -486,7 +487,7 @@ std::optional<int> parse_flags(int argc, char** argv, PerplexityFlags* f) {
   auto* save_opt = app.add_option("--save-base", f->save_base, "write the reference's log-probs (llama.cpp format)");
   auto* base_opt = app.add_option("--base", f->base_path, "read the reference's log-probs (llama.cpp format)");
   save_opt->excludes(base_opt);
-  app.add_option("--json", f->json_path, "write the results as JSON");
+  app.add_option("--json", f->json_path, "write the results as JSON")->check(pd::tools::writable_file());
   if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-perplexity")) return code;
   f->ctx_given = ctx_opt->count() > 0;
   return std::nullopt;

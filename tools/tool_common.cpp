@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 namespace pd::tools {
 
 int report_error(const char* tool, const std::string& message, int exit_code) {
@@ -52,6 +54,22 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+CLI::Validator writable_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        const std::filesystem::path p(path);
+        const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+        std::error_code ec;
+        if (!std::filesystem::is_directory(dir, ec)) return "directory '" + dir.string() + "' does not exist";
+        if (std::filesystem::is_directory(p, ec)) return "'" + path + "' is a directory";
+        const bool exists = std::filesystem::exists(p, ec);
+        if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0)
+          return "cannot write '" + path + "'" + (exists ? "" : " (directory '" + dir.string() + "' is not writable)");
+        return "";
+      },
+      "FILE (writable)");
 }
 
 bool write_json_file(const std::string& path, const nlohmann::json& j) {

@@ -60,6 +60,9 @@ double median(std::vector<double> v);
 // Writes j (2-space indent, a trailing newline) to path; false when the file
 // cannot be written.
 bool write_json_file(const std::string& path, const nlohmann::json& j);
+// A check for an output file flag (--json FILE): its directory exists and the
+// file can be written there — refused on the command line, not after a long run.
+CLI::Validator writable_file();
 
 // Printed by the benchmarks when the ISA path they run (PD_CPU_ISA) was
 // compiled with AVX-512's 32 registers (cpu::isa_built_with_avx512).

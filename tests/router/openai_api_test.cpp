@@ -559,6 +559,12 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
        rf + ".$defs.p.if", "if"},
       {R"("guided_json": "{\"type\": \"object\", \"propertyNames\": {\"pattern\": \"^x\"}}")",
        "guided_json.propertyNames", "propertyNames"},
+      // Empty, yet constraints: "not": {} matches no value, "contains": {} asks for an item.
+      {schema(R"({"type": "object", "properties": {"a": {"not": {}}}, "required": ["a"]})"),
+       rf + ".properties.a.not", "not"},
+      {schema(R"({"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"},
+                  "contains": {}, "maxItems": 0}}, "required": ["xs"]})"),
+       rf + ".properties.xs.contains", "contains"},
       // Subschemas for the keys and items the others leave are checked too.
       {schema(R"({"type": "object", "unevaluatedProperties": {"not": {"type": "string"}}})"),
        rf + ".unevaluatedProperties.not", "not"},
@@ -587,6 +593,7 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
            R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": false})",
            R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": true, "maxItems": 1})",
            R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "patternProperties": {}})",
+           R"({"type": "object", "properties": {"a": {"type": "integer"}}, "if": {}, "then": {}, "dependencies": {}})",
            R"({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": false})",
            R"({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": false})"}) {
     CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(schema(ok))).sampling.grammar.active());

@@ -99,6 +99,12 @@ TEST_CASE("router: a Gemma chat has one BOS, literal contents and stops at <end_
   whole.insert(whole.end(), rest.begin(), rest.end());
   CHECK(*plain == whole);
   CHECK(chat_stop_ids(m) == std::vector<TokenId>{106});
+  // A message the template refuses is the error's param.
+  auto twice = encode_chat(m, {{"user", "a"}, {"user", "b"}});
+  REQUIRE_FALSE(twice.is_ok());
+  CHECK(twice.error().status == 400);
+  CHECK(twice.error().param == "messages[1]");
+  CHECK_THAT(twice.error().message, Catch::StartsWith("messages[1]: ") && Catch::Contains("must alternate"));
 }
 
 TEST_CASE("router: a chat to a model without a template answers 400, completions go on", "[router][prompts]") {
