@@ -91,8 +91,9 @@ std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, co
 }
 
 Rejection queue_full(const ClusterConfig::Router& limits) {
-  return Rejection{api_error(503, "the router's queue is full (" + std::to_string(limits.max_queued) +
-                                      " requests waiting); retry later"),
+  return Rejection{api_error(503, "the router's queue has no room for this request (it holds at most " +
+                                      std::to_string(limits.max_queued) +
+                                      " waiting choices, router.max_queued); retry later"),
                    {{"Retry-After", std::to_string(limits.retry_after_s)}}};
 }
 

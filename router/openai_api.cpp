@@ -231,14 +231,14 @@ bool asks_for_nothing(const std::string& key, const json& v) {
 std::optional<ApiError> read_token_id(const json& v, const std::string& where, TokenId& out) {
   const IntRead i = as_int64(v);
   if (i.kind != IntRead::kOk || i.value < 0 || i.value > std::numeric_limits<int32_t>::max()) {
-    return bad_request("prompt", where + " must be a token id (an integer >= 0), got " + shown(v));
+    return bad_request(where, where + " must be a token id (an integer >= 0), got " + shown(v));
   }
   out = static_cast<TokenId>(i.value);
   return std::nullopt;
 }
 
 std::optional<ApiError> read_token_ids(const json& v, const std::string& where, PromptInput& out) {
-  if (v.empty()) return bad_request("prompt", where + " must not be an empty array");
+  if (v.empty()) return bad_request(where, where + " must not be an empty array");
   out.is_ids = true;
   out.ids.resize(v.size());
   for (size_t i = 0; i < v.size(); ++i) {

@@ -615,22 +615,23 @@ TEST_CASE("openai_api: unknown fields are refused, harmless ones ignored", "[ope
 }
 
 TEST_CASE("openai_api: completions prompt validation", "[openai_api]") {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"([])", "prompt must not be an empty array"},
-      {R"({"text":"x"})", "prompt must be a string, an array of strings, an array of token ids"},
-      {R"([-1, 2])", "prompt[0] must be a token id (an integer >= 0), got -1"},
-      {R"([1, 2.5])", "prompt[1] must be a token id"},
-      {R"([1, "a"])", "prompt[1] must be a token id"},
-      {R"([2147483648])", "prompt[0] must be a token id"},
-      {R"([[1], []])", "prompt[1] must not be an empty array"},
-      {R"([[1], [2, -3]])", "prompt[1][1] must be a token id"},
-      {R"(["a", [1]])", "(not mixed); prompt[1] is [1]"},
-      {R"([[1], "a"])", "(not mixed); prompt[1] is \"a\""},
-      {R"([null])", "prompt[0] is null"},
+  // (prompt, the error's param: the element at fault where there is one, its message)
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {R"([])", "prompt", "prompt must not be an empty array"},
+      {R"({"text":"x"})", "prompt", "prompt must be a string, an array of strings, an array of token ids"},
+      {R"([-1, 2])", "prompt[0]", "prompt[0] must be a token id (an integer >= 0), got -1"},
+      {R"([1, 2.5])", "prompt[1]", "prompt[1] must be a token id"},
+      {R"([1, "a"])", "prompt[1]", "prompt[1] must be a token id"},
+      {R"([2147483648])", "prompt[0]", "prompt[0] must be a token id"},
+      {R"([[1], []])", "prompt[1]", "prompt[1] must not be an empty array"},
+      {R"([[1], [2, -3]])", "prompt[1][1]", "prompt[1][1] must be a token id"},
+      {R"(["a", [1]])", "prompt", "(not mixed); prompt[1] is [1]"},
+      {R"([[1], "a"])", "prompt", "(not mixed); prompt[1] is \"a\""},
+      {R"([null])", "prompt", "prompt[0] is null"},
   };
-  for (const auto& [prompt, message] : cases) {
+  for (const auto& [prompt, param, message] : cases) {
     const ApiError e = parse_err(Endpoint::kCompletions, R"({"prompt":)" + prompt + "}");
-    CHECK(e.param == "prompt");
+    CHECK(e.param == param);
     CHECK_THAT(e.message, Catch::Matchers::Contains(message));
   }
   // At most kMaxChoices choices: prompts x n.

@@ -366,7 +366,7 @@ TEST_CASE("router: router.max_queued bounds the queue as a whole when requests a
   for (const auto& w : writers) {
     if (w->answer().status != 503) continue;
     ++full;
-    CHECK_THAT(w->answer().body, Catch::Matchers::Contains("queue is full"));
+    CHECK_THAT(w->answer().body, Catch::Matchers::Contains("queue has no room"));
     CHECK(w->answer().header("Retry-After") != "");
   }
   CHECK(full == kClients - 2);  // two fit exactly; the others took no room
