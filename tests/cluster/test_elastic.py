@@ -147,7 +147,9 @@ def grow_and_shrink(c, make_pool, prompts, pools):
     # The join happens under load however long it takes: while the pool is not up, streams
     # that ended are replaced (request ids from 100 on, prompt and expected text i % 32).
     refills = 0
+    t_poll = time.time()  # the last poll that found the pool not up yet: it came up after this
     while not joined_up():
+        t_poll = time.time()
         check(time.time() - t0 < 120, "the joined decode rank up in /health: not within 120 s")
         alive = sum(1 for t in threads if t.is_alive())
         if alive < 4:
@@ -159,7 +161,10 @@ def grow_and_shrink(c, make_pool, prompts, pools):
         time.sleep(0.1)
     rank = new[0]
     joined_s = time.time() - t0
-    streaming = sum(1 for t in threads if t.is_alive())
+    # Streams running while the pool came up (between the last two polls): refills of
+    # equal length end together, so a count taken at this instant alone can catch the
+    # moment between one set's end and the next poll's refill.
+    streaming = sum(1 for s in streams if s.t_end is None or s.t_end >= t_poll)
     print("a decode pool joined (rank %d) in %.1f s, with %d streams running (%d started while it joined)"
           % (rank, joined_s, streaming, refills))
     check(streaming > 0, "every stream ended before the pool joined: the join did not happen under load")
