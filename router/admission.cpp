@@ -73,7 +73,7 @@ std::optional<ApiError> check_answer_size(const ApiRequest& api, const std::vect
 
 std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, const ClusterState& cluster,
                                         const ClusterConfig::Router& limits) {
-  const std::vector<std::pair<std::string, std::string>> retry_after{{"Retry-After", std::to_string(limits.retry_after_s)}};
+  const auto retry_after = retry_after_header(limits.retry_after_s);
   if (n_choices > 1 && n_choices > limits.max_queued)  // could never be queued at once: retrying would not help
     return Rejection{api_error(400, std::to_string(n_choices) + " choices (prompts x n) is more than this server queues at once (" +
                                         std::to_string(limits.max_queued) + ", router.max_queued)",
@@ -94,7 +94,7 @@ Rejection queue_full(const ClusterConfig::Router& limits) {
   return Rejection{api_error(503, "the router's queue has no room for this request (it holds at most " +
                                       std::to_string(limits.max_queued) +
                                       " waiting choices, router.max_queued); retry later"),
-                   {{"Retry-After", std::to_string(limits.retry_after_s)}}};
+                   retry_after_header(limits.retry_after_s)};
 }
 
 }  // namespace pd::router

@@ -66,7 +66,7 @@ void answer_failed(Response& resp, const ApiError& error, int retry_after_s) {
   resp.end(AnswerState::kFailed);
   ResponseWriter& w = *resp.writer;
   if (!resp.stream) {
-    if (error.status == 503) return respond_error(w, error, {{"Retry-After", std::to_string(retry_after_s)}});
+    if (error.status == 503) return respond_error(w, error, retry_after_header(retry_after_s));
     return respond_error(w, error);
   }
   w.send_event(error_body(error));

@@ -34,6 +34,12 @@ inline ApiError api_error(int status, std::string message, std::string param = "
   return e;
 }
 
+// The header of a 503 that may be retried: Retry-After, in whole seconds
+// (router.retry_after_s).
+inline std::vector<std::pair<std::string, std::string>> retry_after_header(int seconds) {
+  return {{"Retry-After", std::to_string(seconds)}};
+}
+
 inline void respond_error(ResponseWriter& w, const ApiError& e,
                           std::vector<std::pair<std::string, std::string>> headers = {}) {
   w.respond(e.status, "application/json", error_body(e), std::move(headers));

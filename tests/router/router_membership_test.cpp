@@ -70,6 +70,19 @@ TEST_CASE("router: a rank declared down reads 0 running and waiting in /metrics,
 }
 
 // RouterBeats `rank` got since the last look (its inbox is emptied).
+// A Join of `role` from a process on `host` (as a rank sends it; the hub does
+// not ask for the cluster secret's proof).
+proto::Join join_of(int32_t role, std::string host, int32_t pid, int32_t block_size, std::string port, std::string pool) {
+  proto::Join j;
+  j.role = role;
+  j.host = std::move(host);
+  j.pid = pid;
+  j.block_size = block_size;
+  j.port = std::move(port);
+  j.pool = std::move(pool);
+  return j;
+}
+
 int beats(Harness& h, int rank) {
   int n = 0;
   for (auto& [src, m] : h.hub.take_all(rank)) n += std::holds_alternative<proto::RouterBeat>(m) && src == kRouterRank;
@@ -107,7 +120,7 @@ TEST_CASE("router: a rank silent for a while hears no beat until it speaks again
   // it first hears the router it would wait for it as long as startup_ms.
   constexpr int kJoined = 7;
   h.hub.send(kJoined, kRouterRank,
-             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+             join_of(static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"));
   REQUIRE(h.expect<proto::JoinAccepted>(kJoined));
   h.pump_for(2100ms);
   CHECK(beats(h, kJoined) >= 2);
@@ -217,7 +230,7 @@ TEST_CASE("router: once every decode rank has drained out, requests fail at once
   for (int p : {kP1, kP2}) h.hub.send(p, kRouterRank, proto::Listening{"port-" + std::to_string(p)});
   constexpr int kJoined = 7;
   h.hub.send(kJoined, kRouterRank,
-             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+             join_of(static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"));
   REQUIRE(h.expect<proto::JoinAccepted>(kJoined));
   h.live.push_back(kJoined);
   h.pump_for(30ms);
@@ -234,7 +247,7 @@ TEST_CASE("router: a rank joins, is linked to the up workers of the other role, 
   for (int r : {kP1, kP2}) h.hub.send(r, kRouterRank, proto::Listening{"port-" + std::to_string(r)});
   constexpr int kJoined = 7;
   h.hub.send(kJoined, kRouterRank,
-             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"});
+             join_of(static_cast<int32_t>(Role::kDecode), "node-c", 4242, h.cfg.kv.block_size, "port-7", "node-c:1"));
   auto accepted = h.expect<proto::JoinAccepted>(kJoined);
   REQUIRE(accepted);
   CHECK(accepted->rank == kJoined);
@@ -268,20 +281,20 @@ TEST_CASE("router: ranks that join together link to each other before either is 
           "[router]") {
   Harness h;  // the launching job's decode ranks never said Listening: no port, never linked
   h.hub.send(7, kRouterRank,
-             proto::Join{static_cast<int32_t>(Role::kDecode), "node-c", 41, h.cfg.kv.block_size, "port-7", "node-c:41"});
+             join_of(static_cast<int32_t>(Role::kDecode), "node-c", 41, h.cfg.kv.block_size, "port-7", "node-c:41"));
   auto first = h.expect<proto::JoinAccepted>(7);
   REQUIRE(first);
   CHECK(first->peers.empty());
   // Rank 7 has not reported ready yet when a prefill rank of another pool joins.
   h.hub.send(8, kRouterRank,
-             proto::Join{static_cast<int32_t>(Role::kPrefill), "node-d", 42, h.cfg.kv.block_size, "port-8", "node-d:42"});
+             join_of(static_cast<int32_t>(Role::kPrefill), "node-d", 42, h.cfg.kv.block_size, "port-8", "node-d:42"));
   auto second = h.expect<proto::JoinAccepted>(8);
   REQUIRE(second);
   REQUIRE(second->peers.size() == 1);
   CHECK((second->peers[0].rank == 7 && second->peers[0].port == "port-7"));
   // A prefill rank of rank 7's own pool reaches it through their MPI job.
   h.hub.send(9, kRouterRank,
-             proto::Join{static_cast<int32_t>(Role::kPrefill), "node-c", 43, h.cfg.kv.block_size, "port-9", "node-c:41"});
+             join_of(static_cast<int32_t>(Role::kPrefill), "node-c", 43, h.cfg.kv.block_size, "port-9", "node-c:41"));
   auto third = h.expect<proto::JoinAccepted>(9);
   REQUIRE(third);
   CHECK(third->peers.empty());
@@ -289,12 +302,12 @@ TEST_CASE("router: ranks that join together link to each other before either is 
 
 TEST_CASE("router: a join is refused naming what differs", "[router]") {
   Harness h;
-  h.hub.send(8, kRouterRank, proto::Join{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size * 2, "p", "x:1"});
+  h.hub.send(8, kRouterRank, join_of(static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size * 2, "p", "x:1"));
   auto refused = h.expect<proto::JoinRefused>(8);
   REQUIRE(refused);
   CHECK(refused->reason.find("kv.block_size") != std::string::npos);
   CHECK(h.hub.forgotten(kRouterRank).count(8) == 1);  // its link is released
-  h.hub.send(9, kRouterRank, proto::Join{3, "x", 1, h.cfg.kv.block_size, "p", "x:1"});
+  h.hub.send(9, kRouterRank, join_of(3, "x", 1, h.cfg.kv.block_size, "p", "x:1"));
   auto bad_role = h.expect<proto::JoinRefused>(9);
   REQUIRE(bad_role);
   CHECK(bad_role->reason.find("role 3") != std::string::npos);
