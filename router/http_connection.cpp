@@ -2,6 +2,7 @@
 #include "router/http_connection.h"
 
 #include <algorithm>
+#include <cctype>
 #include <exception>
 #include <string_view>
 
@@ -24,12 +25,32 @@ std::string to_std(beast::string_view s) { return std::string(s.data(), s.size()
 HttpRequest to_http_request(http::request<http::string_body>& req) {
   HttpRequest r;
   r.method = to_std(req.method_string());
-  const beast::string_view target = req.target();
-  r.target = to_std(target.substr(0, target.find('?')));
+  r.target = normalized_path(req.target());
   r.authorization = to_std(req[http::field::authorization]);
   r.content_type = to_std(req[http::field::content_type]);
+  r.content_encoding = to_std(req[http::field::content_encoding]);
+  r.origin = to_std(req[http::field::origin]);
   r.body = std::move(req.body());
   return r;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// RFC 3986's unreserved characters: a percent-escape of one means the character.
+bool unreserved(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' || c == '~';
+}
+
+// A header value as an error message may quote it: printable ASCII, at most 80 characters.
+std::string quoted_value(std::string_view v) {
+  std::string out;
+  for (char c : v.substr(0, 80)) out += c >= 0x20 && c < 0x7f ? c : '?';
+  return out + (v.size() > 80 ? "..." : "");
 }
 
 }  // namespace
@@ -111,8 +132,11 @@ std::optional<Refusal> refusal_of(beast::error_code ec, const ReadLimits& limits
     return Refusal{431, "request header fields too large (limit " + std::to_string(limits.header_bytes) + " bytes)"};
   }
   // The peer left (or the deadline closed the socket): nobody to answer.
-  if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
-      ec.category() != http::make_error_code(http::error::bad_method).category()) {
+  // Input ended mid-request (a Content-Length longer than the body, then a
+  // half-close): a client still reading learns why.
+  if (ec == http::error::partial_message)
+    return Refusal{400, "the request ended before it was complete (input closed before the whole header or body came)"};
+  if (ec == http::error::end_of_stream || ec.category() != http::make_error_code(http::error::bad_method).category()) {
     return std::nullopt;
   }
   return Refusal{400, "malformed HTTP request: " + ec.message()};
@@ -125,9 +149,98 @@ Refusal overflow_refusal(size_t max_connections) {
 
 bool always_served(const http::request<http::string_body>& req, const std::vector<std::string>& paths) {
   if (req.method() != http::verb::get) return false;
-  const beast::string_view target = req.target();
-  const beast::string_view path = target.substr(0, target.find('?'));
+  const std::string path = normalized_path(req.target());
   return std::any_of(paths.begin(), paths.end(), [&](const std::string& p) { return path == p; });
+}
+
+std::string normalized_path(beast::string_view target) {
+  std::string_view t(target.data(), target.size());
+  t = t.substr(0, t.find('?'));
+  // The absolute form (RFC 9112 3.2.2: a server must accept it): the path after the authority.
+  for (const std::string_view scheme : {std::string_view("http://"), std::string_view("https://")}) {
+    if (t.size() >= scheme.size() && beast::iequals(beast::string_view(t.data(), scheme.size()), beast::string_view(scheme.data(), scheme.size()))) {
+      const size_t slash = t.find('/', scheme.size());
+      t = slash == std::string_view::npos ? std::string_view("/") : t.substr(slash);
+      break;
+    }
+  }
+  std::string out;
+  out.reserve(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    char c = t[i];
+    if (c == '%' && i + 2 < t.size() && hex_digit(t[i + 1]) >= 0 && hex_digit(t[i + 2]) >= 0) {
+      const char decoded = static_cast<char>(hex_digit(t[i + 1]) * 16 + hex_digit(t[i + 2]));
+      if (unreserved(decoded)) {
+        c = decoded;
+        i += 2;
+      }
+    }
+    if (c == '/' && !out.empty() && out.back() == '/') continue;
+    out += c;
+  }
+  if (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
+std::optional<Refusal> transfer_coding_refusal(const http::request_header<>& h) {
+  std::string sent;
+  std::vector<std::string> codings;
+  for (const auto& f : h) {
+    if (f.name() != http::field::transfer_encoding) continue;
+    const std::string_view v(f.value().data(), f.value().size());
+    sent += (sent.empty() ? "" : ", ") + std::string(v);
+    for (size_t start = 0; start <= v.size();) {
+      const size_t comma = std::min(v.find(',', start), v.size());
+      std::string coding(v.substr(start, comma - start));
+      coding.erase(0, coding.find_first_not_of(" \t"));
+      coding.erase(coding.find_last_not_of(" \t") + 1);
+      for (char& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (!coding.empty()) codings.push_back(std::move(coding));
+      start = comma + 1;
+    }
+  }
+  if (sent.empty() && h.find(http::field::transfer_encoding) == h.end()) return std::nullopt;
+  if (codings.size() == 1 && codings[0] == "chunked") return std::nullopt;
+  if (!codings.empty() && codings.back() == "chunked") {
+    return Refusal{501, "Transfer-Encoding '" + quoted_value(sent) +
+                            "' is not supported: a request body may be sent chunked, and coded no other way",
+                   "invalid_request_error"};
+  }
+  return Refusal{400, "Transfer-Encoding '" + quoted_value(sent) +
+                          "' does not end in 'chunked': the request body's length cannot be known"};
+}
+
+std::string cors_allow_origin(const std::vector<std::string>& allowed, const std::string& origin) {
+  if (origin.empty()) return "";
+  for (const std::string& a : allowed) {
+    if (a == "*") return "*";
+    if (a == origin) return origin;
+  }
+  return "";
+}
+
+std::shared_ptr<Response> preflight_response(unsigned version, bool keep_alive, const std::string& origin,
+                                             const std::string& allow_origin, const std::string& requested_headers) {
+  if (allow_origin.empty()) {
+    ApiError e;
+    e.status = 403;
+    e.message = "cross-origin requests from '" + quoted_value(origin) +
+                "' are not allowed by this server (http.allowed_origins)";
+    e.type = "invalid_request_error";
+    e.code = "origin_not_allowed";
+    return make_response(version, keep_alive, 403, "application/json", error_body(e));
+  }
+  auto res = make_response(version, keep_alive, 204, "", "");
+  set_cors(*res, allow_origin);
+  res->set(http::field::access_control_allow_methods, "GET, HEAD, POST, OPTIONS");
+  // The headers the page asked for (a browser lists them: token names and commas), or the API's own.
+  const bool listed = !requested_headers.empty() &&
+                      std::all_of(requested_headers.begin(), requested_headers.end(), [](char c) {
+                        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' ';
+                      });
+  res->set(http::field::access_control_allow_headers, listed ? requested_headers : "Authorization, Content-Type");
+  res->set(http::field::access_control_max_age, "600");
+  return res;
 }
 
 // ---- Connection: its life.
@@ -200,8 +313,22 @@ void Connection::settle(ConnFate at_least) {
 void Connection::arm(Deadline& d, std::chrono::milliseconds after) {
   const uint64_t gen = d.arm(after);
   d.timer().async_wait([self = shared_from_this(), &d, gen](beast::error_code ec) {
-    if (!ec && d.live(gen)) self->close();  // no bytes in time, or the client stopped reading
+    if (!ec && d.live(gen)) self->on_deadline(d);
   });
+}
+
+void Connection::on_deadline(const Deadline& d) {
+  // (Part of a header shows only in buffer_: the phase moves on once it is whole.)
+  const bool mid_request = phase_ == ConnPhase::kReadingHeader || phase_ == ConnPhase::kReadingBody ||
+                           (phase_ == ConnPhase::kIdle && buffer_.size() > 0);
+  // No request in time on an idle connection, the client stopped reading, or
+  // discarding ended: close.
+  if (&d != &read_deadline_ || !mid_request) return close();
+  // Part of a request came, not all of it: the read in progress is cancelled
+  // and its completion answers 408, so a slow client learns why it was cut.
+  read_timed_out_ = true;
+  beast::error_code ec;
+  socket_.cancel(ec);
 }
 
 // ---- Reading a request: async_read_some in a loop, so that every byte the
@@ -238,6 +365,12 @@ void Connection::on_read_some(beast::error_code ec, size_t n) {
   if (phase_ == ConnPhase::kClosed) return;
   request_bytes_ += n;
   const unsigned version = parser_->is_header_done() ? parser_->get().version() : 11;
+  if (read_timed_out_) {
+    read_timed_out_ = false;
+    return refuse(version, Refusal{408, "the request did not arrive within " +
+                                            std::to_string(limits_.timeout.count()) +
+                                            " ms (its header and body together; http.read_timeout_ms)"});
+  }
   if (ec) {
     if (auto refusal = refusal_of(ec, limits_, core_->buffer_limit)) return refuse(version, std::move(*refusal));
     return close();
@@ -269,8 +402,13 @@ bool Connection::on_header() {
     refuse(req.version(), overflow_refusal(core_->cfg.max_connections));
     return false;
   }
-  if (beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
-    // The client waits for this before sending the body (curl does for > 1 KiB).
+  if (auto refusal = transfer_coding_refusal(req)) {
+    refuse(req.version(), std::move(*refusal));
+    return false;
+  }
+  // The client waits for this before sending the body (curl does for > 1 KiB).
+  // An HTTP/1.0 client gets no 1xx answer: its expectation is ignored (RFC 9110 10.1.1).
+  if (req.version() >= 11 && beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
     send_continue(req.version());
     return false;
   }
@@ -313,6 +451,15 @@ void Connection::dispatch() {
   // Without a slot, this is the connection's last request.
   const bool keep_alive = req.keep_alive() && admission_ != Admission::kOverflow && fate_ == ConnFate::kKeepAlive;
   if (!keep_alive) settle(ConnFate::kCloseAfterAnswer);
+  allow_origin_ = cors_allow_origin(core_->cfg.allowed_origins, r.origin);
+  if (req.method() == http::verb::options && !r.origin.empty() &&
+      req.find(http::field::access_control_request_method) != req.end()) {
+    // A browser's CORS preflight: the server's own answer, the handler never sees it.
+    auto res = preflight_response(version_, keep_alive, r.origin, allow_origin_,
+                                  to_std(req[http::field::access_control_request_headers]));
+    allow_origin_.clear();  // set already (or refused)
+    return push({Outgoing::kResponse, std::move(res), nullptr, {}, /*final=*/true});
+  }
   move_to(ConnPhase::kHandling);
   exchange_ = std::make_shared<Exchange>(core_, strand_, id_);
   auto writer = std::make_shared<Writer>(exchange_, shared_from_this(), version_, keep_alive);
@@ -355,12 +502,14 @@ void Connection::close_for_stop() {
 void Connection::apply(Answer a) {
   switch (a.kind) {
     case Answer::Kind::kRespond:
+      if (!allow_origin_.empty()) set_cors(*a.response, allow_origin_);
       if (a.close_after) settle(ConnFate::kCloseAfterAnswer);
       if (fate_ >= ConnFate::kCloseAfterAnswer) a.response->keep_alive(false);  // it closes after it: say so
       return push({Outgoing::kResponse, std::move(a.response), nullptr, {}, /*final=*/true});
     case Answer::Kind::kStartSse:
       if (version_ < 11) settle(ConnFate::kCloseAfterAnswer);  // HTTP/1.0: the stream ends with the connection
-      return push({Outgoing::kSseHead, nullptr, make_sse_head(version_, fate_ < ConnFate::kCloseAfterAnswer)});
+      return push({Outgoing::kSseHead, nullptr,
+                   make_sse_head(version_, fate_ < ConnFate::kCloseAfterAnswer, allow_origin_)});
     case Answer::Kind::kEvent: return push({Outgoing::kChunk, nullptr, nullptr, std::move(a.data)});
     case Answer::Kind::kFinish: return push({Outgoing::kLastChunk, nullptr, nullptr, {}, /*final=*/true});
     case Answer::Kind::kDroppedMidStream:

@@ -92,6 +92,23 @@ std::optional<Refusal> refusal_of(beast::error_code ec, const ReadLimits& limits
 Refusal overflow_refusal(size_t max_connections);
 // A GET of one of `paths` (the query string aside).
 bool always_served(const http::request<http::string_body>& req, const std::vector<std::string>& paths);
+// A request target's path as HttpRequest::target gives it (normalized).
+std::string normalized_path(beast::string_view target);
+// The answer to a request whose Transfer-Encoding is anything but "chunked"
+// (its body's length is unknown, or coded in a way the server does not
+// decode): 400 when chunked is not the last coding (RFC 9112 6.3: the framing
+// is lost, so the connection closes), 501 for another coding before it;
+// nullopt for none or "chunked".
+std::optional<Refusal> transfer_coding_refusal(const http::request_header<>& h);
+// The Access-Control-Allow-Origin value for a request from `origin` under
+// `allowed` (HttpServerConfig::allowed_origins): "*" when any origin is
+// allowed, the origin itself when it is listed, "" when it is not (or no
+// Origin was sent).
+std::string cors_allow_origin(const std::vector<std::string>& allowed, const std::string& origin);
+// The server's answer to a CORS preflight: 204 with the Access-Control-Allow-*
+// headers when `allow_origin` is set, else 403.
+std::shared_ptr<Response> preflight_response(unsigned version, bool keep_alive, const std::string& origin,
+                                             const std::string& allow_origin, const std::string& requested_headers);
 
 // A deadline on the connection's strand: a timer and a generation number, so
 // that an expiry of a deadline re-armed or disarmed since is told from a live one.
@@ -173,8 +190,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void move_to(ConnPhase to);
   // Moves the fate to `at_least` unless it is there or further already.
   void settle(ConnFate at_least);
-  // Arms `d` to close the connection when it expires.
+  // Arms `d`: when it expires, on_deadline(d).
   void arm(Deadline& d, std::chrono::milliseconds after);
+  // A deadline expired: the read deadline of a request partly received
+  // answers 408 (through on_read_some); any other closes the connection.
+  void on_deadline(const Deadline& d);
 
   // ---- Reading a request.
   void start_read(bool after_exchange);
@@ -219,12 +239,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   beast::flat_buffer buffer_;  // limited to core_->buffer_limit bytes
   std::optional<RequestParser> parser_;
   size_t request_bytes_ = 0;  // bytes of the current request the parser consumed
+  bool read_timed_out_ = false;  // the read deadline passed mid-request: the read was cancelled, 408 follows
   std::string discard_buf_;
   std::chrono::steady_clock::time_point idle_since_{};  // since when idle: its accept, or its last exchange's end
 
   // The current exchange (kHandling, kWriting).
   unsigned version_ = 11;               // the request's HTTP version (11 = 1.1)
   bool head_ = false;                   // the request is a HEAD: its answers carry no body
+  std::string allow_origin_;            // its Access-Control-Allow-Origin ("" = none: not a CORS request)
   std::shared_ptr<Exchange> exchange_;  // the handler's; null for the server's own answers
   OutQueue out_;
 };

@@ -32,7 +32,12 @@ std::shared_ptr<Response> make_error_response(unsigned version, int status, std:
   return make_response(version, /*keep_alive=*/false, status, "application/json", error_body(e));
 }
 
-std::unique_ptr<SseHead> make_sse_head(unsigned version, bool keep_alive) {
+void set_cors(http::response_header<>& h, const std::string& allow_origin) {
+  h.set(http::field::access_control_allow_origin, allow_origin);
+  if (allow_origin != "*") h.set(http::field::vary, "Origin");
+}
+
+std::unique_ptr<SseHead> make_sse_head(unsigned version, bool keep_alive, const std::string& allow_origin) {
   auto head = std::make_unique<SseHead>();
   http::response<http::empty_body>& res = head->res;
   res.version(version);
@@ -41,6 +46,7 @@ std::unique_ptr<SseHead> make_sse_head(unsigned version, bool keep_alive) {
   res.set(http::field::content_type, "text/event-stream");
   res.set(http::field::cache_control, "no-cache");
   res.set("X-Accel-Buffering", "no");  // proxies must not buffer the stream
+  if (!allow_origin.empty()) set_cors(res, allow_origin);
   res.keep_alive(keep_alive);
   if (version >= 11) res.chunked(true);
   head->sr.emplace(res);

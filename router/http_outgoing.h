@@ -41,7 +41,11 @@ struct SseHead {
   http::response<http::empty_body> res;
   std::optional<http::response_serializer<http::empty_body>> sr;  // over res, made once res is set
 };
-std::unique_ptr<SseHead> make_sse_head(unsigned version, bool keep_alive);
+// `allow_origin`: its Access-Control-Allow-Origin ("" = none), as set_cors.
+std::unique_ptr<SseHead> make_sse_head(unsigned version, bool keep_alive, const std::string& allow_origin = "");
+// Marks an answer readable by a page of another origin: Access-Control-Allow-Origin
+// `allow_origin` ("*" or the request's Origin), and Vary: Origin when it names one.
+void set_cors(http::response_header<>& h, const std::string& allow_origin);
 
 // One write the connection owes its client.
 struct Outgoing {

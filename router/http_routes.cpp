@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <optional>
 #include <string_view>
 #include <nlohmann/json.hpp>
 
@@ -77,6 +78,32 @@ ApiError unsupported_media_type(const std::string& content_type) {
   return e;
 }
 
+// Why a POST body cannot be read as JSON, if it cannot: a Content-Type that
+// is not JSON; none at all from a web page (a browser sends Origin; a page's
+// fetch of a Blob or ArrayBuffer body sends no Content-Type and needs no
+// preflight, so that case would reopen what the 415 closes); a coded body
+// (Content-Encoding: the server decodes none).
+std::optional<ApiError> unreadable_body(const HttpRequest& http) {
+  if (!json_content_type(http.content_type)) return unsupported_media_type(http.content_type);
+  if (http.content_type.empty() && !http.origin.empty()) {
+    ApiError e = api_error(415,
+                           "a request from a web page (it sent Origin) must send its body as JSON with "
+                           "'Content-Type: application/json'",
+                           "Content-Type", "invalid_request_error");
+    e.code = "unsupported_media_type";
+    return e;
+  }
+  if (!http.content_encoding.empty() && http.content_encoding != "identity") {
+    ApiError e = api_error(415,
+                           "Content-Encoding '" + shown_text(http.content_encoding) +
+                               "' is not supported: send the body uncompressed",
+                           "Content-Encoding", "invalid_request_error");
+    e.code = "unsupported_media_type";
+    return e;
+  }
+  return std::nullopt;
+}
+
 // 401 for a request without the key it needs (`what`: which key).
 void respond_unauthorized(ResponseWriter& w, const std::string& what) {
   ApiError e = api_error(401, "missing or incorrect " + what + " (send 'Authorization: Bearer <key>')", "",
@@ -121,8 +148,9 @@ void HttpFront::submit(HttpRequest http, std::shared_ptr<ResponseWriter> w) {
                                                 " (use " + allow + ")"),
                          {{"Allow", allow}});
   }
-  if (http.method == "POST" && !json_content_type(http.content_type))
-    return respond_error(*w, unsupported_media_type(http.content_type));
+  if (http.method == "POST") {
+    if (auto e = unreadable_body(http)) return respond_error(*w, *e);
+  }
   switch (ri.route) {
     case Route::kHealth: return respond_health(*w);
     case Route::kMetrics: w->respond(200, "text/plain; version=0.0.4; charset=utf-8", p_.registry.render()); return;

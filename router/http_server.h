@@ -99,14 +99,29 @@ struct HttpServerConfig {
   // Paths (without the query string) that a GET on an overflow connection may
   // still reach the handler with, so health checks work under connection floods.
   std::vector<std::string> always_served_paths = {"/health"};
+
+  // ---- Cross-origin requests from browsers (CORS). Origins whose pages may
+  // read this server's answers: each exactly as a browser sends it in Origin
+  // ("https://app.example.com"), or "*" for any. Empty: none. A preflight
+  // (OPTIONS with Origin and Access-Control-Request-Method) is answered by
+  // the server itself: 204 with the Access-Control-Allow-* headers for an
+  // allowed origin, 403 otherwise; every answer to a request from an allowed
+  // origin carries Access-Control-Allow-Origin.
+  std::vector<std::string> allowed_origins;
 };
 
 struct HttpRequest {
-  std::string method;         // "GET", "POST", ...
-  std::string target;         // path without the query string
+  std::string method;  // "GET", "POST", ...
+  // The path, without the query string, normalized: the scheme and authority
+  // of an absolute-form target dropped, percent-encoded unreserved characters
+  // decoded, runs of '/' made one, a trailing '/' dropped ("/v1//models/" is
+  // "/v1/models"). Other percent-escapes stay as sent.
+  std::string target;
   std::string body;
   std::string authorization;  // raw Authorization header value ("" if none)
   std::string content_type;
+  std::string content_encoding;  // "" if none
+  std::string origin;            // the Origin header a browser sends ("" if none)
 };
 
 // One exchange's response side. Every method may be called from any thread

@@ -27,6 +27,7 @@ HttpServerConfig http_server_config(const ClusterConfig::Http& h) {
   c.max_header_bytes = static_cast<size_t>(h.max_header_bytes);
   c.max_connections = static_cast<size_t>(h.max_connections);
   c.max_write_buffer_bytes = static_cast<size_t>(h.max_write_buffer_bytes);
+  c.allowed_origins = h.allowed_origins;
   return c;
 }
 

@@ -74,6 +74,27 @@ class Reader {
   Status status_;
 };
 
+// http.allowed_origins: "*", or origins as a browser sends them in Origin —
+// scheme://host[:port], no path, no trailing slash (one would never match).
+Status read_origins(const json& v, const std::string& prefix, std::vector<std::string>& out) {
+  const std::string key = prefix + "allowed_origins";
+  if (!v.is_array()) return Status::invalid_argument("config: '" + key + "' must be an array of origins (strings)");
+  out.clear();
+  for (const json& o : v) {
+    if (!o.is_string()) return Status::invalid_argument("config: '" + key + "' holds " + o.dump() + "; each entry is a string");
+    const std::string s = o.get<std::string>();
+    const size_t sep = s.find("://");
+    const bool origin = sep != std::string::npos && sep > 0 && sep + 3 < s.size() &&
+                        s.find_first_of("/?# ", sep + 3) == std::string::npos;
+    if (s != "*" && s != "null" && !origin)
+      return Status::invalid_argument("config: '" + key + "' holds \"" + s +
+                                      "\"; each entry is \"*\" or an origin as browsers send it: "
+                                      "scheme://host[:port], without a path or a trailing '/'");
+    out.push_back(s);
+  }
+  return Status::ok();
+}
+
 Status section(const json& root, const char* name, const std::function<Status(const json&, std::string)>& fn) {
   if (!root.contains(name)) return Status::ok();
   if (!root.at(name).is_object()) return Status::invalid_argument(std::string("config: '") + name + "' must be an object");
@@ -120,12 +141,13 @@ Result<ClusterConfig> ClusterConfig::parse(const std::string& text) {
   for (const char* s : {"http", "engine", "kv", "prefill", "decode", "router", "sampling", "timeouts"}) top.known(s);
   PD_RETURN_IF_ERROR(top.finish());
   PD_RETURN_IF_ERROR(section(root, "http", [&](const json& j, std::string p) {
+    if (j.contains("allowed_origins")) PD_RETURN_IF_ERROR(read_origins(j.at("allowed_origins"), p, c.http.allowed_origins));
     return Reader(j, p).get("host", c.http.host).get("port", c.http.port).get("threads", c.http.threads)
         .get("max_body_bytes", c.http.max_body_bytes).get("api_key", c.http.api_key)
         .get("read_timeout_ms", c.http.read_timeout_ms).get("max_connections", c.http.max_connections)
         .get("max_header_bytes", c.http.max_header_bytes).get("metrics_require_key", c.http.metrics_require_key)
         .get("port_file", c.http.port_file).get("admin_key", c.http.admin_key)
-        .get("max_write_buffer_bytes", c.http.max_write_buffer_bytes).finish();
+        .get("max_write_buffer_bytes", c.http.max_write_buffer_bytes).known("allowed_origins").finish();
   }));
   PD_RETURN_IF_ERROR(section(root, "engine", [&](const json& j, std::string p) {
     Reader r(j, p);

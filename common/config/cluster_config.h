@@ -37,6 +37,11 @@ struct ClusterConfig {
     // slower than they come; beyond: the connection is closed and the request
     // cancelled.
     int64_t max_write_buffer_bytes = int64_t{4} << 20;
+    // Origins whose web pages may call the API from a browser (CORS), each as
+    // the browser sends it ("https://chat.example.com"), or "*" for any; empty
+    // (the default): none — preflights are refused (403) and answers carry no
+    // Access-Control-Allow-Origin.
+    std::vector<std::string> allowed_origins;
   } http;
 
   struct EngineSection {

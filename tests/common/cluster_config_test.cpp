@@ -20,6 +20,7 @@ TEST_CASE("config: deploy/cluster.json parses and documents exactly the defaults
   CHECK(c->http.max_header_bytes == d.http.max_header_bytes);
   CHECK(c->http.metrics_require_key == d.http.metrics_require_key);
   CHECK(c->http.port_file == d.http.port_file);
+  CHECK(c->http.allowed_origins == d.http.allowed_origins);
   CHECK(c->engine.int8_activations == d.engine.int8_activations);
   CHECK(c->kv.block_size == d.kv.block_size);
   CHECK(c->kv.decode_budget_mb == d.kv.decode_budget_mb);
@@ -185,6 +186,18 @@ TEST_CASE("config: the http and timeouts keys added for the router", "[config]")
   REQUIRE(hb.is_ok());
   CHECK(hb->timeouts.heartbeat_ms == 3000);
   CHECK(d.timeouts.heartbeat_ms == 5000);
+  // Browser origins (CORS): "*", or origins as browsers send them.
+  auto origins = ClusterConfig::parse(R"({"http": {"allowed_origins": ["https://a.example", "http://localhost:3000", "*"]}})");
+  REQUIRE(origins.is_ok());
+  CHECK(origins->http.allowed_origins == std::vector<std::string>{"https://a.example", "http://localhost:3000", "*"});
+  CHECK(d.http.allowed_origins.empty());
+  for (const char* v : {R"("*")", R"([1])", R"(["http://localhost:3000/"])", R"(["localhost:3000"])",
+                        R"(["https://a.example/app"])", R"([""])"}) {
+    INFO(v);
+    auto refused = ClusterConfig::parse(std::string(R"({"http": {"allowed_origins": )") + v + "}}");
+    REQUIRE(!refused.is_ok());
+    CHECK(refused.status().message().find("http.allowed_origins") != std::string::npos);
+  }
   auto short_hb = ClusterConfig::parse(R"({"timeouts": {"heartbeat_ms": 1000}})");
   REQUIRE(!short_hb.is_ok());
   CHECK(short_hb.status().message().find("timeouts.heartbeat_ms") != std::string::npos);

@@ -92,7 +92,7 @@ TEST_CASE("http connection parts: what a failed read is answered with", "[http]"
   CHECK(refusal_of(http::error::header_limit, limits, 70000)->status == 431);
   CHECK(refusal_of(http::error::bad_method, limits, 70000)->status == 400);
   CHECK(!refusal_of(http::error::end_of_stream, limits, 70000));    // the peer left: nobody to answer
-  CHECK(!refusal_of(http::error::partial_message, limits, 70000));
+  CHECK(refusal_of(http::error::partial_message, limits, 70000)->status == 400);  // input ended mid-request
   CHECK(!refusal_of(net::error::operation_aborted, limits, 70000));  // the deadline closed it
   const Refusal busy = overflow_refusal(64);
   CHECK(busy.status == 503);
@@ -108,6 +108,21 @@ TEST_CASE("http connection parts: an overflow connection serves only a GET of an
   CHECK(!always_served(get, paths));
   http::request<http::string_body> post{http::verb::post, "/health", 11};
   CHECK(!always_served(post, paths));
+}
+
+}  // namespace
+}  // namespace pd::router::detail
+
+namespace pd::router::detail {
+namespace {
+
+TEST_CASE("http connection parts: the Access-Control-Allow-Origin of an origin", "[http]") {
+  CHECK(cors_allow_origin({}, "https://a.example").empty());
+  CHECK(cors_allow_origin({"https://a.example"}, "https://a.example") == "https://a.example");
+  CHECK(cors_allow_origin({"https://a.example"}, "https://b.example").empty());
+  CHECK(cors_allow_origin({"https://a.example"}, "https://a.example:8443").empty());
+  CHECK(cors_allow_origin({"*"}, "null") == "*");
+  CHECK(cors_allow_origin({"*"}, "").empty());  // no Origin: not a CORS request
 }
 
 }  // namespace

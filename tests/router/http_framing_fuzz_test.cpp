@@ -284,7 +284,8 @@ std::string read_answers(int fd, std::chrono::milliseconds idle, bool* eof) {
 }
 
 // Checks that `bytes` is a sequence of well-formed responses with statuses
-// below 500; the last may be cut short (the connection ended). "" if fine.
+// below 500 — or 501, the answer to a transfer coding the server does not
+// decode (RFC 9112 6.1), which says nothing failed; the last may be cut short (the connection ended). "" if fine.
 // Each complete answer's status is added to `statuses`.
 std::string check_answers(const std::string& bytes, std::map<int, int>* statuses) {
   size_t off = 0;
@@ -305,7 +306,7 @@ std::string check_answers(const std::string& bytes, std::map<int, int>* statuses
         line[10] > '9' || line[11] < '0' || line[11] > '9') {
       return "not a status line: " + std::string(line.substr(0, 40));
     }
-    if (line[9] == '5') return "a 5xx answer: " + std::string(line);
+    if (line[9] == '5' && line.substr(9, 3) != "501") return "a 5xx answer: " + std::string(line);
     http::response_parser<http::string_body> p;
     p.eager(true);
     p.body_limit(boost::none);

@@ -586,16 +586,157 @@ TEST_CASE("http_server: status codes outside 2xx..5xx are sent as 500, 204 has n
   CHECK(res.find("X-Ok") == res.end());  // a value with CR/LF is dropped, not sent
 }
 
-TEST_CASE("http_server: an idle connection is closed after read_timeout", "[http_server]") {
+TEST_CASE("http_server: after read_timeout an idle connection is closed, one mid-request answered 408",
+          "[http_server]") {
   HttpServerConfig cfg;
   cfg.read_timeout = 200ms;
   Fixture f(cfg);
-  Client c(f.server.port());
-  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345");  // and stalls
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK(c.closed_by_server());
-  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  {
+    Client idle(f.server.port());  // sends nothing
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(idle.closed_by_server());
+    CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  }
+  for (const std::string& part : {std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345"),
+                                  std::string("GET /health HTTP/1.1\r\nHo")}) {  // and stalls
+    INFO(part);
+    Client c(f.server.port());
+    c.send_raw(part);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto res = c.read();
+    CHECK(res.result_int() == 408);
+    CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("http.read_timeout_ms"));
+    CHECK_FALSE(res.keep_alive());
+    CHECK(c.closed_by_server());
+    CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  }
   CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: input that ends mid-request is answered 400", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345");
+  c.socket().shutdown(tcp::socket::shutdown_send);  // the Content-Length was a lie
+  const auto res = c.read();
+  CHECK(res.result_int() == 400);
+  CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("ended before"));
+  CHECK(f.calls.load() == 0);
+}
+
+TEST_CASE("http_server: a Transfer-Encoding other than chunked is refused and the connection closed, "
+          "its body never read as a request",
+          "[http_server]") {
+  Fixture f;
+  const std::string smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+  struct Case {
+    std::string fields;
+    int status;
+  };
+  for (const Case& k : {Case{"Transfer-Encoding: gzip\r\n", 400}, Case{"Transfer-Encoding: identity\r\n", 400},
+                        Case{"Transfer-Encoding: chunked, gzip\r\n", 400},
+                        Case{"Transfer-Encoding: gzip\r\nContent-Length: " + std::to_string(smuggled.size()) + "\r\n", 400},
+                        Case{"Transfer-Encoding: gzip, chunked\r\n", 501},
+                        Case{"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", 501}}) {
+    INFO(k.fields);
+    Client c(f.server.port());
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + k.fields + "\r\n" + smuggled);
+    const auto res = c.read();
+    CHECK(res.result_int() == k.status);
+    CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("Transfer-Encoding"));
+    CHECK_FALSE(res.keep_alive());
+    CHECK(c.closed_by_server());  // nothing more: /smuggled is never answered
+  }
+  CHECK(f.calls.load() == 0);
+  // Chunked alone (any case) is read as before.
+  Client ok(f.server.port());
+  ok.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.body == "hi");
+  got->second->respond(200, "text/plain", "ok");
+  CHECK(ok.read().result_int() == 200);
+}
+
+TEST_CASE("http_server: an HTTP/1.0 request's Expect 100-continue gets no interim answer", "[http_server]") {
+  Fixture f;
+  Client c(f.server.port());
+  c.send_raw("POST /v1/completions HTTP/1.0\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  std::this_thread::sleep_for(50ms);
+  c.send_raw("hello");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  CHECK(got->first.body == "hello");
+  got->second->respond(200, "text/plain", "done");
+  const auto res = c.read();  // the first answer is the final one
+  CHECK(res.result_int() == 200);
+  CHECK(res.body() == "done");
+}
+
+TEST_CASE("http_server: the handler gets the target's path normalized (absolute form, '//', a trailing '/')",
+          "[http_server]") {
+  Fixture f;
+  for (const auto& [target, path] :
+       {std::pair{"http://127.0.0.1:8000/v1/models?x=1", "/v1/models"}, std::pair{"HTTPS://h/v1/models", "/v1/models"},
+        std::pair{"http://h", "/"}, std::pair{"/v1//chat/completions/", "/v1/chat/completions"},
+        std::pair{"/v1/m%6Fdels", "/v1/models"}, std::pair{"/v1/models/org%2Fname", "/v1/models/org%2Fname"},
+        std::pair{"/", "/"}}) {
+    INFO(target);
+    Client c(f.server.port());
+    c.send_raw(std::string("GET ") + target + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    CHECK(got->first.target == path);
+    got->second->respond(200, "text/plain", "ok");
+    CHECK(c.read().result_int() == 200);
+  }
+}
+
+TEST_CASE("http_server: CORS: preflights answered by the server, answers to allowed origins marked",
+          "[http_server]") {
+  HttpServerConfig cfg;
+  cfg.allowed_origins = {"https://app.example"};
+  Fixture f(cfg);
+  auto preflight = [&](const std::string& origin) {
+    Client c(f.server.port());
+    c.send_raw("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + origin +
+               "\r\nAccess-Control-Request-Method: POST\r\n"
+               "Access-Control-Request-Headers: authorization, content-type\r\n\r\n");
+    return c.read();
+  };
+  const auto yes = preflight("https://app.example");
+  CHECK(yes.result_int() == 204);
+  CHECK(yes[http::field::access_control_allow_origin] == "https://app.example");
+  CHECK(yes[http::field::access_control_allow_headers] == "authorization, content-type");
+  CHECK_THAT(std::string(yes[http::field::access_control_allow_methods]), Catch::Matchers::Contains("POST"));
+  CHECK(yes[http::field::vary] == "Origin");
+  const auto no = preflight("https://evil.example");
+  CHECK(no.result_int() == 403);
+  CHECK(error_of(no)["code"] == "origin_not_allowed");
+  CHECK(no.find(http::field::access_control_allow_origin) == no.end());
+  CHECK(f.calls.load() == 0);  // the handler never sees a preflight
+  // A response and an event stream to the allowed origin carry the header; to another, not.
+  for (const auto& [origin, marked] : {std::pair{"https://app.example", true}, std::pair{"https://evil.example", false}}) {
+    INFO(origin);
+    Client c(f.server.port());
+    c.send_raw(std::string("GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: ") + origin + "\r\n\r\n");
+    auto got = f.mailbox.take();
+    REQUIRE(got);
+    CHECK(got->first.origin == origin);
+    got->second->respond(200, "application/json", "{}");
+    const auto res = c.read();
+    CHECK((res.find(http::field::access_control_allow_origin) != res.end()) == marked);
+    c.send_raw(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: ") + origin +
+               "\r\nContent-Length: 2\r\n\r\n{}");
+    auto stream = f.mailbox.take();
+    REQUIRE(stream);
+    stream->second->start_sse();
+    stream->second->finish();
+    http::response_parser<http::string_body> p;
+    Watchdog dog(c.socket(), kWait);
+    http::read(c.socket(), c.buffer(), p);
+    CHECK((p.get().find(http::field::access_control_allow_origin) != p.get().end()) == marked);
+  }
 }
 
 TEST_CASE("http_server: stop fires on_disconnect for pending exchanges and is idempotent", "[http_server]") {

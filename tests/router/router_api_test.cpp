@@ -5,6 +5,7 @@
 #include "router/router_harness.h"
 
 #include <atomic>
+#include <tuple>
 
 namespace pd::router::test_router {
 namespace {
@@ -491,7 +492,42 @@ TEST_CASE("router: a POST body that is not JSON by its Content-Type is a 415 nam
       CHECK(e["code"] == "unsupported_media_type");
     }
   }
+  // No Content-Type from a web page (a fetch of a Blob body: no preflight);
+  // a compressed body.
+  for (const auto& [origin, encoding, param] :
+       {std::tuple{"https://evil.example", "", "Content-Type"}, std::tuple{"null", "", "Content-Type"},
+        std::tuple{"", "gzip", "Content-Encoding"}, std::tuple{"", "br", "Content-Encoding"}}) {
+    INFO(origin << " " << encoding);
+    auto w = std::make_shared<RecordingWriter>();
+    HttpRequest http;
+    http.method = "POST";
+    http.target = "/v1/completions";
+    http.body = kBody;
+    http.origin = origin;
+    http.content_encoding = encoding;
+    h.router->submit(std::move(http), w);
+    REQUIRE(w->done());
+    CHECK(w->answer().status == 415);
+    CHECK(w->answer().json()["error"]["param"] == param);
+  }
   CHECK(h.dispatched(20ms) == std::nullopt);
+  // A web page's request with a JSON Content-Type (after a CORS preflight the
+  // server allowed), and an identity Content-Encoding, are served.
+  for (const auto& [origin, encoding] : {std::pair{"https://app.example", ""}, std::pair{"", "identity"}}) {
+    auto w = std::make_shared<RecordingWriter>();
+    HttpRequest http;
+    http.method = "POST";
+    http.target = "/v1/completions";
+    http.body = kBody;
+    http.content_type = "application/json";
+    http.origin = origin;
+    http.content_encoding = encoding;
+    h.router->submit(std::move(http), w);
+    auto d = h.dispatched();
+    REQUIRE(d);
+    h.serve(d->first, d->second);
+    CHECK(h.finish(w).status == 200);
+  }
   // JSON by any of its names, or no Content-Type at all, is served.
   for (const char* type : {"application/json", "Application/JSON; charset=utf-8", "application/vnd.api+json", ""}) {
     INFO(type);
