@@ -14,7 +14,16 @@
 #   deploy/launch.sh --supervise --prefill 1 --decode 2     # keep the pools at size: replace dead ranks and a dead router
 #
 # Waits for GET /health, prints the URL and a curl to try, then stays in the
-# foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly.
+# foreground until the cluster exits; Ctrl-C / SIGTERM drains it cleanly. Exits
+# 2 when the cluster never came up (a start-up error is printed above it).
+#
+# Options: --prefill N, --decode N, --colocated N (worker counts); --config FILE
+# (deploy/cluster.json); --model FILE; --port N; --host ADDR; --insecure (a
+# non-loopback --host without http.api_key); --threads N (per worker rank);
+# --kv-dtype f16|q8_0|f32; --hostfile FILE (mpirun's); --mca NAME VALUE (passed
+# to mpirun); --build DIR (build); --join-file F, --join F, --secret-file F,
+# --new-router F (elastic pools: docs/CLUSTER.md); --supervise; --dry-run;
+# --no-wait (exec mpirun in the foreground, no health wait).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # --supervise: deploy/supervise.py runs this script (without the flag) and keeps the pools at size.
@@ -28,28 +37,33 @@ done
 P=1 D=1 COLOCATED="" HOSTFILE="" PORT="" HOST="" MODEL="" CONFIG="$ROOT/deploy/cluster.json"
 BUILD="$ROOT/build" THREADS="" KV_DTYPE="" DRY=0 WAIT=1 MPI_EXTRA=() JOIN_FILE="" JOIN="" P_SET=0 D_SET=0 NEW_ROUTER=""
 INSECURE=0 SECRET_FILE=""
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "launch.sh: $*" >&2; exit 2; }
-need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
+# A flag's value: present, and not the next flag.
+need_val() { [[ -n "${2:-}" && "${2:-}" != --* ]] || die "$1 needs a value"; }
+# A non-negative integer of at most `max` (default 1024) for flag $1.
+need_int() {
+  [[ "${2:-}" =~ ^[0-9]{1,6}$ ]] && (( 10#$2 <= ${3:-1024} )) || die "$1 needs an integer in [0, ${3:-1024}], got '${2:-}'"
+}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prefill) need_int "$1" "${2:-}"; P="$2"; P_SET=1; shift 2 ;;
     --decode) need_int "$1" "${2:-}"; D="$2"; D_SET=1; shift 2 ;;
-    --join-file) JOIN_FILE="${2:-}"; [[ -n "$JOIN_FILE" ]] || die "--join-file needs a path"; shift 2 ;;
-    --join) JOIN="${2:-}"; [[ -f "$JOIN" ]] || die "--join: no such file '$JOIN' (the running cluster's --join-file)"; shift 2 ;;
-    --secret-file) SECRET_FILE="${2:-}"; [[ -n "$SECRET_FILE" ]] || die "--secret-file needs a path"; shift 2 ;;
-    --new-router) NEW_ROUTER="${2:-}"; [[ -n "$NEW_ROUTER" ]] || die "--new-router needs the cluster's join file"; shift 2 ;;
+    --join-file) need_val "$1" "${2:-}"; JOIN_FILE="$2"; shift 2 ;;
+    --join) need_val "$1" "${2:-}"; JOIN="$2"; [[ -f "$JOIN" ]] || die "--join: no such file '$JOIN' (the running cluster's --join-file)"; shift 2 ;;
+    --secret-file) need_val "$1" "${2:-}"; SECRET_FILE="$2"; shift 2 ;;
+    --new-router) need_val "$1" "${2:-}"; NEW_ROUTER="$2"; shift 2 ;;
     --colocated) need_int "$1" "${2:-}"; COLOCATED="$2"; shift 2 ;;
-    --hostfile) HOSTFILE="${2:-}"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
-    --port) need_int "$1" "${2:-}"; PORT="$2"; shift 2 ;;
-    --host) HOST="${2:-}"; shift 2 ;;
+    --hostfile) need_val "$1" "${2:-}"; HOSTFILE="$2"; [[ -f "$HOSTFILE" ]] || die "--hostfile: no such file '$HOSTFILE'"; shift 2 ;;
+    --port) need_int "$1" "${2:-}" 65535; PORT="$2"; shift 2 ;;
+    --host) need_val "$1" "${2:-}"; HOST="$2"; shift 2 ;;
     --insecure) INSECURE=1; shift ;;  # serve on a non-loopback host without an API key (a trusted network only)
-    --model) MODEL="${2:-}"; [[ -f "$MODEL" ]] || die "--model: no such file '$MODEL' (scripts/fetch_model.sh fetches the default)"; shift 2 ;;
-    --config) CONFIG="${2:-}"; [[ -f "$CONFIG" ]] || die "--config: no such file '$CONFIG'"; shift 2 ;;
-    --build) BUILD="${2:-}"; shift 2 ;;
+    --model) need_val "$1" "${2:-}"; MODEL="$2"; [[ -f "$MODEL" ]] || die "--model: no such file '$MODEL' (scripts/fetch_model.sh fetches the default)"; shift 2 ;;
+    --config) need_val "$1" "${2:-}"; CONFIG="$2"; [[ -f "$CONFIG" ]] || die "--config: no such file '$CONFIG'"; shift 2 ;;
+    --build) need_val "$1" "${2:-}"; BUILD="$2"; shift 2 ;;
     --threads) need_int "$1" "${2:-}"; THREADS="$2"; shift 2 ;;
     --kv-dtype) KV_DTYPE="${2:-}"; [[ "$KV_DTYPE" =~ ^(f16|q8_0|f32)$ ]] || die "--kv-dtype must be f16, q8_0 or f32, got '$KV_DTYPE'"; shift 2 ;;
-    --mca) MPI_EXTRA+=(--mca "$2" "$3"); shift 3 ;;
+    --mca) need_val "$1" "${2:-}"; need_val "$1 $2" "${3:-}"; MPI_EXTRA+=(--mca "$2" "$3"); shift 3 ;;
     --dry-run) DRY=1; shift ;;
     --no-wait) WAIT=0; shift ;;
     -h|--help) usage 0 ;;
@@ -72,6 +86,7 @@ elif [[ -n "$JOIN" ]]; then
   [[ -f "$JOIN.ompi-server" ]] || die "--join: no '$JOIN.ompi-server' beside the join file (is the cluster running with --join-file?)"
 elif [[ -n "$COLOCATED" ]]; then
   [[ "$COLOCATED" -ge 1 ]] || die "--colocated needs at least 1 worker"
+  [[ "$P_SET$D_SET" == 00 ]] || die "--colocated N takes no --prefill or --decode (its workers run both phases)"
   P=0 D="$COLOCATED"
 elif [[ -n "$JOIN_FILE" && "$P" == 0 && "$D" == 0 ]]; then
   :  # the router alone: every worker joins later as a pool (one mpirun per host: docs/CLUSTER.md)
@@ -207,8 +222,11 @@ PY
 PORT="${PORT:-$(cfg_get port 8000)}"
 HOST="${HOST:-$(cfg_get host 127.0.0.1)}"
 API_KEY="$(cfg_get api_key '')"
-PORT_FILE=""
-if [[ "$PORT" == 0 ]]; then  # any free port: the router tells which one through a file
+# The router writes the port it bound to a file (http.port_file, else one of
+# ours): the cluster is up once that file exists and GET /health says ok — not
+# when some other server that holds the port answers.
+PORT_FILE="$(cfg_get port_file '')" PORT_DIR=""
+if [[ -z "$PORT_FILE" ]]; then
   PORT_DIR=$(mktemp -d)
   PORT_FILE="$PORT_DIR/port"
   for i in "${!MPIRUN[@]}"; do
@@ -217,6 +235,8 @@ if [[ "$PORT" == 0 ]]; then  # any free port: the router tells which one through
       break
     fi
   done
+else
+  rm -f "$PORT_FILE"  # a stale one from an earlier run would say the router bound
 fi
 CHOST="$HOST"; [[ "$CHOST" == 0.0.0.0 ]] && CHOST=127.0.0.1
 
@@ -241,13 +261,15 @@ if [[ -n "$API_KEY" ]]; then
   AUTH=(-H "Authorization: Bearer $API_KEY")
   AUTH_HINT=" -H 'Authorization: Bearer <http.api_key>'"
 fi
-ANNOUNCED=0
-for _ in $(seq 1 600); do
-  if [[ -n "$PORT_FILE" && "$PORT" == 0 && -s "$PORT_FILE" ]]; then PORT=$(cat "$PORT_FILE"); rm -rf "$PORT_DIR"; fi
-  if [[ "$PORT" != 0 && "$ANNOUNCED" == 0 ]]; then
+ANNOUNCED=0 UP=0
+METRICS_AUTH=""; [[ "$(cfg_get metrics_require_key False)" == True ]] && METRICS_AUTH="$AUTH_HINT"
+while :; do
+  if [[ "$ANNOUNCED" == 0 && -s "$PORT_FILE" ]]; then
+    PORT=$(cat "$PORT_FILE"); [[ -n "$PORT_DIR" ]] && rm -rf "$PORT_DIR"
     echo "launch.sh: the router answers at http://$CHOST:$PORT (waiting for GET /health to say ok)"; ANNOUNCED=1
   fi
-  if [[ "$PORT" != 0 ]] && curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
+  if [[ "$ANNOUNCED" == 1 ]] && curl -sf "http://$CHOST:$PORT/health" >/dev/null 2>&1; then
+    UP=1
     MODEL_NAME=$(curl -s "${AUTH[@]}" "http://$CHOST:$PORT/v1/models" |
                  python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' 2>/dev/null)
     [[ -n "$MODEL_NAME" ]] || MODEL_NAME="<model>"
@@ -257,11 +279,21 @@ pdcluster is up: http://$CHOST:$PORT  ($P prefill + $D decode ranks${COLOCATED:+
 Try:
   curl http://$CHOST:$PORT/v1/chat/completions -H 'Content-Type: application/json'$AUTH_HINT \\
     -d '{"model": "$MODEL_NAME", "messages": [{"role": "user", "content": "Give me three tips for staying healthy."}], "max_tokens": 96}'
-Metrics: curl http://$CHOST:$PORT/metrics     Stop: Ctrl-C (drains in-flight requests)
+Metrics: curl http://$CHOST:$PORT/metrics$METRICS_AUTH     Stop: Ctrl-C (drains in-flight requests)
 MSG
     break
   fi
-  kill -0 $PID 2>/dev/null || { wait $PID; exit $?; }
+  kill -0 $PID 2>/dev/null || break
   sleep 0.5
 done
 wait $PID
+RC=$?
+[[ -n "$PORT_DIR" ]] && rm -rf "$PORT_DIR"
+if [[ "$UP" == 0 ]]; then
+  # mpirun runs the job with orte_enable_recovery, so it exits 0 even when a
+  # rank aborted at start-up: a cluster that never came up is a failure here.
+  echo "launch.sh: the cluster did not start (its error is above)" >&2
+  [[ "$RC" != 0 ]] && exit "$RC"
+  exit 2
+fi
+exit $RC

@@ -12,12 +12,16 @@
 #   deploy/netns_hosts.sh unthrottle HOST
 #   deploy/netns_hosts.sh addr HOST              # print HOST's address
 #
-# Launch a cluster over them (router on pdh1, prefill on pdh2, decode on pdh3):
-#   printf 'pdh1 slots=1\npdh2 slots=1\npdh3 slots=1\n' > /tmp/hosts
-#   deploy/netns_hosts.sh exec pdh1 deploy/launch.sh --hostfile /tmp/hosts --host 10.213.77.1 \
-#       --mca plm_rsh_agent "$PWD/deploy/netns_hosts.sh rsh" --mca oob_tcp_if_include 10.213.77.0/24 \
-#       --mca btl_tcp_if_include 10.213.77.0/24 --mca pml ob1 --mca btl tcp,self
-#   deploy/netns_hosts.sh exec pdhc curl http://10.213.77.1:8000/health
+# Launch a cluster over them (router on pdh1, prefill on pdh2, two decode ranks on pdh3;
+# --insecure: the router serves 10.213.77.1, not loopback, with no http.api_key, which
+# launch.sh otherwise refuses; see docs/CLUSTER.md):
+#   printf 'pdh1 slots=1\npdh2 slots=1\npdh3 slots=2\n' > /tmp/hosts
+#   deploy/netns_hosts.sh exec pdh1 deploy/launch.sh --prefill 1 --decode 2 --threads 1 \
+#       --hostfile /tmp/hosts --host 10.213.77.1 --insecure \
+#       --mca plm_rsh_agent "$PWD/deploy/netns_hosts.sh rsh" \
+#       --mca oob_tcp_if_include 10.213.77.0/24 --mca btl_tcp_if_include 10.213.77.0/24 \
+#       --mca pml ob1 --mca btl tcp,self,vader &
+#   deploy/netns_hosts.sh exec pdhc curl -s http://10.213.77.1:8000/health   # once it is up
 #
 # Environment: PDH_PREFIX (default pdh: namespaces pdh1.., pdhc, bridge pdh-br),
 # PDH_SUBNET (first three octets of a free /24, default 10.213.77; host i is .i,

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -356,6 +357,7 @@ class Supervisor:
             self.cluster.wait(15)
         # What outlived its job (ranks whose mpirun was killed) ends too.
         sweep(self.join_file)
+        shutil.rmtree(os.path.dirname(self.join_file), ignore_errors=True)
 
     def run(self):
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -370,7 +372,7 @@ class Supervisor:
             status, body = health(url) if url else (None, None)
             why = self.router_lost(status)
             if why and self.router is None and self.cluster.url is None and self.cluster.proc.returncode == 2:
-                log("launch.sh refused its options (above): nothing to supervise")
+                log("launch.sh exited 2 (its options refused, or the cluster could not start: above): nothing to supervise")
                 self.end_all(timeout=5)
                 return 2
             if why:

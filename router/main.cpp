@@ -23,6 +23,21 @@ int abort_job(const std::string& what) {
   return 2;
 }
 
+// A start-up error once the workers are known. mpirun runs the job with
+// orte_enable_recovery (a rank that dies does not take the others down), so
+// MPI_Abort ends this process alone: every worker is told to stop first
+// (Shutdown, as at the end of a drain), or they would wait timeouts.startup_ms
+// for a router that is gone — a cluster half started.
+int abort_cluster(const std::string& what, const pd::RoleTable& roles, std::shared_ptr<pd::MpiLinks> links) {
+  spdlog::critical("{}", what);
+  pd::MpiControlChannel channel(std::move(links));
+  for (int r : roles.prefill) channel.send(r, pd::proto::Shutdown{});
+  for (int r : roles.decode) channel.send(r, pd::proto::Shutdown{});
+  channel.flush(std::chrono::milliseconds(2000));
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  return 2;
+}
+
 // What the router needs of the model file: the tokenizer, the chat template
 // and the context length (not the weights), and the KV cache's geometry. The
 // error's message is what the job aborts with.
@@ -88,13 +103,14 @@ int main(int argc, char** argv) {
   if (!cfg.is_ok()) return abort_job(cfg.status().message());
   if (!roles.is_ok()) return abort_job(roles.status().message());
   for (const std::string& w : cfg->warnings) spdlog::warn("{}", w);
-  auto info = load_model_info(*cfg);
-  if (!info.is_ok()) return abort_job(info.status().message());
-
-  if (!flags.join.empty() || flags.elastic) return abort_job("pd-router takes --join-file, not --join/--elastic");
   auto links = std::make_shared<pd::MpiLinks>();
+  auto info = load_model_info(*cfg);
+  if (!info.is_ok()) return abort_cluster(info.status().message(), *roles, links);
+
+  if (!flags.join.empty() || flags.elastic)
+    return abort_cluster("pd-router takes --join-file, not --join/--elastic", *roles, links);
   if (!flags.join_file.empty()) {
-    if (pd::Status st = accept_joins(flags, *roles, *links); !st.is_ok()) return abort_job(st.message());
+    if (pd::Status st = accept_joins(flags, *roles, *links); !st.is_ok()) return abort_cluster(st.message(), *roles, links);
   }
   int rc = 0;
   {
@@ -103,7 +119,7 @@ int main(int argc, char** argv) {
     pd::router::Router router(*cfg, *roles, std::move(info).value(), std::make_unique<pd::MpiControlChannel>(links));
     router.set_env(&processes);
     pd::Status st = router.run();
-    if (!st.is_ok()) return abort_job(st.to_string());
+    if (!st.is_ok()) return abort_cluster(st.to_string(), *roles, links);
   }
   pd::mpi_finalize_bounded(rc);
   return rc;

@@ -65,12 +65,14 @@ std::optional<Status> RouterLink::watch(Clock::time_point now) {
   last_iteration_ = now;
   if (contact_ == RouterContact::kLost) return std::nullopt;
   // Until the router is first heard, it may still be starting: startup_ms.
-  const int limit_ms = contact_ == RouterContact::kHeard ? cfg_.timeouts.router_ms
-                                                         : std::max(cfg_.timeouts.router_ms, cfg_.timeouts.startup_ms);
+  const bool starting = contact_ != RouterContact::kHeard && cfg_.timeouts.startup_ms > cfg_.timeouts.router_ms;
+  const int limit_ms = starting ? cfg_.timeouts.startup_ms : cfg_.timeouts.router_ms;
   if (silence_ <= std::chrono::milliseconds(limit_ms)) return std::nullopt;
   transition(contact_, RouterContact::kLost, roles_.self, "router link");
   return Status::timeout("the router (rank " + std::to_string(roles_.router) + ") sent nothing for " +
-                         std::to_string(limit_ms) + " ms (timeouts.router_ms): it is gone");
+                         std::to_string(limit_ms) + " ms (" +
+                         (starting ? "timeouts.startup_ms: never heard since start" : "timeouts.router_ms") +
+                         "): it is gone");
 }
 
 void RouterLink::report_load(proto::LoadReport r, bool force, Clock::time_point now) {

@@ -15,7 +15,7 @@ struct ClusterConfig {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string served_model_name;  // "" = the model file's name without .gguf
   // Chat template the router renders chats with: "" = the model file's own
-  // (tokenizer.chat_template); "chatml", "gemma" or "llama3" = that format,
+  // (tokenizer.chat_template); "chatml", "gemma", "llama3", "llama3.1", "hermes" or "qwen2.5" = that format,
   // for a file with none (or one not recognized), in place of the file's.
   std::string chat_template;
 
