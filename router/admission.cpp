@@ -71,6 +71,23 @@ std::optional<ApiError> check_answer_size(const ApiRequest& api, const std::vect
   return api_error(400, std::move(message), param);
 }
 
+std::optional<ApiError> check_kv_fit(Endpoint ep, const ApiRequest& api, const std::vector<Prompt>& prompts,
+                                     const std::vector<int32_t>& max_tokens, int64_t decode_kv_tokens) {
+  if (decode_kv_tokens <= 0) return std::nullopt;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(prompts[i].ids.size());
+    if (n + max_tokens[i] <= decode_kv_tokens) continue;
+    const std::string name = prompt_name(ep, api.prompt_batch, i);
+    return api_error(400,
+                     name + "'s " + std::to_string(n) + " tokens + " + std::to_string(max_tokens[i]) + " to generate (" +
+                         api.max_tokens_field + (api.max_tokens_given ? "" : ", by default") +
+                         ") need more KV cache than a decode rank holds: " + std::to_string(decode_kv_tokens) +
+                         " tokens (kv.decode_budget_mb); lower " + api.max_tokens_field,
+                     n < decode_kv_tokens ? api.max_tokens_field : name);
+  }
+  return std::nullopt;
+}
+
 std::optional<Rejection> check_capacity(const ApiRequest& api, int n_choices, const ClusterState& cluster,
                                         const ClusterConfig::Router& limits) {
   const auto retry_after = retry_after_header(limits.retry_after_s);

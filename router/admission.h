@@ -44,6 +44,15 @@ int64_t answer_entries(const ApiRequest& api, const std::vector<Prompt>& prompts
 std::optional<ApiError> check_answer_size(const ApiRequest& api, const std::vector<Prompt>& prompts,
                                           const std::vector<int32_t>& max_tokens, int64_t limit);
 
+// The 400 for a choice whose prompt plus max_tokens would not fit the KV pool
+// of any decode rank (`decode_kv_tokens`: the most tokens an up decode rank's
+// whole pool holds; 0 = none has reported yet, nothing is checked): no decode
+// rank could ever take it, so retrying would not help. Names
+// kv.decode_budget_mb; `param` is the max_tokens field, or the prompt when
+// the prompt alone is too long.
+std::optional<ApiError> check_kv_fit(Endpoint ep, const ApiRequest& api, const std::vector<Prompt>& prompts,
+                                     const std::vector<int32_t>& max_tokens, int64_t decode_kv_tokens);
+
 // What admission needs to know of the link thread's state.
 struct ClusterState {
   bool stopping = false;
@@ -52,6 +61,7 @@ struct ClusterState {
   bool pool_left = false;  // a role's every rank left (drained out): none is expected back
   std::string not_ready_reason;
   int queued = 0;  // requests accepted, not yet dispatched
+  int64_t decode_kv_tokens = 0;  // the most tokens an up decode rank's KV pool holds (0 = not known yet)
 };
 
 struct Rejection {

@@ -39,6 +39,7 @@ ClusterState HttpFront::cluster_state() const {
   s.pool_left = link.pool_left;
   s.not_ready_reason = std::move(link.not_ready_reason);
   s.queued = p_.status.queued();
+  s.decode_kv_tokens = link.decode_kv_tokens;
   return s;
 }
 
@@ -62,8 +63,10 @@ void HttpFront::handle_completion(Endpoint ep, const HttpRequest& http, std::sha
   if (!max_tokens.is_ok()) return reject(max_tokens.error());
   if (auto e = check_answer_size(api, prompts.value(), max_tokens.value(), p_.cfg.router.max_answer_entries))
     return reject(*e);
+  const ClusterState cluster = cluster_state();
+  if (auto e = check_kv_fit(ep, api, prompts.value(), max_tokens.value(), cluster.decode_kv_tokens)) return reject(*e);
   const int n_choices = static_cast<int>(prompts.value().size()) * api.n;
-  if (auto refused = check_capacity(api, n_choices, cluster_state(), p_.cfg.router))
+  if (auto refused = check_capacity(api, n_choices, cluster, p_.cfg.router))
     return reject(refused->error, std::move(refused->headers));
   // The room is taken here, at once for all the choices: other io threads may
   // have admitted requests since cluster_state() was read.

@@ -88,6 +88,7 @@ struct LinkSnapshot {
   bool pool_left = false;  // a role's every rank left (WorkerTable::pool_left)
   std::string not_ready_reason;  // why it was last not ready
   std::string ranks_json = "[]";  // /health's per-rank list
+  int64_t decode_kv_tokens = 0;  // the most tokens an up decode rank's whole KV pool holds (0 = none reported)
 };
 
 // link -> io. The link thread publishes; any thread reads.

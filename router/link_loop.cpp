@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "util/lifecycle.h"
@@ -153,6 +155,10 @@ void LinkLoop::update_health() {
   for (const auto* pool : {&workers_.prefill(), &workers_.decode()})
     for (const WorkerView& wv : *pool)
       ranks.push_back({{"rank", wv.rank}, {"role", role_label(wv)}, {"state", rank_state_name(wv.state)}});
+  shown_.decode_kv_tokens = 0;
+  for (const WorkerView& wv : workers_.decode())
+    if (wv.state == RankState::kUp)
+      shown_.decode_kv_tokens = std::max(shown_.decode_kv_tokens, wv.load.total_blocks * p_.cfg.kv.block_size);
   if (!ok) shown_.not_ready_reason = why;
   shown_.ranks_json = ranks.dump();
   shown_.degraded = workers_.degraded();

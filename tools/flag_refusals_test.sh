@@ -1,7 +1,8 @@
 #!/bin/sh
 # Flags the API would refuse are usage errors (exit 2) naming the flag, before
 # any work: a bias on a token past the vocabulary, a schema keyword the grammar
-# would not enforce, an output file that cannot be written, a negative count.
+# would not enforce, an output file that cannot be written, a negative count, a
+# directory given for an input file.
 #   flag_refusals_test.sh PD_MAKE_MODEL PD_GENERATE PD_PERPLEXITY
 set -e
 make_model=$1 generate=$2 perplexity=$3
@@ -28,4 +29,11 @@ refused --json-schema.properties.a.not "$generate" -m "$d/a.gguf" -p hi -n 2 -t 
   --json-schema '{"type":"object","properties":{"a":{"not":{}}},"required":["a"]}'
 refused --json "$perplexity" -m "$d/a.gguf" -f "$d/a.gguf" --json "$d/no/such/dir/out.json"
 refused --chunks "$perplexity" -m "$d/a.gguf" -f "$d/a.gguf" --chunks -5
+# Thread counts past any machine; a directory where a file is read; n-grams out of order.
+refused --threads "$generate" -m "$d/a.gguf" -p hi -n 2 -t 100000
+refused --threads "$perplexity" -m "$d/a.gguf" -f "$d/a.gguf" -t 100000
+refused "$d" "$perplexity" -m "$d/a.gguf" -f "$d"
+refused "$d" "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --regex "@$d"
+refused "--batch file" "$generate" -m "$d/a.gguf" -n 2 -t 1 --batch "$d"
+refused --ngram-min "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --ngram-min 5 --ngram-max 2
 echo "every flag refused, naming itself"

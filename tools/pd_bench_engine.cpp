@@ -491,7 +491,7 @@ void add_options(CLI::App* app, BenchFlags* f, RawFlags* raw) {
   app->add_option("--threads", raw->threads, "comma-separated thread counts");
   app->add_option("--batches", raw->batches, "comma-separated decode batch sizes (cuda: 1,8,32,128)");
   app->add_option("--backend", raw->backend, "compute backend: cpu (default) or cuda");
-  app->add_option("--device", f->device, "CUDA device ordinal (--backend cuda)")->check(CLI::NonNegativeNumber);
+  app->add_option("--device", f->device, "CUDA device ordinal (--backend cuda)")->check(CLI::Range(0, 1023));
   app->add_option("--peak-preset", raw->peak_preset,
                   "hardware preset the cuda figures are fractions of (default h200; see pd-plan --help)");
   app->add_flag("--tf32", f->tf32, "cuda: GEMMs on TF32 tensor cores (the backend's default is fp32 SGEMM)");
@@ -610,11 +610,7 @@ std::optional<int> parse_flags(int argc, char** argv, BenchFlags* f) {
   CLI::App app{"pd-bench-engine: engine speed vs the machine's limits (CPU: measured in the same run)"};
   RawFlags raw;
   add_options(&app, f, &raw);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-bench-engine")) return code;
   raw.batches_given = app.get_option("--batches")->count() > 0;
   raw.device_given = app.get_option("--device")->count() > 0;
   if (int rc = resolve_backend(raw, f)) return rc;

@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 
 #include "backend/backend.h"
@@ -103,9 +104,10 @@ std::string parse_grammar_flags(const std::string& schema, bool json_object, con
       *out = v;
       return "";
     }
-    std::ifstream in(v.substr(1), std::ios::binary);
-    if (!in) return "cannot read '" + v.substr(1) + "'";
-    out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::string error;
+    auto text = pd::tools::read_input_file(v.substr(1), "file", &error);
+    if (!text) return error;
+    *out = std::move(*text);
     return "";
   };
   pd::GrammarSpec& g = f->grammar;
@@ -155,7 +157,7 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
                  "(as cluster.json's \"chat_template\")");
   app.add_option("-n,--n-predict", f->n_predict, "tokens to generate")->check(CLI::Range(1, 1 << 20));
   app.add_option("--temp", f->temp, "sampling temperature (0 = greedy)")->check(CLI::Range(0.0f, 100.0f));
-  app.add_option("--top-k", f->top_k, "top-k (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", f->top_k, "top-k (0 = off)")->check(CLI::Range(0, 1 << 30));
   app.add_option("--top-p", f->top_p, "top-p (1 = off)")->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--min-p", f->min_p, "min-p (0 = off)")->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--presence-penalty", f->presence, "presence penalty")->check(CLI::Range(-2.0f, 2.0f));
@@ -167,7 +169,7 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_option("--min-tokens", f->min_tokens,
                  "generate at least this many tokens before EOS or a stop token (at most --n-predict; the API's "
                  "min_tokens)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--seed", f->seed, "sampling seed");
   app.add_flag("--ignore-eos", f->ignore_eos, "keep generating past the end-of-sequence token");
   auto* bias_opt = app.add_option("--logit-bias", bias_specs,
@@ -188,7 +190,7 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_option("--ngram-min", f->speculation.min_ngram, "speculation: the shortest n-gram looked up")
       ->check(CLI::Range(1, 16));
   app.add_flag("--parse-special", f->raw_specials, "recognize special tokens written in the prompt text");
-  app.add_option("-t,--threads", f->backend.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", f->backend.threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--block-size", f->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   app.add_option("--backend", f->backend.kind, "compute backend: cpu or cuda");
   app.add_option("--device", f->backend.device, "cuda: device ordinal")->check(CLI::Range(0, 1023));
@@ -200,6 +202,10 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-generate")) return code;
   f->has_prompt = prompt_opt->count() > 0;
   f->has_batch = batch_opt->count() > 0;
+  if (f->speculation.min_ngram > f->speculation.max_ngram)
+    return fail("--ngram-min " + std::to_string(f->speculation.min_ngram) + " is more than --ngram-max " +
+                    std::to_string(f->speculation.max_ngram),
+                kExitUsage);
   if (bias_opt->count() > 0) {
     if (std::string err = parse_logit_bias(bias_specs, f); !err.empty()) return fail(err, kExitUsage);
   }
@@ -331,8 +337,10 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
 
 // Every request of the --batch file, blank lines skipped.
 std::optional<ToolError> read_batch(const GenerateFlags& f, const Engine& e, std::vector<pd::GenerateRequest>* reqs) {
-  std::ifstream in(f.batch_path);
-  if (!in) return ToolError{"cannot read --batch file '" + f.batch_path + "'", kExitUsage};
+  std::string error;
+  const auto text = pd::tools::read_input_file(f.batch_path, "--batch file", &error);
+  if (!text) return ToolError{error, kExitUsage};
+  std::istringstream in(*text);
   const auto tmpl = chat_template_of(f, e);
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {

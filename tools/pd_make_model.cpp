@@ -299,11 +299,7 @@ std::optional<int> parse_flags(int argc, char** argv, MakeFlags* f) {
   app.add_option("--tokenizer-from", f->tokenizer_from,
                  "copy the tokenizer.* metadata of this GGUF (its vocabulary must be the shape's size)");
   app.add_option("-o,--out", f->out, "output .gguf path")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-make-model")) return code;
   return std::nullopt;
 }
 

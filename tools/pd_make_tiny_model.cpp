@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "gguf/gguf_writer.h"
+#include "tool_common.h"
 
 int main(int argc, char** argv) {
   std::string out;
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", spec.n_layers, "transformer layers")->check(CLI::Range(1, 64));
   app.add_option("--context", spec.context, "context length")->check(CLI::Range(16, 1 << 20));
   app.add_option("--seed", spec.seed, "weight seed");
-  CLI11_PARSE(app, argc, argv);
+  if (auto code = pd::tools::parse_command_line(app, argc, argv, "pd-make-tiny-model")) return *code;
   const std::vector<uint8_t> bytes = pd::make_tiny_llama_gguf(spec);
   std::ofstream f(out, std::ios::binary);
   if (!f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()))) {

@@ -475,7 +475,7 @@ std::optional<int> parse_flags(int argc, char** argv, PerplexityFlags* f) {
                       ->check(CLI::Range(4, 1 << 20));
   app.add_option("--chunks", f->max_chunks, "score at most this many chunks (-1 = all)")
       ->check(CLI::Range(-1, 1 << 30));
-  app.add_option("-t,--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", f->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--act", f->act_list, "activation paths, comma-separated: int8, fp32");
   app.add_option("--isa", f->isa_list,
                  "kernel ISAs, comma-separated: scalar, avx2, avxvnni, avx512vnni, or all (every one this CPU runs); "
@@ -553,9 +553,10 @@ struct Corpus {
 
 // --file's tokens as llama.cpp makes them: one trailing newline dropped, BOS first.
 std::optional<ToolError> read_text(const PerplexityFlags& f, const pd::Tokenizer& tok, Corpus* c) {
-  std::ifstream in(f.text_path, std::ios::binary);
-  if (!in) return ToolError{"cannot read --file '" + f.text_path + "'", 2};
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string error;
+  auto read = pd::tools::read_input_file(f.text_path, "--file", &error);
+  if (!read) return ToolError{error, 2};
+  std::string text = std::move(*read);
   if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp's -f does
   c->tokens = tok.encode(text, /*parse_special=*/false);
   if (tok.add_bos() && tok.bos_id() >= 0) c->tokens.insert(c->tokens.begin(), tok.bos_id());

@@ -81,7 +81,9 @@ void add_model_options(CLI::App* app, ModelOptions* o) {
 void add_hardware_options(CLI::App* app, HardwareOptions* o) {
   app->add_option("--hardware", o->preset, "Hardware preset (see `pd-plan list`)")->capture_default_str();
   app->add_flag("--measure", o->measure, "Probe this machine's CPU (STREAM triad + FMA peak) instead of a preset");
-  app->add_option("--threads", o->threads, "Threads for --measure (0: all cores)")->capture_default_str();
+  app->add_option("--threads", o->threads, "Threads for --measure (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
   app->add_option("--tp", o->tp, "Devices per rank (tensor parallel)")->capture_default_str();
   app->add_option("--mfu", o->mfu, "Fraction of peak FLOP/s reached (1 = pure roofline)")->capture_default_str();
   app->add_option("--mbu", o->mbu, "Fraction of peak bandwidth reached (1 = pure roofline)")->capture_default_str();
@@ -745,7 +747,6 @@ int run_pools(const ModelOptions& mo, const HardwareOptions& ho, const PoolsOpti
   if (po.prefill_budget <= 0) die("--prefill-budget: must be positive");
   if (po.max_ranks <= 0) die("--max-ranks: must be positive");
   if ((po.prefill > 0) != (po.decode > 0)) die("--prefill and --decode: give both (or neither, to search)");
-  if (po.prefill < 0 || po.decode < 0) die("--prefill/--decode: must be positive");
   const SimSetup s = setup_sim(mo, ho, po);
   const auto t0 = std::chrono::steady_clock::now();
   const PoolPlan plan = evaluate_pools(s, po);
@@ -949,8 +950,9 @@ CLI::App* add_pools_command(CLI::App* app, PlanOptions* o) {
       ->capture_default_str();
   pl->add_option("--max-batch", po.max_decode_batch, "Running sequences per decode rank")->capture_default_str();
   pl->add_option("--max-ranks", po.max_ranks, "Search cap per pool")->capture_default_str();
-  pl->add_option("--prefill", po.prefill, "Evaluate this many prefill ranks (with --decode) instead of searching");
-  pl->add_option("--decode", po.decode, "Evaluate this many decode ranks (with --prefill)");
+  pl->add_option("--prefill", po.prefill, "Evaluate this many prefill ranks (with --decode) instead of searching")
+      ->check(CLI::Range(1, 4096));
+  pl->add_option("--decode", po.decode, "Evaluate this many decode ranks (with --prefill)")->check(CLI::Range(1, 4096));
   return pl;
 }
 

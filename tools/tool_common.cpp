@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -70,6 +71,23 @@ CLI::Validator writable_file() {
         return "";
       },
       "FILE (writable)");
+}
+
+std::optional<std::string> read_input_file(const std::string& path, const std::string& flag, std::string* error) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    *error = "cannot read " + flag + " '" + path + "': it is a directory";
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text;
+  if (in) {
+    std::ostringstream all;
+    all << in.rdbuf();
+    if (!in.bad()) return all.str();
+  }
+  *error = "cannot read " + flag + " '" + path + "'";
+  return std::nullopt;
 }
 
 bool write_json_file(const std::string& path, const nlohmann::json& j) {

@@ -57,6 +57,10 @@ double seconds(Clock::duration d);
 // The upper median (the element at size/2 once sorted); 0 for an empty vector.
 double median(std::vector<double> v);
 
+// The whole of the file a flag names (`flag`: e.g. "--file"), or an error
+// message naming the flag and the path: missing, a directory, unreadable.
+std::optional<std::string> read_input_file(const std::string& path, const std::string& flag, std::string* error);
+
 // Writes j (2-space indent, a trailing newline) to path; false when the file
 // cannot be written.
 bool write_json_file(const std::string& path, const nlohmann::json& j);

@@ -267,7 +267,7 @@ Status ClusterConfig::validate() const {
   PD_RETURN_IF_ERROR(range("decode.speculate", decode.speculate, 0, 16));
   PD_RETURN_IF_ERROR(range("decode.speculate_max_batch", decode.speculate_max_batch, 1, 4096));
   PD_RETURN_IF_ERROR(range("decode.threads", decode.threads, 0, 1024));
-  PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 0, 1 << 20));
+  PD_RETURN_IF_ERROR(range("router.max_queued", router.max_queued, 1, 1 << 20));  // 0 would refuse every request
   PD_RETURN_IF_ERROR(range("router.max_inflight_per_worker", router.max_inflight_per_worker, 1, 1 << 20));
   PD_RETURN_IF_ERROR(range("router.max_attempts", router.max_attempts, 1, 10));
   PD_RETURN_IF_ERROR(range("router.max_answer_entries", router.max_answer_entries, 1, int64_t{1} << 40));

@@ -606,13 +606,30 @@ def suite_lifecycle(tmp):
                   "%s: the migrated answer %r differs from a clean run's %r" % (fault, first, r.json()["choices"][0]["text"]))
             wait_for(lambda: blocks_all_free(c), 20, "%s: every block back in its pool" % fault)
             check(c.stop() == 0, "%s: clean exit" % fault)
-    # A router that may queue nothing answers 503 with Retry-After. /metrics behind
-    # the API key when asked; the Bearer scheme is matched in any letter case.
-    cfg = {"router": {"max_queued": 0, "retry_after_s": 3}, "http": {"api_key": "k3y", "metrics_require_key": True}}
+    # A router whose queue is full answers 503 with Retry-After: a long answer holds the
+    # only slot, the next request waits in the one-request queue, a third is refused.
+    # /metrics behind the API key when asked; the Bearer scheme is matched in any letter case.
+    cfg = {"router": {"max_queued": 1, "max_inflight_per_worker": 1, "retry_after_s": 3},
+           "http": {"api_key": "k3y", "metrics_require_key": True}}
     with Cluster(1, 1, model=model, config=cfg) as c:
         key = {"Authorization": "bearer k3y"}
-        r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4}, headers=key)
-        check(r.status == 503 and r.headers.get("Retry-After") == "3", "queue full: HTTP %d %s" % (r.status, r.headers))
+
+        def gauge(name):
+            for line in c.get("/metrics", key).body.splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            return 0.0
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            long = pool.submit(c.post, "/v1/completions",
+                               {"prompt": "abc", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}, key)
+            wait_for(lambda: gauge("pd_requests_in_flight") == 1 and gauge("pd_router_queue_length") == 0, 20,
+                     "the long request dispatched")
+            queued = pool.submit(c.post, "/v1/completions", {"prompt": "abc", "max_tokens": 4}, key)
+            wait_for(lambda: gauge("pd_router_queue_length") == 1, 20, "the second request queued")
+            r = c.post("/v1/completions", {"prompt": "abc", "max_tokens": 4}, headers=key)
+            check(r.status == 503 and r.headers.get("Retry-After") == "3", "queue full: HTTP %d %s" % (r.status, r.headers))
+            check(long.result().status == 200 and queued.result().status == 200, "the held and the queued requests end 200")
         check(c.get("/metrics").status == 401, "/metrics without the key when metrics_require_key is set")
         check(c.get("/metrics", {"Authorization": "Bearer k3y"}).status == 200, "/metrics with the key")
         check(c.get("/metrics", {"Authorization": "Bearer k3y2"}).status == 401, "/metrics with a wrong key")

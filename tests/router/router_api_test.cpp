@@ -539,6 +539,27 @@ TEST_CASE("router: a POST body that is not JSON by its Content-Type is a 415 nam
   }
 }
 
+TEST_CASE("router: a choice no decode rank's whole KV pool could hold is a 400 naming kv.decode_budget_mb",
+          "[router]") {
+  Harness h;
+  h.total_blocks = 4;  // 4 blocks of kv.block_size tokens per rank
+  h.pump_for(50ms);
+  const int64_t pool_tokens = 4 * h.cfg.kv.block_size;
+  const Answer over = h.finish(h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": )" +
+                                      std::to_string(pool_tokens) + "}"));
+  INFO(over.body);
+  CHECK(over.status == 400);
+  CHECK(over.json()["error"]["param"] == "max_tokens");
+  CHECK_THAT(over.json()["error"]["message"].get<std::string>(), Catch::Matchers::Contains("kv.decode_budget_mb"));
+  CHECK(h.dispatched(20ms) == std::nullopt);
+  // One that fits is served.
+  auto fits = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 4})");
+  auto d = h.dispatched();
+  REQUIRE(d);
+  h.serve(d->first, d->second);
+  CHECK(h.finish(fits).status == 200);
+}
+
 TEST_CASE("router: GET /v1/models/{id} answers the served model's object, 404 model_not_found for another", "[router]") {
   Harness h;
   const Answer list = h.get("/v1/models");

@@ -207,10 +207,12 @@ struct Harness {
   }
   ~Harness() { router.reset(); }
 
+  int64_t total_blocks = 1000;  // the KV pool each rank's reports give
+
   void beat(int rank, proto::Epoch epoch = 0) {
     proto::LoadReport lr;
     lr.ready = true;
-    lr.free_blocks = lr.total_blocks = 1000;
+    lr.free_blocks = lr.total_blocks = total_blocks;
     lr.epoch = epoch;
     hub.send(rank, kRouterRank, lr);
   }

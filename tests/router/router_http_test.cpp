@@ -97,6 +97,8 @@ TEST_CASE("router over HTTP: a stream whose client stops reading is cut at http.
         c.http.read_timeout_ms = 600000;  // the cut, not the write deadline
       },
       [](ModelInfo& m) { m.context = 32768; });  // room for a stream far longer than the kernel's socket buffers
+  h.total_blocks = 32768 / h.cfg.kv.block_size;  // and a decode pool that holds it
+  h.pump_for(30ms);
   const uint16_t port = h.router->port();
   REQUIRE(port != 0);
   // A client with a small receive buffer that sends its request and never reads.
