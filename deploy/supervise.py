@@ -357,9 +357,14 @@ class Supervisor:
             self.cluster.wait(15)
         # What outlived its job (ranks whose mpirun was killed) ends too.
         sweep(self.join_file)
-        shutil.rmtree(os.path.dirname(self.join_file), ignore_errors=True)
 
     def run(self):
+        try:
+            return self.supervise()
+        finally:
+            shutil.rmtree(os.path.dirname(self.join_file), ignore_errors=True)  # the join file's own directory
+
+    def supervise(self):
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         self.start_cluster()

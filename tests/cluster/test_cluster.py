@@ -611,7 +611,7 @@ def suite_lifecycle(tmp):
     # /metrics behind the API key when asked; the Bearer scheme is matched in any letter case.
     cfg = {"router": {"max_queued": 1, "max_inflight_per_worker": 1, "retry_after_s": 3},
            "http": {"api_key": "k3y", "metrics_require_key": True}}
-    with Cluster(1, 1, model=model, config=cfg) as c:
+    with Cluster(1, 1, model=slow_model, config=cfg) as c:  # slow enough to hold its slot while checked
         key = {"Authorization": "bearer k3y"}
 
         def gauge(name):
@@ -622,7 +622,8 @@ def suite_lifecycle(tmp):
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             long = pool.submit(c.post, "/v1/completions",
-                               {"prompt": "abc", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}, key)
+                               {"prompt": "abc", "max_tokens": 1500 if slow_model == DEFAULT_MODEL else 400,
+                                "ignore_eos": True, "temperature": 0}, key)
             wait_for(lambda: gauge("pd_requests_in_flight") == 1 and gauge("pd_router_queue_length") == 0, 20,
                      "the long request dispatched")
             queued = pool.submit(c.post, "/v1/completions", {"prompt": "abc", "max_tokens": 4}, key)

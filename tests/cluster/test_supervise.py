@@ -175,7 +175,7 @@ def bad_options():
     r = subprocess.run([os.path.join(ROOT, "deploy", "launch.sh"), "--supervise", "--model", "/nonexistent.gguf",
                         "--build", BUILD], capture_output=True, text=True, timeout=60)
     out = r.stdout + r.stderr
-    check(r.returncode == 2 and "--model: no such file" in out and "refused its options" in out,
+    check(r.returncode == 2 and "--model: no such file" in out and "nothing to supervise" in out,
           "a bad --model under --supervise: exit %s, output:\n%s" % (r.returncode, out[-2000:]))
     print("a bad --model: exit 2 in %.1f s, naming the flag" % (time.time() - t0))
 
