@@ -277,7 +277,14 @@ void WorkerTable::remove(int rank) {
   }
 }
 
-bool WorkerTable::pool_left() const { return (prefill_left_ && prefill_.empty()) || (decode_left_ && decode_.empty()); }
+bool WorkerTable::pool_left() const {
+  // Left: its last rank was removed; leaving: every rank it has is draining out.
+  auto gone = [](const std::vector<WorkerView>& pool, bool left) {
+    if (pool.empty()) return left;
+    return std::all_of(pool.begin(), pool.end(), [](const WorkerView& w) { return w.state == RankState::kDraining; });
+  };
+  return gone(prefill_, prefill_left_) || gone(decode_, decode_left_);
+}
 
 const WorkerView* WorkerTable::find(int rank) const { return const_cast<WorkerTable*>(this)->find(rank); }
 
@@ -394,6 +401,10 @@ bool WorkerTable::ready(std::string* why) const {
     }
   }
   auto none_up = [](const char* role, const std::vector<WorkerView>& pool, bool left) {
+    const auto draining = std::count_if(pool.begin(), pool.end(), [](const WorkerView& w) { return w.state == RankState::kDraining; });
+    if (!pool.empty() && draining == static_cast<std::ptrdiff_t>(pool.size()))
+      return std::string("every ") + role + " rank is draining out of the cluster";
+    if (draining > 0) return std::string("every ") + role + " rank is down or draining out of the cluster";
     if (!pool.empty()) return std::string("every ") + role + " rank is down";
     return left ? std::string("every ") + role + " rank has left (drained out)"
                 : std::string("no ") + role + " rank has joined yet";

@@ -184,8 +184,9 @@ class WorkerTable {
   // Whether some rank is down (the cluster serves, degraded).
   bool degraded() const;
   // Whether a role's pool is empty because its ranks left (drained out or
-  // removed) — unlike a pool that has not joined yet, nothing will come back
-  // by itself. Until a rank of that role joins again.
+  // removed), or every rank it has is draining out — unlike a pool that has
+  // not joined yet, nothing will come back by itself. Until a rank of that
+  // role joins again.
   bool pool_left() const;
   const std::vector<WorkerView>& prefill() const { return prefill_; }
   const std::vector<WorkerView>& decode() const { return decode_; }

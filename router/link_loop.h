@@ -107,8 +107,9 @@ class LinkLoop {
   void release_workers(const Request& r, bool tell_workers);
   void finalize(uint64_t wire_id, End how, const std::string& finish_reason, const ApiError& error = {},
                 bool tell_workers = true);
-  // The answer is given: its other choices end here (cancelled).
-  void cancel_siblings(const Response& resp);
+  // A choice failed and answered with `error`: the other choices end here,
+  // counted with the same outcome (pd_requests_total counts choices).
+  void end_siblings(const Response& resp, const ApiError& error);
 
   LinkParts p_;
   std::unique_ptr<ControlChannel> channel_;

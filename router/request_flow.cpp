@@ -18,6 +18,15 @@ void set_state(Request& r, RequestState to) { transition(r.state, to, r.http_id,
 }  // namespace
 
 void LinkLoop::dispatch_queued() {
+  if (workers_.pool_left()) {
+    // No path, and none coming back by itself (a role's every rank left or is
+    // draining out): what waits is answered now, as a new request would be.
+    std::string why;
+    workers_.ready(&why);
+    while (Request* r = requests_.front_of_queue())
+      finalize(r->wire_id, End::kFailed, "", api_error(503, "no prefill->decode path is up (" + why + "); retry later"));
+    return;
+  }
   while (Request* found = requests_.front_of_queue()) {
     Request& r = *found;
     const int64_t n = attempt_prompt_tokens(r);
@@ -235,14 +244,16 @@ void LinkLoop::finalize(uint64_t wire_id, End how, const std::string& finish_rea
       p_.metrics.requests_total.inc({error.status == 504 ? "timeout" : "failed"});
       if (resp.ended()) break;
       answer_failed(resp, error, p_.cfg.router.retry_after_s);
-      cancel_siblings(resp);
+      end_siblings(resp, error);
       break;
   }
 }
 
-void LinkLoop::cancel_siblings(const Response& resp) {
+void LinkLoop::end_siblings(const Response& resp, const ApiError& error) {
+  // They end with the answer's error (counted as it is: timeout or failed),
+  // not as cancelled: no client left.
   for (uint64_t http_id : resp.choices)
-    if (Request* other = requests_.find_by_http_id(http_id)) finalize(other->wire_id, End::kCancelled, "");
+    if (Request* other = requests_.find_by_http_id(http_id)) finalize(other->wire_id, End::kFailed, "", error);
 }
 
 }  // namespace pd::router

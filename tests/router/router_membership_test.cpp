@@ -242,6 +242,35 @@ TEST_CASE("router: once every decode rank has drained out, requests fail at once
   CHECK(h.finish(g).status == 200);
 }
 
+TEST_CASE("router: while every decode rank drains out, what waits in the queue and what comes fail at once (503)",
+          "[router]") {
+  Harness h(150, 30000, false, [](ClusterConfig& c) { c.router.max_inflight_per_worker = 1; });
+  // One request on each decode rank (running), a third waiting in the queue.
+  std::vector<std::shared_ptr<RecordingWriter>> running;
+  for (int i = 0; i < 2; ++i) {
+    running.push_back(h.post(kBody));
+    REQUIRE(h.dispatched());
+  }
+  auto waiting = h.post(kBody);
+  CHECK(h.dispatched(30ms) == std::nullopt);
+  for (int r : {kD1, kD2}) {
+    CHECK(h.finish(h.admin_post("{\"rank\": " + std::to_string(r) + "}")).status == 200);
+    REQUIRE(h.expect<proto::Drain>(r));
+  }
+  const Answer queued = h.finish(waiting, 100ms);
+  CHECK(queued.status == 503);
+  CHECK(queued.raw().find("every decode rank is draining out") != std::string::npos);
+  CHECK(queued.header("Retry-After") == "1");
+  h.pump_for(30ms);  // what the front reads is refreshed every 10 ms
+  auto f = h.post(kBody);
+  CHECK(f->done());  // answered by submit() itself
+  CHECK(h.finish(f, 100ms).status == 503);
+  const Answer health = h.get("/health");
+  CHECK(health.status == 503);
+  CHECK(health.raw().find("every decode rank is draining out of the cluster") != std::string::npos);
+  for (auto& w : running) CHECK_FALSE(w->done());  // the draining ranks still finish what they hold
+}
+
 TEST_CASE("router: a rank joins, is linked to the up workers of the other role, and gets work once ready", "[router]") {
   Harness h;
   for (int r : {kP1, kP2}) h.hub.send(r, kRouterRank, proto::Listening{"port-" + std::to_string(r)});

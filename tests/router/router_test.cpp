@@ -309,6 +309,22 @@ TEST_CASE("router: a request no worker takes within queue_ms fails 503, one past
   CHECK(illegal_transitions() == 0);
 }
 
+TEST_CASE("router: when one choice of n fails, the others end with it and count as it does, not as cancelled",
+          "[router]") {
+  Harness h;
+  auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 3, "n": 3})");
+  auto ds = h.dispatched_n(3, 100ms);
+  REQUIRE(ds.size() == 3);
+  h.hub.send(ds[0].first, kRouterRank, proto::RequestFailed{ds[0].second.id, "too long", proto::FailureKind::kInvalid});
+  CHECK(h.finish(f).status == 400);
+  h.pump_for(20ms);
+  const std::string metrics = h.get("/metrics").body;
+  INFO(metrics);
+  CHECK(metrics.find("pd_requests_total{outcome=\"failed\"} 3") != std::string::npos);
+  CHECK(metrics.find("pd_requests_total{outcome=\"cancelled\"}") == std::string::npos);  // none counted
+  CHECK(h.cancelled().size() == 3);  // the workers drop every choice
+}
+
 }  // namespace
 }  // namespace pd::router::test_router
 
