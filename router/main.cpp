@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   bool help = false;
   pd::LaunchFlags flags;
   auto cfg = pd::parse_cluster_args(argc, argv, "pd-router", &help, &flags);
-  auto roles = pd::exchange_roles(pd::Role::kRouter, false, cfg.is_ok() && !flags.join_file.empty());
+  auto roles = pd::exchange_roles(pd::Role::kRouter, false, cfg.is_ok() && !flags.join_file.empty(),
+                                  cfg.is_ok() ? pd::kv_dtype_name(*pd::parse_kv_dtype(cfg->kv.dtype, "kv.dtype")) : "");
   if (help) {
     MPI_Finalize();
     return 0;

@@ -195,7 +195,8 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   auto cfg = parse_cluster_args(argc, argv, (std::string("pd-") + role_name(role)).c_str(), &help, &flags);
   const bool joining = wants_elastic(argc, argv) && cfg.is_ok() && !flags.join.empty();
   // Every rank joins the role exchange before anyone may abort, so errors are reported once, clearly.
-  auto roles = exchange_roles(role, joining, cfg.is_ok() && flags.elastic);
+  auto roles = exchange_roles(role, joining, cfg.is_ok() && flags.elastic,
+                              cfg.is_ok() ? kv_dtype_name(engine_config(*cfg, role).kv_dtype) : "");
   if (help) {
     MPI_Finalize();
     return 0;

@@ -56,9 +56,18 @@ Status MpiLinks::listen(int assign_from, std::string secret_path) {
   std::thread([s = shared_] {
     for (;;) {
       MPI_Comm inter = MPI_COMM_NULL;
+      const auto started = std::chrono::steady_clock::now();
       if (MPI_Comm_accept(s->port.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter) != MPI_SUCCESS) {
-        // A joiner that died mid-handshake; keep listening.
-        spdlog::warn("MPI_Comm_accept on {} failed; still accepting", s->port);
+        // An accept nobody answered ends after OpenMPI's own wait (PMIx's
+        // lookup, 300 s): expected while no pool joins, so not a warning. One
+        // that failed sooner was a joiner that died mid-handshake. Either
+        // way, keep listening.
+        const auto waited = std::chrono::steady_clock::now() - started;
+        if (waited >= std::chrono::seconds(60))
+          spdlog::debug("MPI_Comm_accept on {}: nobody joined within {} s; accepting again", s->port,
+                        std::chrono::duration_cast<std::chrono::seconds>(waited).count());
+        else
+          spdlog::warn("MPI_Comm_accept on {} failed (a joiner left mid-handshake?); still accepting", s->port);
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         continue;
       }

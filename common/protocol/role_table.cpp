@@ -14,7 +14,37 @@ const char* role_name(Role r) {
   return "?";
 }
 
-Result<RoleTable> exchange_roles(Role mine, bool joining, bool elastic) {
+namespace {
+
+// Each rank's KV element name (at most 15 characters; "" = unknown), gathered;
+// the error naming two ranks that differ, if any do.
+Status check_kv_dtypes(const std::string& mine, const std::vector<Role>& roles, int size) {
+  constexpr int kWidth = 16;
+  char my_name[kWidth] = {};
+  mine.copy(my_name, kWidth - 1);
+  std::vector<char> names(static_cast<size_t>(size) * kWidth);
+  MPI_Allgather(my_name, kWidth, MPI_CHAR, names.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD);
+  int first = -1;
+  for (int r = 0; r < size; ++r) {
+    const std::string name(names.data() + static_cast<size_t>(r) * kWidth);
+    if (name.empty()) continue;
+    if (first < 0) {
+      first = r;
+      continue;
+    }
+    const std::string want(names.data() + static_cast<size_t>(first) * kWidth);
+    if (name != want)
+      return Status::invalid_argument("the ranks disagree on the KV cache's elements: rank " + std::to_string(first) +
+                                      " (" + role_name(roles[first]) + ") runs " + want + ", rank " + std::to_string(r) +
+                                      " (" + role_name(roles[r]) + ") " + name +
+                                      " (kv.dtype / --kv-dtype must be the same on every rank)");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<RoleTable> exchange_roles(Role mine, bool joining, bool elastic, const std::string& kv_dtype) {
   RoleTable t;
   int size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &t.self);
@@ -47,6 +77,7 @@ Result<RoleTable> exchange_roles(Role mine, bool joining, bool elastic) {
       case Role::kDecode: t.decode.push_back(r); break;
     }
   }
+  if (Status st = check_kv_dtypes(kv_dtype, t.roles, size); !st.is_ok()) return st;
   if (joining) {
     if (t.router >= 0) return Status::invalid_argument("a pool joining a running cluster has no pd-router rank");
     return t;

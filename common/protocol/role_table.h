@@ -38,6 +38,10 @@ struct RoleTable {
 // there is exactly one router and at least one decode rank — or, for the ranks
 // of a pool joining a running cluster (`joining`), no router at all. A job that
 // accepts pools (`elastic`) may start with no worker at all (the router alone).
-Result<RoleTable> exchange_roles(Role mine, bool joining = false, bool elastic = false);
+// `kv_dtype`: this rank's KV cache element name (kv.dtype with --kv-dtype
+// applied; "" when its config did not parse): every rank that names one must
+// name the same, or each gets InvalidArgument naming the ranks that differ (a
+// KV cache handed between them could never land).
+Result<RoleTable> exchange_roles(Role mine, bool joining = false, bool elastic = false, const std::string& kv_dtype = "");
 
 }  // namespace pd

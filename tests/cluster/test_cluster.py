@@ -582,6 +582,15 @@ def suite_lifecycle(tmp):
               "mismatched handoff: HTTP %d %s" % (r.status, r.body))
         check(c.get("/health").status == 200, "health after a refused handoff")
         wait_for(lambda: blocks_all_free(c), 20, "blocks of the refused request to be freed")
+    # Ranks started with different KV element types could never hand a cache over:
+    # the job refuses to start, every rank naming the two that differ.
+    mixed = [a if a != other else model for a in line] + ["--kv-dtype", "q8_0"]  # the decode rank's flags
+    try:
+        with Cluster(model=model, mpirun=mixed, startup_s=60):
+            check(False, "a job whose ranks disagree on kv.dtype started")
+    except RuntimeError as e:
+        check("disagree on the KV cache's elements" in str(e) and "q8_0" in str(e),
+              "mixed kv.dtype: the start-up error names it:\n%s" % str(e)[-3000:])
     # Faults on the KV link (a fault-injection wrapper around the real MPI transport on
     # the prefill rank): a transfer that never completes times out and fails that
     # request alone; a corrupted one is caught by the checksum and, its first token
