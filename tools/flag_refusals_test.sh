@@ -35,5 +35,6 @@ refused --threads "$perplexity" -m "$d/a.gguf" -f "$d/a.gguf" -t 100000
 refused "$d" "$perplexity" -m "$d/a.gguf" -f "$d"
 refused "$d" "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --regex "@$d"
 refused "--batch file" "$generate" -m "$d/a.gguf" -n 2 -t 1 --batch "$d"
+refused --chat-template "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --chat --chat-template foo
 refused --ngram-min "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --ngram-min 5 --ngram-max 2
 echo "every flag refused, naming itself"

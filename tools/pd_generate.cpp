@@ -154,7 +154,13 @@ std::optional<int> parse_flags(int argc, char** argv, GenerateFlags* f) {
   app.add_option("--system", f->system_prompt, "system message for --chat (default: the template's own)");
   app.add_option("--chat-template", f->chat_template,
                  "chat template for --chat and --batch chats instead of the file's: chatml, hermes, qwen2.5, gemma, llama3 or llama3.1 "
-                 "(as cluster.json's \"chat_template\")");
+                 "(as cluster.json's \"chat_template\")")
+      ->check(CLI::Validator(
+          [](std::string& name) {
+            auto t = pd::ChatTemplate::from_name(name);
+            return t.is_ok() ? std::string() : t.status().message();
+          },
+          "NAME"));
   app.add_option("-n,--n-predict", f->n_predict, "tokens to generate")->check(CLI::Range(1, 1 << 20));
   app.add_option("--temp", f->temp, "sampling temperature (0 = greedy)")->check(CLI::Range(0.0f, 100.0f));
   app.add_option("--top-k", f->top_k, "top-k (0 = off)")->check(CLI::Range(0, 1 << 30));
