@@ -36,5 +36,9 @@ refused "$d" "$perplexity" -m "$d/a.gguf" -f "$d"
 refused "$d" "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --regex "@$d"
 refused "--batch file" "$generate" -m "$d/a.gguf" -n 2 -t 1 --batch "$d"
 refused --chat-template "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --chat --chat-template foo
+printf '{"prompt": "hi", "top_p": 0.5}\n' > "$d/unknown.jsonl"
+refused 'unknown field "top_p"' "$generate" -m "$d/a.gguf" -t 1 --batch "$d/unknown.jsonl"
+printf '{"prompt": "hi", "max_tokens": "x"}\n' > "$d/type.jsonl"
+refused "type.jsonl:1" "$generate" -m "$d/a.gguf" -t 1 --batch "$d/type.jsonl"
 refused --ngram-min "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --ngram-min 5 --ngram-max 2
 echo "every flag refused, naming itself"

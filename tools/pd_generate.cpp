@@ -301,6 +301,10 @@ pd::Result<pd::ChatTemplate> chat_template_of(const GenerateFlags& f, const Engi
   return pd::ChatTemplate::from_gguf(*e.gguf);
 }
 
+std::optional<ToolError> fill_batch_request(const GenerateFlags& f, const Engine& e,
+                                            const pd::Result<pd::ChatTemplate>& tmpl, const nlohmann::json& j,
+                                            const std::string& where, bool has_messages, pd::GenerateRequest* req);
+
 // The request of one --batch line; a line the tool cannot use is a usage
 // error naming FILE:LINE, a chat template that fails a runtime failure.
 std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
@@ -313,9 +317,29 @@ std::optional<ToolError> batch_request(const GenerateFlags& f, const Engine& e,
   } catch (const std::exception& ex) {
     return ToolError{where + ex.what(), kExitUsage};
   }
+  if (j.is_object()) {
+    // A field the tool does not read is refused, as the API refuses one.
+    static const char* const kFields[] = {"prompt", "messages", "chat", "max_tokens", "ignore_eos", "temperature", "seed"};
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (std::find(std::begin(kFields), std::end(kFields), it.key()) == std::end(kFields))
+        return ToolError{where + "unknown field \"" + it.key() +
+                             "\" (a line takes prompt or messages, chat, max_tokens, ignore_eos, temperature, seed)",
+                         kExitUsage};
+  }
   const bool has_messages = j.is_object() && j.contains("messages") && j["messages"].is_array();
   if (!j.is_object() || (!has_messages && (!j.contains("prompt") || !j["prompt"].is_string())))
     return ToolError{where + "needs a string \"prompt\" or a \"messages\" array", kExitUsage};
+  try {
+    return fill_batch_request(f, e, tmpl, j, where, has_messages, req);
+  } catch (const nlohmann::json::exception& ex) {  // a field of the wrong type
+    return ToolError{where + ex.what(), kExitUsage};
+  }
+}
+
+// batch_request's work once the line parsed: nlohmann's type errors reach it as exceptions.
+std::optional<ToolError> fill_batch_request(const GenerateFlags& f, const Engine& e,
+                                            const pd::Result<pd::ChatTemplate>& tmpl, const nlohmann::json& j,
+                                            const std::string& where, bool has_messages, pd::GenerateRequest* req) {
   const bool is_chat = has_messages || j.value("chat", f.chat);
   std::string t = has_messages ? "" : j["prompt"].get<std::string>();
   std::vector<pd::ChatMessage> messages = {{"user", t}};
