@@ -688,6 +688,10 @@ int create_run_cache(const BenchFlags& f, Engine* e, BenchTotals* totals) {
     return fail("--verify: --prompt + " + std::to_string(widest_verify) + " tokens exceeds the model's context " +
                     std::to_string(c.context),
                 2);
+  if (f.prompt + f.gen > c.context)
+    return fail("--prompt " + std::to_string(f.prompt) + " + --gen " + std::to_string(f.gen) +
+                    " exceeds the model's context " + std::to_string(c.context),
+                2);
   const int64_t blocks = std::max<int64_t>({(std::max(longest, 256) + 15) / 16,
                                             static_cast<int64_t>(max_batch) * ((f.prompt + f.gen + 15) / 16),
                                             (f.prompt + widest_verify + 15) / 16});
