@@ -46,12 +46,6 @@ bool unreserved(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' || c == '~';
 }
 
-// A header value as an error message may quote it: printable ASCII, at most 80 characters.
-std::string quoted_value(std::string_view v) {
-  std::string out;
-  for (char c : v.substr(0, 80)) out += c >= 0x20 && c < 0x7f ? c : '?';
-  return out + (v.size() > 80 ? "..." : "");
-}
 
 }  // namespace
 
@@ -202,11 +196,11 @@ std::optional<Refusal> transfer_coding_refusal(const http::request_header<>& h) 
   if (sent.empty() && h.find(http::field::transfer_encoding) == h.end()) return std::nullopt;
   if (codings.size() == 1 && codings[0] == "chunked") return std::nullopt;
   if (!codings.empty() && codings.back() == "chunked") {
-    return Refusal{501, "Transfer-Encoding '" + quoted_value(sent) +
+    return Refusal{501, "Transfer-Encoding '" + shown_text(sent) +
                             "' is not supported: a request body may be sent chunked, and coded no other way",
                    "invalid_request_error"};
   }
-  return Refusal{400, "Transfer-Encoding '" + quoted_value(sent) +
+  return Refusal{400, "Transfer-Encoding '" + shown_text(sent) +
                           "' does not end in 'chunked': the request body's length cannot be known"};
 }
 
@@ -224,7 +218,7 @@ std::shared_ptr<Response> preflight_response(unsigned version, bool keep_alive, 
   if (allow_origin.empty()) {
     ApiError e;
     e.status = 403;
-    e.message = "cross-origin requests from '" + quoted_value(origin) +
+    e.message = "cross-origin requests from '" + shown_text(origin) +
                 "' are not allowed by this server (http.allowed_origins)";
     e.type = "invalid_request_error";
     e.code = "origin_not_allowed";

@@ -158,7 +158,9 @@ void LinkLoop::update_health() {
   shown_.decode_kv_tokens = 0;
   for (const WorkerView& wv : workers_.decode())
     if (wv.state == RankState::kUp)
-      shown_.decode_kv_tokens = std::max(shown_.decode_kv_tokens, wv.load.total_blocks * p_.cfg.kv.block_size);
+      // (A rank's report, bounded before it is multiplied: the pool of a rank is far below 2^40 blocks.)
+      shown_.decode_kv_tokens = std::max(shown_.decode_kv_tokens,
+                                         std::clamp<int64_t>(wv.load.total_blocks, 0, int64_t{1} << 40) * p_.cfg.kv.block_size);
   if (!ok) shown_.not_ready_reason = why;
   shown_.ranks_json = ranks.dump();
   shown_.degraded = workers_.degraded();

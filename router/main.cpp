@@ -29,13 +29,11 @@ int abort_job(const std::string& what) {
 // (Shutdown, as at the end of a drain), or they would wait timeouts.startup_ms
 // for a router that is gone — a cluster half started.
 int abort_cluster(const std::string& what, const pd::RoleTable& roles, std::shared_ptr<pd::MpiLinks> links) {
-  spdlog::critical("{}", what);
   pd::MpiControlChannel channel(std::move(links));
   for (int r : roles.prefill) channel.send(r, pd::proto::Shutdown{});
   for (int r : roles.decode) channel.send(r, pd::proto::Shutdown{});
   channel.flush(std::chrono::milliseconds(2000));
-  MPI_Abort(MPI_COMM_WORLD, 2);
-  return 2;
+  return abort_job(what);
 }
 
 // What the router needs of the model file: the tokenizer, the chat template

@@ -18,7 +18,7 @@ void set_state(Request& r, RequestState to) { transition(r.state, to, r.http_id,
 }  // namespace
 
 void LinkLoop::dispatch_queued() {
-  if (workers_.pool_left()) {
+  if (requests_.front_of_queue() != nullptr && workers_.pool_left()) {
     // No path, and none coming back by itself (a role's every rank left or is
     // draining out): what waits is answered now, as a new request would be.
     std::string why;

@@ -33,7 +33,7 @@ refused --chunks "$perplexity" -m "$d/a.gguf" -f "$d/a.gguf" --chunks -5
 refused --threads "$generate" -m "$d/a.gguf" -p hi -n 2 -t 100000
 refused --threads "$perplexity" -m "$d/a.gguf" -f "$d/a.gguf" -t 100000
 refused "$d" "$perplexity" -m "$d/a.gguf" -f "$d"
-refused "$d" "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --regex "@$d"
+refused --regex "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --regex "@$d"
 refused "--batch file" "$generate" -m "$d/a.gguf" -n 2 -t 1 --batch "$d"
 refused --chat-template "$generate" -m "$d/a.gguf" -p hi -n 2 -t 1 --chat --chat-template foo
 printf '{"prompt": "hi", "top_p": 0.5}\n' > "$d/unknown.jsonl"

@@ -99,13 +99,13 @@ std::string parse_grammar_flags(const std::string& schema, bool json_object, con
   const int given = !schema.empty() + json_object + !regex.empty() + !ebnf.empty();
   if (given == 0) return "";
   if (given > 1) return "--json-schema, --json-object, --regex and --grammar: give at most one";
-  auto value = [](const std::string& v, std::string* out) -> std::string {
+  auto value = [](const std::string& v, const char* flag, std::string* out) -> std::string {
     if (v.empty() || v[0] != '@') {
       *out = v;
       return "";
     }
     std::string error;
-    auto text = pd::tools::read_input_file(v.substr(1), "file", &error);
+    auto text = pd::tools::read_input_file(v.substr(1), flag, &error);
     if (!text) return error;
     *out = std::move(*text);
     return "";
@@ -116,7 +116,7 @@ std::string parse_grammar_flags(const std::string& schema, bool json_object, con
     g.kind = pd::GrammarKind::kJsonObject;
   } else if (!schema.empty()) {
     g.kind = pd::GrammarKind::kJsonSchema;
-    err = value(schema, &g.text);
+    err = value(schema, "--json-schema", &g.text);
     if (err.empty()) {
       const nlohmann::ordered_json j = nlohmann::ordered_json::parse(g.text, nullptr, false);  // keys keep their order
       if (j.is_discarded() || !j.is_object()) return "--json-schema: not a JSON object";
@@ -126,10 +126,10 @@ std::string parse_grammar_flags(const std::string& schema, bool json_object, con
     }
   } else if (!regex.empty()) {
     g.kind = pd::GrammarKind::kRegex;
-    err = value(regex, &g.text);
+    err = value(regex, "--regex", &g.text);
   } else {
     g.kind = pd::GrammarKind::kEbnf;
-    err = value(ebnf, &g.text);
+    err = value(ebnf, "--grammar", &g.text);
   }
   if (!err.empty()) return "--json-schema/--regex/--grammar: " + err;
   if (pd::Status st = pd::GrammarCompiler::check(g); !st.is_ok()) return "--" + std::string(

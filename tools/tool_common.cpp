@@ -80,7 +80,6 @@ std::optional<std::string> read_input_file(const std::string& path, const std::s
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);
-  std::string text;
   if (in) {
     std::ostringstream all;
     all << in.rdbuf();

@@ -549,6 +549,27 @@ def suite_kv_reuse(tmp):
 def suite_lifecycle(tmp):
     """Tiny models: SIGTERM drains in-flight requests; a mismatched prefill/decode pair is refused; full queue -> 503."""
     model = tiny_model(os.path.join(tmp, "tiny.gguf"))
+    # A router that cannot start (its port taken) ends the whole job at once — its
+    # workers are told to stop, not left waiting timeouts.startup_ms — and launch.sh
+    # says so and exits 2 (mpirun itself exits 0 under orte_enable_recovery).
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    cfg_path = os.path.join(tmp, "taken.json")
+    with open(cfg_path, "w") as f:
+        json.dump({"model": model, "http": {"port": holder.getsockname()[1]}}, f)
+    t0 = time.time()
+    r = subprocess.run([os.path.join(ROOT, "deploy", "launch.sh"), "--config", cfg_path, "--build", BUILD,
+                        "--threads", "1"], capture_output=True, text=True, timeout=100,
+                       start_new_session=True)
+    holder.close()
+    out = r.stdout + r.stderr
+    check(r.returncode == 2 and "Address already in use" in out and "did not start" in out,
+          "a router whose port is taken: launch.sh exit %s, output:\n%s" % (r.returncode, out[-3000:]))
+    check(time.time() - t0 < 60, "the job ended %.0f s after a router start-up failure (workers left waiting)"
+          % (time.time() - t0))
+    check(subprocess.run(["pgrep", "-f", cfg_path], capture_output=True).returncode == 1,
+          "no process of the failed job is left")
     # SIGTERM while a request runs: it still finishes, then everything exits 0.
     # (The default model, where present, is slow enough to catch a request mid-flight.)
     slow_model = DEFAULT_MODEL if os.path.exists(DEFAULT_MODEL) else model
