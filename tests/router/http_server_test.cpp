@@ -1178,7 +1178,10 @@ TEST_CASE("http_server: at max_connections a connection silent mid-request for k
     o.post("/v1/o", "{}");
     CHECK(o.read().result_int() == 503);
   }
-  std::this_thread::sleep_for(kStalledReadAfter);
+  // The server times silence from when it read a byte, which a loaded
+  // machine (CI's sanitizer run) delays: a margin past the limit.
+  constexpr auto kMargin = 600ms;
+  std::this_thread::sleep_for(kStalledReadAfter + kMargin);
   Client c(f.server.port());
   c.post("/v1/c", "{}");
   auto got = f.mailbox.take();
@@ -1195,7 +1198,7 @@ TEST_CASE("http_server: at max_connections a connection silent mid-request for k
   Client s(f.server.port());  // takes idle c's slot
   CHECK(c.closed_by_server());
   s.send_raw("GET /v1/s HTTP/1.1\r\nHo");
-  std::this_thread::sleep_for(kStalledReadAfter + 100ms);
+  std::this_thread::sleep_for(kStalledReadAfter + kMargin);
   Client t(f.server.port());
   t.post("/v1/t", "{}");
   got = f.mailbox.take();
