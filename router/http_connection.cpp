@@ -46,6 +46,28 @@ bool unreserved(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' || c == '~';
 }
 
+// RFC 3986 5.2.4 on a path whose '//' are already collapsed: "." segments
+// dropped, ".." removing the one before (never above the root).
+std::string without_dot_segments(const std::string& path) {
+  if (path.empty() || path[0] != '/' || path.find("/.") == std::string::npos) return path;
+  std::vector<std::string_view> kept;
+  bool trailing = false;  // "/a/." and "/a/.." name a directory: "/a/" and "/"
+  for (size_t start = 1; start <= path.size();) {
+    const size_t slash = std::min(path.find('/', start), path.size());
+    const std::string_view seg(path.data() + start, slash - start);
+    trailing = seg == "." || seg == "..";
+    if (seg == "..") {
+      if (!kept.empty()) kept.pop_back();
+    } else if (seg != ".") {
+      kept.push_back(seg);
+    }
+    start = slash + 1;
+  }
+  std::string out;
+  for (const std::string_view seg : kept) (out += '/') += seg;
+  if (out.empty() || trailing) out += '/';
+  return out;
+}
 
 }  // namespace
 
@@ -172,8 +194,19 @@ std::string normalized_path(beast::string_view target) {
     if (c == '/' && !out.empty() && out.back() == '/') continue;
     out += c;
   }
+  out = without_dot_segments(out);
   if (out.size() > 1 && out.back() == '/') out.pop_back();
   return out;
+}
+
+std::optional<Refusal> host_refusal(const http::request_header<>& h) {
+  // RFC 9112 3.2: an HTTP/1.1 request without Host, or with more than one, is a 400.
+  if (h.version() < 11) return std::nullopt;
+  const auto hosts = h.equal_range(http::field::host);
+  const auto n = std::distance(hosts.first, hosts.second);
+  if (n == 1) return std::nullopt;
+  return Refusal{400, n == 0 ? "an HTTP/1.1 request needs a Host header field"
+                             : "the request has " + std::to_string(n) + " Host header fields; it must have one"};
 }
 
 std::optional<Refusal> transfer_coding_refusal(const http::request_header<>& h) {
@@ -397,6 +430,10 @@ bool Connection::on_header() {
     return false;
   }
   if (auto refusal = transfer_coding_refusal(req)) {
+    refuse(req.version(), std::move(*refusal));
+    return false;
+  }
+  if (auto refusal = host_refusal(req)) {
     refuse(req.version(), std::move(*refusal));
     return false;
   }

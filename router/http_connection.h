@@ -100,6 +100,9 @@ std::string normalized_path(beast::string_view target);
 // is lost, so the connection closes), 501 for another coding before it;
 // nullopt for none or "chunked".
 std::optional<Refusal> transfer_coding_refusal(const http::request_header<>& h);
+// 400 for an HTTP/1.1 request with no Host field or several (RFC 9112 3.2);
+// nullopt otherwise (HTTP/1.0 needs none).
+std::optional<Refusal> host_refusal(const http::request_header<>& h);
 // The Access-Control-Allow-Origin value for a request from `origin` under
 // `allowed` (HttpServerConfig::allowed_origins): "*" when any origin is
 // allowed, the origin itself when it is listed, "" when it is not (or no

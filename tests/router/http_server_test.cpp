@@ -43,7 +43,14 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using namespace std::chrono_literals;
 
-constexpr auto kWait = 5s;  // upper bound of any single wait (normally milliseconds)
+constexpr auto kWait = 5s;
+
+HttpServerConfig config_on(std::string host, uint16_t port) {
+  HttpServerConfig cfg;
+  cfg.host = std::move(host);
+  cfg.port = port;
+  return cfg;
+}  // upper bound of any single wait (normally milliseconds)
 
 // Requests the server handed to the handler, for the test thread to answer.
 class Mailbox {
@@ -545,7 +552,7 @@ TEST_CASE("http_server: malformed requests get 400 and a close", "[http_server]"
 }
 
 TEST_CASE("http_server: a dropped writer or a throwing handler is answered 500", "[http_server]") {
-  HttpServer server(HttpServerConfig{"127.0.0.1", 0});
+  HttpServer server(config_on("127.0.0.1", 0));
   REQUIRE(server
               .start([](HttpRequest req, std::shared_ptr<ResponseWriter> w) {
                 if (req.target == "/throw") throw std::runtime_error("boom");
@@ -631,7 +638,7 @@ TEST_CASE("http_server: a Transfer-Encoding other than chunked is refused and th
   const std::string smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
   struct Case {
     std::string fields;
-    int status;
+    unsigned status;
   };
   for (const Case& k : {Case{"Transfer-Encoding: gzip\r\n", 400}, Case{"Transfer-Encoding: identity\r\n", 400},
                         Case{"Transfer-Encoding: chunked, gzip\r\n", 400},
@@ -658,6 +665,26 @@ TEST_CASE("http_server: a Transfer-Encoding other than chunked is refused and th
   CHECK(ok.read().result_int() == 200);
 }
 
+TEST_CASE("http_server: an HTTP/1.1 request without one Host field is refused 400, an HTTP/1.0 one needs none",
+          "[http_server]") {
+  Fixture f;
+  for (const std::string fields : {"", "Host: a\r\nHost: b\r\n"}) {
+    INFO(fields);
+    Client c(f.server.port());
+    c.send_raw("GET /v1/models HTTP/1.1\r\n" + fields + "\r\n");
+    const auto res = c.read();
+    CHECK(res.result_int() == 400);
+    CHECK_THAT(error_of(res)["message"].get<std::string>(), Catch::Matchers::Contains("Host"));
+  }
+  CHECK(f.calls.load() == 0);
+  Client old(f.server.port());
+  old.send_raw("GET /v1/models HTTP/1.0\r\n\r\n");
+  auto got = f.mailbox.take();
+  REQUIRE(got);
+  got->second->respond(200, "text/plain", "ok");
+  CHECK(old.read().result_int() == 200);
+}
+
 TEST_CASE("http_server: an HTTP/1.0 request's Expect 100-continue gets no interim answer", "[http_server]") {
   Fixture f;
   Client c(f.server.port());
@@ -673,14 +700,15 @@ TEST_CASE("http_server: an HTTP/1.0 request's Expect 100-continue gets no interi
   CHECK(res.body() == "done");
 }
 
-TEST_CASE("http_server: the handler gets the target's path normalized (absolute form, '//', a trailing '/')",
+TEST_CASE("http_server: the handler gets the target's path normalized (absolute form, '//', a trailing '/', dot segments)",
           "[http_server]") {
   Fixture f;
   for (const auto& [target, path] :
        {std::pair{"http://127.0.0.1:8000/v1/models?x=1", "/v1/models"}, std::pair{"HTTPS://h/v1/models", "/v1/models"},
         std::pair{"http://h", "/"}, std::pair{"/v1//chat/completions/", "/v1/chat/completions"},
         std::pair{"/v1/m%6Fdels", "/v1/models"}, std::pair{"/v1/models/org%2Fname", "/v1/models/org%2Fname"},
-        std::pair{"/", "/"}}) {
+        std::pair{"/", "/"}, std::pair{"/v1/../v1/models", "/v1/models"}, std::pair{"/v1/./models/.", "/v1/models"},
+        std::pair{"/../../v1/%2E%2E/v1/models", "/v1/models"}, std::pair{"/v1/.well/..x", "/v1/.well/..x"}}) {
     INFO(target);
     Client c(f.server.port());
     c.send_raw(std::string("GET ") + target + " HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -778,13 +806,13 @@ TEST_CASE("http_server: an answer given just before stop still reaches its clien
 
 TEST_CASE("http_server: bind failure names host:port, stop_accepting refuses new clients", "[http_server]") {
   Fixture f;
-  HttpServer second(HttpServerConfig{"127.0.0.1", f.server.port()});
+  HttpServer second(config_on("127.0.0.1", f.server.port()));
   const Status st = second.start([](HttpRequest, std::shared_ptr<ResponseWriter>) {});
   REQUIRE_FALSE(st.is_ok());
   CHECK(st.is_io_error());
   CHECK_THAT(st.message(), Catch::Matchers::Contains("127.0.0.1:" + std::to_string(f.server.port())));
 
-  HttpServer bad_host(HttpServerConfig{"no-such-host.invalid", 0});
+  HttpServer bad_host(config_on("no-such-host.invalid", 0));
   CHECK_FALSE(bad_host.start([](HttpRequest, std::shared_ptr<ResponseWriter>) {}).is_ok());
 
   // An open connection keeps working after stop_accepting; new ones are refused.
