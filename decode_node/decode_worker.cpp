@@ -239,12 +239,19 @@ void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind ki
 SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
   KvBlockManager& blocks = *engine_->blocks;
   auto held = [&](proto::RequestId id) { return static_cast<int64_t>(blocks.block_table(seq_of(id)).size()); };
+  // What preempting it frees: the blocks it holds alone (a block it shares
+  // with a sibling of an n > 1 request or a sequence that reused its prefix
+  // stays taken).
+  auto held_alone = [&](proto::RequestId id) {
+    const auto& table = blocks.block_table(seq_of(id));
+    return static_cast<int64_t>(std::count_if(table.begin(), table.end(), [&](BlockId b) { return blocks.ref_count(b) == 1; }));
+  };
   SchedulerInput in;
   in.free_blocks = blocks.num_free_blocks();
   in.max_running = cfg_.decode.max_running;
   for (proto::RequestId id : running_)
-    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1), held(id), seqs_.at(id).order});
-  for (proto::RequestId id : prefilling_) in.running.push_back({id, 0, held(id), seqs_.at(id).order});
+    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1), held_alone(id), seqs_.at(id).order});
+  for (proto::RequestId id : prefilling_) in.running.push_back({id, 0, held_alone(id), seqs_.at(id).order});
   auto rank_of = [&](const Seq& s) { return s.state == SeqState::kReady ? 0 : s.state == SeqState::kPreempted ? 1 : 2; };
   std::vector<proto::RequestId> order(waiting_.begin(), waiting_.end());
   std::stable_sort(order.begin(), order.end(), [&](proto::RequestId a, proto::RequestId b) {
@@ -322,7 +329,14 @@ std::vector<proto::RequestId> DecodeWorker::commit(const SchedulerPlan& plan) {
       running_.push_back(id);
     } else if (!chunked(cfg_)) {
       whole.push_back(id);
-    } else if (Status st = start_prompt(s); !st.is_ok()) {
+    } else if (Status st = start_prompt(s); st.is_resource_exhausted()) {
+      // The plan counted on blocks that did not come free (shared after all):
+      // it waits, first in line, for the next iteration's plan; so do the rest.
+      s.prompt = PromptPass();
+      waiting_.push_front(id);
+      spdlog::debug("decode rank {}: request {} waits: {}", roles_.self, id, st.message());
+      break;
+    } else if (!st.is_ok()) {
       fail(s, "prefill on decode rank failed: " + st.message(), proto::FailureKind::kInternal);
     } else {  // its chunks run in the next steps
       s.prompt.start(env_->now());

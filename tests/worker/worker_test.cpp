@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -1592,6 +1593,57 @@ TEST_CASE("chunked prefill: colocated decodes keep stepping while a long prompt 
   c.check_stream(2, 4);
   CHECK(c.failed.empty());
   REQUIRE(c.settle());
+}
+
+// Requests on a colocated rank whose pool holds a few of them, half with one
+// prompt: preempted ones are computed again reusing the others' cached blocks,
+// so a later victim holds blocks that preempting it does not free. The
+// scheduler must count only what a victim holds alone (a sequence admitted on
+// the rest found the pool short and failed): every request finishes (with
+// speculation drafting too), those with the shared prompt with one answer.
+TEST_CASE("workers: requests sharing cached blocks are preempted and computed again and none fails", "[workers][chunks]") {
+  ClusterConfig cfg = small_config();
+  cfg.prefill.chunk_tokens = 16;
+  cfg.decode.speculate = GENERATE(0, 4);
+  const uint32_t seed = GENERATE(range(1u, 9u));
+  CAPTURE(cfg.decode.speculate, seed);
+  MiniCluster c(cfg);
+  const int64_t pool = c.decode_engine->blocks->num_blocks() * c.decode_engine->blocks->block_size();
+  const int context = c.decode_engine->config().context;
+  std::mt19937 rng(seed);
+  std::vector<proto::PrefillRequest> reqs;
+  int64_t total = 0;
+  for (proto::RequestId id = 1; total < 3 * pool; ++id) {
+    const bool shared = id % 2 == 1;
+    const int n_prompt = shared ? 40 : 20 + static_cast<int>(rng() % 100);
+    proto::PrefillRequest r = MiniCluster::request(shared ? 1 : id, n_prompt, 8 + static_cast<int>(rng() % (context - n_prompt - 8)));
+    r.id = id;
+    total += n_prompt + r.sampling.max_tokens;
+    reqs.push_back(r);
+  }
+  CAPTURE(pool, reqs.size());
+  size_t sent = 0;
+  auto all_ended = [&] {
+    for (const auto& r : reqs)
+      if (!c.finished(r.id) && !c.failed_with(r.id, kDecode, proto::FailureKind::kInternal)) return false;
+    return true;
+  };
+  for (int i = 0; i < 400000 && !all_ended(); ++i) {
+    if (sent < reqs.size() && (i % 7 == 0)) c.hub.send(kRouter, kDecode, reqs[sent++]);
+    if (!c.step_both()) c.pass(std::chrono::microseconds(100));
+  }
+  REQUIRE(all_ended());
+  CHECK(c.failed.empty());
+  for (const auto& r : reqs) {
+    c.check_stream(r.id, r.sampling.max_tokens);
+    if (r.id % 2 == 1 && r.sampling.max_tokens <= reqs[0].sampling.max_tokens) {
+      const auto mine = c.token_ids(r.id), first = c.token_ids(1);
+      CHECK(std::equal(mine.begin(), mine.end(), first.begin()));
+    }
+  }
+  REQUIRE(c.settle());
+  // The rank's load reports (paced) say it preempted.
+  CHECK(c.run_until([&] { return c.loads.count(kDecode) && c.loads.at(kDecode).preemptions > 0; }, 20000));
 }
 
 // A colocated step is about one chunk (decode.step_tokens): the long prompt's
