@@ -36,6 +36,14 @@ int tokens_in(std::span<const SequenceBatch> batch) {
   return n;
 }
 
+// What preempting `seq` frees: the blocks it holds alone (a block it shares
+// with a sibling of an n > 1 request or a sequence that reused its prefix
+// stays taken).
+int64_t blocks_held_alone(const KvBlockManager& blocks, SeqId seq) {
+  const auto& table = blocks.block_table(seq);
+  return static_cast<int64_t>(std::count_if(table.begin(), table.end(), [&](BlockId b) { return blocks.ref_count(b) == 1; }));
+}
+
 }  // namespace
 
 const char* state_name(DecodeWorker::SeqState s) {
@@ -239,13 +247,7 @@ void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind ki
 SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
   KvBlockManager& blocks = *engine_->blocks;
   auto held = [&](proto::RequestId id) { return static_cast<int64_t>(blocks.block_table(seq_of(id)).size()); };
-  // What preempting it frees: the blocks it holds alone (a block it shares
-  // with a sibling of an n > 1 request or a sequence that reused its prefix
-  // stays taken).
-  auto held_alone = [&](proto::RequestId id) {
-    const auto& table = blocks.block_table(seq_of(id));
-    return static_cast<int64_t>(std::count_if(table.begin(), table.end(), [&](BlockId b) { return blocks.ref_count(b) == 1; }));
-  };
+  auto held_alone = [&](proto::RequestId id) { return blocks_held_alone(blocks, seq_of(id)); };
   SchedulerInput in;
   in.free_blocks = blocks.num_free_blocks();
   in.max_running = cfg_.decode.max_running;

@@ -365,6 +365,15 @@ std::vector<int> WorkerTable::expire(std::chrono::milliseconds heartbeat, std::c
   return down;
 }
 
+void WorkerTable::excuse(std::chrono::steady_clock::duration d) {
+  start_ += d;
+  for (auto* pool : {&prefill_, &decode_})
+    for (WorkerView& w : *pool) {
+      w.last_heard += d;
+      w.added += d;
+    }
+}
+
 void WorkerTable::mark_down(int rank) {
   if (WorkerView* w = find(rank); w && w->state != RankState::kDown) {
     w->state = RankState::kDown;

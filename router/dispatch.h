@@ -162,6 +162,9 @@ class WorkerTable {
   // Up ranks silent for longer than `heartbeat`, and starting ranks not ready
   // after `startup`: marked down; returned.
   std::vector<int> expire(std::chrono::milliseconds heartbeat, std::chrono::milliseconds startup);
+  // Time `d` the router itself did not run (its loop stalled): not counted
+  // against any rank's heartbeat or startup deadline.
+  void excuse(std::chrono::steady_clock::duration d);
   // Marks `rank` down (its current epoch is the one that ended); its prefix index entry is purged.
   void mark_down(int rank);
   // Marks a down rank up again under `epoch` (its cache is learnt anew from its events).

@@ -47,6 +47,7 @@ void LinkLoop::start() {
 }
 
 bool LinkLoop::run_once(bool stop_asked) {
+  excuse_own_stall();
   take_inbox();
   handle_messages();
   dispatch_queued();
@@ -67,6 +68,23 @@ bool LinkLoop::run_once(bool stop_asked) {
     transition(startup_check_, StartupCheck::kWarned, 0, "router startup");
   }
   return true;
+}
+
+// A stall of the router's own loop (a stopped process, an MPI progress call
+// that blocked) is not the ranks' silence: what passed beyond kLoopGapCounted
+// between two iterations is kept out of their heartbeat and startup
+// deadlines, as a worker counts only its own loop time against the router's.
+// Their reports from the stall are taken in the iterations that follow.
+void LinkLoop::excuse_own_stall() {
+  const Clock::time_point now = env_->now();
+  if (last_iteration_ && now - *last_iteration_ > kLoopGapCounted) {
+    const auto stalled = now - *last_iteration_;
+    workers_.excuse(stalled - kLoopGapCounted);
+    if (stalled > std::chrono::seconds(1))
+      spdlog::warn("router: its own loop did not run for {} ms; the ranks' silence in that time is not counted",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count());
+  }
+  last_iteration_ = now;
 }
 
 void LinkLoop::begin_stop() {

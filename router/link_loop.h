@@ -39,6 +39,10 @@ namespace pd::router {
 // Whether the startup deadline (timeouts.startup_ms) may still log that the
 // workers are not ready: kWatching -> kWarned, once.
 enum class StartupCheck { kWatching, kWarned };
+
+// The most time between two of the link loop's iterations that counts
+// against a rank's deadlines (LinkLoop::excuse_own_stall).
+inline constexpr std::chrono::milliseconds kLoopGapCounted{100};
 const char* state_name(StartupCheck s);
 bool legal(StartupCheck from, StartupCheck to);
 
@@ -100,6 +104,7 @@ class LinkLoop {
   // What a rank just declared down held: re-run or failed.
   void on_rank_down(const RankDown& down);
   void check_deadlines();
+  void excuse_own_stall();
   // Runs the request again under a new wire id, at the front of the queue;
   // false when it may not (the caller then fails it).
   bool rerun(Request& r, const std::string& why);
@@ -121,6 +126,7 @@ class LinkLoop {
   LinkSnapshot shown_;  // what was last published to the front (the lifecycle state included)
   std::optional<Clock::time_point> stop_deadline_;
   Clock::time_point started_{}, last_housekeeping_{};
+  std::optional<Clock::time_point> last_iteration_;  // excuse_own_stall
   StartupCheck startup_check_ = StartupCheck::kWatching;
 };
 

@@ -120,6 +120,45 @@ TEST_CASE("link loop: a stop is published at once and in-flight requests get tim
   CHECK(illegal_transitions() == 0);
 }
 
+// A stopped router process, or an MPI progress call that blocked (a stray TCP
+// connection to its MPI port can make Open MPI's accept handler wait): the
+// ranks kept reporting; on resuming the router must not take its own stall
+// for their silence.
+TEST_CASE("link loop: a stall of the router's own loop is not the ranks' silence", "[router][link_loop]") {
+  Halves h;
+  REQUIRE(h.status.snapshot().ready);
+  auto report_all = [&] {
+    for (int r : {kP1, kP2, kD1, kD2}) {
+      proto::LoadReport lr;
+      lr.ready = true;
+      lr.free_blocks = lr.total_blocks = 1000;
+      h.hub.send(r, kRouterRank, lr);
+    }
+  };
+  h.env.advance(5s);  // heartbeat_ms 150: 33 heartbeats
+  // The first iteration after it looks before what they sent meanwhile is taken in.
+  h.link->run_once(false);
+  report_all();
+  h.step(50ms);
+  const LinkSnapshot after = h.status.snapshot();
+  CHECK(after.ready);
+  CHECK_FALSE(after.degraded);
+  CHECK(after.ranks_json.find("down") == std::string::npos);
+  // A rank silent after the stall is still found out within heartbeat_ms.
+  for (int i = 0; i < 40; ++i) {
+    for (int r : {kP1, kP2, kD1}) {
+      proto::LoadReport lr;
+      lr.ready = true;
+      lr.free_blocks = lr.total_blocks = 1000;
+      h.hub.send(r, kRouterRank, lr);
+    }
+    h.link->run_once(false);
+    h.env.advance(10ms);
+  }
+  CHECK(h.status.snapshot().degraded);
+  CHECK(h.status.snapshot().ranks_json.find("down") != std::string::npos);
+}
+
 TEST_CASE("link loop: with nothing in flight the stop is over at once", "[router][link_loop]") {
   Halves h;
   CHECK_FALSE(h.step(1ms, true));
