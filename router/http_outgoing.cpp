@@ -43,7 +43,7 @@ std::unique_ptr<SseHead> make_sse_head(unsigned version, bool keep_alive, const 
   res.version(version);
   res.result(http::status::ok);
   res.set(http::field::server, "pdcluster");
-  res.set(http::field::content_type, "text/event-stream");
+  res.set(http::field::content_type, "text/event-stream; charset=utf-8");  // text/* without a charset reads as Latin-1 to some clients
   res.set(http::field::cache_control, "no-cache");
   res.set("X-Accel-Buffering", "no");  // proxies must not buffer the stream
   if (!allow_origin.empty()) set_cors(res, allow_origin);

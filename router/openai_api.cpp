@@ -288,8 +288,10 @@ std::optional<ApiError> parse_prompt(const json& obj, ApiRequest& r) {
   return std::nullopt;
 }
 
-// content: a string, or an array of {"type":"text","text":...} parts joined with "\n".
-std::optional<ApiError> parse_content(const json& v, const std::string& where, std::string& out) {
+// content: a string, or an array of {"type":"text","text":...} parts joined with "\n";
+// an assistant message's parts may also be {"type":"refusal","refusal":...}
+// (a refused turn replayed; its text, as vLLM reads it).
+std::optional<ApiError> parse_content(const json& v, const std::string& where, bool assistant, std::string& out) {
   if (v.is_string()) {
     out = v.get<std::string>();
     return std::nullopt;
@@ -302,11 +304,14 @@ std::optional<ApiError> parse_content(const json& v, const std::string& where, s
     if (!p.is_object()) return bad_request(part, part + " must be an object");
     const json* type = field(p, "type");
     if (!type || !type->is_string()) return bad_request(part + ".type", part + ".type must be a string");
-    if (*type != "text") {
-      return bad_request(part + ".type", part + ".type " + shown(*type) + " is not supported (only \"text\")");
+    const bool refusal = assistant && *type == "refusal";
+    if (*type != "text" && !refusal) {
+      return bad_request(part + ".type", part + ".type " + shown(*type) + " is not supported (only \"text\"" +
+                                             (assistant ? " and \"refusal\")" : ")"));
     }
-    const json* text = field(p, "text");
-    if (!text || !text->is_string()) return bad_request(part + ".text", part + ".text must be a string");
+    const std::string key = refusal ? "refusal" : "text";
+    const json* text = field(p, key.c_str());
+    if (!text || !text->is_string()) return bad_request(part + "." + key, part + "." + key + " must be a string");
     if (j > 0) out += "\n";
     out += text->get<std::string>();
   }
@@ -357,7 +362,7 @@ std::optional<ApiError> parse_messages(const json& obj, ApiRequest& r) {
     const bool may_omit = msg.role == "assistant" && !msg.tool_calls.empty();  // a reply that only called tools
     if (!content && !may_omit) return bad_request(where + ".content", where + ".content is required");
     if (content) {
-      if (auto e = parse_content(*content, where + ".content", msg.content)) return e;
+      if (auto e = parse_content(*content, where + ".content", msg.role == "assistant", msg.content)) return e;
     }
     r.messages.push_back(std::move(msg));
   }

@@ -107,6 +107,7 @@ bool LinkLoop::on_token(Request& r, int32_t index, const PendingToken& t) {
   }
   r.generated.push_back(t.token);
   if (r.out->push(t, *r.response, p_.model.name)) {  // a stop string matched: end it here, tell the workers
+    r.out->flush(*r.response, p_.model.name);  // what the tool-call split held back
     finalize(r.wire_id, End::kFinished, "stop");
     return false;
   }

@@ -98,7 +98,7 @@ TEST_CASE("http outgoing: the server's responses", "[http]") {
   CHECK(err->body().find("too big") != std::string::npos);
   auto head = make_sse_head(10, false);
   CHECK(!head->res.chunked());  // HTTP/1.0: the stream ends with the connection
-  CHECK(head->res[http::field::content_type] == "text/event-stream");
+  CHECK(head->res[http::field::content_type] == "text/event-stream; charset=utf-8");
 }
 
 }  // namespace

@@ -377,7 +377,7 @@ TEST_CASE("http_server: SSE events arrive as chunks, then the connection is reus
   }
   const auto& res = p.get();
   CHECK(res.result_int() == 200);
-  CHECK(res[http::field::content_type] == "text/event-stream");
+  CHECK(res[http::field::content_type] == "text/event-stream; charset=utf-8");
   CHECK(res[http::field::cache_control] == "no-cache");
   CHECK(res[http::field::server] == "pdcluster");
   CHECK(res.chunked());

@@ -171,13 +171,15 @@ TEST_CASE("openai_api: a full chat request is parsed into the right fields", "[o
       {"role": "system", "content": "be brief"},
       {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
       {"role": "assistant", "content": "ok", "name": "bot", "refusal": null},
-      {"role": "developer", "content": "dev note"}
+      {"role": "developer", "content": "dev note"},
+      {"role": "assistant", "content": [{"type": "text", "text": "well"}, {"type": "refusal", "refusal": "I cannot"}]}
     ],
     "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0, "seed": -1, "top_k": -1,
     "stop": "###", "logprobs": false, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
     "parallel_tool_calls": true, "service_tier": "auto", "metadata": {"k": "v"}, "store": false })");
   CHECK(r.endpoint == Endpoint::kChatCompletions);
-  REQUIRE(r.messages.size() == 4);
+  REQUIRE(r.messages.size() == 5);
+  CHECK(r.messages[4].content == "well\nI cannot");  // a refused turn replayed: its refusal as text
   CHECK(r.messages[0].role == "system");
   CHECK(r.messages[0].content == "be brief");
   CHECK(r.messages[1].role == "user");
@@ -782,6 +784,10 @@ TEST_CASE("openai_api: chat messages validation", "[openai_api]") {
       {R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}])",
        "messages[0].content[0].type", "is not supported"},
       {R"([{"role":"user","content":[{"type":"text"}]}])", "messages[0].content[0].text", "must be a string"},
+      {R"([{"role":"user","content":[{"type":"refusal","refusal":"no"}]}])", "messages[0].content[0].type",
+       "is not supported"},
+      {R"([{"role":"assistant","content":[{"type":"refusal","refusal":1}]}])", "messages[0].content[0].refusal",
+       "must be a string"},
       {R"([{"role":"assistant","content":"x","tool_calls":[{"id":"1"}]}])", "messages[0].tool_calls[0].function",
        "is required"},
       {R"([{"role":"assistant","content":"x","function_call":{"name":"f"}}])", "messages[0].function_call",

@@ -181,6 +181,46 @@ TEST_CASE("router: a re-run request's queue deadline counts from when it went ba
   CHECK(h.finish(a).status == 200);
 }
 
+// With tools offered, text that may begin a call is held back; a stop string
+// matching after it must still release it (the text before the stop is the
+// answer), streamed or not.
+TEST_CASE("router: a stop string after text held back as a possible tool call keeps that text", "[router]") {
+  Harness h(150, 30000, false, {}, [](ModelInfo& m) {
+    auto t = ChatTemplate::from_name("hermes");
+    REQUIRE(t.is_ok());
+    m.chat_template = std::move(t).value();
+  });
+  for (const bool stream : {false, true}) {
+    CAPTURE(stream);
+    auto f = h.post(std::string(R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
+        "stop": ["b>"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "stream": )") + (stream ? "true" : "false") + "}",
+                    "/v1/chat/completions");
+    auto d = h.dispatched();
+    REQUIRE(d);
+    const std::string out = "Use a <b>bold";
+    h.tokens(d->first, d->second.id, 0, 1, false, token_of(out[0]));
+    for (size_t i = 1; i < out.size(); ++i)
+      h.tokens(d->second.decode_rank, d->second.id, static_cast<int>(i), 1, false, token_of(out[i]));
+    const Answer r = h.finish(f);
+    REQUIRE(r.status == 200);
+    std::string content;
+    if (!stream) {
+      content = r.json()["choices"][0]["message"]["content"].get<std::string>();
+      CHECK(r.json()["choices"][0]["finish_reason"] == "stop");
+    } else {
+      for (const std::string& e : r.events) {
+        if (e == "[DONE]") continue;
+        const nlohmann::json j = nlohmann::json::parse(e);
+        if (!j["choices"].empty() && j["choices"][0]["delta"].contains("content"))
+          content += j["choices"][0]["delta"]["content"].get<std::string>();
+      }
+    }
+    CHECK(content == "Use a <");
+  }
+  CHECK(illegal_transitions() == 0);
+}
+
 TEST_CASE("router: a stop string split across a migration still stops the choice", "[router]") {
   Harness h;
   auto f = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 8, "stop": ["bc"]})");
