@@ -29,7 +29,7 @@ LinkLoop::LinkLoop(LinkParts parts, std::unique_ptr<ControlChannel> channel)
     : p_(parts),
       channel_(std::move(channel)),
       workers_(p_.roles.prefill, p_.roles.decode, p_.cfg.kv.block_size),
-      membership_(p_.cfg, p_.model.kv_dtype, workers_, *channel_, p_.metrics) {
+      membership_(p_.cfg, p_.model.kv_dtype, p_.model.fingerprint, workers_, *channel_, p_.metrics) {
   const ClusterConfig::Router& r = p_.cfg.router;
   workers_.set_policy(RoutingPolicy{r.policy == "cache_aware", r.queue_weight, r.balance_ratio, r.balance_tokens,
                                     r.decode_reuse_tokens, r.decode_reuse_weight, r.min_cached_fraction});

@@ -57,6 +57,7 @@ pd::Result<pd::router::ModelInfo> load_model_info(const pd::ClusterConfig& cfg) 
   info.kv_dtype = pd::kv_dtype_name(kv_dtype);
   info.kv_bytes_per_token = mc->kv_geometry(kv_dtype).bytes_per_token();
   info.name = cfg.model_name();
+  info.fingerprint = pd::gguf_fingerprint(**file);
   return info;
 }
 

@@ -7,9 +7,14 @@
 
 namespace pd::router {
 
-Membership::Membership(const ClusterConfig& cfg, std::string kv_dtype, WorkerTable& workers, ControlChannel& channel,
-                       RouterMetrics& metrics)
-    : cfg_(cfg), kv_dtype_(std::move(kv_dtype)), workers_(workers), channel_(channel), metrics_(metrics) {}
+Membership::Membership(const ClusterConfig& cfg, std::string kv_dtype, std::string model, WorkerTable& workers,
+                       ControlChannel& channel, RouterMetrics& metrics)
+    : cfg_(cfg),
+      kv_dtype_(std::move(kv_dtype)),
+      model_(std::move(model)),
+      workers_(workers),
+      channel_(channel),
+      metrics_(metrics) {}
 
 std::vector<int> Membership::worker_ranks(int except) const {
   std::vector<int> out;
@@ -56,6 +61,9 @@ std::string Membership::join_refusal(const proto::Join& m, bool router_stopping)
     return "kv.block_size " + std::to_string(m.block_size) + " differs from the cluster's " +
            std::to_string(cfg_.kv.block_size);
   if (m.kv_dtype != kv_dtype_) return "kv.dtype " + m.kv_dtype + " differs from the cluster's " + kv_dtype_;
+  if (!model_.empty() && m.model != model_)
+    return "its model file (fingerprint " + (m.model.empty() ? std::string("none") : m.model) +
+           ") is not the cluster's (" + model_ + "): a joining pool must serve the same model file";
   if (router_stopping) return "the cluster is shutting down";
   return "";
 }

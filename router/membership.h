@@ -55,8 +55,10 @@ using MembershipEvent = std::variant<RankDown, RemoveRank>;
 class Membership {
  public:
   // Every reference must outlive this.
-  Membership(const ClusterConfig& cfg, std::string kv_dtype, WorkerTable& workers, ControlChannel& channel,
-             RouterMetrics& metrics);
+  // `kv_dtype` and `model` (gguf_fingerprint; "" = not checked): what a
+  // joining rank must have.
+  Membership(const ClusterConfig& cfg, std::string kv_dtype, std::string model, WorkerTable& workers,
+             ControlChannel& channel, RouterMetrics& metrics);
   void set_env(const Env* env) { env_ = env; }
 
   // A rank asks to join; refused while `router_stopping`.
@@ -95,7 +97,7 @@ class Membership {
   RankDown declare_down(int rank, const std::string& why);
 
   const ClusterConfig& cfg_;
-  const std::string kv_dtype_;
+  const std::string kv_dtype_, model_;
   WorkerTable& workers_;
   ControlChannel& channel_;
   RouterMetrics& metrics_;

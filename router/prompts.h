@@ -32,6 +32,7 @@ struct ModelInfo {
   std::string name;
   std::string kv_dtype = "f16";     // kv.dtype: the workers' KV cache elements
   int64_t kv_bytes_per_token = 0;   // of that cache (0: unknown, e.g. in tests)
+  std::string fingerprint;          // gguf_fingerprint of the file ("": unknown, e.g. in tests)
 };
 
 struct Prompt {

@@ -46,13 +46,13 @@ void set_rank_in_log(Role role, int id) {
 // A rank whose router is gone: waits for the join file to name a new router
 // (timeouts.rejoin_ms) and joins it alone. Its new table, or why not.
 Result<RoleTable> wait_and_rejoin(const ClusterConfig& cfg, const RoleTable& lost, const std::string& join_file,
-                                  MpiLinks& links, const std::string& kv_dtype) {
+                                  MpiLinks& links, const PoolIdentity& identity) {
   // The secret is read again: a new router may have been started with a new one.
   PD_ASSIGN_OR_RETURN(ClusterSecret secret, ClusterSecret::load(links.secret_path()));
   spdlog::info("waiting up to {} ms for a new router in '{}' (timeouts.rejoin_ms)", cfg.timeouts.rejoin_ms, join_file);
   PD_ASSIGN_OR_RETURN(JoinTarget target, wait_for_new_router(join_file, lost.hosts[lost.router], lost.pids[lost.router],
                                                              std::chrono::milliseconds(cfg.timeouts.rejoin_ms)));
-  auto table = rejoin_cluster(links, target, lost, cfg.kv.block_size, kv_dtype, secret);
+  auto table = rejoin_cluster(links, target, lost, cfg.kv.block_size, identity, secret);
   if (!table.is_ok()) return Status::unavailable("joining the new router of '" + join_file + "': " + table.status().message());
   spdlog::info("joined the new router ({}:{}) as rank {}", target.host, target.pid, table->self);
   return table;
@@ -64,12 +64,12 @@ Result<RoleTable> wait_and_rejoin(const ClusterConfig& cfg, const RoleTable& los
 // within timeouts.rejoin_ms. Returns the last body's status (or why no new
 // router was joined); the links are closed.
 Status serve_routers(const ClusterConfig& cfg, RoleTable table, const std::string& rejoin_file,
-                     const std::string& kv_dtype, std::shared_ptr<Engine> engine, std::shared_ptr<MpiLinks> links,
+                     const PoolIdentity& identity, std::shared_ptr<Engine> engine, std::shared_ptr<MpiLinks> links,
                      const WorkerBody& body) {
   const Role role = table.roles[table.self];
   Status st = body(cfg, table, engine, links);
   while (st.is_unavailable() && !rejoin_file.empty() && cfg.timeouts.rejoin_ms > 0) {
-    auto rejoined = wait_and_rejoin(cfg, table, rejoin_file, *links, kv_dtype);
+    auto rejoined = wait_and_rejoin(cfg, table, rejoin_file, *links, identity);
     if (!rejoined.is_ok()) {
       st = rejoined.status();
       break;
@@ -138,7 +138,7 @@ Result<std::shared_ptr<Engine>> start_engine(const ClusterConfig& cfg, Role role
 // Opens this rank's MPI port when pools may join (elastic) and, for a rank of
 // a pool joining a running cluster, joins it: the rank's table in that cluster.
 Result<RoleTable> link_into_cluster(MpiLinks& links, const LaunchFlags& flags, bool joining, RoleTable table,
-                                    const ClusterConfig& cfg, const std::string& kv_dtype) {
+                                    const ClusterConfig& cfg, const PoolIdentity& identity) {
   if (flags.elastic || joining) {
     if (Status st = links.listen(-1, flags.secret_path()); !st.is_ok()) return Status::unavailable(st.to_string());
   }
@@ -146,7 +146,7 @@ Result<RoleTable> link_into_cluster(MpiLinks& links, const LaunchFlags& flags, b
     const std::string what = "joining the cluster of '" + flags.join + "': ";
     auto secret = ClusterSecret::load(flags.secret_path());
     if (!secret.is_ok()) return Status::unavailable(what + secret.status().message());
-    auto joined = join_cluster(links, flags.join, table, cfg.kv.block_size, kv_dtype, *secret);
+    auto joined = join_cluster(links, flags.join, table, cfg.kv.block_size, identity, *secret);
     if (!joined.is_ok()) return Status::unavailable(what + joined.status().message());
     table = std::move(joined).value();
     set_rank_in_log(table.roles[table.self], table.self);
@@ -205,16 +205,16 @@ int worker_main(int argc, char** argv, Role role, const WorkerBody& body) {
   if (!roles.is_ok()) return abort_job(roles.status().message());
   auto engine = start_engine(*cfg, role);
   if (!engine.is_ok()) return abort_job(engine.status().message());
-  const std::string kv_dtype = kv_dtype_name(engine_config(*cfg, role).kv_dtype);
+  const PoolIdentity identity{kv_dtype_name(engine_config(*cfg, role).kv_dtype), gguf_fingerprint(*(*engine)->gguf)};
   auto links = std::make_shared<MpiLinks>();
-  auto table = link_into_cluster(*links, flags, joining, *roles, *cfg, kv_dtype);
+  auto table = link_into_cluster(*links, flags, joining, *roles, *cfg, identity);
   if (!table.is_ok()) return abort_job(table.status().message());
   // Where a new router is named if this one goes (joined: the file joined by).
   // Not for a colocated rank: a new router (launch.sh --new-router) starts
   // disaggregated.
   const std::string rejoin_file =
       table->colocated() ? std::string() : joining ? flags.join : (flags.elastic ? flags.join_file : std::string());
-  const Status st = serve_routers(*cfg, std::move(table).value(), rejoin_file, kv_dtype, std::move(engine).value(),
+  const Status st = serve_routers(*cfg, std::move(table).value(), rejoin_file, identity, std::move(engine).value(),
                                   std::move(links), body);
   return finish_rank(st, joining);
 }

@@ -1,5 +1,7 @@
 #include "gguf/gguf_reader.h"
 
+#include <xxhash.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -573,6 +575,23 @@ Status check_llama_family(const GgufFile& file) {
   }
   return Status::unsupported("unsupported architecture '" + arch + "' in " + file.path() +
                              " (supported: llama, qwen2, qwen3, gemma3)");
+}
+
+std::string gguf_fingerprint(const GgufFile& f) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, f.bytes(), static_cast<size_t>(std::min<uint64_t>(f.data_offset(), f.file_size())));
+  constexpr size_t kSample = 4096;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    if (t.data == nullptr || t.nbytes == 0) continue;
+    const size_t n = std::min(kSample, t.nbytes);
+    for (const size_t at : {size_t{0}, (t.nbytes - n) / 2, t.nbytes - n}) XXH3_64bits_update(st, t.data + at, n);
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
 }
 
 }  // namespace pd

@@ -61,6 +61,14 @@ struct GgufTensorInfo {
   int64_t n_elements() const;
 };
 
+class GgufFile;
+
+// What tells one model file from another, cheaply: XXH3-64 of the header,
+// metadata and tensor table, and of up to 4 KiB at the start, middle and end
+// of each tensor's data (a different model, quantization or fine-tune
+// differs there), as 16 hex digits. Reads a few KiB per tensor, not the file.
+std::string gguf_fingerprint(const GgufFile& f);
+
 class GgufFile {
  public:
   // Opens and validates a file. The returned object owns the mapping.

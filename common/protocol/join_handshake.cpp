@@ -107,7 +107,7 @@ struct JoinRequest {
   const RoleTable& world;  // the pool's own world
   const std::string& pool;  // the pool's name
   int32_t block_size;
-  const std::string& kv_dtype;
+  const PoolIdentity& identity;
   const ClusterSecret& secret;
   std::chrono::milliseconds timeout;
 };
@@ -136,7 +136,8 @@ Status join_one_rank(MpiLinks& links, const JoinRequest& req, proto::JoinAccepte
   // Challenge first, then the Join (or Hello) that answers it.
   PD_ASSIGN_OR_RETURN(std::string challenge, receive_challenge(links, router, req.timeout));
   proto::Join join{static_cast<int32_t>(world.roles[world.self]), world.hosts[world.self], world.pids[world.self],
-                   req.block_size, links.port(), req.pool, req.kv_dtype};
+                   req.block_size, links.port(), req.pool, req.identity.kv_dtype};
+  join.model = req.identity.model;
   join.proof = req.secret.prove(challenge, join);
   PD_RETURN_IF_ERROR(send_now(links, router, join));
   PD_ASSIGN_OR_RETURN(proto::Message answer, receive_now(links, router, req.timeout));
@@ -212,7 +213,7 @@ Status write_join_file(const std::string& path, const JoinTarget& router) {
 }
 
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
-                               int32_t block_size, const std::string& kv_dtype, const ClusterSecret& secret,
+                               int32_t block_size, const PoolIdentity& identity, const ClusterSecret& secret,
                                std::chrono::milliseconds timeout) {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -227,7 +228,7 @@ Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, co
   // One rank of the pool at a time: the other side accepts links one by one.
   for (int k = 0; k < size; ++k) {
     if (k == world.self && mine.is_ok())
-      mine = join_one_rank(links, JoinRequest{*target, world, pool, block_size, kv_dtype, secret, timeout}, accepted);
+      mine = join_one_rank(links, JoinRequest{*target, world, pool, block_size, identity, secret, timeout}, accepted);
     MPI_Barrier(MPI_COMM_WORLD);
   }
   // All or none of the pool joins (a rank that failed aborts the pool's job).
@@ -256,7 +257,7 @@ Result<JoinTarget> wait_for_new_router(const std::string& join_file, const std::
 }
 
 Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, const RoleTable& lost, int32_t block_size,
-                                 const std::string& kv_dtype, const ClusterSecret& secret,
+                                 const PoolIdentity& identity, const ClusterSecret& secret,
                                  std::chrono::milliseconds timeout) {
   // Every old link goes: the dead router's, and those to peers (each is linked
   // again, under its new id, through the new router). The world-mates too are
@@ -275,7 +276,7 @@ Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, cons
   {
     const JoinWatchdog watchdog(target.port, timeout + std::chrono::seconds(5), JoinWatchdog::OnExpiry::kExitProcess);
     PD_RETURN_IF_ERROR(
-        join_one_rank(links, JoinRequest{target, alone, pool, block_size, kv_dtype, secret, timeout}, accepted));
+        join_one_rank(links, JoinRequest{target, alone, pool, block_size, identity, secret, timeout}, accepted));
   }
   return joined_table(alone, {accepted.rank}, target, accepted);
 }

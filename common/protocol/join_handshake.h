@@ -24,6 +24,13 @@ namespace pd {
 // messages sent before a rank's channel exists (Listening, the join handshake).
 Status send_now(MpiLinks& links, int dest, const proto::Message& m);
 
+// What a joining rank must share with the cluster it joins: its KV cache
+// elements (kv.dtype) and its model file (gguf_fingerprint; "" = not said).
+struct PoolIdentity {
+  std::string kv_dtype;
+  std::string model;
+};
+
 // The join handshake of a pool started by its own mpirun (`--join FILE`; FILE
 // is what the router wrote for --join-file: its port and rank). One rank of
 // the pool at a time: connect to the router, Join, get an id (JoinAccepted),
@@ -33,7 +40,7 @@ Status send_now(MpiLinks& links, int dest, const proto::Message& m);
 // router's host and pid from the file). An error
 // names what failed (the file, a refusal and its reason, a timeout).
 Result<RoleTable> join_cluster(MpiLinks& links, const std::string& join_file, const RoleTable& world,
-                               int32_t block_size, const std::string& kv_dtype, const ClusterSecret& secret,
+                               int32_t block_size, const PoolIdentity& identity, const ClusterSecret& secret,
                                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // What a join file says: the router's MPI port, its rank, and which process
@@ -63,7 +70,7 @@ Result<JoinTarget> wait_for_new_router(const std::string& join_file, const std::
 // role, host and pid). Past `timeout` in MPI_Comm_connect this process exits
 // (not the job: its world-mates may be joining too).
 Result<RoleTable> rejoin_cluster(MpiLinks& links, const JoinTarget& target, const RoleTable& lost, int32_t block_size,
-                                 const std::string& kv_dtype, const ClusterSecret& secret,
+                                 const PoolIdentity& identity, const ClusterSecret& secret,
                                  std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace pd

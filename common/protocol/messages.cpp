@@ -146,7 +146,7 @@ struct ToJson {
   json operator()(const Listening& m) const { return {{"t", "listening"}, {"port", m.port}}; }
   json operator()(const Join& m) const {
     return {{"t", "join"}, {"role", m.role}, {"host", m.host}, {"pid", m.pid}, {"block_size", m.block_size},
-            {"port", m.port}, {"pool", m.pool}, {"kv_dtype", m.kv_dtype}, {"proof", m.proof}};
+            {"port", m.port}, {"pool", m.pool}, {"kv_dtype", m.kv_dtype}, {"proof", m.proof}, {"model", m.model}};
   }
   json operator()(const JoinAccepted& m) const {
     json peers = json::array();
@@ -270,7 +270,7 @@ Message from_json(const json& j) {
   if (t == "join")
     return Join{j.at("role").get<int32_t>(), j.at("host").get<std::string>(), j.at("pid").get<int32_t>(),
                 j.at("block_size").get<int32_t>(), j.at("port").get<std::string>(), j.at("pool").get<std::string>(),
-                j.at("kv_dtype").get<std::string>(), j.value("proof", std::string())};
+                j.at("kv_dtype").get<std::string>(), j.value("proof", std::string()), j.value("model", std::string())};
   if (t == "joined") {
     JoinAccepted m{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>(), j.at("colocated").get<bool>(), {}};
     for (const json& p : j.at("peers"))

@@ -151,6 +151,7 @@ struct Join {
   std::string pool;  // which pool (mpirun) it belongs to: its ranks reach each other
   std::string kv_dtype = "f16";  // its KV cache elements (kv.dtype): must be the cluster's
   std::string proof;  // link_auth.h: the cluster secret's answer to the router's Challenge on this link
+  std::string model;  // gguf_fingerprint of its model file: must be the cluster's ("" = not said)
 };
 struct JoinPeer { int32_t rank = -1; int32_t role = 0; std::string port; };
 struct JoinAccepted {

@@ -5,7 +5,8 @@ streams, serves, and leaves again; a rank of the launching job is drained out.
     tests/cluster/test_elastic.py elastic
 
 1 router + 1 prefill + 1 decode rank (default model), launched with --join-file:
-  0. a pool given another cluster's secret (--secret-file) is refused and nothing of it joins;
+  0. a pool given another cluster's secret (--secret-file), or started on another model file, is
+     refused and nothing of it joins;
   1. 16 greedy streamed requests start; once they stream, `launch.sh --join FILE --decode 1`
      adds a decode pool (its own mpirun, MPI_Comm_connect through ompi-server);
   2. once /health lists the joined rank up, 8 more streamed requests: some go to it
@@ -32,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import (BUILD, DEFAULT_MODEL, ROOT, Cluster, blocks_all_free, check, need_default_model, per_rank,  # noqa: E402
-                     reference, run_suite, wait_for)
+                     reference, run_suite, tiny_model, wait_for)
 from loadgen import words  # noqa: E402
 from test_chaos import Stream  # noqa: E402
 
@@ -230,6 +231,23 @@ def refuse_without_secret(c, join_file, tmp, pools):
     print("a pool without the secret was refused (mpirun exit %s)" % rc)
 
 
+def refuse_other_model(c, join_file, tmp, pools):
+    """Step 0 too: a pool started on another model file (with the secret) is refused at join,
+    naming the model file: it would fail every handoff, or serve another model's text."""
+    before = ranks(c)
+    stranger = Pool(join_file, c.config_path, launch_args=["--model", tiny_model(os.path.join(tmp, "other.gguf"))])
+    pools.append(stranger)
+    try:
+        rc = stranger.proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc is not None, "a pool on another model file is still running:\n" + stranger.logs())
+    check("model file" in stranger.logs(), "the refused pool does not say why:\n" + stranger.logs())
+    check(ranks(c) == before, "ranks changed after a refused join: %s -> %s" % (before, ranks(c)))
+    pools.remove(stranger)
+    print("a pool on another model file was refused (mpirun exit %s)" % rc)
+
+
 def suite_elastic(tmp):
     need_default_model()
     model = DEFAULT_MODEL
@@ -239,6 +257,7 @@ def suite_elastic(tmp):
             pools_of(c) as pools:
         wait_for(lambda: os.path.exists(join_file), 30, "the join file")
         refuse_without_secret(c, join_file, tmp, pools)
+        refuse_other_model(c, join_file, tmp, pools)
         streams, threads, joined_s = grow_and_shrink(c, lambda: Pool(join_file, c.config_path), prompts, pools)
         # 4. a second pool (1 prefill + 1 decode) joins; the launching job's decode rank is drained out
         before = set(ranks(c))

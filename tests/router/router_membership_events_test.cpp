@@ -35,7 +35,7 @@ struct Fixture {
     cfg.timeouts.rank_drain_ms = 5000;
     cfg.timeouts.stop_grace_ms = 60000;  // not a membership deadline
     workers.set_env(&env);
-    m = std::make_unique<Membership>(cfg, "f16", workers, *channel, metrics);
+    m = std::make_unique<Membership>(cfg, "f16", "", workers, *channel, metrics);
     m->set_env(&env);
     for (int r : {kP, kD1, kD2}) report(r);
   }

@@ -340,13 +340,33 @@ TEST_CASE("router: a join is refused naming what differs", "[router]") {
   auto bad_role = h.expect<proto::JoinRefused>(9);
   REQUIRE(bad_role);
   CHECK(bad_role->reason.find("role 3") != std::string::npos);
-  proto::Join other_kv{static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size, "p", "x:1"};
+  proto::Join other_kv = join_of(static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size, "p", "x:1");
   other_kv.kv_dtype = "q8_0";  // the harness's cluster keeps f16
   h.hub.send(10, kRouterRank, other_kv);
   auto bad_kv = h.expect<proto::JoinRefused>(10);
   REQUIRE(bad_kv);
   CHECK(bad_kv->reason.find("kv.dtype q8_0 differs from the cluster's f16") != std::string::npos);
   CHECK(h.get("/health").raw().find("\"rank\":8") == std::string::npos);
+}
+
+// A pool started on another model file (another model, quantization or
+// fine-tune) would fail every handoff, or serve other text: refused at join.
+TEST_CASE("router: a join from a pool on another model file is refused naming it", "[router]") {
+  Harness h(150, 30000, false, {}, [](ModelInfo& m) { m.fingerprint = "00112233aabbccdd"; });
+  int source = 8;
+  for (const std::string model : {"", "ffeeddcc99887766"}) {
+    proto::Join j = join_of(static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size, "p", "x:1");
+    j.model = model;
+    h.hub.send(source, kRouterRank, j);
+    auto refused = h.expect<proto::JoinRefused>(source++);
+    REQUIRE(refused);
+    CHECK(refused->reason.find("model file") != std::string::npos);
+    CHECK(refused->reason.find("00112233aabbccdd") != std::string::npos);
+  }
+  proto::Join same = join_of(static_cast<int32_t>(Role::kDecode), "x", 1, h.cfg.kv.block_size, "p", "x:1");
+  same.model = "00112233aabbccdd";
+  h.hub.send(source, kRouterRank, same);
+  CHECK(h.expect<proto::JoinAccepted>(source));
 }
 
 TEST_CASE("router: a drained rank takes no new work, its handed-back prompts re-run elsewhere, then it is removed",
