@@ -1,5 +1,6 @@
 #include "router/structured_output.h"
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -96,6 +97,49 @@ std::optional<ApiError> check_required(const json& schema, const std::string& pa
   return std::nullopt;
 }
 
+// The string formats the grammar writes (xgrammar's built-in ones): with one
+// of them, or a pattern, the grammar follows it and drops minLength/maxLength.
+constexpr const char* kGrammarFormats[] = {"date", "date-time", "duration", "email", "hostname", "ipv4", "ipv6",
+                                           "json-pointer", "relative-json-pointer", "time", "uri", "uri-reference",
+                                           "uri-template", "uuid"};
+
+// The grammar engine's limits on integer multipleOf (xgrammar 0.2.9): a
+// factor up to this, and with bounds, both of them at most this far apart.
+constexpr double kMultipleOfMax = 1024, kMultipleOfRangeMax = 10000;
+
+// Number and string keywords the grammar would drop with only a warning:
+// multipleOf on a number, a fractional or large one, or one with a single
+// bound or a wide range; a string's length bounds beside a pattern or a
+// format; a pattern with a lookaround.
+std::optional<ApiError> check_scalar_keywords(const json& schema, const std::string& path) {
+  auto number = [&](const char* key) -> std::optional<double> {
+    const auto it = schema.find(key);
+    return it != schema.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
+  };
+  if (const auto m = number("multipleOf")) {
+    const auto type = schema.find("type");
+    const bool integer = type != schema.end() && type->is_string() && *type == "integer";
+    const std::optional<double> lo = number("minimum") ? number("minimum") : number("exclusiveMinimum");
+    const std::optional<double> hi = number("maximum") ? number("maximum") : number("exclusiveMaximum");
+    if (!integer || *m != std::floor(*m) || *m > kMultipleOfMax)
+      return unenforced(path, "multipleOf", "only a whole factor up to 1024 of a \"type\": \"integer\" is enforced");
+    if (lo.has_value() != hi.has_value() || (lo && *hi - *lo > kMultipleOfRangeMax))
+      return unenforced(path, "multipleOf", "with bounds, only with both a lower and an upper bound at most 10000 apart");
+  }
+  const bool length = schema.contains("minLength") || schema.contains("maxLength");
+  if (const auto pattern = schema.find("pattern"); pattern != schema.end() && pattern->is_string()) {
+    const std::string& re = pattern->get_ref<const std::string&>();
+    for (const char* look : {"(?=", "(?!", "(?<=", "(?<!"})
+      if (re.find(look) != std::string::npos) return unenforced(path, "pattern", "lookahead and lookbehind are not enforced");
+    if (length) return unenforced(path, "pattern", "minLength and maxLength beside a pattern are not enforced (put the length in the pattern)");
+  }
+  if (const auto format = schema.find("format"); format != schema.end() && format->is_string() && length) {
+    for (const char* f : kGrammarFormats)
+      if (*format == f) return unenforced(path, "format", "minLength and maxLength beside a format are not enforced");
+  }
+  return std::nullopt;
+}
+
 // Refuses the keywords of `schema` (at `path`, a request field and the keys
 // below it) and of its subschemas that the grammar would not enforce. A schema
 // given as JSON text escaped the request's nesting bound: `depth` keeps the
@@ -118,6 +162,7 @@ std::optional<ApiError> check_schema_keywords(const json& schema, const std::str
       return unenforced(path, "uniqueItems", "the grammar cannot keep array items distinct");
   }
   if (auto e = check_required(schema, path)) return e;
+  if (auto e = check_scalar_keywords(schema, path)) return e;
   for (const auto& [piece, sub] : subschemas(schema)) {
     if (auto e = check_schema_keywords(*sub, path + "." + piece, depth + 1)) return e;
   }

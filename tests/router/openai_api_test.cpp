@@ -573,6 +573,15 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
       {schema(R"({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "array",
                   "uniqueItems": true}})"),
        rf + ".unevaluatedItems.uniqueItems", "uniqueItems"},
+      // Number and string keywords the grammar would drop with only a warning.
+      {schema(R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 2}}})"),
+       rf + ".properties.s.pattern", "maxLength"},
+      {schema(R"({"type": "string", "pattern": "^(?=.*[0-9])[a-z0-9]+$"})"), rf + ".pattern", "lookahead"},
+      {schema(R"({"type": "string", "format": "date", "maxLength": 4})"), rf + ".format", "maxLength"},
+      {schema(R"({"type": "number", "multipleOf": 0.5})"), rf + ".multipleOf", "multipleOf"},
+      {schema(R"({"type": "integer", "multipleOf": 1.5})"), rf + ".multipleOf", "whole"},
+      {schema(R"({"type": "integer", "multipleOf": 5, "minimum": 0})"), rf + ".multipleOf", "both"},
+      {schema(R"({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100000})"), rf + ".multipleOf", "10000"},
   };
   for (const BadCase& c : cases) {
     check_bad(Endpoint::kCompletions, c);
@@ -597,7 +606,12 @@ TEST_CASE("openai_api: schema keywords the grammar does not enforce are a 400 na
            R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "patternProperties": {}})",
            R"({"type": "object", "properties": {"a": {"type": "integer"}}, "if": {}, "then": {}, "dependencies": {}})",
            R"({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": false})",
-           R"({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": false})"}) {
+           R"({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": false})",
+           R"({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100})",
+           R"({"type": "integer", "multipleOf": 5})",
+           R"({"type": "string", "pattern": "^[a-z]{1,2}$"})",
+           R"({"type": "string", "format": "my-format", "maxLength": 4})",
+           R"({"type": "string", "format": "email"})"}) {
     CHECK(parse_ok(Endpoint::kChatCompletions, chat_with(schema(ok))).sampling.grammar.active());
   }
 }
