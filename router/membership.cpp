@@ -88,7 +88,7 @@ void Membership::on_join(int source, const proto::Join& m, bool router_stopping)
     // a rank of the joiner's own pool is reached through their MPI job.
     const bool live = w.state == RankState::kUp || w.state == RankState::kStarting;
     if (!live || w.port.empty() || (!m.pool.empty() && w.pool == m.pool)) continue;
-    a.peers.push_back({w.rank, static_cast<int32_t>(w.is_prefill ? Role::kPrefill : Role::kDecode), w.port});
+    a.peers.push_back({w.rank, static_cast<int32_t>(w.is_prefill ? Role::kPrefill : Role::kDecode), w.port, w.epoch});
     linked.push_back(w.rank);
   }
   WorkerView& v = workers_.add(source, prefill, m.pool);

@@ -53,6 +53,7 @@ WorkerCore::WorkerCore(const char* role, const ClusterConfig& cfg, const RoleTab
       link_(role, cfg_, roles_, *channel_) {
   header_ = engine_->wire_header();
   engine_->blocks->enable_events(true);
+  for (const auto& [rank, epoch] : roles_.peer_epochs) peers_.up(rank, epoch);
   endpoint_ = local_kv_endpoint(engine_->backend->device_memory(), engine_->backend->device_id(), transport_->paths());
 }
 

@@ -182,6 +182,7 @@ RoleTable joined_table(const RoleTable& world, const std::vector<int>& ids, cons
   }
   for (const proto::JoinPeer& p : accepted.peers) {
     t.roles[p.rank] = static_cast<Role>(p.role);
+    t.peer_epochs.emplace_back(p.rank, p.epoch);
     (p.role == static_cast<int32_t>(Role::kPrefill) ? t.prefill : t.decode).push_back(p.rank);
   }
   std::sort(t.prefill.begin(), t.prefill.end());

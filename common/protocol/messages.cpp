@@ -150,7 +150,8 @@ struct ToJson {
   }
   json operator()(const JoinAccepted& m) const {
     json peers = json::array();
-    for (const JoinPeer& p : m.peers) peers.push_back({{"rank", p.rank}, {"role", p.role}, {"port", p.port}});
+    for (const JoinPeer& p : m.peers)
+      peers.push_back({{"rank", p.rank}, {"role", p.role}, {"port", p.port}, {"epoch", p.epoch}});
     return {{"t", "joined"}, {"rank", m.rank}, {"epoch", m.epoch}, {"colocated", m.colocated}, {"peers", peers}};
   }
   json operator()(const JoinRefused& m) const { return {{"t", "refused"}, {"reason", m.reason}}; }
@@ -274,7 +275,8 @@ Message from_json(const json& j) {
   if (t == "joined") {
     JoinAccepted m{j.at("rank").get<int32_t>(), j.at("epoch").get<Epoch>(), j.at("colocated").get<bool>(), {}};
     for (const json& p : j.at("peers"))
-      m.peers.push_back({p.at("rank").get<int32_t>(), p.at("role").get<int32_t>(), p.at("port").get<std::string>()});
+      m.peers.push_back({p.at("rank").get<int32_t>(), p.at("role").get<int32_t>(), p.at("port").get<std::string>(),
+                         p.value("epoch", Epoch{0})});
     return m;
   }
   if (t == "refused") return JoinRefused{j.at("reason").get<std::string>()};

@@ -153,7 +153,12 @@ struct Join {
   std::string proof;  // link_auth.h: the cluster secret's answer to the router's Challenge on this link
   std::string model;  // gguf_fingerprint of its model file: must be the cluster's ("" = not said)
 };
-struct JoinPeer { int32_t rank = -1; int32_t role = 0; std::string port; };
+struct JoinPeer {
+  int32_t rank = -1;
+  int32_t role = 0;
+  std::string port;
+  Epoch epoch = 0;  // its current incarnation (a rank re-admitted after a fence is past 0)
+};
 struct JoinAccepted {
   int32_t rank = -1;       // the joined rank's id in the cluster (never reused)
   Epoch epoch = 0;

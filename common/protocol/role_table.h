@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "util/status.h"
@@ -31,6 +32,10 @@ struct RoleTable {
   std::vector<int> decode;
   bool joined_disaggregated = false;  // a joined rank of a cluster with prefill ranks (maybe none it links to)
   bool joined = false;                // this rank joined a running router (which answered it: it is up)
+  // A joined rank: the current epoch of each peer the router linked it to
+  // (rank, epoch), so that a peer re-admitted before it joined is not taken
+  // for one that changed incarnation since.
+  std::vector<std::pair<int, uint32_t>> peer_epochs;
   bool colocated() const { return prefill.empty() && !joined_disaggregated; }
 };
 

@@ -117,9 +117,9 @@ TEST_CASE("protocol: every message round-trips", "[protocol]") {
   const Join jn = round_trip(Join{2, "node-b", 77, 16, "9.0:1", "node-b:70", "q8_0", "ab12"});
   CHECK((jn.role == 2 && jn.host == "node-b" && jn.pid == 77 && jn.block_size == 16 && jn.port == "9.0:1" &&
          jn.pool == "node-b:70" && jn.kv_dtype == "q8_0" && jn.proof == "ab12"));
-  const JoinAccepted ja = round_trip(JoinAccepted{6, 0, false, {{1, 1, "p1"}, {2, 1, "p2"}}});
+  const JoinAccepted ja = round_trip(JoinAccepted{6, 0, false, {{1, 1, "p1", 0}, {2, 1, "p2", 3}}});
   REQUIRE(ja.peers.size() == 2);
-  CHECK((ja.rank == 6 && !ja.colocated && ja.peers[1].rank == 2 && ja.peers[1].port == "p2"));
+  CHECK((ja.rank == 6 && !ja.colocated && ja.peers[1].rank == 2 && ja.peers[1].port == "p2" && ja.peers[1].epoch == 3));
   CHECK(round_trip(JoinRefused{"kv.block_size 32"}).reason == "kv.block_size 32");
   const Hello hi = round_trip(Hello{6, 1, "cd34"});
   CHECK((hi.rank == 6 && hi.epoch == 1 && hi.proof == "cd34"));

@@ -231,8 +231,10 @@ struct MiniCluster {
 
   using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)>;
   using MakeEngine = std::function<std::unique_ptr<Engine>(bool prefill_side)>;
+  // `prefill_roles` may change the prefill rank's table (a joined rank's peer epochs).
   explicit MiniCluster(ClusterConfig c, const WrapTransport& wrap_prefill = {}, KvStaging staged = {},
-                       const MakeEngine& engines = make_engine)
+                       const MakeEngine& engines = make_engine,
+                       const std::function<void(RoleTable&)>& prefill_roles = {})
       : cfg(std::move(c)) {
     auto pe = engines(true);
     auto de = engines(false);
@@ -245,7 +247,9 @@ struct MiniCluster {
     std::unique_ptr<Transport> pt = paths(net.endpoint(kPrefill), *pe, staged.prefill);
     if (wrap_prefill) pt = wrap_prefill(std::move(pt));
     pt = std::make_unique<SendBudgetTransport>(std::move(pt));  // as pd-prefill's communication side has it
-    prefill = std::make_unique<PrefillWorker>(cfg, roles_as(kPrefill), std::move(pe), std::move(pt),
+    RoleTable proles = roles_as(kPrefill);
+    if (prefill_roles) prefill_roles(proles);
+    prefill = std::make_unique<PrefillWorker>(cfg, proles, std::move(pe), std::move(pt),
                                               std::make_unique<MidPassChannel>(hub.endpoint(kPrefill), &mid_pass));
     decode = std::make_unique<DecodeWorker>(cfg, roles_as(kDecode), std::move(de),
                                             paths(net.endpoint(kDecode), *de, staged.decode), hub.endpoint(kDecode));
@@ -1176,6 +1180,22 @@ TEST_CASE("workers: a stopped prefill rank that resumes writes only into its own
   c.check_stream(2, 6);
   CHECK(c.failed.size() == failures);
   CHECK(c.settle());
+}
+
+// A rank that joins after a peer was re-admitted (epoch 2) learns that epoch
+// from the router's JoinAccepted: the peer's first message is current, not a
+// new incarnation that would end the handoffs just made to it.
+TEST_CASE("workers: a joined rank takes a re-admitted peer's epoch from the join and serves with it", "[workers]") {
+  MiniCluster c(small_config(), {}, {}, make_engine, [](RoleTable& t) { t.peer_epochs = {{kDecode, 2}}; });
+  c.hub.send(kRouter, kDecode, proto::Rejoin{2});  // the decode rank's incarnation since its re-admission
+  c.step_decode();
+  c.collect();
+  c.failed.clear();
+  c.submit(MiniCluster::request(1));
+  REQUIRE(c.run_until([&] { return c.finished(1) || !c.failed.empty(); }));
+  CHECK(c.failed.empty());
+  c.check_stream(1, 6);
+  REQUIRE(c.settle());
 }
 
 TEST_CASE("workers: a Rejoin makes a decode rank drop every sequence and come back under the new epoch", "[workers]") {
