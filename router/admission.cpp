@@ -78,6 +78,12 @@ std::optional<ApiError> check_kv_fit(Endpoint ep, const ApiRequest& api, const s
     const int64_t n = static_cast<int64_t>(prompts[i].ids.size());
     if (n + max_tokens[i] <= decode_kv_tokens) continue;
     const std::string name = prompt_name(ep, api.prompt_batch, i);
+    if (api.prompt_only)  // max_tokens 0: the one token computed with the prompt is not the client's to lower
+      return api_error(400,
+                       name + "'s " + std::to_string(n) + " tokens and the token computed with them need more KV cache"
+                       " than a decode rank holds: " + std::to_string(decode_kv_tokens) +
+                       " tokens (kv.decode_budget_mb); shorten " + name,
+                       name);
     return api_error(400,
                      name + "'s " + std::to_string(n) + " tokens + " + std::to_string(max_tokens[i]) + " to generate (" +
                          api.max_tokens_field + (api.max_tokens_given ? "" : ", by default") +

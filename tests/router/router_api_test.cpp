@@ -552,6 +552,13 @@ TEST_CASE("router: a choice no decode rank's whole KV pool could hold is a 400 n
   CHECK(over.json()["error"]["param"] == "max_tokens");
   CHECK_THAT(over.json()["error"]["message"].get<std::string>(), Catch::Matchers::Contains("kv.decode_budget_mb"));
   CHECK(h.dispatched(20ms) == std::nullopt);
+  // max_tokens 0 (echo): the prompt alone is too long, and that is what it says.
+  const Answer echo = h.finish(h.post(R"({"model": "tiny", "prompt": ")" + std::string(pool_tokens, 'x') +
+                                      R"(", "max_tokens": 0, "echo": true})"));
+  INFO(echo.body);
+  CHECK(echo.status == 400);
+  CHECK(echo.json()["error"]["param"] == "prompt");
+  CHECK_THAT(echo.json()["error"]["message"].get<std::string>(), Catch::Matchers::Contains("shorten prompt"));
   // One that fits is served.
   auto fits = h.post(R"({"model": "tiny", "prompt": "hello", "max_tokens": 4})");
   auto d = h.dispatched();
