@@ -56,8 +56,10 @@ void ChoiceStream::flush(const Response& resp, const std::string& model) {
   }
 }
 
-void ChoiceStream::parse_tool_calls(ToolFormat format, std::vector<ToolFunction> tools, std::string id_base) {
+void ChoiceStream::parse_tool_calls(ToolFormat format, std::vector<ToolFunction> tools, std::string id_base,
+                                    bool one_call) {
   tools_.emplace(format, std::move(tools), std::move(id_base));
+  one_call_ = one_call;
 }
 
 void ChoiceStream::deliver(const std::string& text, const Response& resp, const std::string& model) {
@@ -68,6 +70,7 @@ void ChoiceStream::deliver(const std::string& text, const Response& resp, const 
 
 void ChoiceStream::send(const std::string& text, std::vector<ToolCall> calls, const Response& resp,
                         const std::string& model) {
+  if (one_call_ && !calls.empty()) calls.resize(calls_sent_ > 0 || !calls_.empty() ? 0 : 1);
   if (!format_.stream) {
     text_out_ += text;
     for (ToolCall& t : calls) calls_.push_back(std::move(t));

@@ -60,7 +60,8 @@ class ChoiceStream {
   // Chat with tools: the text is split into content and tool calls in
   // `format`'s words (ToolCallStream); the calls go out as OpenAI's
   // tool_calls, and a choice that made any ends with "tool_calls".
-  void parse_tool_calls(ToolFormat format, std::vector<ToolFunction> tools, std::string id_base);
+  // `one_call`: a reply's first call only (parallel_tool_calls false).
+  void parse_tool_calls(ToolFormat format, std::vector<ToolFunction> tools, std::string id_base, bool one_call = false);
   // A re-run or a migration: what arrived from the old attempt and was not
   // delivered is dropped; the next attempt's token i is this choice's token
   // next_index() + i (a migrated attempt goes on from the tokens delivered).
@@ -77,6 +78,7 @@ class ChoiceStream {
   ChoiceFormat format_;
   TextStream text_;
   std::string echo_text_;
+  bool one_call_ = false;           // parse_tool_calls
   std::string text_out_;           // non-streaming: the whole answer
   std::vector<ShownToken> shown_;  // logprobs of tokens not yet sent (streaming) or of all (not streaming)
   int64_t chars_shown_ = 0;        // characters of the logprob tokens already sent (text_offset)

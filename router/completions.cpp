@@ -124,7 +124,7 @@ std::vector<std::unique_ptr<Request>> HttpFront::make_choices(const ApiRequest& 
                                                 api.echo ? prompts[i].echo : std::string());
       if (format.chat && p_.model.chat_template && tools_described(api.tools, api.tool_choice)) {
         req->out->parse_tool_calls(p_.model.chat_template->tool_format(), api.tools,
-                                   response_id_nonce() + "-" + std::to_string(req->http_id));
+                                   response_id_nonce() + "-" + std::to_string(req->http_id), !api.parallel_tool_calls);
       }
       response->choices.push_back(req->http_id);
       reqs.push_back(std::move(req));

@@ -199,7 +199,7 @@ std::optional<FieldKind> classify(Endpoint ep, const std::string& key) {
   if (ep == Endpoint::kCompletions && (key == "prompt" || key == "parse_special")) return FieldKind::kHandled;
   if (ep == Endpoint::kChatCompletions && (key == "messages" || key == "max_completion_tokens" ||
                                            key == "top_logprobs" || key == "tools" || key == "tool_choice" ||
-                                           key == "add_generation_prompt")) {
+                                           key == "add_generation_prompt" || key == "parallel_tool_calls")) {
     return FieldKind::kHandled;
   }
   for (const char* f : kIgnoredFields) {
@@ -620,7 +620,7 @@ std::optional<ApiError> parse_logprobs(Endpoint ep, const json& obj, ApiRequest&
   if (want) s.logprobs = static_cast<int32_t>(top.value_or(0));
   if (auto e = read_bool(obj, "echo", r.echo)) return e;
   if (r.echo) return unsupported("echo");
-  return std::nullopt;
+  return read_bool(obj, "parallel_tool_calls", r.parallel_tool_calls);
 }
 
 // The deepest nesting of arrays and objects in `body`, counting only brackets

@@ -115,6 +115,7 @@ struct ApiRequest {
                                       // assistant's tool_calls and a tool message's tool_call_id kept
   std::vector<ToolFunction> tools;    // chat only: `tools` (router/tool_calls.h)
   ToolChoice tool_choice;             // chat only: `tool_choice` (kNone without tools)
+  bool parallel_tool_calls = true;    // chat only: false keeps a reply's first tool call only (as vLLM)
   SamplingParams sampling;            // passes SamplingParams::validate(). Logprobs asked for are in it:
                                       // logprobs (-1 = none, else the alternatives per token: completions
                                       // `logprobs`, chat `top_logprobs` with `logprobs: true`) and

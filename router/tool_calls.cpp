@@ -59,11 +59,17 @@ std::optional<ApiError> unknown_keys(const J& obj, const std::string& where, std
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-std::string_view trim(std::string_view s) {
+std::string_view ltrim(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  return s;
+}
+
+std::string_view rtrim(std::string_view s) {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return s;
 }
+
+std::string_view trim(std::string_view s) { return ltrim(rtrim(s)); }
 
 // Python's json.dumps(v, ensure_ascii=False) (what the templates' `tojson`
 // writes): ", " and ": " between items, keys in order.
@@ -624,26 +630,31 @@ ParsedOutput parse_tool_output(ToolFormat format, std::string_view text, const s
     out.content = std::string(text);
     return out;
   }
-  std::string outside;
+  // The reply's whitespace is kept but where a call begins or ends it: before
+  // a first call, after a last one.
   size_t pos = 0;
+  bool text_before_call = false, text_after_call = false;
   while (true) {
     const size_t open = text.find(tci::kOpenTag, pos);
     const size_t close = open == std::string_view::npos ? open : text.find(tci::kCloseTag, open + tci::kOpenTag.size());
-    if (close == std::string_view::npos) {
-      outside += text.substr(pos);
-      break;
-    }
-    outside += text.substr(pos, open - pos);
-    const std::string_view body = text.substr(open + tci::kOpenTag.size(), close - open - tci::kOpenTag.size());
-    if (std::optional<ToolCall> c = tci::read_call(tci::trim(body), "arguments", false, tools)) {
+    const bool last = close == std::string_view::npos;
+    const std::string_view body = last ? std::string_view() : text.substr(open + tci::kOpenTag.size(), close - open - tci::kOpenTag.size());
+    std::optional<ToolCall> c = last ? std::nullopt : tci::read_call(tci::trim(body), "arguments", false, tools);
+    const std::string_view seg = c ? text.substr(pos, open - pos) : text.substr(pos, last ? std::string_view::npos : close + tci::kCloseTag.size() - pos);
+    out.content += seg;
+    const bool has_text = !tci::trim(seg).empty();
+    text_after_call = text_after_call || has_text;
+    if (out.calls.empty()) text_before_call = text_before_call || has_text;
+    if (last) break;
+    if (c) {
       c->id = tci::call_id(id_base, out.calls.size());
       out.calls.push_back(std::move(*c));
-    } else {
-      outside += text.substr(open, close + tci::kCloseTag.size() - open);
+      text_after_call = false;
     }
     pos = close + tci::kCloseTag.size();
   }
-  out.content = std::string(tci::trim(outside));
+  if (!out.calls.empty() && !text_before_call) out.content = std::string(tci::ltrim(out.content));
+  if (!out.calls.empty() && !text_after_call) out.content = std::string(tci::rtrim(out.content));
   return out;
 }
 
@@ -651,17 +662,20 @@ ToolCallStream::ToolCallStream(ToolFormat format, std::vector<ToolFunction> tool
     : format_(format), tools_(std::move(tools)), id_base_(std::move(id_base)) {}
 
 void ToolCallStream::content(std::string_view text, Piece& out) {
-  if (!started_) {
-    while (!text.empty() && tci::is_space(text.front())) text.remove_prefix(1);
+  if (!started_) {  // leading whitespace: kept for the first text, dropped if a call comes first
+    const std::string_view rest = tci::ltrim(text);
+    if (calls_ == 0) pending_ws_ += text.substr(0, text.size() - rest.size());
+    text = rest;
     if (text.empty()) return;
     started_ = true;
   }
   size_t end = text.size();
   while (end > 0 && tci::is_space(text[end - 1])) --end;
-  if (end == 0) {
+  if (end == 0) {  // whitespace waits: dropped if the reply ends with a call
     pending_ws_ += text;
     return;
   }
+  after_call_ = false;
   out.content += pending_ws_;
   out.content += text.substr(0, end);
   pending_ws_ = std::string(text.substr(end));
@@ -691,6 +705,8 @@ void ToolCallStream::feed_hermes(std::string_view text, Piece& out) {
     if (std::optional<ToolCall> c = tci::read_call(tci::trim(body), "arguments", false, tools_)) {
       c->id = tci::call_id(id_base_, static_cast<size_t>(calls_++));
       out.calls.push_back(std::move(*c));
+      if (!started_) pending_ws_.clear();  // the reply begins with a call
+      after_call_ = true;
     } else {
       content(std::string(tci::kOpenTag) + std::string(body) + std::string(tci::kCloseTag), out);
     }
@@ -731,7 +747,8 @@ ToolCallStream::Piece ToolCallStream::finish() {
     content((in_block_ ? std::string(tci::kOpenTag) : std::string()) + held_, out);
     held_.clear();
     in_block_ = false;
-    pending_ws_.clear();  // trailing whitespace
+    if (!after_call_) out.content += pending_ws_;  // trailing whitespace, unless the reply ends with a call
+    pending_ws_.clear();
     return out;
   }
   if (format_ == ToolFormat::kLlama31 && llama_ == LlamaMode::kHolding) {

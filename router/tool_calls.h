@@ -112,8 +112,9 @@ struct ParsedOutput {
 // kHermes: each <tool_call>...</tool_call> block whose body is a JSON object
 // {"name": one of the tools, "arguments": an object or a string holding one}
 // becomes a call (arguments re-dumped compactly); the text outside those
-// blocks (invalid blocks and an unterminated one included), trimmed of ASCII
-// whitespace, is the content. kLlama31: the output (trimmed) starting with "{"
+// blocks (invalid blocks and an unterminated one included) is the content, as
+// the model wrote it but for its ASCII whitespace before a first call and after
+// a last one (a reply that made no call is content, verbatim). kLlama31: the output (trimmed) starting with "{"
 // and being one or more such objects ({"name", "parameters" (or "arguments")})
 // joined by ";" is that many calls and no content; otherwise the output is
 // the content, unchanged. kNone: all content. Call ids: "call_" + id_base +
@@ -142,7 +143,7 @@ class ToolCallStream {
 
  private:
   void feed_hermes(std::string_view text, Piece& out);
-  void content(std::string_view text, Piece& out);  // trimmed as parse_tool_output trims (kHermes)
+  void content(std::string_view text, Piece& out);  // whitespace kept or dropped as parse_tool_output does
 
   ToolFormat format_;
   std::vector<ToolFunction> tools_;
@@ -150,7 +151,8 @@ class ToolCallStream {
   std::string held_;          // kHermes: a possible tag start or an open block's body; kLlama31: the output
   bool in_block_ = false;     // kHermes: inside <tool_call>, held_ = its body so far
   bool started_ = false;      // kHermes: non-whitespace content was sent
-  std::string pending_ws_;    // kHermes: whitespace after the last content sent
+  bool after_call_ = false;   // kHermes: the last thing was a call block
+  std::string pending_ws_;    // kHermes: whitespace not yet sent (leading, or after the last content)
   enum class LlamaMode { kUndecided, kHolding, kText } llama_ = LlamaMode::kUndecided;
   int calls_ = 0;
 };

@@ -1,6 +1,8 @@
 // The router's request lifecycle, driven through Router::submit with a
 // recording writer (router_harness.h): dispatch, tokens from both legs in any
 // order, failure kinds and their statuses, re-runs, a client leaving.
+#include <set>
+
 #include "router/router_harness.h"
 
 namespace pd::router::test_router {
@@ -219,6 +221,47 @@ TEST_CASE("router: a stop string after text held back as a possible tool call ke
     CHECK(content == "Use a <");
   }
   CHECK(illegal_transitions() == 0);
+}
+
+// parallel_tool_calls false: a reply that makes two calls gives the first only
+// (vLLM's reading), streamed or not; true (the default) gives both.
+TEST_CASE("router: parallel_tool_calls false keeps a reply's first tool call", "[router]") {
+  Harness h(150, 30000, false, {}, [](ModelInfo& m) {
+    auto t = ChatTemplate::from_name("hermes");
+    REQUIRE(t.is_ok());
+    m.chat_template = std::move(t).value();
+    m.context = 2048;  // the tools' system prompt and two calls, a byte a token
+  });
+  const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n";
+  const std::string out = call + call;
+  for (const bool parallel : {false, true})
+    for (const bool stream : {false, true}) {
+      CAPTURE(parallel, stream);
+      auto f = h.post(std::string(R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+          "max_tokens": 200, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+          "parallel_tool_calls": )") + (parallel ? "true" : "false") + R"(, "stream": )" + (stream ? "true" : "false") + "}",
+                      "/v1/chat/completions");
+      auto d = h.dispatched();
+      if (!d) FAIL(h.finish(f).body);
+      h.tokens(d->first, d->second.id, 0, 1, false, token_of(out[0]));
+      for (size_t i = 1; i < out.size(); ++i)
+        h.tokens(d->second.decode_rank, d->second.id, static_cast<int>(i), 1, i + 1 == out.size(), token_of(out[i]));
+      const Answer r = h.finish(f);
+      REQUIRE(r.status == 200);
+      std::set<int> indices;
+      if (!stream) {
+        const nlohmann::json j = r.json();
+        for (size_t k = 0; k < j["choices"][0]["message"]["tool_calls"].size(); ++k) indices.insert(static_cast<int>(k));
+      } else {
+        for (const std::string& e : r.events) {
+          if (e == "[DONE]") continue;
+          const nlohmann::json j = nlohmann::json::parse(e);
+          if (j["choices"].empty() || !j["choices"][0]["delta"].contains("tool_calls")) continue;
+          for (const auto& c : j["choices"][0]["delta"]["tool_calls"]) indices.insert(c["index"].get<int>());
+        }
+      }
+      CHECK(indices.size() == (parallel ? 2u : 1u));
+    }
 }
 
 TEST_CASE("router: a stop string split across a migration still stops the choice", "[router]") {

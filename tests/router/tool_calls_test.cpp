@@ -542,7 +542,7 @@ TEST_CASE("parse hermes output: calls, content around them, malformed blocks kep
   p = pd::router::parse_tool_output(
       ToolFormat::kHermes, "  I will check.\n<tool_call>{\"name\":\"get_time\",\"arguments\":{}}</tool_call>\nDone. ",
       tools, "x");
-  CHECK(p.content == "I will check.\n\nDone.");
+  CHECK(p.content == "  I will check.\n\nDone. ");  // text on both sides: its whitespace as written
   REQUIRE(p.calls.size() == 1);
 
   // Not JSON, an unknown tool, arguments not an object, no arguments: content.
@@ -563,9 +563,16 @@ TEST_CASE("parse hermes output: calls, content around them, malformed blocks kep
   CHECK(p.content == "<tool_call>oops</tool_call>  <tool_call>{\"name\"");
   REQUIRE(p.calls.size() == 1);
   CHECK(p.calls[0].id == "call_x_0");
-  // Plain text is content, trimmed; kNone keeps everything as it is.
+  // Whitespace before a first call and after a last one goes; a reply without
+  // a call is content as written; kNone keeps everything as it is.
+  p = pd::router::parse_tool_output(ToolFormat::kHermes,
+                                    "\n Ok. <tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>\n", tools, "x");
+  CHECK(p.content == "\n Ok.");
+  p = pd::router::parse_tool_output(ToolFormat::kHermes,
+                                    "\n<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>\n Ok. ", tools, "x");
+  CHECK(p.content == "Ok. ");
   CHECK(pd::router::parse_tool_output(ToolFormat::kHermes, "\n Hello <b>world</b> \n", tools, "x").content ==
-        "Hello <b>world</b>");
+        "\n Hello <b>world</b> \n");
   CHECK(pd::router::parse_tool_output(ToolFormat::kNone, " <tool_call>{}</tool_call> ", tools, "x").content ==
         " <tool_call>{}</tool_call> ");
 }
@@ -642,6 +649,11 @@ TEST_CASE("ToolCallStream: fed piece by piece, the same content and calls as par
       " \n <tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call> \n ",
       "Zürich — ünïcödé <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}"
       "</tool_call>",
+      "\n\nHello world\n\n",
+      "  a <tool box> b <tool_c d",
+      "\n<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>\n Ok. ",
+      "A \n<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>\n B",
+      " <tool_call>bad</tool_call> \n<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call> ",
   };
   for (const std::string& t : hermes) check_stream_matches(ToolFormat::kHermes, t, tools);
   const std::vector<std::string> llama = {
