@@ -214,38 +214,35 @@ def refuse_without_secret(c, join_file, tmp, pools):
     with open(wrong, "w") as f:
         f.write("a secret of some other cluster, long enough\n")
     os.chmod(wrong, 0o600)
-    before = ranks(c)
-    intruder = Pool(join_file, c.config_path, launch_args=["--secret-file", wrong])
-    pools.append(intruder)
-    try:
-        rc = intruder.proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        rc = None
-    # (mpirun's exit code says nothing here: with orte_enable_recovery a job whose every rank
-    # called MPI_Abort can exit 0; the log says what happened.)
-    check(rc is not None, "a pool without the cluster's secret is still running:\n" + intruder.logs())
-    check("cluster secret" in intruder.logs(), "the refused pool does not say why:\n" + intruder.logs())
-    check(ranks(c) == before, "ranks changed after a refused join: %s -> %s" % (before, ranks(c)))
+    rc = refused_pool(c, join_file, pools, ["--secret-file", wrong], "cluster secret")
     check(c.metric("pd_refused_links") == 1, "pd_refused_links = %s, want 1" % c.metric("pd_refused_links"))
-    pools.remove(intruder)
     print("a pool without the secret was refused (mpirun exit %s)" % rc)
 
 
 def refuse_other_model(c, join_file, tmp, pools):
     """Step 0 too: a pool started on another model file (with the secret) is refused at join,
     naming the model file: it would fail every handoff, or serve another model's text."""
+    rc = refused_pool(c, join_file, pools, ["--model", tiny_model(os.path.join(tmp, "other.gguf"))], "model file")
+    print("a pool on another model file was refused (mpirun exit %s)" % rc)
+
+
+def refused_pool(c, join_file, pools, launch_args, why):
+    """Starts a pool with `launch_args` that the router must refuse: its ranks stop within 90 s,
+    its log says `why`, and nothing of it joins. Returns mpirun's exit code."""
     before = ranks(c)
-    stranger = Pool(join_file, c.config_path, launch_args=["--model", tiny_model(os.path.join(tmp, "other.gguf"))])
-    pools.append(stranger)
+    pool = Pool(join_file, c.config_path, launch_args=launch_args)
+    pools.append(pool)
     try:
-        rc = stranger.proc.wait(timeout=90)
+        rc = pool.proc.wait(timeout=90)
     except subprocess.TimeoutExpired:
         rc = None
-    check(rc is not None, "a pool on another model file is still running:\n" + stranger.logs())
-    check("model file" in stranger.logs(), "the refused pool does not say why:\n" + stranger.logs())
+    # (mpirun's exit code says nothing here: with orte_enable_recovery a job whose every rank
+    # called MPI_Abort can exit 0; the log says what happened.)
+    check(rc is not None, "a pool the router should refuse (%s) is still running:\n%s" % (launch_args, pool.logs()))
+    check(why in pool.logs(), "the refused pool does not say why (%r):\n%s" % (why, pool.logs()))
     check(ranks(c) == before, "ranks changed after a refused join: %s -> %s" % (before, ranks(c)))
-    pools.remove(stranger)
-    print("a pool on another model file was refused (mpirun exit %s)" % rc)
+    pools.remove(pool)
+    return rc
 
 
 def suite_elastic(tmp):
