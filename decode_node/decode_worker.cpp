@@ -247,13 +247,14 @@ void DecodeWorker::fail(Seq& s, const std::string& reason, proto::FailureKind ki
 SchedulerInput DecodeWorker::plan_input(std::vector<PrefillChunk>& chunks) {
   KvBlockManager& blocks = *engine_->blocks;
   auto held = [&](proto::RequestId id) { return static_cast<int64_t>(blocks.block_table(seq_of(id)).size()); };
-  auto held_alone = [&](proto::RequestId id) { return blocks_held_alone(blocks, seq_of(id)); };
   SchedulerInput in;
   in.free_blocks = blocks.num_free_blocks();
   in.max_running = cfg_.decode.max_running;
   for (proto::RequestId id : running_)
-    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1), held_alone(id), seqs_.at(id).order});
-  for (proto::RequestId id : prefilling_) in.running.push_back({id, 0, held_alone(id), seqs_.at(id).order});
+    in.running.push_back({id, blocks.blocks_needed_to_append(seq_of(id), 1), blocks_held_alone(blocks, seq_of(id)),
+                          seqs_.at(id).order});
+  for (proto::RequestId id : prefilling_)
+    in.running.push_back({id, 0, blocks_held_alone(blocks, seq_of(id)), seqs_.at(id).order});
   auto rank_of = [&](const Seq& s) { return s.state == SeqState::kReady ? 0 : s.state == SeqState::kPreempted ? 1 : 2; };
   std::vector<proto::RequestId> order(waiting_.begin(), waiting_.end());
   std::stable_sort(order.begin(), order.end(), [&](proto::RequestId a, proto::RequestId b) {

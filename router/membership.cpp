@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
 #include <utility>
 
 namespace pd::router {
@@ -61,9 +63,13 @@ std::string Membership::join_refusal(const proto::Join& m, bool router_stopping)
     return "kv.block_size " + std::to_string(m.block_size) + " differs from the cluster's " +
            std::to_string(cfg_.kv.block_size);
   if (m.kv_dtype != kv_dtype_) return "kv.dtype " + m.kv_dtype + " differs from the cluster's " + kv_dtype_;
-  if (!model_.empty() && m.model != model_)
-    return "its model file (fingerprint " + (m.model.empty() ? std::string("none") : m.model) +
+  if (!model_.empty() && m.model != model_) {
+    // A peer's string, shown only when it is what a fingerprint looks like.
+    const bool hex = !m.model.empty() && m.model.size() <= 16 &&
+                     std::all_of(m.model.begin(), m.model.end(), [](unsigned char c) { return std::isxdigit(c); });
+    return "its model file (fingerprint " + (hex ? m.model : std::string(m.model.empty() ? "none" : "malformed")) +
            ") is not the cluster's (" + model_ + "): a joining pool must serve the same model file";
+  }
   if (router_stopping) return "the cluster is shutting down";
   return "";
 }

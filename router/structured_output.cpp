@@ -119,8 +119,9 @@ std::optional<ApiError> check_scalar_keywords(const json& schema, const std::str
   if (const auto m = number("multipleOf")) {
     const auto type = schema.find("type");
     const bool integer = type != schema.end() && type->is_string() && *type == "integer";
-    const std::optional<double> lo = number("minimum") ? number("minimum") : number("exclusiveMinimum");
-    const std::optional<double> hi = number("maximum") ? number("maximum") : number("exclusiveMaximum");
+    std::optional<double> lo = number("minimum"), hi = number("maximum");
+    if (!lo) lo = number("exclusiveMinimum");
+    if (!hi) hi = number("exclusiveMaximum");
     if (!integer || *m != std::floor(*m) || *m > kMultipleOfMax)
       return unenforced(path, "multipleOf", "only a whole factor up to 1024 of a \"type\": \"integer\" is enforced");
     if (lo.has_value() != hi.has_value() || (lo && *hi - *lo > kMultipleOfRangeMax))
